@@ -1,0 +1,235 @@
+//! The publish body check: an `EncryptedInputData` object must have the five
+//! string fields `message_id`, `receiver_client_id`, `enc_session_key`, `nonce`
+//! and `ciphertext`; extra fields are kept and relayed unchanged.
+//!
+//! The broker cannot read payloads and does not try: it only needs the id (for
+//! `ACK`, dedup and deliveries) and the assurance that the body is well formed.
+//! The check borrows from the body and allocates nothing unless the id itself
+//! is written with JSON escapes.
+
+use std::borrow::Cow;
+use std::fmt;
+use std::marker::PhantomData;
+
+use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+use crate::name::is_valid_name;
+
+/// What the broker learns from a well-formed body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MessageInfo<'a> {
+    /// The message id, valid under the name rule.
+    pub message_id: Cow<'a, str>,
+}
+
+/// Why a body is refused. The two cases get different replies.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MessageError {
+    /// Not JSON, not an object, or no readable id: `Error: invalid message`
+    /// (or `NACK - invalid` inside a batch).
+    #[error("invalid message")]
+    Unreadable,
+    /// The id is readable but a required field is missing or not a string:
+    /// `NACK <id> invalid`.
+    #[error("message {message_id} lacks a required string field")]
+    Invalid {
+        /// The readable id.
+        message_id: String,
+    },
+}
+
+/// Whether a field was present as a JSON string; never copies the string.
+#[derive(Default)]
+struct IsString(bool);
+
+impl<'de> Deserialize<'de> for IsString {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(AnyVisitor::<false>(PhantomData))
+            .map(|f| IsString(matches!(f, Field::Str(_))))
+    }
+}
+
+/// A field value: a string (kept only for the id) or anything else.
+enum Field<'a> {
+    Str(Cow<'a, str>),
+    Other,
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for Field<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(AnyVisitor::<true>(PhantomData))
+    }
+}
+
+/// Accepts any JSON value; keeps string contents only when `KEEP` is set.
+struct AnyVisitor<'a, const KEEP: bool>(PhantomData<&'a ()>);
+
+impl<'de: 'a, 'a, const KEEP: bool> Visitor<'de> for AnyVisitor<'a, KEEP> {
+    type Value = Field<'a>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+    fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
+        Ok(Field::Str(if KEEP {
+            Cow::Borrowed(v)
+        } else {
+            Cow::Borrowed("")
+        }))
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+        Ok(Field::Str(if KEEP {
+            Cow::Owned(v.to_owned())
+        } else {
+            Cow::Borrowed("")
+        }))
+    }
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
+        Ok(Field::Other)
+    }
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
+        Ok(Field::Other)
+    }
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
+        Ok(Field::Other)
+    }
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
+        Ok(Field::Other)
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(Field::Other)
+    }
+    fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(Field::Other)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(Field::Other)
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+        Ok(Field::Other)
+    }
+}
+
+/// The fields the broker looks at; serde skips (but still validates) the rest.
+#[derive(Deserialize)]
+struct Envelope<'a> {
+    #[serde(borrow, default)]
+    message_id: Option<Field<'a>>,
+    #[serde(default)]
+    receiver_client_id: IsString,
+    #[serde(default)]
+    enc_session_key: IsString,
+    #[serde(default)]
+    nonce: IsString,
+    #[serde(default)]
+    ciphertext: IsString,
+}
+
+/// Checks one publish body and returns its id.
+pub fn inspect_message(body: &str) -> Result<MessageInfo<'_>, MessageError> {
+    let envelope: Envelope<'_> =
+        serde_json::from_str(body).map_err(|_| MessageError::Unreadable)?;
+    let message_id = match envelope.message_id {
+        Some(Field::Str(id)) if is_valid_name(&id) => id,
+        _ => return Err(MessageError::Unreadable),
+    };
+    let complete = envelope.receiver_client_id.0
+        && envelope.enc_session_key.0
+        && envelope.nonce.0
+        && envelope.ciphertext.0;
+    if complete {
+        Ok(MessageInfo { message_id })
+    } else {
+        Err(MessageError::Invalid {
+            message_id: message_id.into_owned(),
+        })
+    }
+}
+
+/// One element of a `publish_batch` array: its exact text, to be checked with
+/// [`inspect_message`] and stored byte for byte.
+pub type BatchElement<'a> = &'a RawValue;
+
+/// Splits a `publish_batch` body into its elements; `None` when the body is not
+/// a JSON array.
+pub fn inspect_batch(body: &str) -> Option<Vec<BatchElement<'_>>> {
+    serde_json::from_str::<Vec<&RawValue>>(body).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"{"message_id":"sender_1-42-receiver_1","receiver_client_id":"receiver_1","enc_session_key":"AAAA","nonce":"BBBB","ciphertext":"CCCC","extra":{"x":[1,2]}}"#;
+
+    #[test]
+    fn accepts_a_complete_body_and_borrows_the_id() {
+        let info = inspect_message(GOOD).unwrap();
+        assert_eq!(info.message_id, "sender_1-42-receiver_1");
+        assert!(matches!(info.message_id, Cow::Borrowed(_)));
+    }
+
+    #[test]
+    fn unreadable_without_json_or_id() {
+        assert_eq!(inspect_message("not json"), Err(MessageError::Unreadable));
+        assert_eq!(inspect_message("[1]"), Err(MessageError::Unreadable));
+        assert_eq!(
+            inspect_message(r#"{"nonce":"x"}"#),
+            Err(MessageError::Unreadable)
+        );
+        assert_eq!(
+            inspect_message(r#"{"message_id":7}"#),
+            Err(MessageError::Unreadable)
+        );
+        assert_eq!(
+            inspect_message(r#"{"message_id":"a b"}"#),
+            Err(MessageError::Unreadable)
+        );
+        assert_eq!(
+            inspect_message(r#"{"message_id":""}"#),
+            Err(MessageError::Unreadable)
+        );
+        assert_eq!(
+            inspect_message(r#"{"message_id":"a","message_id":"b"}"#),
+            Err(MessageError::Unreadable)
+        );
+    }
+
+    #[test]
+    fn invalid_with_id_but_missing_fields() {
+        assert_eq!(
+            inspect_message(r#"{"message_id":"m1","nonce":"x"}"#),
+            Err(MessageError::Invalid {
+                message_id: "m1".into()
+            })
+        );
+        let wrong_type = r#"{"message_id":"m1","receiver_client_id":"r","enc_session_key":"k","nonce":1,"ciphertext":"c"}"#;
+        assert_eq!(
+            inspect_message(wrong_type),
+            Err(MessageError::Invalid {
+                message_id: "m1".into()
+            })
+        );
+    }
+
+    #[test]
+    fn escaped_id_is_decoded() {
+        let body = r#"{"message_id":"m\u0031","receiver_client_id":"r","enc_session_key":"k","nonce":"n","ciphertext":"c"}"#;
+        assert_eq!(inspect_message(body).unwrap().message_id, "m1");
+    }
+
+    #[test]
+    fn batch_elements_keep_their_exact_text() {
+        let body = format!("[{GOOD}, {{\"x\": 1}} ]");
+        let elements = inspect_batch(&body).unwrap();
+        assert_eq!(elements.len(), 2);
+        assert_eq!(elements[0].get(), GOOD);
+        assert_eq!(elements[1].get(), "{\"x\": 1}");
+        assert!(inspect_batch("{}").is_none());
+        assert_eq!(inspect_batch("[]").unwrap().len(), 0);
+    }
+}

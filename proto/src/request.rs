@@ -1,0 +1,553 @@
+//! Request lines: `command arg1 … argN`, the last argument of `publish` and
+//! `publish_batch` being a JSON body that may contain spaces.
+//!
+//! [`Request::parse`] borrows from the line, so parsing a publish copies nothing.
+//! It checks arity, numbers and the name rule; the publish body is left to
+//! [`crate::message`] because its failures are answered per message id.
+
+use std::fmt;
+
+use crate::name::{is_valid_name, is_valid_routing_pattern};
+
+/// How an exchange matches routing keys against binding keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ExchangeKind {
+    /// The binding key equals the routing key.
+    Direct,
+    /// Every bound queue, whatever the key.
+    Fanout,
+    /// Dot-separated words; `*` matches one word and `#` zero or more.
+    Topic,
+}
+
+impl ExchangeKind {
+    /// The lowercase protocol spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ExchangeKind::Direct => "direct",
+            ExchangeKind::Fanout => "fanout",
+            ExchangeKind::Topic => "topic",
+        }
+    }
+
+    /// Parses the protocol spelling.
+    pub fn parse(s: &str) -> Option<ExchangeKind> {
+        match s {
+            "direct" => Some(ExchangeKind::Direct),
+            "fanout" => Some(ExchangeKind::Fanout),
+            "topic" => Some(ExchangeKind::Topic),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for ExchangeKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One parsed request line, borrowing from the line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Request<'a> {
+    /// `declare_queue <q>`
+    DeclareQueue {
+        /// Queue name.
+        queue: &'a str,
+    },
+    /// `declare_exchange <e> [direct|fanout|topic]`
+    DeclareExchange {
+        /// Exchange name.
+        exchange: &'a str,
+        /// Type; `direct` when omitted.
+        kind: ExchangeKind,
+    },
+    /// `bind <q> <e> <key>`
+    Bind {
+        /// Queue name.
+        queue: &'a str,
+        /// Exchange name.
+        exchange: &'a str,
+        /// Binding key (wildcards allowed; they only mean something on topic exchanges).
+        routing_key: &'a str,
+    },
+    /// `publish <e> <key> <json>`: names are not checked here, see [`crate::message`].
+    Publish {
+        /// Exchange name, unchecked.
+        exchange: &'a str,
+        /// Routing key, unchecked.
+        routing_key: &'a str,
+        /// The JSON body, unchecked (may be empty when the line had none).
+        body: &'a str,
+    },
+    /// `publish_batch <e> <key> <json array>`: names are not checked here.
+    PublishBatch {
+        /// Exchange name, unchecked.
+        exchange: &'a str,
+        /// Routing key, unchecked.
+        routing_key: &'a str,
+        /// The JSON array, unchecked.
+        body: &'a str,
+    },
+    /// `consume <q> [prefetch]`
+    Consume {
+        /// Queue name.
+        queue: &'a str,
+        /// Most unacked deliveries at once; the broker's default when omitted.
+        prefetch: Option<u32>,
+    },
+    /// `fetch <q> [max]`
+    Fetch {
+        /// Queue name.
+        queue: &'a str,
+        /// Most deliveries returned; 1 when omitted.
+        max: Option<u32>,
+    },
+    /// `ack <message_id> [<q>]`
+    Ack {
+        /// The delivered message's id.
+        message_id: &'a str,
+        /// Limit the ack to deliveries from this queue.
+        queue: Option<&'a str>,
+    },
+    /// `nack <message_id> [<q>]`
+    Nack {
+        /// The delivered message's id.
+        message_id: &'a str,
+        /// Limit the nack to deliveries from this queue.
+        queue: Option<&'a str>,
+    },
+    /// `resend`
+    Resend,
+    /// `register_public_key <b64>`
+    RegisterPublicKey {
+        /// The key as sent: standard padded base64 of 32 bytes (checked by the caller).
+        key_b64: &'a str,
+    },
+    /// `get_public_key <client_id>`
+    GetPublicKey {
+        /// Whose key.
+        client_id: &'a str,
+    },
+    /// `heartbeat`
+    Heartbeat,
+    /// `quit`
+    Quit,
+}
+
+impl Request<'_> {
+    /// The command word, for logs and metrics.
+    pub fn command(&self) -> &'static str {
+        match self {
+            Request::DeclareQueue { .. } => "declare_queue",
+            Request::DeclareExchange { .. } => "declare_exchange",
+            Request::Bind { .. } => "bind",
+            Request::Publish { .. } => "publish",
+            Request::PublishBatch { .. } => "publish_batch",
+            Request::Consume { .. } => "consume",
+            Request::Fetch { .. } => "fetch",
+            Request::Ack { .. } => "ack",
+            Request::Nack { .. } => "nack",
+            Request::Resend => "resend",
+            Request::RegisterPublicKey { .. } => "register_public_key",
+            Request::GetPublicKey { .. } => "get_public_key",
+            Request::Heartbeat => "heartbeat",
+            Request::Quit => "quit",
+        }
+    }
+}
+
+/// Why a line is not a request; its `Display` is the text after `Error: `.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ParseError {
+    /// The first word is no command of `ciphermq/1`.
+    #[error("unknown command {0}")]
+    UnknownCommand(String),
+    /// Wrong number of arguments; holds the usage line.
+    #[error("usage: {0}")]
+    Usage(&'static str),
+    /// An argument breaks the name rule.
+    #[error("invalid {what} name")]
+    InvalidName {
+        /// Which argument: "queue", "exchange", "routing key", "message id", "client id".
+        what: &'static str,
+    },
+    /// A number argument is not a positive integer.
+    #[error("invalid {what}: expected a positive integer")]
+    InvalidNumber {
+        /// Which argument.
+        what: &'static str,
+    },
+    /// `declare_exchange` with a type other than direct, fanout or topic.
+    #[error("unknown exchange type {0} (expected direct, fanout or topic)")]
+    UnknownExchangeKind(String),
+    /// A publish whose body cannot be read (no JSON at all).
+    #[error("invalid message")]
+    InvalidMessage,
+}
+
+const USAGE_DECLARE_QUEUE: &str = "declare_queue <queue>";
+const USAGE_DECLARE_EXCHANGE: &str = "declare_exchange <exchange> [direct|fanout|topic]";
+const USAGE_BIND: &str = "bind <queue> <exchange> <routing_key>";
+const USAGE_CONSUME: &str = "consume <queue> [prefetch]";
+const USAGE_FETCH: &str = "fetch <queue> [max]";
+const USAGE_ACK: &str = "ack <message_id> [queue]";
+const USAGE_NACK: &str = "nack <message_id> [queue]";
+const USAGE_RESEND: &str = "resend";
+const USAGE_REGISTER: &str = "register_public_key <base64>";
+const USAGE_GET_KEY: &str = "get_public_key <client_id>";
+const USAGE_HEARTBEAT: &str = "heartbeat";
+const USAGE_QUIT: &str = "quit";
+
+/// Splits off the next argument at a single space (several spaces count as one).
+fn next_arg(rest: &str) -> (&str, &str) {
+    let rest = rest.trim_start_matches(' ');
+    match rest.find(' ') {
+        Some(i) => (&rest[..i], &rest[i + 1..]),
+        None => (rest, ""),
+    }
+}
+
+/// Splits the remainder into at most `N` arguments; `Err` when more follow.
+fn args<'a, const N: usize>(
+    mut rest: &'a str,
+    usage: &'static str,
+) -> Result<[&'a str; N], ParseError> {
+    let mut out = [""; N];
+    for slot in out.iter_mut() {
+        let (arg, tail) = next_arg(rest);
+        *slot = arg;
+        rest = tail;
+    }
+    if rest.trim_matches(' ').is_empty() {
+        Ok(out)
+    } else {
+        Err(ParseError::Usage(usage))
+    }
+}
+
+fn name<'a>(s: &'a str, what: &'static str, usage: &'static str) -> Result<&'a str, ParseError> {
+    if s.is_empty() {
+        Err(ParseError::Usage(usage))
+    } else if is_valid_name(s) {
+        Ok(s)
+    } else {
+        Err(ParseError::InvalidName { what })
+    }
+}
+
+fn optional_name<'a>(s: &'a str, what: &'static str) -> Result<Option<&'a str>, ParseError> {
+    if s.is_empty() {
+        Ok(None)
+    } else if is_valid_name(s) {
+        Ok(Some(s))
+    } else {
+        Err(ParseError::InvalidName { what })
+    }
+}
+
+fn optional_count(s: &str, what: &'static str) -> Result<Option<u32>, ParseError> {
+    if s.is_empty() {
+        return Ok(None);
+    }
+    match s.parse::<u32>() {
+        Ok(n) if n > 0 => Ok(Some(n)),
+        _ => Err(ParseError::InvalidNumber { what }),
+    }
+}
+
+fn no_args(rest: &str, usage: &'static str) -> Result<(), ParseError> {
+    if rest.trim_matches(' ').is_empty() {
+        Ok(())
+    } else {
+        Err(ParseError::Usage(usage))
+    }
+}
+
+/// Splits `<e> <key> <body>` of a publish; the body keeps its spaces.
+fn publish_parts(rest: &str) -> Result<(&str, &str, &str), ParseError> {
+    let (exchange, rest) = next_arg(rest);
+    let (routing_key, body) = next_arg(rest);
+    let body = body.trim_matches(' ');
+    if body.is_empty() {
+        return Err(ParseError::InvalidMessage);
+    }
+    Ok((exchange, routing_key, body))
+}
+
+impl<'a> Request<'a> {
+    /// Parses one line (without its `\n`; a trailing `\r` is ignored).
+    pub fn parse(line: &'a str) -> Result<Request<'a>, ParseError> {
+        let line = line.strip_suffix('\r').unwrap_or(line);
+        let (command, rest) = next_arg(line);
+        Ok(match command {
+            "publish" => {
+                let (exchange, routing_key, body) = publish_parts(rest)?;
+                Request::Publish {
+                    exchange,
+                    routing_key,
+                    body,
+                }
+            }
+            "publish_batch" => {
+                let (exchange, routing_key, body) = publish_parts(rest)?;
+                Request::PublishBatch {
+                    exchange,
+                    routing_key,
+                    body,
+                }
+            }
+            "ack" | "nack" => {
+                let usage = if command == "ack" {
+                    USAGE_ACK
+                } else {
+                    USAGE_NACK
+                };
+                let [id, queue] = args::<2>(rest, usage)?;
+                let message_id = name(id, "message id", usage)?;
+                let queue = optional_name(queue, "queue")?;
+                if command == "ack" {
+                    Request::Ack { message_id, queue }
+                } else {
+                    Request::Nack { message_id, queue }
+                }
+            }
+            "heartbeat" => {
+                no_args(rest, USAGE_HEARTBEAT)?;
+                Request::Heartbeat
+            }
+            "consume" => {
+                let [queue, prefetch] = args::<2>(rest, USAGE_CONSUME)?;
+                Request::Consume {
+                    queue: name(queue, "queue", USAGE_CONSUME)?,
+                    prefetch: optional_count(prefetch, "prefetch")?,
+                }
+            }
+            "fetch" => {
+                let [queue, max] = args::<2>(rest, USAGE_FETCH)?;
+                Request::Fetch {
+                    queue: name(queue, "queue", USAGE_FETCH)?,
+                    max: optional_count(max, "max")?,
+                }
+            }
+            "declare_queue" => {
+                let [queue] = args::<1>(rest, USAGE_DECLARE_QUEUE)?;
+                Request::DeclareQueue {
+                    queue: name(queue, "queue", USAGE_DECLARE_QUEUE)?,
+                }
+            }
+            "declare_exchange" => {
+                let [exchange, kind] = args::<2>(rest, USAGE_DECLARE_EXCHANGE)?;
+                let exchange = name(exchange, "exchange", USAGE_DECLARE_EXCHANGE)?;
+                let kind = if kind.is_empty() {
+                    ExchangeKind::Direct
+                } else {
+                    ExchangeKind::parse(kind)
+                        .ok_or_else(|| ParseError::UnknownExchangeKind(kind.to_owned()))?
+                };
+                Request::DeclareExchange { exchange, kind }
+            }
+            "bind" => {
+                let [queue, exchange, key] = args::<3>(rest, USAGE_BIND)?;
+                let queue = name(queue, "queue", USAGE_BIND)?;
+                let exchange = name(exchange, "exchange", USAGE_BIND)?;
+                if key.is_empty() {
+                    return Err(ParseError::Usage(USAGE_BIND));
+                }
+                if !is_valid_routing_pattern(key) {
+                    return Err(ParseError::InvalidName {
+                        what: "routing key",
+                    });
+                }
+                Request::Bind {
+                    queue,
+                    exchange,
+                    routing_key: key,
+                }
+            }
+            "resend" => {
+                no_args(rest, USAGE_RESEND)?;
+                Request::Resend
+            }
+            "register_public_key" => {
+                let [key] = args::<1>(rest, USAGE_REGISTER)?;
+                if key.is_empty() {
+                    return Err(ParseError::Usage(USAGE_REGISTER));
+                }
+                Request::RegisterPublicKey { key_b64: key }
+            }
+            "get_public_key" => {
+                let [client] = args::<1>(rest, USAGE_GET_KEY)?;
+                Request::GetPublicKey {
+                    client_id: name(client, "client id", USAGE_GET_KEY)?,
+                }
+            }
+            "quit" => {
+                no_args(rest, USAGE_QUIT)?;
+                Request::Quit
+            }
+            other => {
+                let shown: String = other.chars().take(64).collect();
+                return Err(ParseError::UnknownCommand(shown));
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_every_command() {
+        assert_eq!(
+            Request::parse("declare_queue q1"),
+            Ok(Request::DeclareQueue { queue: "q1" })
+        );
+        assert_eq!(
+            Request::parse("declare_exchange ex"),
+            Ok(Request::DeclareExchange {
+                exchange: "ex",
+                kind: ExchangeKind::Direct
+            })
+        );
+        assert_eq!(
+            Request::parse("declare_exchange ex topic"),
+            Ok(Request::DeclareExchange {
+                exchange: "ex",
+                kind: ExchangeKind::Topic
+            })
+        );
+        assert_eq!(
+            Request::parse("bind q ex a.*.#"),
+            Ok(Request::Bind {
+                queue: "q",
+                exchange: "ex",
+                routing_key: "a.*.#"
+            })
+        );
+        assert_eq!(
+            Request::parse("publish ex k {\"a\": 1, \"b\": \"x y\"}"),
+            Ok(Request::Publish {
+                exchange: "ex",
+                routing_key: "k",
+                body: "{\"a\": 1, \"b\": \"x y\"}"
+            })
+        );
+        assert_eq!(
+            Request::parse("publish_batch ex k [1, 2]"),
+            Ok(Request::PublishBatch {
+                exchange: "ex",
+                routing_key: "k",
+                body: "[1, 2]"
+            })
+        );
+        assert_eq!(
+            Request::parse("consume q"),
+            Ok(Request::Consume {
+                queue: "q",
+                prefetch: None
+            })
+        );
+        assert_eq!(
+            Request::parse("consume q 5"),
+            Ok(Request::Consume {
+                queue: "q",
+                prefetch: Some(5)
+            })
+        );
+        assert_eq!(
+            Request::parse("fetch q 3"),
+            Ok(Request::Fetch {
+                queue: "q",
+                max: Some(3)
+            })
+        );
+        assert_eq!(
+            Request::parse("ack m1"),
+            Ok(Request::Ack {
+                message_id: "m1",
+                queue: None
+            })
+        );
+        assert_eq!(
+            Request::parse("ack m1 q"),
+            Ok(Request::Ack {
+                message_id: "m1",
+                queue: Some("q")
+            })
+        );
+        assert_eq!(
+            Request::parse("nack m1 q"),
+            Ok(Request::Nack {
+                message_id: "m1",
+                queue: Some("q")
+            })
+        );
+        assert_eq!(Request::parse("resend"), Ok(Request::Resend));
+        assert_eq!(
+            Request::parse("register_public_key AAAA="),
+            Ok(Request::RegisterPublicKey { key_b64: "AAAA=" })
+        );
+        assert_eq!(
+            Request::parse("get_public_key receiver_1"),
+            Ok(Request::GetPublicKey {
+                client_id: "receiver_1"
+            })
+        );
+        assert_eq!(Request::parse("heartbeat"), Ok(Request::Heartbeat));
+        assert_eq!(Request::parse("quit\r"), Ok(Request::Quit));
+    }
+
+    #[test]
+    fn rejects_bad_arity_names_and_numbers() {
+        assert_eq!(
+            Request::parse("declare_queue"),
+            Err(ParseError::Usage(USAGE_DECLARE_QUEUE))
+        );
+        assert_eq!(
+            Request::parse("declare_queue a b"),
+            Err(ParseError::Usage(USAGE_DECLARE_QUEUE))
+        );
+        assert_eq!(
+            Request::parse("declare_queue a/b"),
+            Err(ParseError::InvalidName { what: "queue" })
+        );
+        assert_eq!(
+            Request::parse("consume q 0"),
+            Err(ParseError::InvalidNumber { what: "prefetch" })
+        );
+        assert_eq!(
+            Request::parse("fetch q -1"),
+            Err(ParseError::InvalidNumber { what: "max" })
+        );
+        assert_eq!(
+            Request::parse("declare_exchange e weird"),
+            Err(ParseError::UnknownExchangeKind("weird".into()))
+        );
+        assert_eq!(
+            Request::parse("publish ex k"),
+            Err(ParseError::InvalidMessage)
+        );
+        assert_eq!(
+            Request::parse("frobnicate"),
+            Err(ParseError::UnknownCommand("frobnicate".into()))
+        );
+        assert_eq!(
+            Request::parse("heartbeat now"),
+            Err(ParseError::Usage(USAGE_HEARTBEAT))
+        );
+    }
+
+    #[test]
+    fn error_texts_are_actionable() {
+        assert_eq!(
+            ParseError::UnknownCommand("x".into()).to_string(),
+            "unknown command x"
+        );
+        assert_eq!(
+            ParseError::Usage(USAGE_BIND).to_string(),
+            "usage: bind <queue> <exchange> <routing_key>"
+        );
+    }
+}
