@@ -1,0 +1,41 @@
+//! Per-core broker state, free of sockets and TLS so it can be tested alone.
+//!
+//! Map:
+//! - [`placement`]: which shard owns a connection or a queue (FNV-1a of a CN).
+//! - [`message`]: the immutable, shared message a publish stores.
+//! - [`topology`]: exchanges, queues and bindings; one writer at a time, and a
+//!   read-mostly snapshot every shard routes against without locking.
+//! - [`routing`]: direct, fanout and topic matching inside a snapshot.
+//! - [`queue`]: one queue's state machine: ready messages, unacked deliveries,
+//!   competing consumers, dedup, dead-lettering.
+//! - [`mailbox`]: how a shard hands replies and deliveries to a connection task.
+//! - [`tracker`]: a connection's outstanding deliveries, for `ack`/`nack`/`resend`.
+//! - [`mesh`]: the crossbeam channels and wakers between shards.
+//! - [`shard`]: one shard's state tying these together.
+//!
+//! Invariants: a shard owns its queues outright (no locks on the data path);
+//! everything another shard needs travels as a [`mesh::ShardMsg`]; nothing here
+//! blocks or awaits, so a `RefCell` borrow of a [`shard::Shard`] never spans an
+//! `.await` in the shell that drives it.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs, unreachable_pub)]
+
+pub mod mailbox;
+pub mod mesh;
+pub mod message;
+pub mod placement;
+pub mod queue;
+pub mod routing;
+pub mod shard;
+pub mod topology;
+pub mod tracker;
+
+pub use mailbox::{Completion, ConnEvent, Mailbox};
+pub use mesh::{Mesh, MeshEndpoint, MeshInbound, MeshOutbound, Origin, ShardMsg};
+pub use message::{DedupKey, Message};
+pub use placement::{shard_of, ConnRef, ShardId};
+pub use queue::{Delivery, QueueSettings};
+pub use shard::{PublishStatus, QueueStats, Shard};
+pub use topology::{QueueInfo, Topology, TopologyError, TopologyStore, TopologyView};
+pub use tracker::{DeliveryTracker, Outstanding};

@@ -1,0 +1,91 @@
+//! How a shard hands results to a connection task on the same thread: a queue
+//! of events plus the task's waker.
+//!
+//! Bounded by construction, not by a cap: completions by the connection's
+//! pending-reply limit, deliveries by its consumers' prefetch.
+
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::task::Waker;
+
+use ciphermq_proto::NackReason;
+
+use crate::queue::Delivery;
+
+/// The outcome of a command that finished on a (possibly remote) shard.
+#[derive(Debug)]
+pub enum Completion {
+    /// A publish's part: stored (or a duplicate) in its queues, or refused.
+    Enqueued(Result<(), NackReason>),
+    /// `consume` registered.
+    Consumed,
+    /// `fetch`: the deliveries, possibly none.
+    Fetched(Vec<Delivery>),
+}
+
+/// Something a connection must act on.
+#[derive(Debug)]
+pub enum ConnEvent {
+    /// The command numbered `seq` on this connection finished (or one part of it).
+    Completed {
+        /// The command's position on its connection.
+        seq: u64,
+        /// What happened.
+        completion: Completion,
+    },
+    /// A push delivery from a consumed queue.
+    Delivery(Delivery),
+}
+
+/// One connection's inbox on its shard.
+#[derive(Default)]
+pub struct Mailbox {
+    events: RefCell<VecDeque<ConnEvent>>,
+    waker: Cell<Option<Waker>>,
+    closed: Cell<bool>,
+}
+
+impl std::fmt::Debug for Mailbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mailbox")
+            .field("events", &self.events.borrow().len())
+            .field("closed", &self.closed.get())
+            .finish()
+    }
+}
+
+impl Mailbox {
+    /// Queues an event and wakes the connection.
+    pub fn push(&self, event: ConnEvent) {
+        self.events.borrow_mut().push_back(event);
+        self.wake();
+    }
+
+    /// Wakes the connection without an event (timeouts, shutdown).
+    pub fn wake(&self) {
+        if let Some(waker) = self.waker.take() {
+            waker.wake();
+        }
+    }
+
+    /// Asks the connection to close (kept until it looks).
+    pub fn close(&self) {
+        self.closed.set(true);
+        self.wake();
+    }
+
+    /// Whether [`Mailbox::close`] was called.
+    pub fn is_closed(&self) -> bool {
+        self.closed.get()
+    }
+
+    /// Registers the task to wake on the next event.
+    pub fn register(&self, waker: &Waker) {
+        self.waker.set(Some(waker.clone()));
+    }
+
+    /// Moves every pending event into `into`.
+    pub fn drain_into(&self, into: &mut VecDeque<ConnEvent>) {
+        into.append(&mut self.events.borrow_mut());
+    }
+}

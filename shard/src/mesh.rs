@@ -1,0 +1,239 @@
+//! The cross-shard mesh: one crossbeam channel into every shard, carrying
+//! batches of [`ShardMsg`], and an [`AtomicWaker`] that wakes the receiving
+//! shard's inbox task from any thread.
+//!
+//! A shard buffers what it sends during one piece of work and flushes once,
+//! so a burst of cross-shard publishes costs one channel send and one wakeup
+//! per peer, not one per message. Idle shards sleep in the reactor: nothing
+//! spins. The channels are unbounded, but what travels is bounded by the
+//! senders: each connection caps its pending replies, each consumer its
+//! prefetch.
+
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use atomic_waker::AtomicWaker;
+use crossbeam_channel::{Receiver, Sender, TryRecvError};
+
+use crate::mailbox::Completion;
+use crate::message::Message;
+use crate::placement::{ConnRef, ShardId};
+use crate::queue::Delivery;
+
+/// Which command, on which connection, a remote result belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Origin {
+    /// The connection that sent the command.
+    pub conn: ConnRef,
+    /// The command's position on that connection.
+    pub seq: u64,
+}
+
+/// A message between shards.
+#[derive(Debug)]
+pub enum ShardMsg {
+    /// Store `msg` in these queues (all owned by the receiving shard).
+    Enqueue {
+        /// Where to report.
+        origin: Origin,
+        /// Target queues.
+        queues: Vec<Arc<str>>,
+        /// The message.
+        msg: Arc<Message>,
+    },
+    /// Register a consumer on a queue of the receiving shard.
+    Consume {
+        /// Where to report.
+        origin: Origin,
+        /// The queue.
+        queue: Arc<str>,
+        /// Its prefetch.
+        prefetch: u32,
+    },
+    /// Pull deliveries from a queue of the receiving shard.
+    Fetch {
+        /// Where to report.
+        origin: Origin,
+        /// The queue.
+        queue: Arc<str>,
+        /// At most this many.
+        max: u32,
+    },
+    /// A command finished: hand the result to its connection.
+    Done {
+        /// The command.
+        origin: Origin,
+        /// Its result.
+        completion: Completion,
+    },
+    /// A push delivery for a connection of the receiving shard.
+    Deliver {
+        /// The consumer's connection.
+        conn: ConnRef,
+        /// The delivery.
+        delivery: Delivery,
+    },
+    /// The connection acked a delivery from a queue of the receiving shard.
+    Ack {
+        /// Who acks.
+        conn: ConnRef,
+        /// The queue.
+        queue: Arc<str>,
+        /// The message's position there.
+        seq: u64,
+    },
+    /// The connection gives a delivery back (nack, resend).
+    Requeue {
+        /// Who gives it back.
+        conn: ConnRef,
+        /// The queue.
+        queue: Arc<str>,
+        /// The message's position there.
+        seq: u64,
+    },
+    /// The connection closed: drop its consumers, requeue what it owed.
+    ConnClosed {
+        /// The closed connection.
+        conn: ConnRef,
+    },
+}
+
+#[derive(Debug, Clone)]
+struct Peer {
+    tx: Sender<Vec<ShardMsg>>,
+    waker: Arc<AtomicWaker>,
+}
+
+/// Builds the mesh.
+#[derive(Debug)]
+pub struct Mesh;
+
+impl Mesh {
+    /// One endpoint per shard, each connected to every shard (itself included).
+    pub fn build(shards: usize) -> Vec<MeshEndpoint> {
+        let channels: Vec<_> = (0..shards).map(|_| crossbeam_channel::unbounded()).collect();
+        let peers: Vec<Peer> = channels
+            .iter()
+            .map(|(tx, _)| Peer { tx: tx.clone(), waker: Arc::new(AtomicWaker::new()) })
+            .collect();
+        channels
+            .into_iter()
+            .enumerate()
+            .map(|(i, (_, rx))| MeshEndpoint {
+                outbound: MeshOutbound {
+                    shard: i as ShardId,
+                    peers: peers.clone(),
+                    pending: (0..shards).map(|_| Vec::new()).collect(),
+                },
+                inbound: MeshInbound { rx, waker: peers[i].waker.clone() },
+            })
+            .collect()
+    }
+}
+
+/// One shard's two ends of the mesh.
+#[derive(Debug)]
+pub struct MeshEndpoint {
+    /// Sending side, owned by the shard state.
+    pub outbound: MeshOutbound,
+    /// Receiving side, owned by the shard's inbox task.
+    pub inbound: MeshInbound,
+}
+
+/// Buffers messages per peer and sends them in batches.
+#[derive(Debug)]
+pub struct MeshOutbound {
+    shard: ShardId,
+    peers: Vec<Peer>,
+    pending: Vec<Vec<ShardMsg>>,
+}
+
+impl MeshOutbound {
+    /// The shard this endpoint belongs to.
+    pub fn shard(&self) -> ShardId {
+        self.shard
+    }
+
+    /// How many shards the mesh joins.
+    pub fn shards(&self) -> usize {
+        self.peers.len()
+    }
+
+    /// Buffers `msg` for shard `to`; it leaves on the next [`MeshOutbound::flush`].
+    #[inline]
+    pub fn send(&mut self, to: ShardId, msg: ShardMsg) {
+        self.pending[to as usize].push(msg);
+    }
+
+    /// Whether anything waits for [`MeshOutbound::flush`].
+    pub fn has_pending(&self) -> bool {
+        self.pending.iter().any(|p| !p.is_empty())
+    }
+
+    /// Sends every buffered batch and wakes each receiving shard once.
+    pub fn flush(&mut self) {
+        for (to, batch) in self.pending.iter_mut().enumerate() {
+            if batch.is_empty() {
+                continue;
+            }
+            let batch = std::mem::take(batch);
+            let peer = &self.peers[to];
+            // The receiver lives as long as the broker; a send only fails during
+            // shutdown, when dropping the batch is what we want.
+            let _ = peer.tx.send(batch);
+            peer.waker.wake();
+        }
+    }
+}
+
+/// Receives batches for one shard.
+#[derive(Debug)]
+pub struct MeshInbound {
+    rx: Receiver<Vec<ShardMsg>>,
+    waker: Arc<AtomicWaker>,
+}
+
+impl MeshInbound {
+    /// The next batch, or `Pending` after registering to be woken by a sender.
+    pub fn poll_recv(&self, cx: &mut Context<'_>) -> Poll<Option<Vec<ShardMsg>>> {
+        match self.rx.try_recv() {
+            Ok(batch) => return Poll::Ready(Some(batch)),
+            Err(TryRecvError::Disconnected) => return Poll::Ready(None),
+            Err(TryRecvError::Empty) => {}
+        }
+        self.waker.register(cx.waker());
+        // A batch may have arrived between the first look and the registration.
+        match self.rx.try_recv() {
+            Ok(batch) => Poll::Ready(Some(batch)),
+            Err(TryRecvError::Disconnected) => Poll::Ready(None),
+            Err(TryRecvError::Empty) => Poll::Pending,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::task::Waker;
+
+    #[test]
+    fn batches_reach_their_shard_in_order() {
+        let mut mesh = Mesh::build(2);
+        let b = mesh.pop().unwrap();
+        let mut a = mesh.pop().unwrap();
+        let conn = ConnRef { shard: 0, id: 1 };
+        a.outbound.send(1, ShardMsg::ConnClosed { conn });
+        a.outbound.send(1, ShardMsg::ConnClosed { conn: ConnRef { shard: 0, id: 2 } });
+        assert!(a.outbound.has_pending());
+        let mut cx = Context::from_waker(Waker::noop());
+        assert!(b.inbound.poll_recv(&mut cx).is_pending());
+        a.outbound.flush();
+        match b.inbound.poll_recv(&mut cx) {
+            Poll::Ready(Some(batch)) => {
+                assert_eq!(batch.len(), 2);
+                assert!(matches!(batch[1], ShardMsg::ConnClosed { conn } if conn.id == 2));
+            }
+            other => panic!("expected a batch, got {other:?}"),
+        }
+    }
+}

@@ -1,0 +1,448 @@
+//! One queue's state machine: FIFO ready messages, deliveries owed until acked,
+//! competing consumers served round robin within their prefetch, per-sender
+//! dedup, and dead-lettering after `max_deliveries`.
+//!
+//! No I/O and no clock: the caller passes `now`, and deliveries are appended to
+//! a caller's buffer, so every rule here is unit-tested deterministically.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::message::{DedupKey, Message};
+use crate::placement::{ConnRef, ShardId};
+
+/// Limits every queue applies.
+#[derive(Debug, Clone)]
+pub struct QueueSettings {
+    /// Most messages held (ready + unacked); more are refused, never evicted.
+    pub max_len: usize,
+    /// Deliveries (nacked ones included) before a message moves to `{queue}.dlq`.
+    pub max_deliveries: u32,
+    /// How long an acked id still counts as a duplicate for its sender.
+    pub dedup_window: Duration,
+}
+
+impl Default for QueueSettings {
+    fn default() -> Self {
+        QueueSettings {
+            max_len: 1_000_000,
+            max_deliveries: 10,
+            dedup_window: Duration::from_secs(120),
+        }
+    }
+}
+
+/// One delivery of a message to a connection.
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    /// The queue it comes from.
+    pub queue: Arc<str>,
+    /// The queue's shard, where `ack` must go.
+    pub shard: ShardId,
+    /// The message's sequence number in that queue.
+    pub seq: u64,
+    /// 1 on first delivery, one more on each redelivery.
+    pub count: u32,
+    /// The message.
+    pub msg: Arc<Message>,
+}
+
+/// A stored message and how often it was delivered.
+#[derive(Debug)]
+pub struct Entry {
+    /// Position in the queue, increasing.
+    pub seq: u64,
+    /// The message.
+    pub msg: Arc<Message>,
+    /// Deliveries so far.
+    pub deliveries: u32,
+}
+
+/// What an accepted publish did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Enqueued {
+    /// Stored as a new message.
+    Stored,
+    /// The same sender already stored this id here (still queued or acked within
+    /// the dedup window): nothing new stored, and the publish is acknowledged.
+    Duplicate,
+}
+
+/// The queue holds `max_len` messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("queue full")]
+pub struct QueueFull;
+
+#[derive(Debug)]
+struct Inflight {
+    entry: Entry,
+    conn: ConnRef,
+}
+
+#[derive(Debug)]
+struct Consumer {
+    conn: ConnRef,
+    prefetch: u32,
+    inflight: u32,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum DedupState {
+    Stored,
+    AckedUntil(Instant),
+}
+
+/// One queue.
+#[derive(Debug)]
+pub struct Queue {
+    name: Arc<str>,
+    shard: ShardId,
+    next_seq: u64,
+    ready: VecDeque<Entry>,
+    /// Redeliveries, served before `ready`, oldest first.
+    requeued: BTreeMap<u64, Entry>,
+    unacked: HashMap<u64, Inflight>,
+    consumers: Vec<Consumer>,
+    next_consumer: usize,
+    dedup: HashMap<DedupKey, DedupState>,
+    /// Acked keys in expiry order.
+    expiring: VecDeque<(Instant, DedupKey)>,
+}
+
+impl Queue {
+    /// An empty queue named `name` on `shard`.
+    pub fn new(name: Arc<str>, shard: ShardId) -> Queue {
+        Queue {
+            name,
+            shard,
+            next_seq: 0,
+            ready: VecDeque::new(),
+            requeued: BTreeMap::new(),
+            unacked: HashMap::new(),
+            consumers: Vec::new(),
+            next_consumer: 0,
+            dedup: HashMap::new(),
+            expiring: VecDeque::new(),
+        }
+    }
+
+    /// Its name.
+    pub fn name(&self) -> &Arc<str> {
+        &self.name
+    }
+
+    /// Messages waiting for delivery.
+    pub fn ready_len(&self) -> usize {
+        self.ready.len() + self.requeued.len()
+    }
+
+    /// Deliveries not yet acked.
+    pub fn unacked_len(&self) -> usize {
+        self.unacked.len()
+    }
+
+    /// Registered consumers.
+    pub fn consumer_count(&self) -> usize {
+        self.consumers.len()
+    }
+
+    fn expire_dedup(&mut self, now: Instant) {
+        while let Some(&(until, key)) = self.expiring.front() {
+            if until > now {
+                break;
+            }
+            self.expiring.pop_front();
+            if let Some(DedupState::AckedUntil(t)) = self.dedup.get(&key) {
+                if *t <= now {
+                    self.dedup.remove(&key);
+                }
+            }
+        }
+    }
+
+    fn forget(&mut self, key: DedupKey, now: Instant, settings: &QueueSettings) {
+        let until = now + settings.dedup_window;
+        self.dedup.insert(key, DedupState::AckedUntil(until));
+        self.expiring.push_back((until, key));
+    }
+
+    /// Stores a published message unless it is a duplicate or the queue is full.
+    pub fn enqueue(
+        &mut self,
+        msg: Arc<Message>,
+        now: Instant,
+        settings: &QueueSettings,
+    ) -> Result<Enqueued, QueueFull> {
+        self.expire_dedup(now);
+        let key = msg.dedup_key();
+        if self.dedup.contains_key(&key) {
+            return Ok(Enqueued::Duplicate);
+        }
+        if self.ready_len() + self.unacked.len() >= settings.max_len {
+            return Err(QueueFull);
+        }
+        self.dedup.insert(key, DedupState::Stored);
+        self.push(msg);
+        Ok(Enqueued::Stored)
+    }
+
+    /// Stores a dead-lettered message: no dedup and no length limit, because
+    /// dropping it would lose an acknowledged message.
+    pub fn enqueue_dead(&mut self, msg: Arc<Message>) {
+        self.push(msg);
+    }
+
+    fn push(&mut self, msg: Arc<Message>) {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.ready.push_back(Entry { seq, msg, deliveries: 0 });
+    }
+
+    /// The next message to deliver, with dead letters split off.
+    fn next_entry(&mut self, settings: &QueueSettings, dead: &mut Vec<Entry>, now: Instant) -> Option<Entry> {
+        loop {
+            let entry = match self.requeued.pop_first() {
+                Some((_, e)) => e,
+                None => self.ready.pop_front()?,
+            };
+            if entry.deliveries >= settings.max_deliveries {
+                self.forget(entry.msg.dedup_key(), now, settings);
+                dead.push(entry);
+                continue;
+            }
+            return Some(entry);
+        }
+    }
+
+    fn deliver(&mut self, mut entry: Entry, conn: ConnRef) -> Delivery {
+        entry.deliveries += 1;
+        let delivery = Delivery {
+            queue: self.name.clone(),
+            shard: self.shard,
+            seq: entry.seq,
+            count: entry.deliveries,
+            msg: entry.msg.clone(),
+        };
+        self.unacked.insert(entry.seq, Inflight { entry, conn });
+        delivery
+    }
+
+    /// Pushes ready messages to consumers with room in their prefetch, round robin.
+    pub fn dispatch(
+        &mut self,
+        settings: &QueueSettings,
+        now: Instant,
+        out: &mut Vec<(ConnRef, Delivery)>,
+        dead: &mut Vec<Entry>,
+    ) {
+        while self.ready_len() > 0 && !self.consumers.is_empty() {
+            let n = self.consumers.len();
+            let Some(pick) = (0..n)
+                .map(|i| (self.next_consumer + i) % n)
+                .find(|&i| self.consumers[i].inflight < self.consumers[i].prefetch)
+            else {
+                return;
+            };
+            let Some(entry) = self.next_entry(settings, dead, now) else {
+                return;
+            };
+            let consumer = &mut self.consumers[pick];
+            consumer.inflight += 1;
+            let conn = consumer.conn;
+            self.next_consumer = (pick + 1) % n;
+            let delivery = self.deliver(entry, conn);
+            out.push((conn, delivery));
+        }
+    }
+
+    /// Pulls up to `max` messages for `conn` (the `fetch` command).
+    pub fn fetch(
+        &mut self,
+        conn: ConnRef,
+        max: u32,
+        settings: &QueueSettings,
+        now: Instant,
+        out: &mut Vec<Delivery>,
+        dead: &mut Vec<Entry>,
+    ) {
+        for _ in 0..max {
+            let Some(entry) = self.next_entry(settings, dead, now) else {
+                return;
+            };
+            out.push(self.deliver(entry, conn));
+        }
+    }
+
+    fn release(&mut self, conn: ConnRef) {
+        if let Some(c) = self.consumers.iter_mut().find(|c| c.conn == conn) {
+            c.inflight = c.inflight.saturating_sub(1);
+        }
+    }
+
+    /// Acks the delivery `seq` made to `conn`; false when there is none.
+    pub fn ack(&mut self, seq: u64, conn: ConnRef, now: Instant, settings: &QueueSettings) -> bool {
+        match self.unacked.get(&seq) {
+            Some(inflight) if inflight.conn == conn => {}
+            _ => return false,
+        }
+        let Some(inflight) = self.unacked.remove(&seq) else {
+            return false;
+        };
+        self.release(conn);
+        self.forget(inflight.entry.msg.dedup_key(), now, settings);
+        true
+    }
+
+    /// Puts the delivery `seq` made to `conn` back for redelivery (nack, resend).
+    pub fn requeue(&mut self, seq: u64, conn: ConnRef) -> bool {
+        match self.unacked.get(&seq) {
+            Some(inflight) if inflight.conn == conn => {}
+            _ => return false,
+        }
+        let Some(inflight) = self.unacked.remove(&seq) else {
+            return false;
+        };
+        self.release(conn);
+        self.requeued.insert(inflight.entry.seq, inflight.entry);
+        true
+    }
+
+    /// Registers `conn` as a consumer (again: updates its prefetch).
+    pub fn add_consumer(&mut self, conn: ConnRef, prefetch: u32) {
+        match self.consumers.iter_mut().find(|c| c.conn == conn) {
+            Some(c) => c.prefetch = prefetch,
+            None => self.consumers.push(Consumer { conn, prefetch, inflight: 0 }),
+        }
+    }
+
+    /// Forgets a closed connection: its consumers go, its deliveries are requeued.
+    pub fn remove_conn(&mut self, conn: ConnRef) {
+        self.consumers.retain(|c| c.conn != conn);
+        if self.next_consumer >= self.consumers.len() {
+            self.next_consumer = 0;
+        }
+        let owed: Vec<u64> =
+            self.unacked.iter().filter(|(_, i)| i.conn == conn).map(|(s, _)| *s).collect();
+        for seq in owed {
+            if let Some(inflight) = self.unacked.remove(&seq) {
+                self.requeued.insert(seq, inflight.entry);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn msg(id: &str, sender: &str) -> Arc<Message> {
+        Message::new(id, "{}", Arc::from(sender))
+    }
+
+    fn conn(id: u64) -> ConnRef {
+        ConnRef { shard: 0, id }
+    }
+
+    fn settings() -> QueueSettings {
+        QueueSettings { max_len: 3, max_deliveries: 2, dedup_window: Duration::from_secs(10) }
+    }
+
+    fn ids(out: &[(ConnRef, Delivery)]) -> Vec<(u64, String, u32)> {
+        out.iter().map(|(c, d)| (c.id, d.msg.message_id().to_owned(), d.count)).collect()
+    }
+
+    #[test]
+    fn full_queue_refuses_and_never_evicts() {
+        let s = settings();
+        let now = Instant::now();
+        let mut q = Queue::new(Arc::from("q"), 0);
+        for i in 0..3 {
+            assert_eq!(q.enqueue(msg(&format!("m{i}"), "s"), now, &s), Ok(Enqueued::Stored));
+        }
+        assert_eq!(q.enqueue(msg("m3", "s"), now, &s), Err(QueueFull));
+        assert_eq!(q.ready_len(), 3);
+    }
+
+    #[test]
+    fn dedup_is_per_sender_and_outlives_the_ack_for_the_window() {
+        let s = settings();
+        let t0 = Instant::now();
+        let mut q = Queue::new(Arc::from("q"), 0);
+        assert_eq!(q.enqueue(msg("m1", "s1"), t0, &s), Ok(Enqueued::Stored));
+        assert_eq!(q.enqueue(msg("m1", "s1"), t0, &s), Ok(Enqueued::Duplicate));
+        assert_eq!(q.enqueue(msg("m1", "s2"), t0, &s), Ok(Enqueued::Stored));
+        let mut out = Vec::new();
+        q.fetch(conn(1), 1, &s, t0, &mut out, &mut Vec::new());
+        assert!(q.ack(out[0].seq, conn(1), t0, &s));
+        assert_eq!(q.enqueue(msg("m1", "s1"), t0 + Duration::from_secs(5), &s), Ok(Enqueued::Duplicate));
+        assert_eq!(q.enqueue(msg("m1", "s1"), t0 + Duration::from_secs(11), &s), Ok(Enqueued::Stored));
+    }
+
+    #[test]
+    fn consumers_compete_round_robin_within_prefetch() {
+        let s = QueueSettings { max_len: 100, ..settings() };
+        let now = Instant::now();
+        let mut q = Queue::new(Arc::from("q"), 0);
+        q.add_consumer(conn(1), 1);
+        q.add_consumer(conn(2), 2);
+        for i in 0..5 {
+            q.enqueue(msg(&format!("m{i}"), "s"), now, &s).unwrap();
+        }
+        let mut out = Vec::new();
+        q.dispatch(&s, now, &mut out, &mut Vec::new());
+        assert_eq!(
+            ids(&out),
+            [(1, "m0".into(), 1), (2, "m1".into(), 1), (2, "m2".into(), 1)]
+        );
+        assert!(q.ack(out[0].1.seq, conn(1), now, &s));
+        assert!(!q.ack(out[1].1.seq, conn(1), now, &s), "only the receiving connection acks");
+        out.clear();
+        q.dispatch(&s, now, &mut out, &mut Vec::new());
+        assert_eq!(ids(&out), [(1, "m3".into(), 1)]);
+    }
+
+    #[test]
+    fn closed_connection_requeues_in_order_with_counts() {
+        let s = QueueSettings { max_len: 100, max_deliveries: 10, ..settings() };
+        let now = Instant::now();
+        let mut q = Queue::new(Arc::from("q"), 0);
+        q.add_consumer(conn(1), 10);
+        for i in 0..3 {
+            q.enqueue(msg(&format!("m{i}"), "s"), now, &s).unwrap();
+        }
+        let mut out = Vec::new();
+        q.dispatch(&s, now, &mut out, &mut Vec::new());
+        assert_eq!(out.len(), 3);
+        q.remove_conn(conn(1));
+        assert_eq!(q.unacked_len(), 0);
+        q.add_consumer(conn(2), 10);
+        out.clear();
+        q.dispatch(&s, now, &mut out, &mut Vec::new());
+        assert_eq!(
+            ids(&out),
+            [(2, "m0".into(), 2), (2, "m1".into(), 2), (2, "m2".into(), 2)]
+        );
+    }
+
+    #[test]
+    fn dead_letters_after_max_deliveries() {
+        let s = QueueSettings { max_len: 100, max_deliveries: 2, ..settings() };
+        let now = Instant::now();
+        let mut q = Queue::new(Arc::from("q"), 0);
+        q.enqueue(msg("m0", "s"), now, &s).unwrap();
+        let mut dead = Vec::new();
+        for round in 1..=2 {
+            let mut out = Vec::new();
+            q.fetch(conn(1), 1, &s, now, &mut out, &mut dead);
+            assert_eq!(out[0].count, round);
+            assert!(q.requeue(out[0].seq, conn(1)));
+        }
+        let mut out = Vec::new();
+        q.fetch(conn(1), 1, &s, now, &mut out, &mut dead);
+        assert!(out.is_empty());
+        assert_eq!(dead.len(), 1);
+        assert_eq!(dead[0].msg.message_id(), "m0");
+        assert_eq!(q.ready_len(), 0);
+    }
+}
