@@ -1,0 +1,538 @@
+//! Roles and the permission matrix (DESIGN.md §2).
+//!
+//! A pure function of the configured CN lists: [`Acl::check`] never looks at
+//! whether a queue exists, so a queue you may not touch is `Access denied`
+//! whether or not it exists. The [`Acl`] is immutable; a `SIGHUP` reload builds a
+//! new one from the new `[acl]` lists and swaps it in whole.
+
+use std::fmt;
+
+use fnv::FnvHashSet;
+
+/// What a client may do, decided by its certificate CN.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Role {
+    /// Publishes messages and fetches receivers' public keys.
+    Sender,
+    /// Owns queues: declares, binds and consumes them, registers its public key.
+    Receiver,
+    /// May do everything, including the admin endpoint.
+    Admin,
+    /// In no list: refused before the command loop; every command is denied.
+    Unknown,
+}
+
+impl Role {
+    /// The lowercase wire spelling used in `HELLO` and `Access denied` lines.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Sender => "sender",
+            Role::Receiver => "receiver",
+            Role::Admin => "admin",
+            Role::Unknown => "unknown",
+        }
+    }
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A command as the ACL sees it: its kind plus the names that ownership rules
+/// apply to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op<'a> {
+    /// `declare_queue <queue>`.
+    DeclareQueue {
+        /// The queue to declare.
+        queue: &'a str,
+    },
+    /// `declare_exchange <e> [type]`.
+    DeclareExchange,
+    /// `bind <queue> <exchange> <routing_key>`.
+    Bind {
+        /// The queue to bind.
+        queue: &'a str,
+        /// The binding key (may hold `*`/`#` wildcards).
+        routing_key: &'a str,
+    },
+    /// `publish` and `publish_batch`.
+    Publish,
+    /// `consume <queue> [prefetch]`.
+    Consume {
+        /// The queue to consume from.
+        queue: &'a str,
+    },
+    /// `fetch <queue> [max]`.
+    Fetch {
+        /// The queue to fetch from.
+        queue: &'a str,
+    },
+    /// `nack <message_id> [queue]`.
+    Nack {
+        /// The queue named in the command, if any.
+        queue: Option<&'a str>,
+    },
+    /// `ack <message_id> [queue]` (only ever touches the caller's own deliveries).
+    Ack,
+    /// `resend`.
+    Resend,
+    /// `quit`.
+    Quit,
+    /// `register_public_key <b64>` (always for the caller's own CN).
+    RegisterPublicKey,
+    /// `get_public_key <client_id>`.
+    GetPublicKey,
+    /// `heartbeat`.
+    Heartbeat,
+}
+
+impl Op<'_> {
+    /// The wire command name, for logs and metrics labels.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::DeclareQueue { .. } => "declare_queue",
+            Op::DeclareExchange => "declare_exchange",
+            Op::Bind { .. } => "bind",
+            Op::Publish => "publish",
+            Op::Consume { .. } => "consume",
+            Op::Fetch { .. } => "fetch",
+            Op::Nack { .. } => "nack",
+            Op::Ack => "ack",
+            Op::Resend => "resend",
+            Op::Quit => "quit",
+            Op::RegisterPublicKey => "register_public_key",
+            Op::GetPublicKey => "get_public_key",
+            Op::Heartbeat => "heartbeat",
+        }
+    }
+}
+
+/// Why a command was refused; the connection answers
+/// `Access denied: <reason> (role=<role>)`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{reason}")]
+pub struct Denied {
+    /// Short human reason, e.g. "receivers may only use their own queues".
+    pub reason: String,
+}
+
+impl Denied {
+    fn new(reason: &str) -> Result<(), Denied> {
+        Err(Denied {
+            reason: reason.to_owned(),
+        })
+    }
+}
+
+/// The role lists and ownership rules, built once per (re)load of `[acl]`.
+#[derive(Debug, Clone, Default)]
+pub struct Acl {
+    /// CNs with the admin role (checked first).
+    admins: FnvHashSet<String>,
+    /// CNs with the sender role (checked second).
+    senders: FnvHashSet<String>,
+    /// CNs with the receiver role (checked last).
+    receivers: FnvHashSet<String>,
+    /// The receiver CNs, deduplicated and sorted longest first, so the first
+    /// prefix match in a scan is the longest one (the owner).
+    receivers_longest_first: Vec<String>,
+}
+
+impl Acl {
+    /// Builds the ACL from the `[acl]` lists (taken as slices so this module does
+    /// not depend on the config types).
+    pub fn new(admin: &[String], sender: &[String], receiver: &[String]) -> Acl {
+        let set = |cns: &[String]| cns.iter().cloned().collect::<FnvHashSet<String>>();
+        let receivers = set(receiver);
+        let mut receivers_longest_first: Vec<String> = receivers.iter().cloned().collect();
+        // Longest first; ties broken by name so the order is deterministic.
+        receivers_longest_first.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
+        Acl {
+            admins: set(admin),
+            senders: set(sender),
+            receivers,
+            receivers_longest_first,
+        }
+    }
+
+    /// The role of a certificate CN: admin if listed there, else sender, else
+    /// receiver, else unknown.
+    pub fn role_of(&self, cn: &str) -> Role {
+        if self.admins.contains(cn) {
+            Role::Admin
+        } else if self.senders.contains(cn) {
+            Role::Sender
+        } else if self.receivers.contains(cn) {
+            Role::Receiver
+        } else {
+            Role::Unknown
+        }
+    }
+
+    /// The receiver CN that owns a queue name: the name is `{cn}_queue` or starts
+    /// with `{cn}_` (so `{queue}.dlq` follows its queue). When several receiver
+    /// CNs match, the longest one owns it.
+    pub fn queue_owner(&self, queue: &str) -> Option<&str> {
+        self.longest_receiver_matching(|cn| {
+            // `{cn}_queue` is a special case of the `{cn}_` prefix.
+            queue
+                .strip_prefix(cn)
+                .is_some_and(|rest| rest.starts_with('_'))
+        })
+    }
+
+    /// The receiver CN that owns a routing (binding) key: the key equals `{cn}` or
+    /// starts with `{cn}.` or `{cn}_`. When several match, the longest owns it.
+    pub fn routing_key_owner(&self, key: &str) -> Option<&str> {
+        self.longest_receiver_matching(|cn| {
+            key.strip_prefix(cn)
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with(['.', '_']))
+        })
+    }
+
+    fn longest_receiver_matching(&self, mut matches: impl FnMut(&str) -> bool) -> Option<&str> {
+        self.receivers_longest_first
+            .iter()
+            .map(String::as_str)
+            .find(|cn| matches(cn))
+    }
+
+    /// Decides whether `cn`, holding `role`, may perform `op`. Pure: it never
+    /// asks whether a queue exists.
+    pub fn check(&self, role: Role, cn: &str, op: Op<'_>) -> Result<(), Denied> {
+        match role {
+            Role::Unknown => Denied::new("unknown client"),
+            Role::Admin => Ok(()),
+            Role::Sender => check_sender(op),
+            Role::Receiver => self.check_receiver(cn, op),
+        }
+    }
+
+    fn check_receiver(&self, cn: &str, op: Op<'_>) -> Result<(), Denied> {
+        match op {
+            Op::DeclareQueue { queue }
+            | Op::Consume { queue }
+            | Op::Fetch { queue }
+            | Op::Nack { queue: Some(queue) } => self.own_queue(cn, queue),
+            Op::Bind { queue, routing_key } => {
+                self.own_queue(cn, queue)?;
+                if self.routing_key_owner(routing_key) == Some(cn) {
+                    Ok(())
+                } else {
+                    Denied::new("receivers may only bind routing keys they own")
+                }
+            }
+            Op::Publish => Denied::new("receivers may not publish"),
+            Op::GetPublicKey => Denied::new("receivers may not get public keys"),
+            Op::DeclareExchange
+            | Op::Nack { queue: None }
+            | Op::Ack
+            | Op::Resend
+            | Op::Quit
+            | Op::RegisterPublicKey
+            | Op::Heartbeat => Ok(()),
+        }
+    }
+
+    fn own_queue(&self, cn: &str, queue: &str) -> Result<(), Denied> {
+        if self.queue_owner(queue) == Some(cn) {
+            Ok(())
+        } else {
+            Denied::new("receivers may only use their own queues")
+        }
+    }
+}
+
+fn check_sender(op: Op<'_>) -> Result<(), Denied> {
+    match op {
+        Op::DeclareQueue { .. } => Denied::new("senders may not declare queues"),
+        Op::DeclareExchange => Denied::new("senders may not declare exchanges"),
+        Op::Bind { .. } => Denied::new("senders may not bind queues"),
+        Op::Consume { .. } => Denied::new("senders may not consume"),
+        Op::Fetch { .. } => Denied::new("senders may not fetch"),
+        Op::Nack { .. } => Denied::new("senders may not nack"),
+        Op::RegisterPublicKey => Denied::new("senders may not register public keys"),
+        Op::Publish | Op::GetPublicKey | Op::Ack | Op::Resend | Op::Quit | Op::Heartbeat => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strings(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    fn acl() -> Acl {
+        Acl::new(
+            &strings(&["admin"]),
+            &strings(&["sender_1", "sender_2"]),
+            &strings(&["receiver_1", "receiver_2", "receiver_1_2"]),
+        )
+    }
+
+    /// Every op, with queue/key arguments owned by `receiver_1`.
+    fn own_ops() -> Vec<Op<'static>> {
+        vec![
+            Op::DeclareQueue {
+                queue: "receiver_1_queue",
+            },
+            Op::DeclareExchange,
+            Op::Bind {
+                queue: "receiver_1_queue",
+                routing_key: "receiver_1",
+            },
+            Op::Publish,
+            Op::Consume {
+                queue: "receiver_1_queue",
+            },
+            Op::Fetch {
+                queue: "receiver_1_queue",
+            },
+            Op::Nack {
+                queue: Some("receiver_1_queue"),
+            },
+            Op::Nack { queue: None },
+            Op::Ack,
+            Op::Resend,
+            Op::Quit,
+            Op::RegisterPublicKey,
+            Op::GetPublicKey,
+            Op::Heartbeat,
+        ]
+    }
+
+    fn allowed(a: &Acl, role: Role, cn: &str, op: Op<'_>) -> bool {
+        a.check(role, cn, op).is_ok()
+    }
+
+    #[test]
+    fn roles_and_display() {
+        let a = Acl::new(
+            &strings(&["boss"]),
+            &strings(&["s", "boss"]),
+            &strings(&["r", "s", "boss"]),
+        );
+        assert_eq!(a.role_of("boss"), Role::Admin);
+        assert_eq!(a.role_of("s"), Role::Sender);
+        assert_eq!(a.role_of("r"), Role::Receiver);
+        assert_eq!(a.role_of("R"), Role::Unknown);
+        assert_eq!(a.role_of(""), Role::Unknown);
+        let shown: Vec<String> = [Role::Sender, Role::Receiver, Role::Admin, Role::Unknown]
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(shown, ["sender", "receiver", "admin", "unknown"]);
+    }
+
+    #[test]
+    fn sender_column() {
+        let a = acl();
+        let expected = [
+            ("declare_queue", false),
+            ("declare_exchange", false),
+            ("bind", false),
+            ("publish", true),
+            ("consume", false),
+            ("fetch", false),
+            ("nack", false),
+            ("nack", false),
+            ("ack", true),
+            ("resend", true),
+            ("quit", true),
+            ("register_public_key", false),
+            ("get_public_key", true),
+            ("heartbeat", true),
+        ];
+        for (op, (name, ok)) in own_ops().into_iter().zip(expected) {
+            assert_eq!(op.name(), name);
+            assert_eq!(allowed(&a, Role::Sender, "sender_1", op), ok, "{op:?}");
+        }
+        let e = a
+            .check(Role::Sender, "sender_1", Op::DeclareQueue { queue: "q" })
+            .unwrap_err();
+        assert_eq!(e.reason, "senders may not declare queues");
+    }
+
+    #[test]
+    fn receiver_column_on_own_resources() {
+        let a = acl();
+        let expected = [
+            true, true, true, false, true, true, true, true, true, true, true, true, false, true,
+        ];
+        for (op, ok) in own_ops().into_iter().zip(expected) {
+            assert_eq!(allowed(&a, Role::Receiver, "receiver_1", op), ok, "{op:?}");
+        }
+        assert_eq!(
+            a.check(Role::Receiver, "receiver_1", Op::Publish)
+                .unwrap_err()
+                .to_string(),
+            "receivers may not publish"
+        );
+    }
+
+    #[test]
+    fn receiver_denied_on_foreign_resources() {
+        let a = acl();
+        let q = "receiver_2_queue";
+        for op in [
+            Op::DeclareQueue { queue: q },
+            Op::Consume { queue: q },
+            Op::Fetch { queue: q },
+            Op::Nack { queue: Some(q) },
+            Op::Bind {
+                queue: q,
+                routing_key: "receiver_1",
+            },
+            Op::DeclareQueue { queue: "orders" },
+        ] {
+            let e = a.check(Role::Receiver, "receiver_1", op).unwrap_err();
+            assert_eq!(
+                e.reason, "receivers may only use their own queues",
+                "{op:?}"
+            );
+        }
+        // Own queue, foreign routing key.
+        let e = a
+            .check(
+                Role::Receiver,
+                "receiver_1",
+                Op::Bind {
+                    queue: "receiver_1_queue",
+                    routing_key: "receiver_2",
+                },
+            )
+            .unwrap_err();
+        assert_eq!(e.reason, "receivers may only bind routing keys they own");
+    }
+
+    #[test]
+    fn receiver_role_without_configured_cn_owns_nothing() {
+        let a = acl();
+        let op = Op::Consume {
+            queue: "ghost_queue",
+        };
+        assert!(!allowed(&a, Role::Receiver, "ghost", op));
+    }
+
+    #[test]
+    fn admin_column_allows_everything() {
+        let a = acl();
+        for op in own_ops() {
+            assert!(allowed(&a, Role::Admin, "admin", op), "{op:?}");
+        }
+        let foreign = [
+            Op::DeclareQueue { queue: "anything" },
+            Op::Bind {
+                queue: "receiver_2_queue",
+                routing_key: "#",
+            },
+            Op::Consume {
+                queue: "receiver_2_queue",
+            },
+            Op::Fetch { queue: "x" },
+            Op::Nack { queue: Some("x") },
+        ];
+        for op in foreign {
+            assert!(allowed(&a, Role::Admin, "admin", op), "{op:?}");
+        }
+    }
+
+    #[test]
+    fn unknown_role_is_denied_everything() {
+        let a = acl();
+        for op in own_ops() {
+            let e = a.check(Role::Unknown, "receiver_1", op).unwrap_err();
+            assert_eq!(e.reason, "unknown client");
+        }
+    }
+
+    #[test]
+    fn queue_ownership_longest_cn_wins() {
+        let a = acl();
+        assert_eq!(a.queue_owner("receiver_1_queue"), Some("receiver_1"));
+        assert_eq!(a.queue_owner("receiver_1_queue.dlq"), Some("receiver_1"));
+        assert_eq!(a.queue_owner("receiver_1_other"), Some("receiver_1"));
+        assert_eq!(a.queue_owner("receiver_1_2_queue"), Some("receiver_1_2"));
+        assert_eq!(
+            a.queue_owner("receiver_1_2_queue.dlq"),
+            Some("receiver_1_2")
+        );
+        assert_eq!(a.queue_owner("receiver_1"), None);
+        assert_eq!(a.queue_owner("receiver_1queue"), None);
+        assert_eq!(a.queue_owner("orders"), None);
+        assert_eq!(a.queue_owner(""), None);
+
+        let op = Op::Consume {
+            queue: "receiver_1_2_queue",
+        };
+        assert!(!allowed(&a, Role::Receiver, "receiver_1", op));
+        assert!(allowed(&a, Role::Receiver, "receiver_1_2", op));
+    }
+
+    #[test]
+    fn queue_ownership_needs_the_underscore() {
+        let a = Acl::new(&[], &[], &strings(&["receiver_1"]));
+        assert_eq!(a.queue_owner("receiver_10_queue"), None);
+        let op = Op::DeclareQueue {
+            queue: "receiver_10_queue",
+        };
+        assert!(!allowed(&a, Role::Receiver, "receiver_1", op));
+        // Without receiver_1_2 configured, receiver_1 owns receiver_1_2_queue.
+        assert_eq!(a.queue_owner("receiver_1_2_queue"), Some("receiver_1"));
+    }
+
+    #[test]
+    fn routing_key_ownership() {
+        let a = Acl::new(&[], &[], &strings(&["receiver_1"]));
+        assert_eq!(a.routing_key_owner("receiver_1"), Some("receiver_1"));
+        assert_eq!(a.routing_key_owner("receiver_1.x"), Some("receiver_1"));
+        assert_eq!(a.routing_key_owner("receiver_1_x"), Some("receiver_1"));
+        assert_eq!(a.routing_key_owner("receiver_1.#"), Some("receiver_1"));
+        assert_eq!(a.routing_key_owner("receiver_1x"), None);
+        assert_eq!(a.routing_key_owner("#"), None);
+        assert_eq!(a.routing_key_owner("*.receiver_1"), None);
+        assert_eq!(a.routing_key_owner(""), None);
+
+        let bind = |key| Op::Bind {
+            queue: "receiver_1_queue",
+            routing_key: key,
+        };
+        for key in ["receiver_1", "receiver_1.x", "receiver_1_x", "receiver_1.#"] {
+            assert!(
+                allowed(&a, Role::Receiver, "receiver_1", bind(key)),
+                "{key}"
+            );
+        }
+        for key in ["receiver_1x", "#", "*"] {
+            assert!(
+                !allowed(&a, Role::Receiver, "receiver_1", bind(key)),
+                "{key}"
+            );
+        }
+    }
+
+    #[test]
+    fn routing_key_longest_cn_wins() {
+        let a = acl();
+        assert_eq!(a.routing_key_owner("receiver_1_2"), Some("receiver_1_2"));
+        assert_eq!(a.routing_key_owner("receiver_1_2.x"), Some("receiver_1_2"));
+        assert_eq!(a.routing_key_owner("receiver_1_3"), Some("receiver_1"));
+        let op = Op::Bind {
+            queue: "receiver_1_queue",
+            routing_key: "receiver_1_2.#",
+        };
+        assert!(!allowed(&a, Role::Receiver, "receiver_1", op));
+    }
+
+    #[test]
+    fn duplicate_cns_are_harmless() {
+        let a = Acl::new(&[], &[], &strings(&["r", "r", "r_x"]));
+        assert_eq!(a.queue_owner("r_x_queue"), Some("r_x"));
+        assert_eq!(a.queue_owner("r_queue"), Some("r"));
+    }
+}

@@ -1,0 +1,323 @@
+//! What each `ciphermq/1` command does on a connection: ACL first, then the
+//! limits, then the shard. Replies go into the connection's reorder buffer,
+//! so a command finishing on another shard never reorders them.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use base64::Engine;
+use ciphermq_proto::message::{inspect_batch, inspect_message, MessageError};
+use ciphermq_proto::{is_valid_name, NackReason, Request};
+use ciphermq_shard::{Message, Origin, PublishStatus};
+
+use crate::acl::{Op, Role};
+use crate::connection::Connection;
+
+impl Connection {
+    /// Executes one request line (without its newline).
+    pub(crate) fn execute(&mut self, line: &[u8]) {
+        let Ok(line) = std::str::from_utf8(line) else {
+            self.replies.line("Error: invalid UTF-8 in request");
+            return;
+        };
+        let line = line.strip_suffix('\r').unwrap_or(line);
+        if line.is_empty() {
+            return;
+        }
+        let request = match Request::parse(line) {
+            Ok(r) => r,
+            Err(e) => {
+                self.replies.line(format!("Error: {e}"));
+                return;
+            }
+        };
+        let now = Instant::now();
+        match request {
+            Request::Publish { exchange, routing_key, body } => {
+                self.publish(exchange, routing_key, body, now);
+            }
+            Request::PublishBatch { exchange, routing_key, body } => {
+                self.publish_batch(exchange, routing_key, body, now);
+            }
+            other => {
+                if !self.local.allow(&self.identity.cn, now, false) {
+                    self.replies.line("Rate limited");
+                    return;
+                }
+                self.command(other, now);
+            }
+        }
+    }
+
+    fn deny(&mut self, reason: &str) {
+        let line = format!("Access denied: {reason} (role={})", self.identity.role);
+        self.replies.line(line);
+    }
+
+    fn check(&mut self, op: Op<'_>) -> bool {
+        let shared = self.local.shared.clone();
+        match shared.acl.check(self.identity.role, &self.identity.cn, op) {
+            Ok(()) => true,
+            Err(denied) => {
+                tracing::info!(cn = %self.identity.cn, role = %self.identity.role, command = op.name(), reason = %denied.reason, "access denied");
+                self.deny(&denied.reason);
+                false
+            }
+        }
+    }
+
+    fn command(&mut self, request: Request<'_>, now: Instant) {
+        match request {
+            Request::DeclareQueue { queue } => {
+                if !self.check(Op::DeclareQueue { queue }) {
+                    return;
+                }
+                let owner = self.local.shared.acl.queue_owner(queue).map(str::to_owned);
+                let owner = owner.as_deref().unwrap_or(&self.identity.cn);
+                self.local.shared.topology.declare_queue(queue, owner);
+                self.replies.line(format!("OK declare_queue {queue}"));
+            }
+            Request::DeclareExchange { exchange, kind } => {
+                if !self.check(Op::DeclareExchange) {
+                    return;
+                }
+                match self.local.shared.topology.declare_exchange(exchange, kind) {
+                    Ok(()) => self.replies.line(format!("OK declare_exchange {exchange}")),
+                    Err(e) => self.replies.line(format!("Error: {e}")),
+                };
+            }
+            Request::Bind { queue, exchange, routing_key } => {
+                if !self.check(Op::Bind { queue, routing_key }) {
+                    return;
+                }
+                match self.local.shared.topology.bind(queue, exchange, routing_key) {
+                    Ok(()) => self.replies.line(format!("OK bind {queue} {exchange} {routing_key}")),
+                    Err(e) => self.replies.line(format!("Error: {e}")),
+                };
+            }
+            Request::Consume { queue, prefetch } => {
+                if !self.check(Op::Consume { queue }) {
+                    return;
+                }
+                let prefetch = prefetch.unwrap_or(self.local.shared.settings.default_prefetch);
+                self.consume(queue, prefetch, now);
+            }
+            Request::Fetch { queue, max } => {
+                if !self.check(Op::Fetch { queue }) {
+                    return;
+                }
+                self.fetch(queue, max.unwrap_or(1), now);
+            }
+            Request::Ack { message_id, queue } => {
+                if self.check(Op::Ack) {
+                    self.settle(message_id, queue, true, now);
+                }
+            }
+            Request::Nack { message_id, queue } => {
+                if self.check(Op::Nack { queue }) {
+                    self.settle(message_id, queue, false, now);
+                }
+            }
+            Request::Resend => {
+                if !self.check(Op::Resend) {
+                    return;
+                }
+                let mut owed = Vec::new();
+                self.tracker.take_all(&mut owed);
+                let conn = self.conn;
+                self.local.with_shard(|shard| {
+                    for d in &owed {
+                        shard.requeue(conn, d, now);
+                    }
+                });
+                self.replies.line(format!("OK resend {}", owed.len()));
+            }
+            Request::RegisterPublicKey { key_b64 } => {
+                if self.check(Op::RegisterPublicKey) {
+                    self.register_key(key_b64);
+                }
+            }
+            Request::GetPublicKey { client_id } => {
+                if !self.check(Op::GetPublicKey) {
+                    return;
+                }
+                let line = match self.local.shared.keys.get(client_id) {
+                    Some(key) => format!(
+                        "PUBLIC_KEY {client_id} {}",
+                        base64::engine::general_purpose::STANDARD.encode(key)
+                    ),
+                    None => format!("Error: no public key for {client_id}"),
+                };
+                self.replies.line(line);
+            }
+            Request::Heartbeat => {
+                if self.check(Op::Heartbeat) {
+                    self.replies.line("OK heartbeat");
+                }
+            }
+            Request::Quit => {
+                if self.check(Op::Quit) {
+                    self.replies.line("OK bye");
+                    self.closing = true;
+                }
+            }
+            Request::Publish { .. } | Request::PublishBatch { .. } => {
+                unreachable_publish(self);
+            }
+        }
+    }
+
+    fn consume(&mut self, queue: &str, prefetch: u32, now: Instant) {
+        let Some(info) = self.local.shard.borrow_mut().topology().queue(queue).cloned() else {
+            self.replies.line(format!("Error: unknown queue {queue}"));
+            return;
+        };
+        self.consumed = true;
+        let origin = Origin { conn: self.conn, seq: self.replies.next_seq() };
+        let done = self.local.with_shard(|shard| shard.consume(origin, &info, prefetch, now));
+        self.replies.consume(info.name, done.is_none());
+    }
+
+    fn fetch(&mut self, queue: &str, max: u32, now: Instant) {
+        let Some(info) = self.local.shard.borrow_mut().topology().queue(queue).cloned() else {
+            self.replies.line(format!("Error: unknown queue {queue}"));
+            return;
+        };
+        self.consumed = true;
+        let origin = Origin { conn: self.conn, seq: self.replies.next_seq() };
+        let done = self.local.with_shard(|shard| shard.fetch(origin, &info, max, now));
+        match done {
+            Some(ciphermq_shard::Completion::Fetched(deliveries)) => {
+                for d in &deliveries {
+                    self.tracker.record(d);
+                }
+                self.replies.fetch(Some(deliveries));
+            }
+            _ => {
+                self.replies.fetch(None);
+            }
+        }
+    }
+
+    /// `ack` (settle = true) or `nack` (requeue) of outstanding deliveries.
+    fn settle(&mut self, message_id: &str, queue: Option<&str>, ack: bool, now: Instant) {
+        let mut owed = Vec::new();
+        if self.tracker.take(message_id, queue, &mut owed) == 0 {
+            self.replies.line(format!("Error: no outstanding delivery {message_id}"));
+            return;
+        }
+        let conn = self.conn;
+        self.local.with_shard(|shard| {
+            for d in &owed {
+                if ack {
+                    shard.ack(conn, d, now);
+                } else {
+                    shard.requeue(conn, d, now);
+                }
+            }
+        });
+        let word = if ack { "ACK_CONFIRMED" } else { "NACK_CONFIRMED" };
+        self.replies.line(format!("{word} {message_id}"));
+    }
+
+    fn register_key(&mut self, key_b64: &str) {
+        let decoded = base64::engine::general_purpose::STANDARD.decode(key_b64);
+        let key: [u8; 32] = match decoded.ok().and_then(|k| k.try_into().ok()) {
+            Some(k) => k,
+            None => {
+                self.replies.line("Error: invalid public key: expected standard base64 of 32 bytes");
+                return;
+            }
+        };
+        match self.local.shared.keys.put(&self.identity.cn, key) {
+            Ok(previous) => {
+                if previous.is_some_and(|p| p != key) {
+                    tracing::info!(client_id = %self.identity.cn, "public key rotated");
+                } else if previous.is_none() {
+                    tracing::info!(client_id = %self.identity.cn, "public key registered");
+                }
+                self.replies.line("Public key registered");
+            }
+            Err(e) => {
+                tracing::error!(client_id = %self.identity.cn, error = %e, "public key not stored");
+                self.replies.line(format!("Error: {e}"));
+            }
+        }
+    }
+
+    /// Checks everything but routing; `Err` is the reply.
+    fn admit(&mut self, exchange: &str, routing_key: &str, body: &str, now: Instant) -> Result<(), NackReason> {
+        if !matches!(self.identity.role, Role::Sender | Role::Admin) {
+            return Err(NackReason::AccessDenied);
+        }
+        if !self.local.allow(&self.identity.cn, now, true) {
+            return Err(NackReason::RateLimited);
+        }
+        if !is_valid_name(exchange) || !is_valid_name(routing_key) {
+            return Err(NackReason::Invalid);
+        }
+        if body.len() > self.local.shared.settings.max_message_bytes {
+            return Err(NackReason::TooLarge);
+        }
+        Ok(())
+    }
+
+    fn publish(&mut self, exchange: &str, routing_key: &str, body: &str, now: Instant) {
+        let info = match inspect_message(body) {
+            Ok(info) => info,
+            Err(MessageError::Unreadable) => {
+                self.replies.line("Error: invalid message");
+                return;
+            }
+            Err(MessageError::Invalid { message_id }) => {
+                self.replies.nack(&message_id, NackReason::Invalid);
+                return;
+            }
+        };
+        self.publish_one(exchange, routing_key, &info.message_id, body, now);
+    }
+
+    fn publish_one(&mut self, exchange: &str, routing_key: &str, message_id: &str, body: &str, now: Instant) {
+        if let Err(reason) = self.admit(exchange, routing_key, body, now) {
+            self.replies.nack(message_id, reason);
+            return;
+        }
+        let msg = Message::new(message_id, body, self.identity.cn.clone());
+        let origin = Origin { conn: self.conn, seq: self.replies.next_seq() };
+        let status = self
+            .local
+            .with_shard(|shard| shard.publish(origin, exchange, routing_key, Arc::clone(&msg), now));
+        match status {
+            PublishStatus::Done(outcome) => self.replies.publish(msg, outcome, 0),
+            PublishStatus::Pending { local, remote } => self.replies.publish(msg, local, remote),
+        };
+    }
+
+    fn publish_batch(&mut self, exchange: &str, routing_key: &str, body: &str, now: Instant) {
+        let Some(elements) = inspect_batch(body) else {
+            self.replies.line("Error: invalid message");
+            return;
+        };
+        if elements.is_empty() {
+            self.replies.line("OK publish_batch 0");
+            return;
+        }
+        for element in elements {
+            let text = element.get();
+            match inspect_message(text) {
+                Ok(info) => self.publish_one(exchange, routing_key, &info.message_id, text, now),
+                Err(MessageError::Unreadable) => {
+                    self.replies.nack("-", NackReason::Invalid);
+                }
+                Err(MessageError::Invalid { message_id }) => {
+                    self.replies.nack(&message_id, NackReason::Invalid);
+                }
+            }
+        }
+    }
+}
+
+/// Publishes are dispatched before `command`; keep the match total without a panic.
+fn unreachable_publish(conn: &mut Connection) {
+    conn.replies.line("Error: internal: publish routed to the command path");
+}

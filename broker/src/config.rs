@@ -1,0 +1,1434 @@
+//! Typed broker configuration, loaded from `config.toml` (DESIGN.md §9).
+//!
+//! Loading happens in three steps, so that tests and the `SIGHUP` reload path can
+//! pick what they need:
+//!
+//! 1. [`Config::parse_unchecked`]: TOML → typed structs (unknown keys and wrong
+//!    types are errors naming the dotted key), relative paths resolved against the
+//!    config file's directory, then [`Config::validate`] (pure semantic checks).
+//! 2. [`Config::validate_files`]: the checks that touch the filesystem or the
+//!    environment (TLS files exist, the AES key file decodes, …).
+//! 3. [`Config::load`] / [`Config::from_toml_str`] do both.
+//!
+//! Every section is optional and every key has a default, so an empty file is a
+//! valid configuration (given the default certificate files exist).
+
+use std::fmt;
+use std::io;
+use std::net::SocketAddr;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+use base64::Engine as _;
+use serde::Deserialize;
+
+/// Environment variable consulted for the AES key when neither
+/// `encryption.aes_key` nor `encryption.aes_key_file` is set.
+pub const ENV_AES_KEY: &str = "CIPHERMQ_AES_KEY";
+
+/// The only end-to-end algorithm the clients speak (DESIGN.md §7); the key exists
+/// so a future algorithm can be introduced explicitly.
+pub const ALGORITHM_X25519_CHACHA20_POLY1305: &str = "x25519_chacha20_poly1305";
+
+/// Upper bound of `server.shards`: more executors than this is a typo, not a machine.
+pub const MAX_SHARDS: usize = 1024;
+
+/// Lower bound of `storage.segment_bytes`: one page, so a segment holds at least a
+/// few small records.
+pub const MIN_SEGMENT_BYTES: u64 = 4096;
+
+/// Room for the command and its arguments around a message body: the default
+/// `performance.max_line_bytes` is `max_message_bytes` plus this.
+pub const LINE_OVERHEAD_BYTES: usize = 4096;
+
+/// Everything that can go wrong while loading the configuration. Each variant
+/// names the offending key (or file) and says what is wrong, so the broker can
+/// print it verbatim and exit before binding anything.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The config file itself could not be read.
+    #[error("cannot read config file {}: {source}", path.display())]
+    Read {
+        /// The file we tried to read.
+        path: PathBuf,
+        /// Why reading failed.
+        #[source]
+        source: io::Error,
+    },
+    /// The text is not valid TOML (or repeats a key).
+    #[error("TOML syntax error{}: {message}", at_suffix(.at.as_ref()))]
+    Syntax {
+        /// The TOML parser's message.
+        message: String,
+        /// Where in the file, when known.
+        at: Option<Position>,
+    },
+    /// A key (or section) that the broker does not know, usually a typo.
+    #[error("unknown key {key}{}: {hint}", at_suffix(.at.as_ref()))]
+    UnknownKey {
+        /// Dotted path of the unknown key, e.g. `server.adress`.
+        key: String,
+        /// The keys allowed there, e.g. "expected `address`, `shards` or `name`".
+        hint: String,
+        /// Where in the file, when known.
+        at: Option<Position>,
+    },
+    /// A known key whose value has the wrong type or is out of the type's range.
+    #[error("{key}: {message}{}", at_suffix(.at.as_ref()))]
+    BadValue {
+        /// Dotted path of the key, e.g. `performance.max_queue_size`.
+        key: String,
+        /// What is wrong, e.g. `invalid type: string "x", expected usize`.
+        message: String,
+        /// Where in the file, when known.
+        at: Option<Position>,
+    },
+    /// A well-typed value that breaks a semantic rule (bounds, formats, files).
+    #[error("{key}: {reason}")]
+    Invalid {
+        /// Dotted path of the key, e.g. `server.address`.
+        key: String,
+        /// What is wrong and, where useful, how to fix it.
+        reason: String,
+    },
+}
+
+impl ConfigError {
+    /// Shorthand for [`ConfigError::Invalid`].
+    fn invalid(key: impl Into<String>, reason: impl Into<String>) -> ConfigError {
+        ConfigError::Invalid {
+            key: key.into(),
+            reason: reason.into(),
+        }
+    }
+
+    /// The dotted key this error is about, if it is about one.
+    pub fn key(&self) -> Option<&str> {
+        match self {
+            ConfigError::UnknownKey { key, .. }
+            | ConfigError::BadValue { key, .. }
+            | ConfigError::Invalid { key, .. } => Some(key),
+            ConfigError::Read { .. } | ConfigError::Syntax { .. } => None,
+        }
+    }
+}
+
+/// A 1-based line and column in the config text, so errors point at the spot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Position {
+    /// 1-based line number.
+    pub line: usize,
+    /// 1-based column (in characters).
+    pub column: usize,
+}
+
+impl fmt::Display for Position {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "line {}, column {}", self.line, self.column)
+    }
+}
+
+fn at_suffix(at: Option<&Position>) -> String {
+    match at {
+        Some(p) => format!(" (at {p})"),
+        None => String::new(),
+    }
+}
+
+fn position_of(text: &str, span: Option<Range<usize>>) -> Option<Position> {
+    let start = span?.start;
+    let before = text.get(..start)?;
+    let line = before.matches('\n').count() + 1;
+    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+    let column = before.get(line_start..)?.chars().count() + 1;
+    Some(Position { line, column })
+}
+
+// ---------------------------------------------------------------------------
+// Sections
+// ---------------------------------------------------------------------------
+
+/// The whole broker configuration: one field per `config.toml` section.
+#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// `[server]`: where clients connect and how many shards serve them.
+    pub server: ServerConfig,
+    /// `[tls]`: the broker's certificate and the CA that signs client certificates.
+    pub tls: TlsConfig,
+    /// `[logging]`: log level, files and rotation.
+    pub logging: LoggingConfig,
+    /// `[database]`: where metadata and public keys are mirrored.
+    pub database: DatabaseConfig,
+    /// `[encryption]`: algorithm name and the AES key sealing public keys at rest.
+    pub encryption: EncryptionConfig,
+    /// `[performance]`: sizes, timeouts and delivery limits.
+    pub performance: PerformanceConfig,
+    /// `[storage]`: the durable queue logs.
+    pub storage: StorageConfig,
+    /// `[admin]`: the mTLS admin/metrics endpoint.
+    pub admin: AdminConfig,
+    /// `[rate_limit]`: per-CN token buckets and connection caps.
+    pub rate_limit: RateLimitConfig,
+    /// `[acl]`: which certificate CNs hold which role.
+    pub acl: AclConfig,
+}
+
+/// `[server]`: the client listener.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerConfig {
+    /// Listen address for mutual-TLS clients, `host:port` (`[v6]:port` for IPv6;
+    /// port 0 picks a free port). Default `127.0.0.1:5700`.
+    pub address: String,
+    /// Number of shards (one pinned executor each); 0 means one per CPU core.
+    /// At most [`MAX_SHARDS`]. Default 0.
+    pub shards: usize,
+    /// Name of this broker in status output and logs, 1–255 printable characters.
+    /// Default `ciphermq`.
+    pub name: String,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            address: "127.0.0.1:5700".to_owned(),
+            shards: 0,
+            name: "ciphermq".to_owned(),
+        }
+    }
+}
+
+/// `[tls]`: PEM files for mutual TLS. Relative paths are resolved against the
+/// config file's directory; all three files must exist at load time.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TlsConfig {
+    /// The broker's certificate chain (PEM). Default `certs/server.crt`.
+    pub cert_path: PathBuf,
+    /// The broker's private key (PEM). Default `certs/server.key`.
+    pub key_path: PathBuf,
+    /// The CA that must have signed every client certificate (PEM).
+    /// Default `certs/ca.crt`.
+    pub ca_cert_path: PathBuf,
+}
+
+impl Default for TlsConfig {
+    fn default() -> Self {
+        TlsConfig {
+            cert_path: PathBuf::from("certs/server.crt"),
+            key_path: PathBuf::from("certs/server.key"),
+            ca_cert_path: PathBuf::from("certs/ca.crt"),
+        }
+    }
+}
+
+/// How often log files are rotated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogRotation {
+    /// A new file every hour.
+    Hourly,
+    /// A new file every day (the default).
+    #[default]
+    Daily,
+    /// One file forever (rotate externally, e.g. with logrotate).
+    Never,
+}
+
+impl LogRotation {
+    /// The config spelling, for status output.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LogRotation::Hourly => "hourly",
+            LogRotation::Daily => "daily",
+            LogRotation::Never => "never",
+        }
+    }
+}
+
+/// `[logging]`: tracing output (DESIGN.md §8).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LoggingConfig {
+    /// Level (`trace`, `debug`, `info`, `warn`, `error`, `off`) or a tracing filter
+    /// directive such as `info,ciphermq_shard=debug`. `RUST_LOG` overrides it.
+    /// Default `info`.
+    pub level: String,
+    /// File rotation: `hourly`, `daily` or `never`. Default `daily`.
+    pub rotation: LogRotation,
+    /// Directory of the JSON log files (relative to the config file).
+    /// Default `logs`.
+    pub dir: PathBuf,
+    /// Also print readable logs to stderr. Default true.
+    pub console: bool,
+    /// Write JSON log files (info/debug/error) under `dir`. Default true.
+    pub json_files: bool,
+}
+
+impl Default for LoggingConfig {
+    fn default() -> Self {
+        LoggingConfig {
+            level: "info".to_owned(),
+            rotation: LogRotation::Daily,
+            dir: PathBuf::from("logs"),
+            console: true,
+            json_files: true,
+        }
+    }
+}
+
+/// Where message metadata and public keys are kept (DESIGN.md §6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DatabaseBackend {
+    /// Nothing but the data directory (the default).
+    #[default]
+    Embedded,
+    /// Mirror metadata and keys into PostgreSQL through the pgbridge thread.
+    Postgres,
+}
+
+impl DatabaseBackend {
+    /// The config spelling, for status output.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DatabaseBackend::Embedded => "embedded",
+            DatabaseBackend::Postgres => "postgres",
+        }
+    }
+}
+
+/// `[database]`: metadata backend; the connection keys matter only with
+/// `backend = "postgres"`.
+#[derive(Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DatabaseConfig {
+    /// `embedded` or `postgres`. Default `embedded`.
+    pub backend: DatabaseBackend,
+    /// PostgreSQL host name or address. Default `127.0.0.1`.
+    pub host: String,
+    /// PostgreSQL port. Default 5432.
+    pub port: u16,
+    /// PostgreSQL user. Default `postgres`.
+    pub user: String,
+    /// PostgreSQL password, inline (prefer `password_file`). Default none.
+    pub password: Option<String>,
+    /// File whose content (trimmed) is the PostgreSQL password; relative to the
+    /// config file. Not together with `password`. Default none.
+    pub password_file: Option<PathBuf>,
+    /// PostgreSQL database name. Default `ciphermq`.
+    pub dbname: String,
+    /// Metadata rows written per batch, at least 1. Default 1000.
+    pub batch_size: usize,
+    /// Longest wait before a partial batch is flushed, in milliseconds, at least 1.
+    /// Default 50.
+    pub flush_interval_ms: u64,
+}
+
+impl Default for DatabaseConfig {
+    fn default() -> Self {
+        DatabaseConfig {
+            backend: DatabaseBackend::Embedded,
+            host: "127.0.0.1".to_owned(),
+            port: 5432,
+            user: "postgres".to_owned(),
+            password: None,
+            password_file: None,
+            dbname: "ciphermq".to_owned(),
+            batch_size: 1000,
+            flush_interval_ms: 50,
+        }
+    }
+}
+
+// Hand-written so that `{:?}` of a config never prints the password.
+impl fmt::Debug for DatabaseConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DatabaseConfig")
+            .field("backend", &self.backend)
+            .field("host", &self.host)
+            .field("port", &self.port)
+            .field("user", &self.user)
+            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .field("password_file", &self.password_file)
+            .field("dbname", &self.dbname)
+            .field("batch_size", &self.batch_size)
+            .field("flush_interval_ms", &self.flush_interval_ms)
+            .finish()
+    }
+}
+
+/// `[encryption]`: the end-to-end algorithm name and the AES-256-GCM key that
+/// seals stored public keys (DESIGN.md §6).
+#[derive(Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EncryptionConfig {
+    /// End-to-end algorithm; must be `x25519_chacha20_poly1305` (the default).
+    pub algorithm: String,
+    /// AES-256 key, standard padded base64 of exactly 32 bytes. Takes precedence
+    /// over `aes_key_file` and `CIPHERMQ_AES_KEY`. Default none.
+    pub aes_key: Option<String>,
+    /// File holding the base64 AES key (surrounding whitespace ignored); relative
+    /// to the config file. Used when `aes_key` is unset. Default none.
+    pub aes_key_file: Option<PathBuf>,
+}
+
+impl Default for EncryptionConfig {
+    fn default() -> Self {
+        EncryptionConfig {
+            algorithm: ALGORITHM_X25519_CHACHA20_POLY1305.to_owned(),
+            aes_key: None,
+            aes_key_file: None,
+        }
+    }
+}
+
+// Hand-written so that `{:?}` of a config never prints the key.
+impl fmt::Debug for EncryptionConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EncryptionConfig")
+            .field("algorithm", &self.algorithm)
+            .field("aes_key", &self.aes_key.as_ref().map(|_| "<redacted>"))
+            .field("aes_key_file", &self.aes_key_file)
+            .finish()
+    }
+}
+
+/// `[performance]`: sizes, timeouts and delivery limits.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(from = "RawPerformanceConfig")]
+pub struct PerformanceConfig {
+    /// Most messages one queue may hold (ready + unacked); a full queue answers
+    /// `NACK <id> queue_full`. At least 1. Default 1 000 000.
+    pub max_queue_size: usize,
+    /// Largest message JSON accepted, in bytes; larger is `NACK <id> too_large`.
+    /// At least 1. Default 1 MiB (1 048 576).
+    pub max_message_bytes: usize,
+    /// Longest request line, in bytes; longer is `Error: line too long`. Must be
+    /// larger than `max_message_bytes`. Default `max_message_bytes` + 4096.
+    pub max_line_bytes: usize,
+    /// Seconds a client has to finish the TLS handshake. At least 1. Default 10.
+    pub handshake_timeout_secs: u64,
+    /// Seconds without any command before a connection is closed; 0 = never.
+    /// Default 300.
+    pub idle_timeout_sec: u64,
+    /// Seconds a receiver may stay silent (no command, heartbeat included) before
+    /// it is disconnected; 0 = never. Default 60.
+    pub heartbeat_timeout: u64,
+    /// Seconds an acked message id is remembered per queue and sender for
+    /// deduplication. Default 120.
+    pub dedup_window_secs: u64,
+    /// Seconds a delivery may stay unacked before it is redelivered; 0 = never
+    /// (only a closed connection redelivers). Default 300.
+    pub ack_wait_secs: u64,
+    /// Deliveries (nacked ones included) before a message moves to `{queue}.dlq`.
+    /// At least 1. Default 10.
+    pub max_deliveries: u32,
+    /// Unacked deliveries per consumer when `consume` names no prefetch.
+    /// At least 1. Default 1000.
+    pub default_prefetch: u32,
+    /// Per connection, how many commands may await their reply before the broker
+    /// stops reading from it (backpressure on pipelining clients). At least 1.
+    /// Default 65 536.
+    pub max_pending_replies: usize,
+}
+
+/// What `[performance]` looks like on disk: `max_line_bytes` is optional there
+/// because its default depends on `max_message_bytes`.
+#[derive(Deserialize)]
+#[serde(default, deny_unknown_fields)]
+struct RawPerformanceConfig {
+    max_queue_size: usize,
+    max_message_bytes: usize,
+    max_line_bytes: Option<usize>,
+    handshake_timeout_secs: u64,
+    idle_timeout_sec: u64,
+    heartbeat_timeout: u64,
+    dedup_window_secs: u64,
+    ack_wait_secs: u64,
+    max_deliveries: u32,
+    default_prefetch: u32,
+    max_pending_replies: usize,
+}
+
+impl Default for RawPerformanceConfig {
+    fn default() -> Self {
+        let d = PerformanceConfig::default();
+        RawPerformanceConfig {
+            max_queue_size: d.max_queue_size,
+            max_message_bytes: d.max_message_bytes,
+            max_line_bytes: None,
+            handshake_timeout_secs: d.handshake_timeout_secs,
+            idle_timeout_sec: d.idle_timeout_sec,
+            heartbeat_timeout: d.heartbeat_timeout,
+            dedup_window_secs: d.dedup_window_secs,
+            ack_wait_secs: d.ack_wait_secs,
+            max_deliveries: d.max_deliveries,
+            default_prefetch: d.default_prefetch,
+            max_pending_replies: d.max_pending_replies,
+        }
+    }
+}
+
+impl From<RawPerformanceConfig> for PerformanceConfig {
+    fn from(raw: RawPerformanceConfig) -> Self {
+        PerformanceConfig {
+            max_queue_size: raw.max_queue_size,
+            max_message_bytes: raw.max_message_bytes,
+            max_line_bytes: raw
+                .max_line_bytes
+                .unwrap_or_else(|| raw.max_message_bytes.saturating_add(LINE_OVERHEAD_BYTES)),
+            handshake_timeout_secs: raw.handshake_timeout_secs,
+            idle_timeout_sec: raw.idle_timeout_sec,
+            heartbeat_timeout: raw.heartbeat_timeout,
+            dedup_window_secs: raw.dedup_window_secs,
+            ack_wait_secs: raw.ack_wait_secs,
+            max_deliveries: raw.max_deliveries,
+            default_prefetch: raw.default_prefetch,
+            max_pending_replies: raw.max_pending_replies,
+        }
+    }
+}
+
+impl Default for PerformanceConfig {
+    fn default() -> Self {
+        let max_message_bytes = 1_048_576;
+        PerformanceConfig {
+            max_queue_size: 1_000_000,
+            max_message_bytes,
+            max_line_bytes: max_message_bytes + LINE_OVERHEAD_BYTES,
+            handshake_timeout_secs: 10,
+            idle_timeout_sec: 300,
+            heartbeat_timeout: 60,
+            dedup_window_secs: 120,
+            ack_wait_secs: 300,
+            max_deliveries: 10,
+            default_prefetch: 1000,
+            max_pending_replies: 65_536,
+        }
+    }
+}
+
+/// Whether queue logs reach the disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StorageMode {
+    /// Append-only logs with group commit; `ACK` only once fsynced (the default).
+    #[default]
+    Durable,
+    /// Queues in memory only: everything is lost on restart. For tests and benches.
+    Memory,
+}
+
+impl StorageMode {
+    /// The config spelling, for status output.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StorageMode::Durable => "durable",
+            StorageMode::Memory => "memory",
+        }
+    }
+}
+
+/// `[storage]`: the per-queue logs (DESIGN.md §5).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StorageConfig {
+    /// Directory of queue logs, topology and keys (relative to the config file).
+    /// Default `data`.
+    pub data_dir: PathBuf,
+    /// `durable` or `memory`. Default `durable`.
+    pub mode: StorageMode,
+    /// Size at which a queue log rolls to a new segment, in bytes; at least
+    /// [`MIN_SEGMENT_BYTES`]. Default 64 MiB (67 108 864).
+    pub segment_bytes: u64,
+    /// Extra microseconds a shard may wait to gather more appends into one
+    /// `fdatasync`; 0 = sync at the end of each reactor turn. Default 0.
+    pub max_commit_delay_us: u64,
+}
+
+impl Default for StorageConfig {
+    fn default() -> Self {
+        StorageConfig {
+            data_dir: PathBuf::from("data"),
+            mode: StorageMode::Durable,
+            segment_bytes: 64 * 1024 * 1024,
+            max_commit_delay_us: 0,
+        }
+    }
+}
+
+/// `[admin]`: the HTTP/1.1-over-mTLS admin endpoint (DESIGN.md §8).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AdminConfig {
+    /// Start the admin endpoint. Default false.
+    pub enabled: bool,
+    /// Its listen address, `host:port`. Default `127.0.0.1:9091`.
+    pub address: String,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        AdminConfig {
+            enabled: false,
+            address: "127.0.0.1:9091".to_owned(),
+        }
+    }
+}
+
+/// `[rate_limit]`: per-CN token buckets and connection caps (DESIGN.md §2).
+/// Reloaded on `SIGHUP`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RateLimitConfig {
+    /// Apply the limits below. Default false.
+    pub enabled: bool,
+    /// Commands per second per CN, any command (refill rate), > 0.
+    /// Default 10 000.
+    pub global_rps: f64,
+    /// Commands a CN may send in a burst above `global_rps`, at least 1.
+    /// Default 20 000.
+    pub global_burst: u32,
+    /// Publishes per second per CN (each also takes a global token), > 0.
+    /// Default 10 000.
+    pub publish_rps: f64,
+    /// Publishes a CN may send in a burst above `publish_rps`, at least 1.
+    /// Default 20 000.
+    pub publish_burst: u32,
+    /// Open connections per client IP address, at least 1. Default 1000.
+    pub max_connections_per_ip: u32,
+    /// Open connections per certificate CN, at least 1. Default 100.
+    pub max_connections_per_cn: u32,
+}
+
+impl Default for RateLimitConfig {
+    fn default() -> Self {
+        RateLimitConfig {
+            enabled: false,
+            global_rps: 10_000.0,
+            global_burst: 20_000,
+            publish_rps: 10_000.0,
+            publish_burst: 20_000,
+            max_connections_per_ip: 1000,
+            max_connections_per_cn: 100,
+        }
+    }
+}
+
+/// `[acl]`: role membership by certificate CN (DESIGN.md §2). A CN in several
+/// lists gets the first role of admin, sender, receiver. Reloaded on `SIGHUP`.
+#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AclConfig {
+    /// CNs with every permission. Default empty.
+    pub admin_cns: Vec<String>,
+    /// CNs that may publish and fetch public keys. Default empty.
+    pub sender_cns: Vec<String>,
+    /// CNs that may declare, bind and consume their own queues. Default empty.
+    pub receiver_cns: Vec<String>,
+}
+
+// ---------------------------------------------------------------------------
+// Loading
+// ---------------------------------------------------------------------------
+
+impl Config {
+    /// Reads, parses and fully validates the config file at `path`; relative
+    /// paths inside it are resolved against the file's directory.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let base_dir = path.parent().unwrap_or_else(|| Path::new(""));
+        Config::from_toml_str(&text, base_dir)
+    }
+
+    /// Parses and fully validates config text, including the filesystem checks;
+    /// relative paths are resolved against `base_dir`.
+    pub fn from_toml_str(text: &str, base_dir: &Path) -> Result<Config, ConfigError> {
+        let config = Config::parse_unchecked(text, base_dir)?;
+        config.validate_files()?;
+        Ok(config)
+    }
+
+    /// Parses config text, resolves relative paths against `base_dir` and runs
+    /// the semantic checks of [`Config::validate`], without touching the
+    /// filesystem or the environment (see [`Config::validate_files`]).
+    pub fn parse_unchecked(text: &str, base_dir: &Path) -> Result<Config, ConfigError> {
+        let deserializer = toml::Deserializer::new(text);
+        let mut config: Config =
+            serde_path_to_error::deserialize(deserializer).map_err(|err| parse_error(text, err))?;
+        config.resolve_paths(base_dir);
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Joins every relative file path onto `base_dir`, so paths in the file mean
+    /// "next to the config file" whatever the working directory. Empty paths stay
+    /// empty so that validation reports them.
+    fn resolve_paths(&mut self, base_dir: &Path) {
+        let resolve = |p: &mut PathBuf| {
+            if !p.as_os_str().is_empty() && p.is_relative() {
+                *p = base_dir.join(&*p);
+            }
+        };
+        resolve(&mut self.tls.cert_path);
+        resolve(&mut self.tls.key_path);
+        resolve(&mut self.tls.ca_cert_path);
+        resolve(&mut self.logging.dir);
+        resolve(&mut self.storage.data_dir);
+        if let Some(p) = self.database.password_file.as_mut() {
+            resolve(p);
+        }
+        if let Some(p) = self.encryption.aes_key_file.as_mut() {
+            resolve(p);
+        }
+    }
+
+    /// Semantic checks that need nothing but the parsed values: bounds, address
+    /// formats, CN syntax, the inline AES key. Returns the first problem found.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.validate_server()?;
+        self.validate_tls()?;
+        self.validate_logging()?;
+        self.validate_database()?;
+        self.validate_encryption()?;
+        self.validate_performance()?;
+        self.validate_storage()?;
+        check_host_port("admin.address", &self.admin.address)?;
+        self.validate_rate_limit()?;
+        self.validate_acl()
+    }
+
+    /// Checks that touch the filesystem and environment: the TLS files exist, the
+    /// Postgres password file exists, and the AES key (from whichever source is
+    /// used) decodes to 32 bytes.
+    pub fn validate_files(&self) -> Result<(), ConfigError> {
+        const PKI_HINT: &str = " (create the certificates with ciphermq-pki)";
+        check_file("tls.cert_path", &self.tls.cert_path, PKI_HINT)?;
+        check_file("tls.key_path", &self.tls.key_path, PKI_HINT)?;
+        check_file("tls.ca_cert_path", &self.tls.ca_cert_path, PKI_HINT)?;
+        if self.database.backend == DatabaseBackend::Postgres {
+            if let Some(p) = &self.database.password_file {
+                check_file("database.password_file", p, "")?;
+            }
+        }
+        self.resolve_aes_key().map(|_| ())
+    }
+
+    /// The AES-256 key sealing stored public keys, from the first source that is
+    /// set: `encryption.aes_key`, `encryption.aes_key_file`, then the
+    /// `CIPHERMQ_AES_KEY` environment variable. `None` when none is set.
+    pub fn resolve_aes_key(&self) -> Result<Option<[u8; 32]>, ConfigError> {
+        // A value that is not UTF-8 becomes replacement characters, which then
+        // fail to decode as base64: reported only if the variable is the source.
+        let env = std::env::var_os(ENV_AES_KEY);
+        let env = env.as_deref().map(|v| v.to_string_lossy());
+        self.encryption.resolve_aes_key_with_env(env.as_deref())
+    }
+
+    fn validate_server(&self) -> Result<(), ConfigError> {
+        let s = &self.server;
+        check_host_port("server.address", &s.address)?;
+        if s.shards > MAX_SHARDS {
+            return Err(ConfigError::invalid(
+                "server.shards",
+                format!("{} is more than {MAX_SHARDS} (0 = one per core)", s.shards),
+            ));
+        }
+        if s.name.is_empty() || s.name.len() > 255 || s.name.chars().any(char::is_control) {
+            return Err(ConfigError::invalid(
+                "server.name",
+                "must be 1 to 255 bytes without control characters",
+            ));
+        }
+        Ok(())
+    }
+
+    fn validate_tls(&self) -> Result<(), ConfigError> {
+        for (key, path) in [
+            ("tls.cert_path", &self.tls.cert_path),
+            ("tls.key_path", &self.tls.key_path),
+            ("tls.ca_cert_path", &self.tls.ca_cert_path),
+        ] {
+            check_non_empty_path(key, path)?;
+        }
+        Ok(())
+    }
+
+    fn validate_logging(&self) -> Result<(), ConfigError> {
+        let level = self.logging.level.trim();
+        let is_level = ["trace", "debug", "info", "warn", "error", "off"]
+            .iter()
+            .any(|l| l.eq_ignore_ascii_case(level));
+        let is_directive = !level.is_empty()
+            && (level.contains('=') || level.contains(','))
+            && !level.chars().any(char::is_whitespace);
+        if !is_level && !is_directive {
+            return Err(ConfigError::invalid(
+                "logging.level",
+                format!(
+                    "{:?} is neither a level (trace, debug, info, warn, error, off) nor a \
+                     filter directive such as \"info,ciphermq_shard=debug\"",
+                    self.logging.level
+                ),
+            ));
+        }
+        check_non_empty_path("logging.dir", &self.logging.dir)
+    }
+
+    fn validate_database(&self) -> Result<(), ConfigError> {
+        let d = &self.database;
+        if d.batch_size == 0 {
+            return Err(ConfigError::invalid(
+                "database.batch_size",
+                "must be at least 1",
+            ));
+        }
+        if d.flush_interval_ms == 0 {
+            return Err(ConfigError::invalid(
+                "database.flush_interval_ms",
+                "must be at least 1",
+            ));
+        }
+        if d.backend != DatabaseBackend::Postgres {
+            return Ok(());
+        }
+        for (key, value) in [
+            ("database.host", &d.host),
+            ("database.user", &d.user),
+            ("database.dbname", &d.dbname),
+        ] {
+            if value.trim().is_empty() {
+                return Err(ConfigError::invalid(
+                    key,
+                    "must not be empty with backend = \"postgres\"",
+                ));
+            }
+        }
+        if d.port == 0 {
+            return Err(ConfigError::invalid("database.port", "must not be 0"));
+        }
+        if d.password.is_some() && d.password_file.is_some() {
+            return Err(ConfigError::invalid(
+                "database.password",
+                "set either database.password or database.password_file, not both",
+            ));
+        }
+        if let Some(p) = &d.password_file {
+            check_non_empty_path("database.password_file", p)?;
+        }
+        Ok(())
+    }
+
+    fn validate_encryption(&self) -> Result<(), ConfigError> {
+        let e = &self.encryption;
+        if e.algorithm != ALGORITHM_X25519_CHACHA20_POLY1305 {
+            return Err(ConfigError::invalid(
+                "encryption.algorithm",
+                format!(
+                    "{:?} is not supported (the only algorithm is \"{ALGORITHM_X25519_CHACHA20_POLY1305}\")",
+                    e.algorithm
+                ),
+            ));
+        }
+        if let Some(key) = &e.aes_key {
+            decode_aes_key("encryption.aes_key", key)?;
+        }
+        if let Some(p) = &e.aes_key_file {
+            check_non_empty_path("encryption.aes_key_file", p)?;
+        }
+        Ok(())
+    }
+
+    fn validate_performance(&self) -> Result<(), ConfigError> {
+        let p = &self.performance;
+        let at_least_one: [(&str, u64); 6] = [
+            ("performance.max_queue_size", p.max_queue_size as u64),
+            ("performance.max_message_bytes", p.max_message_bytes as u64),
+            (
+                "performance.handshake_timeout_secs",
+                p.handshake_timeout_secs,
+            ),
+            ("performance.max_deliveries", u64::from(p.max_deliveries)),
+            (
+                "performance.default_prefetch",
+                u64::from(p.default_prefetch),
+            ),
+            (
+                "performance.max_pending_replies",
+                p.max_pending_replies as u64,
+            ),
+        ];
+        for (key, value) in at_least_one {
+            if value == 0 {
+                return Err(ConfigError::invalid(key, "must be at least 1"));
+            }
+        }
+        if p.max_line_bytes <= p.max_message_bytes {
+            return Err(ConfigError::invalid(
+                "performance.max_line_bytes",
+                format!(
+                    "must be larger than performance.max_message_bytes ({} <= {}; leave it \
+                     unset for max_message_bytes + {LINE_OVERHEAD_BYTES})",
+                    p.max_line_bytes, p.max_message_bytes
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn validate_storage(&self) -> Result<(), ConfigError> {
+        let s = &self.storage;
+        check_non_empty_path("storage.data_dir", &s.data_dir)?;
+        if s.segment_bytes < MIN_SEGMENT_BYTES {
+            return Err(ConfigError::invalid(
+                "storage.segment_bytes",
+                format!(
+                    "must be at least {MIN_SEGMENT_BYTES} (got {})",
+                    s.segment_bytes
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn validate_rate_limit(&self) -> Result<(), ConfigError> {
+        let r = &self.rate_limit;
+        for (key, rps) in [
+            ("rate_limit.global_rps", r.global_rps),
+            ("rate_limit.publish_rps", r.publish_rps),
+        ] {
+            if !(rps.is_finite() && rps > 0.0) {
+                return Err(ConfigError::invalid(
+                    key,
+                    format!("must be a positive number (got {rps})"),
+                ));
+            }
+        }
+        for (key, value) in [
+            ("rate_limit.global_burst", r.global_burst),
+            ("rate_limit.publish_burst", r.publish_burst),
+            (
+                "rate_limit.max_connections_per_ip",
+                r.max_connections_per_ip,
+            ),
+            (
+                "rate_limit.max_connections_per_cn",
+                r.max_connections_per_cn,
+            ),
+        ] {
+            if value == 0 {
+                return Err(ConfigError::invalid(key, "must be at least 1"));
+            }
+        }
+        Ok(())
+    }
+
+    fn validate_acl(&self) -> Result<(), ConfigError> {
+        for (list, cns) in [
+            ("acl.admin_cns", &self.acl.admin_cns),
+            ("acl.sender_cns", &self.acl.sender_cns),
+            ("acl.receiver_cns", &self.acl.receiver_cns),
+        ] {
+            for (i, cn) in cns.iter().enumerate() {
+                if !is_valid_cn(cn) {
+                    return Err(ConfigError::invalid(
+                        format!("{list}[{i}]"),
+                        format!("{cn:?} is not a valid CN (must match [A-Za-z0-9_.:-]{{1,255}})"),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl EncryptionConfig {
+    /// [`Config::resolve_aes_key`] with the environment variable's value passed in,
+    /// so it can be tested without touching the process environment.
+    fn resolve_aes_key_with_env(&self, env: Option<&str>) -> Result<Option<[u8; 32]>, ConfigError> {
+        if let Some(key) = &self.aes_key {
+            return decode_aes_key("encryption.aes_key", key).map(Some);
+        }
+        if let Some(path) = &self.aes_key_file {
+            let text = std::fs::read_to_string(path).map_err(|err| {
+                ConfigError::invalid(
+                    "encryption.aes_key_file",
+                    format!("cannot read {}: {err}", path.display()),
+                )
+            })?;
+            return decode_aes_key("encryption.aes_key_file", &text)
+                .map_err(|_| {
+                    ConfigError::invalid(
+                        "encryption.aes_key_file",
+                        format!("{} must hold base64 of exactly 32 bytes", path.display()),
+                    )
+                })
+                .map(Some);
+        }
+        match env.map(str::trim) {
+            Some(value) if !value.is_empty() => decode_aes_key(&env_key(), value).map(Some),
+            _ => Ok(None),
+        }
+    }
+}
+
+fn env_key() -> String {
+    format!("{ENV_AES_KEY} (environment)")
+}
+
+/// Decodes standard padded base64 into exactly 32 bytes. The error never echoes
+/// the input: it is a secret.
+fn decode_aes_key(key: &str, value: &str) -> Result<[u8; 32], ConfigError> {
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(value.trim())
+        .map_err(|_| {
+            ConfigError::invalid(
+                key,
+                "must be base64 of exactly 32 bytes (it is not standard padded base64)",
+            )
+        })?;
+    <[u8; 32]>::try_from(bytes.as_slice()).map_err(|_| {
+        ConfigError::invalid(
+            key,
+            format!(
+                "must be base64 of exactly 32 bytes (it decodes to {} bytes)",
+                bytes.len()
+            ),
+        )
+    })
+}
+
+/// The name rule of the wire protocol, applied to certificate CNs.
+fn is_valid_cn(cn: &str) -> bool {
+    (1..=255).contains(&cn.len())
+        && cn
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b':' | b'-'))
+}
+
+/// Accepts `ip:port`, `[ipv6]:port` and `hostname:port` (port 0 allowed).
+fn check_host_port(key: &str, value: &str) -> Result<(), ConfigError> {
+    if value.parse::<SocketAddr>().is_ok() {
+        return Ok(());
+    }
+    let ok = value.rsplit_once(':').is_some_and(|(host, port)| {
+        port.parse::<u16>().is_ok()
+            && !host.is_empty()
+            && host.len() <= 253
+            && host
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+    });
+    if ok {
+        Ok(())
+    } else {
+        Err(ConfigError::invalid(
+            key,
+            format!("{value:?} is not host:port (e.g. \"127.0.0.1:5700\" or \"[::1]:5700\")"),
+        ))
+    }
+}
+
+fn check_non_empty_path(key: &str, path: &Path) -> Result<(), ConfigError> {
+    if path.as_os_str().is_empty() {
+        Err(ConfigError::invalid(key, "must not be empty"))
+    } else {
+        Ok(())
+    }
+}
+
+/// Checks that `path` is an existing regular file; `hint` (e.g. how to create
+/// it) is appended when it does not exist.
+fn check_file(key: &str, path: &Path, hint: &str) -> Result<(), ConfigError> {
+    match std::fs::metadata(path) {
+        Ok(meta) if meta.is_file() => Ok(()),
+        Ok(_) => Err(ConfigError::invalid(
+            key,
+            format!("{} is not a regular file", path.display()),
+        )),
+        Err(err) if err.kind() == io::ErrorKind::NotFound => Err(ConfigError::invalid(
+            key,
+            format!("file {} does not exist{hint}", path.display()),
+        )),
+        Err(err) => Err(ConfigError::invalid(
+            key,
+            format!("cannot access {}: {err}", path.display()),
+        )),
+    }
+}
+
+/// Turns a deserialization error into a [`ConfigError`] naming the dotted key.
+fn parse_error(text: &str, err: serde_path_to_error::Error<toml::de::Error>) -> ConfigError {
+    let key = err.path().to_string();
+    let inner = err.into_inner();
+    let at = position_of(text, inner.span());
+    // One line per error: the broker prints it as a single log/stderr line.
+    let message = inner.message().trim_end().replace('\n', "; ");
+    // serde_path_to_error reports "." when the failure is not inside any key,
+    // which is the case for syntax errors and duplicate keys.
+    if key.is_empty() || key == "." {
+        return ConfigError::Syntax { message, at };
+    }
+    if let Some(rest) = message.strip_prefix("unknown field `") {
+        let hint = rest
+            .split_once("`, ")
+            .map_or_else(String::new, |(_, hint)| hint.to_owned());
+        return ConfigError::UnknownKey { key, hint, at };
+    }
+    ConfigError::BadValue { key, message, at }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const B64_32: &str = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=";
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::parse_unchecked(text, Path::new("/etc/ciphermq"))
+    }
+
+    fn err(text: &str) -> String {
+        match parse(text) {
+            Ok(_) => panic!("expected an error for {text:?}"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn empty_file_gives_defaults_with_resolved_paths() {
+        let c = parse("").unwrap();
+        let mut want = Config::default();
+        want.tls.cert_path = PathBuf::from("/etc/ciphermq/certs/server.crt");
+        want.tls.key_path = PathBuf::from("/etc/ciphermq/certs/server.key");
+        want.tls.ca_cert_path = PathBuf::from("/etc/ciphermq/certs/ca.crt");
+        want.logging.dir = PathBuf::from("/etc/ciphermq/logs");
+        want.storage.data_dir = PathBuf::from("/etc/ciphermq/data");
+        assert_eq!(c, want);
+    }
+
+    #[test]
+    fn default_values() {
+        let c = Config::default();
+        assert_eq!(c.server.address, "127.0.0.1:5700");
+        assert_eq!(c.server.shards, 0);
+        assert_eq!(c.server.name, "ciphermq");
+        assert_eq!(c.tls.cert_path, PathBuf::from("certs/server.crt"));
+        assert_eq!(c.logging.level, "info");
+        assert_eq!(c.logging.rotation, LogRotation::Daily);
+        assert!(c.logging.console && c.logging.json_files);
+        assert_eq!(c.database.backend, DatabaseBackend::Embedded);
+        assert_eq!(c.database.port, 5432);
+        assert_eq!(c.database.batch_size, 1000);
+        assert_eq!(c.database.flush_interval_ms, 50);
+        assert_eq!(c.encryption.algorithm, "x25519_chacha20_poly1305");
+        assert_eq!(c.encryption.aes_key, None);
+        assert_eq!(c.performance.max_queue_size, 1_000_000);
+        assert_eq!(c.performance.max_message_bytes, 1_048_576);
+        assert_eq!(c.performance.max_line_bytes, 1_048_576 + 4096);
+        assert_eq!(c.performance.handshake_timeout_secs, 10);
+        assert_eq!(c.performance.idle_timeout_sec, 300);
+        assert_eq!(c.performance.heartbeat_timeout, 60);
+        assert_eq!(c.performance.dedup_window_secs, 120);
+        assert_eq!(c.performance.ack_wait_secs, 300);
+        assert_eq!(c.performance.max_deliveries, 10);
+        assert_eq!(c.performance.default_prefetch, 1000);
+        assert_eq!(c.performance.max_pending_replies, 65_536);
+        assert_eq!(c.storage.mode, StorageMode::Durable);
+        assert_eq!(c.storage.segment_bytes, 67_108_864);
+        assert_eq!(c.storage.max_commit_delay_us, 0);
+        assert!(!c.admin.enabled);
+        assert_eq!(c.admin.address, "127.0.0.1:9091");
+        assert!(!c.rate_limit.enabled);
+        assert_eq!(c.rate_limit.global_rps, 10_000.0);
+        assert_eq!(c.rate_limit.global_burst, 20_000);
+        assert_eq!(c.rate_limit.max_connections_per_ip, 1000);
+        assert_eq!(c.rate_limit.max_connections_per_cn, 100);
+        assert!(c.acl.admin_cns.is_empty());
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn unknown_key_names_the_dotted_key() {
+        let e = err("[server]\nadress = \"127.0.0.1:1\"\n");
+        assert!(e.starts_with("unknown key server.adress"), "{e}");
+        assert!(e.contains("line 2"), "{e}");
+        assert!(e.contains("address"), "{e}");
+        let e = err("[servre]\n");
+        assert!(e.starts_with("unknown key servre"), "{e}");
+        let e = err("[performance]\nmax_line_byte = 5\n");
+        assert!(
+            e.starts_with("unknown key performance.max_line_byte"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn wrong_type_names_the_dotted_key() {
+        let e = err("[performance]\nmax_queue_size = \"x\"\n");
+        assert!(
+            e.starts_with(
+                r#"performance.max_queue_size: invalid type: string "x", expected usize"#
+            ),
+            "{e}"
+        );
+        let e = err("[database]\nport = 70000\n");
+        assert!(e.starts_with("database.port: invalid value"), "{e}");
+        let e = err("[logging]\nrotation = \"weekly\"\n");
+        assert!(
+            e.starts_with("logging.rotation: unknown variant `weekly`"),
+            "{e}"
+        );
+        let e = err("[acl]\nsender_cns = [\"a\", 3]\n");
+        assert!(e.starts_with("acl.sender_cns[1]: invalid type"), "{e}");
+    }
+
+    #[test]
+    fn syntax_error_is_reported_with_position() {
+        let e = parse("[server\n").unwrap_err();
+        assert!(matches!(e, ConfigError::Syntax { at: Some(_), .. }), "{e}");
+        assert!(e.to_string().contains("line 1"), "{e}");
+    }
+
+    #[test]
+    fn semantic_errors_name_the_key() {
+        let e = err("[server]\naddress = \"x\"\n");
+        assert!(
+            e.starts_with(r#"server.address: "x" is not host:port"#),
+            "{e}"
+        );
+        assert!(parse("[server]\naddress = \"[::1]:0\"").is_ok());
+        assert!(parse("[server]\naddress = \"localhost:5700\"").is_ok());
+        assert!(parse("[server]\naddress = \"localhost:70000\"").is_err());
+        assert!(err("[server]\nshards = 1025").starts_with("server.shards:"));
+        assert!(err("[admin]\naddress = \"nope\"").starts_with("admin.address:"));
+        assert_eq!(
+            err("[rate_limit]\nglobal_burst = 0"),
+            "rate_limit.global_burst: must be at least 1"
+        );
+        assert!(err("[rate_limit]\npublish_rps = 0.0").starts_with("rate_limit.publish_rps:"));
+        assert!(err("[performance]\nmax_deliveries = 0").starts_with("performance.max_deliveries:"));
+        assert!(err("[performance]\nmax_pending_replies = 0")
+            .starts_with("performance.max_pending_replies:"));
+        assert!(err("[storage]\nsegment_bytes = 4095").starts_with("storage.segment_bytes:"));
+        assert!(err("[encryption]\nalgorithm = \"aes\"").starts_with("encryption.algorithm:"));
+        assert!(err("[logging]\nlevel = \"loud\"").starts_with("logging.level:"));
+        assert!(parse("[logging]\nlevel = \"info,ciphermq_shard=debug\"").is_ok());
+        assert!(parse("[logging]\nlevel = \"DEBUG\"").is_ok());
+    }
+
+    #[test]
+    fn max_line_bytes_is_derived_and_checked() {
+        let c = parse("[performance]\nmax_message_bytes = 1000\n").unwrap();
+        assert_eq!(c.performance.max_line_bytes, 1000 + 4096);
+        let c = parse("[performance]\nmax_message_bytes = 1000\nmax_line_bytes = 1001\n").unwrap();
+        assert_eq!(c.performance.max_line_bytes, 1001);
+        let e = err("[performance]\nmax_line_bytes = 1048576\n");
+        assert!(
+            e.starts_with(
+                "performance.max_line_bytes: must be larger than performance.max_message_bytes"
+            ),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn postgres_rules() {
+        let e = err("[database]\nbackend = \"postgres\"\nhost = \"\"\n");
+        assert!(e.starts_with("database.host: must not be empty"), "{e}");
+        let e =
+            err("[database]\nbackend = \"postgres\"\npassword = \"a\"\npassword_file = \"p\"\n");
+        assert!(e.starts_with("database.password:"), "{e}");
+        // Embedded ignores the connection keys.
+        assert!(parse("[database]\nhost = \"\"\n").is_ok());
+        let c = parse("[database]\nbackend = \"postgres\"\npassword_file = \"pw\"\n").unwrap();
+        assert_eq!(
+            c.database.password_file,
+            Some(PathBuf::from("/etc/ciphermq/pw"))
+        );
+    }
+
+    #[test]
+    fn secrets_are_not_in_debug_output() {
+        let c = parse(&format!(
+            "[encryption]\naes_key = \"{B64_32}\"\n[database]\npassword = \"hunter2\"\n"
+        ))
+        .unwrap();
+        let dbg = format!("{c:?}");
+        assert!(!dbg.contains(B64_32) && !dbg.contains("hunter2"), "{dbg}");
+        assert!(dbg.contains("<redacted>"));
+    }
+
+    #[test]
+    fn acl_cns_are_checked() {
+        let c = parse("[acl]\nadmin_cns = [\"admin\"]\nsender_cns = [\"sender-1.x:y\"]\n").unwrap();
+        assert_eq!(c.acl.admin_cns, vec!["admin".to_owned()]);
+        let e = err("[acl]\nreceiver_cns = [\"ok\", \"bad cn\"]\n");
+        assert!(
+            e.starts_with("acl.receiver_cns[1]: \"bad cn\" is not a valid CN"),
+            "{e}"
+        );
+        assert!(err("[acl]\nadmin_cns = [\"\"]").starts_with("acl.admin_cns[0]:"));
+    }
+
+    #[test]
+    fn aes_key_validation() {
+        let c = parse(&format!("[encryption]\naes_key = \"{B64_32}\"\n")).unwrap();
+        let key = c
+            .encryption
+            .resolve_aes_key_with_env(None)
+            .unwrap()
+            .unwrap();
+        assert_eq!(key[31], 31);
+
+        let short = "AAECAwQFBgcICQoLDA0ODw=="; // 16 bytes
+        let e = err(&format!("[encryption]\naes_key = \"{short}\"\n"));
+        assert_eq!(
+            e,
+            "encryption.aes_key: must be base64 of exactly 32 bytes (it decodes to 16 bytes)"
+        );
+        let e = err("[encryption]\naes_key = \"not base64!\"\n");
+        assert!(
+            e.starts_with("encryption.aes_key: must be base64 of exactly 32 bytes"),
+            "{e}"
+        );
+        // Unpadded base64 is refused: standard padded alphabet everywhere.
+        let unpadded = B64_32.trim_end_matches('=');
+        assert!(parse(&format!("[encryption]\naes_key = \"{unpadded}\"\n")).is_err());
+    }
+
+    #[test]
+    fn aes_key_sources_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("aes.key");
+        std::fs::write(&file, format!("{B64_32}\n")).unwrap();
+        let other = "//////////////////////////////////////////8="; // 32 x 0xff
+
+        let mut e = EncryptionConfig::default();
+        assert_eq!(e.resolve_aes_key_with_env(None).unwrap(), None);
+        assert_eq!(e.resolve_aes_key_with_env(Some("  ")).unwrap(), None);
+        assert_eq!(
+            e.resolve_aes_key_with_env(Some(other)).unwrap(),
+            Some([0xff; 32])
+        );
+        let bad = e.resolve_aes_key_with_env(Some("AAAA")).unwrap_err();
+        assert!(bad
+            .to_string()
+            .starts_with("CIPHERMQ_AES_KEY (environment): must be base64"));
+
+        e.aes_key_file = Some(file.clone());
+        let from_file = e.resolve_aes_key_with_env(Some(other)).unwrap().unwrap();
+        assert_eq!(from_file[1], 1);
+
+        e.aes_key = Some(other.to_owned());
+        assert_eq!(e.resolve_aes_key_with_env(None).unwrap(), Some([0xff; 32]));
+
+        e.aes_key = None;
+        std::fs::write(&file, "short").unwrap();
+        let bad = e.resolve_aes_key_with_env(None).unwrap_err().to_string();
+        assert!(bad.starts_with("encryption.aes_key_file: "), "{bad}");
+        assert!(!bad.contains("short"), "{bad}");
+
+        e.aes_key_file = Some(dir.path().join("missing.key"));
+        let bad = e.resolve_aes_key_with_env(None).unwrap_err().to_string();
+        assert!(
+            bad.starts_with("encryption.aes_key_file: cannot read"),
+            "{bad}"
+        );
+    }
+
+    #[test]
+    fn relative_paths_resolve_against_base_dir() {
+        let text = "[tls]\ncert_path = \"a/b.crt\"\nkey_path = \"/abs/k.key\"\n\
+                    [storage]\ndata_dir = \"../d\"\n[encryption]\naes_key_file = \"k\"\n";
+        let c = Config::parse_unchecked(text, Path::new("/srv/mq")).unwrap();
+        assert_eq!(c.tls.cert_path, PathBuf::from("/srv/mq/a/b.crt"));
+        assert_eq!(c.tls.key_path, PathBuf::from("/abs/k.key"));
+        assert_eq!(c.tls.ca_cert_path, PathBuf::from("/srv/mq/certs/ca.crt"));
+        assert_eq!(c.storage.data_dir, PathBuf::from("/srv/mq/../d"));
+        assert_eq!(c.encryption.aes_key_file, Some(PathBuf::from("/srv/mq/k")));
+        // An empty base (config file named without a directory) keeps paths relative.
+        let c = Config::parse_unchecked("", Path::new("")).unwrap();
+        assert_eq!(c.tls.cert_path, PathBuf::from("certs/server.crt"));
+    }
+
+    #[test]
+    fn missing_tls_file_names_the_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = Config::from_toml_str("", dir.path())
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("tls.cert_path: file "), "{e}");
+        assert!(e.contains("certs/server.crt does not exist"), "{e}");
+
+        std::fs::create_dir(dir.path().join("certs")).unwrap();
+        for f in ["server.crt", "server.key"] {
+            std::fs::write(dir.path().join("certs").join(f), "x").unwrap();
+        }
+        let e = Config::from_toml_str("", dir.path())
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("tls.ca_cert_path: file "), "{e}");
+
+        std::fs::write(dir.path().join("certs/ca.crt"), "x").unwrap();
+        let key = format!("[encryption]\naes_key = \"{B64_32}\"\n");
+        Config::from_toml_str(&key, dir.path()).unwrap();
+    }
+
+    #[test]
+    fn load_reads_the_file_and_resolves_against_its_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("certs")).unwrap();
+        for f in ["server.crt", "server.key", "ca.crt"] {
+            std::fs::write(dir.path().join("certs").join(f), "x").unwrap();
+        }
+        let path = dir.path().join("broker.toml");
+        std::fs::write(&path, format!("[encryption]\naes_key = \"{B64_32}\"\n")).unwrap();
+        let c = Config::load(&path).unwrap();
+        assert_eq!(c.tls.ca_cert_path, dir.path().join("certs/ca.crt"));
+
+        let e = Config::load(&dir.path().join("nope.toml")).unwrap_err();
+        assert!(matches!(e, ConfigError::Read { .. }));
+        assert!(e.to_string().starts_with("cannot read config file "), "{e}");
+    }
+
+    #[test]
+    fn repo_example_config_parses_with_defaults() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../config.toml");
+        let text = std::fs::read_to_string(path).unwrap();
+        let base = Path::new("/repo");
+        let c = Config::parse_unchecked(&text, base).unwrap();
+
+        // The example documents the defaults: apart from the demo ACL it must
+        // parse to exactly what an empty file gives.
+        let mut want = Config::parse_unchecked("", base).unwrap();
+        want.acl.admin_cns = vec!["admin".to_owned()];
+        want.acl.sender_cns = vec!["sender_1".to_owned(), "sender_2".to_owned()];
+        want.acl.receiver_cns = vec!["receiver_1".to_owned(), "receiver_2".to_owned()];
+        assert_eq!(c, want);
+
+        // And it spells out every key (the derived max_line_bytes included).
+        let table: toml::Table = text.parse().unwrap();
+        for (section, keys) in [
+            ("server", 3),
+            ("tls", 3),
+            ("logging", 5),
+            ("database", 7),
+            ("encryption", 1),
+            ("performance", 11),
+            ("storage", 4),
+            ("admin", 2),
+            ("rate_limit", 7),
+            ("acl", 3),
+        ] {
+            let t = table.get(section).and_then(|v| v.as_table());
+            assert_eq!(t.map(|t| t.len()), Some(keys), "section [{section}]");
+        }
+    }
+}

@@ -1,0 +1,127 @@
+//! What a connection needs besides its socket: settings and services shared by
+//! every shard ([`Shared`]), and the state of the shard serving it ([`ShardLocal`]).
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ciphermq_pgbridge::PublicKeyStore;
+use ciphermq_shard::{Shard, TopologyStore};
+
+use crate::acl::Acl;
+use crate::config::Config;
+use crate::rate_limit::{CnLimiter, ConnectionLimits};
+
+/// Connection-level settings taken from the config.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// `performance.max_line_bytes`.
+    pub max_line_bytes: usize,
+    /// `performance.max_message_bytes`.
+    pub max_message_bytes: usize,
+    /// `performance.default_prefetch`.
+    pub default_prefetch: u32,
+    /// `performance.max_pending_replies`.
+    pub max_pending_replies: usize,
+    /// `performance.handshake_timeout_secs`.
+    pub handshake_timeout: Duration,
+    /// `performance.idle_timeout_sec`; `None` = never.
+    pub idle_timeout: Option<Duration>,
+    /// `performance.heartbeat_timeout` (receivers); `None` = never.
+    pub heartbeat_timeout: Option<Duration>,
+    /// `[rate_limit]` when enabled.
+    pub rate_limit: Option<RateSettings>,
+}
+
+/// Token-bucket parameters per CN.
+#[derive(Debug, Clone, Copy)]
+pub struct RateSettings {
+    /// Commands per second.
+    pub global_rps: f64,
+    /// Command burst.
+    pub global_burst: u32,
+    /// Publishes per second.
+    pub publish_rps: f64,
+    /// Publish burst.
+    pub publish_burst: u32,
+}
+
+fn secs(n: u64) -> Option<Duration> {
+    (n > 0).then(|| Duration::from_secs(n))
+}
+
+impl Settings {
+    /// Derives the settings from a validated config.
+    pub fn from_config(config: &Config) -> Settings {
+        let p = &config.performance;
+        let r = &config.rate_limit;
+        Settings {
+            max_line_bytes: p.max_line_bytes,
+            max_message_bytes: p.max_message_bytes,
+            default_prefetch: p.default_prefetch,
+            max_pending_replies: p.max_pending_replies,
+            handshake_timeout: Duration::from_secs(p.handshake_timeout_secs.max(1)),
+            idle_timeout: secs(p.idle_timeout_sec),
+            heartbeat_timeout: secs(p.heartbeat_timeout),
+            rate_limit: r.enabled.then_some(RateSettings {
+                global_rps: r.global_rps,
+                global_burst: r.global_burst,
+                publish_rps: r.publish_rps,
+                publish_burst: r.publish_burst,
+            }),
+        }
+    }
+}
+
+/// Shared by every shard: read-only or internally synchronized.
+pub struct Shared {
+    /// Connection settings.
+    pub settings: Settings,
+    /// Roles and ownership.
+    pub acl: Arc<Acl>,
+    /// Public keys.
+    pub keys: Arc<dyn PublicKeyStore>,
+    /// Open-connection caps (`None` when rate limiting is off).
+    pub conn_limits: Option<Arc<ConnectionLimits>>,
+    /// TLS server configuration.
+    pub tls: Arc<rustls::ServerConfig>,
+    /// Topology writer.
+    pub topology: Arc<TopologyStore>,
+    /// Number of shards.
+    pub shards: usize,
+}
+
+/// One shard's state, owned by its executor thread.
+pub struct ShardLocal {
+    /// Queues, mailboxes, mesh.
+    pub shard: RefCell<Shard>,
+    /// Per-CN token buckets: all connections of a CN live on this shard.
+    pub limiters: RefCell<HashMap<Arc<str>, CnLimiter>>,
+    /// Cross-shard services and settings.
+    pub shared: Arc<Shared>,
+}
+
+impl ShardLocal {
+    /// Runs `f` on the shard and sends what it buffered for other shards.
+    /// Never call across an `.await`.
+    #[inline]
+    pub fn with_shard<T>(&self, f: impl FnOnce(&mut Shard) -> T) -> T {
+        let mut shard = self.shard.borrow_mut();
+        let value = f(&mut shard);
+        shard.flush();
+        value
+    }
+
+    /// Takes a token for `cn`; false when it is rate limited.
+    pub fn allow(&self, cn: &Arc<str>, now: Instant, is_publish: bool) -> bool {
+        let Some(r) = self.shared.settings.rate_limit else {
+            return true;
+        };
+        let mut limiters = self.limiters.borrow_mut();
+        let limiter = limiters.entry(cn.clone()).or_insert_with(|| {
+            CnLimiter::new(r.global_rps, r.global_burst, r.publish_rps, r.publish_burst)
+        });
+        limiter.check(now, is_publish)
+    }
+}

@@ -1,0 +1,36 @@
+//! The CipherMQ broker: thread-per-core, mutual TLS, payloads it cannot read.
+//!
+//! Map:
+//! - [`config`]: the typed `config.toml`, validated before anything binds.
+//! - [`acl`]: roles from certificate CNs and the permission matrix.
+//! - [`rate_limit`]: per-CN token buckets and open-connection caps.
+//! - [`tls`], [`tls_session`]: rustls with required client certificates, and the
+//!   hand-driven session that can move between shards.
+//! - [`sys`]: the only `unsafe` code (fd hand-off, io_uring and memlock probes).
+//! - [`server`]: start-up, one pinned glommio executor per shard, accept,
+//!   handshake, hand-off to the owner shard `fnv1a(CN) % N`.
+//! - [`connection`], [`line_buffer`], [`replies`], [`commands`]: one connection's
+//!   future, its input framing, its in-order replies, and what each command does.
+//! - [`context`]: settings and services a connection reaches.
+//!
+//! Invariants: a shard's state is touched only by its own thread; nothing on a
+//! shard blocks; replies leave in command order; a `RefCell` borrow never spans
+//! an `.await`.
+
+#![warn(missing_docs, unreachable_pub)]
+
+pub mod acl;
+mod commands;
+pub mod config;
+pub mod connection;
+pub mod context;
+pub mod line_buffer;
+pub mod rate_limit;
+pub mod replies;
+pub mod server;
+pub mod sys;
+pub mod tls;
+pub mod tls_session;
+
+pub use config::Config;
+pub use server::{start, BrokerHandle, StartError};

@@ -1,0 +1,106 @@
+//! `ciphermq-broker`: loads the config, starts the shards, and stops cleanly on
+//! SIGTERM or SIGINT.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use signal_hook::consts::{SIGINT, SIGTERM};
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, Layer};
+
+use ciphermq_broker::config::{Config, LogRotation};
+
+/// CipherMQ broker: mutual-TLS identities, end-to-end encrypted payloads.
+#[derive(Parser, Debug)]
+#[command(version, about)]
+struct Args {
+    /// Path of the configuration file.
+    #[arg(short, long, default_value = "config.toml")]
+    config: PathBuf,
+    /// Override `server.address` (host:port).
+    #[arg(long)]
+    address: Option<String>,
+    /// Override `server.shards` (0 = one per core).
+    #[arg(long)]
+    shards: Option<usize>,
+}
+
+fn init_logging(config: &Config) -> Option<tracing_appender::non_blocking::WorkerGuard> {
+    let filter = || {
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(&config.logging.level))
+    };
+    let console = config.logging.console.then(|| tracing_subscriber::fmt::layer().with_filter(filter()));
+    let (json, guard) = if config.logging.json_files {
+        let rotation = match config.logging.rotation {
+            LogRotation::Hourly => tracing_appender::rolling::Rotation::HOURLY,
+            LogRotation::Daily => tracing_appender::rolling::Rotation::DAILY,
+            LogRotation::Never => tracing_appender::rolling::Rotation::NEVER,
+        };
+        match tracing_appender::rolling::RollingFileAppender::builder()
+            .rotation(rotation)
+            .filename_prefix("ciphermq")
+            .filename_suffix("json.log")
+            .build(&config.logging.dir)
+        {
+            Ok(appender) => {
+                let (writer, guard) = tracing_appender::non_blocking(appender);
+                let layer = tracing_subscriber::fmt::layer().json().with_writer(writer).with_filter(filter());
+                (Some(layer), Some(guard))
+            }
+            Err(e) => {
+                eprintln!("logging.dir: cannot write logs to {}: {e}", config.logging.dir.display());
+                (None, None)
+            }
+        }
+    } else {
+        (None, None)
+    };
+    tracing_subscriber::registry().with(console).with(json).init();
+    guard
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let mut config = match Config::load(&args.config) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("ciphermq-broker: {}: {e}", args.config.display());
+            return ExitCode::from(2);
+        }
+    };
+    if let Some(address) = args.address {
+        config.server.address = address;
+    }
+    if let Some(shards) = args.shards {
+        config.server.shards = shards;
+    }
+    let _guard = init_logging(&config);
+    let broker = match ciphermq_broker::start(&config) {
+        Ok(b) => b,
+        Err(e) => {
+            tracing::error!(error = %e, "broker did not start");
+            eprintln!("ciphermq-broker: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    println!("ciphermq-broker listening on {} with {} shard(s)", broker.local_addr(), broker.shards());
+    let stop = broker.stopper();
+    let mut signals = match signal_hook::iterator::Signals::new([SIGINT, SIGTERM]) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("ciphermq-broker: cannot install signal handlers: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    std::thread::spawn(move || {
+        if let Some(signal) = signals.forever().next() {
+            tracing::info!(signal, "shutting down");
+            stop();
+        }
+    });
+    broker.join();
+    tracing::info!("stopped");
+    ExitCode::SUCCESS
+}

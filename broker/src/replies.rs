@@ -1,0 +1,224 @@
+//! The reply reorder buffer: replies leave strictly in command order, even when
+//! a publish finishes on another shard after later commands did.
+//!
+//! Each command takes one or more numbered slots (one per `publish_batch`
+//! element); a slot is either ready or waiting for completions from shards.
+//! Push deliveries join at the tail as ready slots, so they never overtake
+//! the `OK consume` that started them.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use ciphermq_proto::delivery::{format_u32, write_delivery};
+use ciphermq_proto::reply::{write_ack, write_line, write_nack};
+use ciphermq_proto::NackReason;
+use ciphermq_shard::{Completion, Delivery, Message};
+
+/// One reply (or group of lines) in the making.
+#[derive(Debug)]
+enum Slot {
+    /// A finished line (without newline).
+    Line(String),
+    /// A publish: `ACK`/`NACK` once `waiting` shards reported.
+    Publish { msg: Arc<Message>, outcome: Result<(), NackReason>, waiting: u32 },
+    /// A refused publish whose message was never built.
+    Nack { message_id: String, reason: NackReason },
+    /// `OK consume <q>` once the queue's shard registered the consumer.
+    Consume { queue: Arc<str>, waiting: bool },
+    /// Deliveries then `OK fetch <n>`, once the queue's shard answered.
+    Fetch { deliveries: Option<Vec<Delivery>> },
+    /// A push delivery.
+    Delivery(Delivery),
+}
+
+impl Slot {
+    fn is_ready(&self) -> bool {
+        match self {
+            Slot::Publish { waiting, .. } => *waiting == 0,
+            Slot::Consume { waiting, .. } => !waiting,
+            Slot::Fetch { deliveries } => deliveries.is_some(),
+            _ => true,
+        }
+    }
+}
+
+/// Replies owed by one connection, in command order.
+#[derive(Debug, Default)]
+pub struct ReplyQueue {
+    slots: VecDeque<Slot>,
+    /// Sequence number of `slots[0]`.
+    base: u64,
+    /// Slots still waiting on another shard.
+    waiting: usize,
+}
+
+impl ReplyQueue {
+    /// Slots not yet written (ready or not).
+    pub fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Whether every reply was written.
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+
+    /// Slots waiting for another shard.
+    pub fn waiting(&self) -> usize {
+        self.waiting
+    }
+
+    /// Whether the head slot can be written.
+    pub fn head_ready(&self) -> bool {
+        self.slots.front().is_some_and(Slot::is_ready)
+    }
+
+    /// The sequence number the next slot will get.
+    pub fn next_seq(&self) -> u64 {
+        self.base + self.slots.len() as u64
+    }
+
+    fn push(&mut self, slot: Slot) -> u64 {
+        let seq = self.next_seq();
+        if !slot.is_ready() {
+            self.waiting += 1;
+        }
+        self.slots.push_back(slot);
+        seq
+    }
+
+    /// A finished line.
+    pub fn line(&mut self, line: impl Into<String>) -> u64 {
+        self.push(Slot::Line(line.into()))
+    }
+
+    /// A publish refused before a message was built.
+    pub fn nack(&mut self, message_id: &str, reason: NackReason) -> u64 {
+        self.push(Slot::Nack { message_id: message_id.to_owned(), reason })
+    }
+
+    /// A publish: `local` is the outcome so far, `waiting` the shards still to report.
+    pub fn publish(&mut self, msg: Arc<Message>, local: Result<(), NackReason>, waiting: u32) -> u64 {
+        self.push(Slot::Publish { msg, outcome: local, waiting })
+    }
+
+    /// A consume, finished or waiting for the queue's shard.
+    pub fn consume(&mut self, queue: Arc<str>, waiting: bool) -> u64 {
+        self.push(Slot::Consume { queue, waiting })
+    }
+
+    /// A fetch, finished (`Some`) or waiting for the queue's shard.
+    pub fn fetch(&mut self, deliveries: Option<Vec<Delivery>>) -> u64 {
+        self.push(Slot::Fetch { deliveries })
+    }
+
+    /// A push delivery.
+    pub fn delivery(&mut self, delivery: Delivery) {
+        self.push(Slot::Delivery(delivery));
+    }
+
+    /// Applies a shard's report to slot `seq`; returns the fetched deliveries
+    /// so the connection can track them.
+    pub fn complete(&mut self, seq: u64, completion: Completion) -> Option<&[Delivery]> {
+        let index = seq.checked_sub(self.base)? as usize;
+        let slot = self.slots.get_mut(index)?;
+        let was_ready = slot.is_ready();
+        match (slot, completion) {
+            (Slot::Publish { outcome, waiting, .. }, Completion::Enqueued(result)) => {
+                *outcome = outcome.and(result);
+                *waiting = waiting.saturating_sub(1);
+            }
+            (Slot::Consume { waiting, .. }, Completion::Consumed) => *waiting = false,
+            (Slot::Fetch { deliveries }, Completion::Fetched(got)) => *deliveries = Some(got),
+            _ => return None,
+        }
+        let slot = &self.slots[index];
+        if !was_ready && slot.is_ready() {
+            self.waiting -= 1;
+        }
+        match slot {
+            Slot::Fetch { deliveries: Some(d) } => Some(d),
+            _ => None,
+        }
+    }
+
+    /// Writes ready slots from the head into `out` until one is not ready or
+    /// `out` reaches `limit` bytes. Returns how many slots were written.
+    pub fn render(&mut self, out: &mut Vec<u8>, limit: usize) -> usize {
+        let mut written = 0;
+        while out.len() < limit && self.head_ready() {
+            let Some(slot) = self.slots.pop_front() else { break };
+            self.base += 1;
+            written += 1;
+            match slot {
+                Slot::Line(line) => write_line(out, &[&line]),
+                Slot::Publish { msg, outcome: Ok(()), .. } => write_ack(out, msg.message_id()),
+                Slot::Publish { msg, outcome: Err(reason), .. } => write_nack(out, msg.message_id(), reason),
+                Slot::Nack { message_id, reason } => write_nack(out, &message_id, reason),
+                Slot::Consume { queue, .. } => write_line(out, &["OK consume ", &queue]),
+                Slot::Fetch { deliveries } => {
+                    let deliveries = deliveries.unwrap_or_default();
+                    for d in &deliveries {
+                        write_delivery_line(out, d);
+                    }
+                    let mut digits = [0u8; 10];
+                    out.extend_from_slice(b"OK fetch ");
+                    out.extend_from_slice(format_u32(deliveries.len() as u32, &mut digits));
+                    out.push(b'\n');
+                }
+                Slot::Delivery(d) => write_delivery_line(out, &d),
+            }
+        }
+        written
+    }
+}
+
+fn write_delivery_line(out: &mut Vec<u8>, d: &Delivery) {
+    write_delivery(out, d.msg.message_id(), &d.queue, d.count, d.msg.body().as_bytes());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn msg(id: &str) -> Arc<Message> {
+        Message::new(id, "{}", Arc::from("s"))
+    }
+
+    #[test]
+    fn replies_leave_in_command_order() {
+        let mut q = ReplyQueue::default();
+        let a = q.publish(msg("a"), Ok(()), 1);
+        q.publish(msg("b"), Ok(()), 0);
+        q.line("OK heartbeat");
+        let mut out = Vec::new();
+        assert_eq!(q.render(&mut out, usize::MAX), 0, "head still waits");
+        assert_eq!(q.waiting(), 1);
+        q.complete(a, Completion::Enqueued(Err(NackReason::QueueFull)));
+        assert_eq!(q.render(&mut out, usize::MAX), 3);
+        assert_eq!(out, b"NACK a queue_full\nACK b\nOK heartbeat\n");
+        assert!(q.is_empty());
+        assert_eq!(q.waiting(), 0);
+    }
+
+    #[test]
+    fn fetch_renders_deliveries_then_count() {
+        let mut q = ReplyQueue::default();
+        let seq = q.fetch(None);
+        let d = Delivery { queue: Arc::from("q"), shard: 0, seq: 0, count: 1, msg: msg("m") };
+        assert!(q.complete(seq, Completion::Fetched(vec![d])).is_some());
+        let mut out = Vec::new();
+        q.render(&mut out, usize::MAX);
+        assert_eq!(out, b"Message: m q 1 {}\nOK fetch 1\n");
+    }
+
+    #[test]
+    fn stale_completions_are_ignored() {
+        let mut q = ReplyQueue::default();
+        q.line("x");
+        let mut out = Vec::new();
+        q.render(&mut out, usize::MAX);
+        assert!(q.complete(0, Completion::Consumed).is_none());
+        assert!(q.complete(99, Completion::Consumed).is_none());
+    }
+}

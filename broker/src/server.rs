@@ -1,0 +1,431 @@
+//! Start-up and the shard executors: one pinned glommio executor per shard,
+//! each accepting on the shared port (SO_REUSEPORT), finishing TLS handshakes,
+//! and handing each connection to the shard that owns its CN.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::os::fd::OwnedFd;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use atomic_waker::AtomicWaker;
+use ciphermq_pgbridge::{MemoryKeyStore, PublicKeyStore};
+use ciphermq_shard::{shard_of, Mesh, MeshInbound, QueueSettings, Shard, TopologyStore};
+use crossbeam_channel::{Receiver, Sender, TryRecvError};
+use futures_lite::future;
+use glommio::net::{TcpListener, TcpStream};
+use glommio::{LocalExecutorBuilder, Placement};
+use rustls::ServerConnection;
+
+use crate::acl::{Acl, Role};
+use crate::config::Config;
+use crate::connection::{Connection, Identity};
+use crate::context::{Settings, ShardLocal, Shared};
+use crate::rate_limit::{ConnectionLimits, ConnectionSlot};
+use crate::sys;
+use crate::tls::{peer_common_name, server_config};
+use crate::tls_session::TlsSession;
+
+/// Locked memory each executor asks for (io_uring registered buffers).
+const IO_MEMORY: usize = 512 * 1024;
+
+/// Why the broker did not start; says what to change.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// io_uring or locked memory unavailable.
+    #[error("{0}")]
+    IoUring(String),
+    /// Certificates or keys unusable.
+    #[error(transparent)]
+    Tls(#[from] crate::tls::TlsError),
+    /// The listen address could not be bound.
+    #[error("server.address: cannot listen on {address}: {reason}")]
+    Bind {
+        /// The configured address.
+        address: String,
+        /// The OS error.
+        reason: String,
+    },
+    /// An executor thread failed to start.
+    #[error("shard {shard} failed to start: {reason}")]
+    Shard {
+        /// Which shard.
+        shard: usize,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// A connection on its way to the shard that owns its CN.
+struct Handoff {
+    fd: OwnedFd,
+    tls: ServerConnection,
+    leftover: Vec<u8>,
+    identity: Identity,
+    slot: Option<ConnectionSlot>,
+}
+
+/// A channel into a shard plus the waker of the task draining it.
+struct Doorbell<T> {
+    tx: Sender<T>,
+    waker: Arc<AtomicWaker>,
+}
+
+impl<T> Doorbell<T> {
+    fn send(&self, value: T) -> bool {
+        let ok = self.tx.send(value).is_ok();
+        self.waker.wake();
+        ok
+    }
+}
+
+/// Polls a channel fed from other threads without spinning.
+fn poll_channel<T>(rx: &Receiver<T>, waker: &AtomicWaker, cx: &mut Context<'_>) -> Poll<Option<T>> {
+    for attempt in 0..2 {
+        match rx.try_recv() {
+            Ok(v) => return Poll::Ready(Some(v)),
+            Err(TryRecvError::Disconnected) => return Poll::Ready(None),
+            Err(TryRecvError::Empty) if attempt == 0 => waker.register(cx.waker()),
+            Err(TryRecvError::Empty) => {}
+        }
+    }
+    Poll::Pending
+}
+
+/// Tells every shard to stop.
+#[derive(Default)]
+struct ShutdownSignal {
+    stop: AtomicBool,
+    wakers: Vec<Arc<AtomicWaker>>,
+}
+
+impl ShutdownSignal {
+    fn trigger(&self) {
+        self.stop.store(true, Ordering::Release);
+        for w in &self.wakers {
+            w.wake();
+        }
+    }
+
+    async fn wait(&self, shard: usize) {
+        std::future::poll_fn(|cx| {
+            if self.stop.load(Ordering::Acquire) {
+                return Poll::Ready(());
+            }
+            self.wakers[shard].register(cx.waker());
+            if self.stop.load(Ordering::Acquire) {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            }
+        })
+        .await
+    }
+}
+
+/// A running broker.
+pub struct BrokerHandle {
+    addr: SocketAddr,
+    shards: usize,
+    shutdown: Arc<ShutdownSignal>,
+    threads: Vec<glommio::ExecutorJoinHandle<()>>,
+}
+
+impl BrokerHandle {
+    /// The address clients connect to (the real port when 0 was configured).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// How many shards serve.
+    pub fn shards(&self) -> usize {
+        self.shards
+    }
+
+    /// Stops accepting, closes connections and waits for the shards to end.
+    pub fn shutdown(self) {
+        self.shutdown.trigger();
+        self.join();
+    }
+
+    /// Waits for the shards to end (after a shutdown from elsewhere).
+    pub fn join(self) {
+        for t in self.threads {
+            if let Err(e) = t.join() {
+                tracing::error!(error = %e, "shard ended with an error");
+            }
+        }
+    }
+
+    /// A function that stops the broker from another thread (signal handlers).
+    pub fn stopper(&self) -> impl Fn() + Send + Sync + 'static {
+        let signal = self.shutdown.clone();
+        move || signal.trigger()
+    }
+}
+
+/// Starts the broker described by a validated `config`.
+pub fn start(config: &Config) -> Result<BrokerHandle, StartError> {
+    sys::probe_io_uring().map_err(StartError::IoUring)?;
+    let memlock = sys::raise_memlock_limit();
+    let shards = match config.server.shards {
+        0 => std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        n => n,
+    };
+    if memlock != u64::MAX && (memlock as usize) < IO_MEMORY * (shards + 1) {
+        tracing::warn!(memlock, "low locked-memory limit; raise `ulimit -l` if shards fail to start");
+    }
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let tls = server_config(&config.tls.cert_path, &config.tls.key_path, &config.tls.ca_cert_path)?;
+    let acl = Arc::new(Acl::new(&config.acl.admin_cns, &config.acl.sender_cns, &config.acl.receiver_cns));
+    let keys: Arc<dyn PublicKeyStore> = Arc::new(MemoryKeyStore::new());
+    let conn_limits = config.rate_limit.enabled.then(|| {
+        Arc::new(ConnectionLimits::new(
+            config.rate_limit.max_connections_per_ip,
+            config.rate_limit.max_connections_per_cn,
+        ))
+    });
+    let shared = Arc::new(Shared {
+        settings: Settings::from_config(config),
+        acl,
+        keys,
+        conn_limits,
+        tls,
+        topology: Arc::new(TopologyStore::new(shards)),
+        shards,
+    });
+    let queue_settings = QueueSettings {
+        max_len: config.performance.max_queue_size,
+        max_deliveries: config.performance.max_deliveries,
+        dedup_window: Duration::from_secs(config.performance.dedup_window_secs),
+    };
+
+    let mut mesh = Mesh::build(shards);
+    let handoff_channels: Vec<_> = (0..shards).map(|_| crossbeam_channel::unbounded::<Handoff>()).collect();
+    let handoff_wakers: Vec<_> = (0..shards).map(|_| Arc::new(AtomicWaker::new())).collect();
+    let doorbells: Arc<Vec<Doorbell<Handoff>>> = Arc::new(
+        handoff_channels
+            .iter()
+            .zip(&handoff_wakers)
+            .map(|((tx, _), w)| Doorbell { tx: tx.clone(), waker: w.clone() })
+            .collect(),
+    );
+    let shutdown = Arc::new(ShutdownSignal {
+        stop: AtomicBool::new(false),
+        wakers: (0..shards).map(|_| Arc::new(AtomicWaker::new())).collect(),
+    });
+
+    let mut address = config.server.address.clone();
+    let mut threads = Vec::with_capacity(shards);
+    let mut bound: Option<SocketAddr> = None;
+    // Shard 0 binds first so that port 0 resolves to one port all shards share.
+    let mut endpoints: Vec<_> = mesh.drain(..).map(Some).collect();
+    let mut handoff_rx: Vec<_> = handoff_channels.into_iter().map(|(_, rx)| Some(rx)).collect();
+    for shard in 0..shards {
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<SocketAddr, String>>();
+        let endpoint = endpoints[shard].take().ok_or_else(|| StartError::Shard { shard, reason: "mesh endpoint missing".into() })?;
+        let rx = handoff_rx[shard].take().ok_or_else(|| StartError::Shard { shard, reason: "hand-off channel missing".into() })?;
+        let ctx = ShardStart {
+            shard,
+            address: address.clone(),
+            shared: shared.clone(),
+            queue_settings: queue_settings.clone(),
+            endpoint,
+            handoff_rx: rx,
+            handoff_waker: handoff_wakers[shard].clone(),
+            doorbells: doorbells.clone(),
+            shutdown: shutdown.clone(),
+        };
+        let handle = LocalExecutorBuilder::new(Placement::Fixed(shard % cores))
+            .name(&format!("shard-{shard}"))
+            .io_memory(IO_MEMORY)
+            .spawn(move || run_shard(ctx, ready_tx))
+            .map_err(|e| StartError::Shard { shard, reason: e.to_string() })?;
+        match ready_rx.recv() {
+            Ok(Ok(addr)) => {
+                if bound.is_none() {
+                    bound = Some(addr);
+                    address = addr.to_string();
+                }
+            }
+            Ok(Err(reason)) => {
+                shutdown.trigger();
+                return Err(StartError::Bind { address: config.server.address.clone(), reason });
+            }
+            Err(_) => {
+                shutdown.trigger();
+                let reason = match handle.join() {
+                    Err(e) => e.to_string(),
+                    Ok(()) => "stopped before it was ready".into(),
+                };
+                return Err(StartError::Shard { shard, reason });
+            }
+        }
+        threads.push(handle);
+    }
+    let addr = bound.ok_or_else(|| StartError::Shard { shard: 0, reason: "no shard bound".into() })?;
+    tracing::info!(%addr, shards, "CipherMQ broker listening");
+    Ok(BrokerHandle { addr, shards, shutdown, threads })
+}
+
+/// What one shard's executor starts with.
+struct ShardStart {
+    shard: usize,
+    address: String,
+    shared: Arc<Shared>,
+    queue_settings: QueueSettings,
+    endpoint: ciphermq_shard::MeshEndpoint,
+    handoff_rx: Receiver<Handoff>,
+    handoff_waker: Arc<AtomicWaker>,
+    doorbells: Arc<Vec<Doorbell<Handoff>>>,
+    shutdown: Arc<ShutdownSignal>,
+}
+
+async fn run_shard(ctx: ShardStart, ready: std::sync::mpsc::Sender<Result<SocketAddr, String>>) {
+    let listener = match TcpListener::bind(ctx.address.as_str()) {
+        Ok(l) => l,
+        Err(e) => {
+            let _ = ready.send(Err(e.to_string()));
+            return;
+        }
+    };
+    let addr = match listener.local_addr() {
+        Ok(a) => a,
+        Err(e) => {
+            let _ = ready.send(Err(e.to_string()));
+            return;
+        }
+    };
+    let ciphermq_shard::MeshEndpoint { outbound, inbound } = ctx.endpoint;
+    let local = Rc::new(ShardLocal {
+        shard: RefCell::new(Shard::new(ctx.queue_settings, ctx.shared.topology.clone(), outbound)),
+        limiters: RefCell::new(HashMap::new()),
+        shared: ctx.shared.clone(),
+    });
+    glommio::spawn_local(drain_mesh(local.clone(), inbound)).detach();
+    glommio::spawn_local(adopt_handoffs(local.clone(), ctx.handoff_rx, ctx.handoff_waker)).detach();
+    let _ = ready.send(Ok(addr));
+
+    let shard = ctx.shard;
+    let accept_loop = async {
+        loop {
+            match listener.accept().await {
+                Ok(stream) => {
+                    glommio::spawn_local(handshake(local.clone(), stream, ctx.doorbells.clone())).detach();
+                }
+                Err(e) => {
+                    tracing::warn!(shard, error = %e, "accept failed");
+                    glommio::timer::sleep(Duration::from_millis(10)).await;
+                }
+            }
+        }
+    };
+    future::or(accept_loop, ctx.shutdown.wait(shard)).await;
+    drop(listener);
+    for mailbox in local.shard.borrow().mailboxes() {
+        mailbox.close();
+    }
+    // Let connections say goodbye.
+    glommio::timer::sleep(Duration::from_millis(50)).await;
+}
+
+/// Applies batches from other shards.
+async fn drain_mesh(local: Rc<ShardLocal>, inbound: MeshInbound) {
+    while let Some(batch) = std::future::poll_fn(|cx| inbound.poll_recv(cx)).await {
+        let now = Instant::now();
+        local.with_shard(|shard| {
+            for msg in batch {
+                shard.handle(msg, now);
+            }
+        });
+    }
+}
+
+/// Serves connections other shards handed over.
+async fn adopt_handoffs(local: Rc<ShardLocal>, rx: Receiver<Handoff>, waker: Arc<AtomicWaker>) {
+    while let Some(h) = std::future::poll_fn(|cx| poll_channel(&rx, &waker, cx)).await {
+        let stream = sys::adopt(h.fd);
+        let session = TlsSession::new(h.tls, &h.leftover);
+        let conn = Connection::new(local.clone(), stream, session, h.identity, h.slot);
+        glommio::spawn_local(conn.run()).detach();
+    }
+}
+
+/// Finishes the TLS handshake, identifies the client and sends the connection
+/// to its owner shard.
+async fn handshake(local: Rc<ShardLocal>, mut stream: TcpStream, doorbells: Arc<Vec<Doorbell<Handoff>>>) {
+    let peer = match stream.peer_addr() {
+        Ok(p) => p,
+        Err(_) => return,
+    };
+    let _ = stream.set_nodelay(true);
+    let shared = local.shared.clone();
+    let tls = match ServerConnection::new(shared.tls.clone()) {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot create a TLS session");
+            return;
+        }
+    };
+    let mut session = TlsSession::new(tls, &[]);
+    let timeout = shared.settings.handshake_timeout;
+    let done = glommio::timer::timeout(timeout, async {
+        session.handshake(&mut stream).await.map_err(|e| glommio::GlommioError::IoError(std::io::Error::other(e.to_string())))
+    })
+    .await;
+    if let Err(e) = done {
+        tracing::info!(%peer, error = %e, "TLS handshake failed");
+        return;
+    }
+    let cn = session.tls.peer_certificates().and_then(peer_common_name);
+    let role = cn.as_deref().map(|cn| shared.acl.role_of(cn)).unwrap_or(Role::Unknown);
+    let Some(cn) = cn.filter(|_| role != Role::Unknown) else {
+        tracing::warn!(%peer, "refused: unknown client");
+        refuse(&mut stream, &mut session, "Access denied: unknown client (role=unknown)").await;
+        return;
+    };
+    let slot = match &shared.conn_limits {
+        Some(limits) => match limits.try_acquire(peer.ip(), &cn) {
+            Ok(slot) => Some(slot),
+            Err(e) => {
+                tracing::warn!(%peer, %cn, reason = %e, "refused: connection limit");
+                refuse(&mut stream, &mut session, "Error: connection limit reached").await;
+                return;
+            }
+        },
+        None => None,
+    };
+    let identity = Identity { cn: Arc::from(cn.as_str()), role, peer };
+    let owner = shard_of(&cn, shared.shards) as usize;
+    let here = local.shard.borrow().id() as usize;
+    if owner == here {
+        Connection::new(local, stream, session, identity, slot).run().await;
+        return;
+    }
+    let fd = match sys::duplicate(&stream) {
+        Ok(fd) => fd,
+        Err(e) => {
+            tracing::error!(%peer, error = %e, "cannot hand the connection over");
+            return;
+        }
+    };
+    drop(stream);
+    let (tls, leftover) = session.into_parts();
+    doorbells[owner].send(Handoff { fd, tls, leftover, identity, slot });
+}
+
+async fn refuse(stream: &mut TcpStream, session: &mut TlsSession, line: &str) {
+    let mut bytes = line.as_bytes().to_vec();
+    bytes.push(b'\n');
+    if session.write_plaintext(&bytes).is_ok() {
+        session.tls.send_close_notify();
+        let _ = glommio::timer::timeout(Duration::from_secs(1), async {
+            std::future::poll_fn(|cx| session.poll_flush(stream, cx)).await.map_err(glommio::GlommioError::from)
+        })
+        .await;
+    }
+}

@@ -1,0 +1,77 @@
+//! The crate's only `unsafe` code: moving a socket between executors, and two
+//! start-up probes of the kernel.
+//!
+//! glommio 0.9 streams cannot be sent between executors, so the accepting
+//! shard duplicates the socket's file descriptor into an [`OwnedFd`] (which is
+//! `Send` and closes itself if dropped on the way), drops its own stream (which
+//! closes only the old number and its reactor registrations), and the owner
+//! rebuilds a stream from the duplicate.
+
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd};
+
+use glommio::net::TcpStream;
+
+/// Duplicates the stream's socket; the stream can then be dropped.
+pub fn duplicate(stream: &TcpStream) -> io::Result<OwnedFd> {
+    // SAFETY: the descriptor belongs to `stream`, which is alive for the whole
+    // borrow; `try_clone_to_owned` makes a new descriptor (F_DUPFD_CLOEXEC) that
+    // we own.
+    let borrowed = unsafe { BorrowedFd::borrow_raw(stream.as_raw_fd()) };
+    borrowed.try_clone_to_owned()
+}
+
+/// Rebuilds a stream on the current executor from a duplicated socket.
+pub fn adopt(fd: OwnedFd) -> TcpStream {
+    // SAFETY: `fd` is an open TCP socket we own exclusively (from `duplicate`);
+    // ownership passes to the stream, which closes it on drop.
+    unsafe { TcpStream::from_raw_fd(fd.into_raw_fd()) }
+}
+
+/// Checks that this process may create an io_uring; the error says what to change.
+pub fn probe_io_uring() -> Result<(), String> {
+    // struct io_uring_params is 120 bytes; zeroed means "defaults".
+    let mut params = [0u8; 120];
+    // SAFETY: io_uring_setup reads and writes `params`, which is large enough
+    // and lives across the call; the returned descriptor is closed right away.
+    let fd = unsafe { libc::syscall(libc::SYS_io_uring_setup, 4u32, params.as_mut_ptr()) };
+    if fd < 0 {
+        let err = io::Error::last_os_error();
+        return Err(match err.raw_os_error() {
+            Some(libc::ENOSYS) => format!(
+                "io_uring is not available ({err}): CipherMQ needs Linux 5.8 or newer with io_uring enabled"
+            ),
+            Some(libc::EPERM) | Some(libc::EACCES) => format!(
+                "io_uring is blocked ({err}): allow the io_uring_setup/io_uring_enter/io_uring_register syscalls \
+                 (for containers: a seccomp profile that permits io_uring, e.g. docker --security-opt seccomp=unconfined) \
+                 and check /proc/sys/kernel/io_uring_disabled is 0"
+            ),
+            Some(libc::ENOMEM) => format!(
+                "io_uring cannot lock memory ({err}): raise the locked-memory limit (ulimit -l, LimitMEMLOCK= in systemd, --ulimit memlock=-1 for docker)"
+            ),
+            _ => format!("io_uring_setup failed: {err}"),
+        });
+    }
+    // SAFETY: `fd` was just returned to us by the kernel and is not used elsewhere.
+    drop(unsafe { OwnedFd::from_raw_fd(fd as i32) });
+    Ok(())
+}
+
+/// Raises the soft locked-memory limit to the hard one; returns the soft limit
+/// now in force, in bytes (`u64::MAX` for unlimited).
+pub fn raise_memlock_limit() -> u64 {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit/setrlimit only read or write the struct we pass.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut limit) != 0 {
+            return 0;
+        }
+        if limit.rlim_cur < limit.rlim_max {
+            let raised = libc::rlimit { rlim_cur: limit.rlim_max, rlim_max: limit.rlim_max };
+            if libc::setrlimit(libc::RLIMIT_MEMLOCK, &raised) == 0 {
+                limit = raised;
+            }
+        }
+    }
+    limit.rlim_cur
+}
