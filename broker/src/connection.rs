@@ -32,7 +32,7 @@ const LINE_BUDGET: usize = 2048;
 /// Rendered replies staged per encryption call.
 const RENDER_CHUNK: usize = 128 * 1024;
 /// Unsent ciphertext above which the connection stops executing commands.
-const OUTPUT_HIGH_WATER: usize = 4 * 1024 * 1024;
+const OUTPUT_HIGH_WATER: usize = 1024 * 1024;
 /// Plaintext pulled from rustls per step.
 const PLAINTEXT_CHUNK: usize = 64 * 1024;
 
@@ -307,19 +307,18 @@ impl Connection {
     /// whether anything moved.
     fn poll_write(&mut self, cx: &mut Context<'_>) -> Result<bool, String> {
         let mut progress = false;
-        while self.tls.outgoing_len() < OUTPUT_HIGH_WATER && self.replies.head_ready() {
+        loop {
+            // Moves everything rustls encrypted into `outgoing`, then to the socket.
+            if let Poll::Ready(Err(e)) = self.tls.poll_flush(&mut self.stream, cx) {
+                return Err(e.to_string());
+            }
+            if self.tls.outgoing_len() >= OUTPUT_HIGH_WATER || !self.replies.head_ready() {
+                return Ok(progress);
+            }
             self.staging.clear();
             self.replies.render(&mut self.staging, RENDER_CHUNK);
-            if self.staging.is_empty() {
-                break;
-            }
             self.tls.write_plaintext(&self.staging).map_err(|e| e.to_string())?;
             progress = true;
-        }
-        match self.tls.poll_flush(&mut self.stream, cx) {
-            Poll::Ready(Ok(())) => Ok(progress),
-            Poll::Ready(Err(e)) => Err(e.to_string()),
-            Poll::Pending => Ok(progress),
         }
     }
 

@@ -34,7 +34,10 @@ pub struct TlsSession {
 
 impl TlsSession {
     /// Wraps a session; `leftover` is ciphertext already read from the socket.
-    pub fn new(tls: ServerConnection, leftover: &[u8]) -> TlsSession {
+    pub fn new(mut tls: ServerConnection, leftover: &[u8]) -> TlsSession {
+        // The connection bounds what it renders (see `OUTPUT_HIGH_WATER`); a
+        // rustls limit would turn a large `fetch` into a short write.
+        tls.set_buffer_limit(None);
         let mut incoming = vec![0u8; READ_CHUNK.max(leftover.len())].into_boxed_slice();
         incoming[..leftover.len()].copy_from_slice(leftover);
         TlsSession {
