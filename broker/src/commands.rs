@@ -33,10 +33,18 @@ impl Connection {
         };
         let now = Instant::now();
         match request {
-            Request::Publish { exchange, routing_key, body } => {
+            Request::Publish {
+                exchange,
+                routing_key,
+                body,
+            } => {
                 self.publish(exchange, routing_key, body, now);
             }
-            Request::PublishBatch { exchange, routing_key, body } => {
+            Request::PublishBatch {
+                exchange,
+                routing_key,
+                body,
+            } => {
                 self.publish_batch(exchange, routing_key, body, now);
             }
             other => {
@@ -86,12 +94,23 @@ impl Connection {
                     Err(e) => self.replies.line(format!("Error: {e}")),
                 };
             }
-            Request::Bind { queue, exchange, routing_key } => {
+            Request::Bind {
+                queue,
+                exchange,
+                routing_key,
+            } => {
                 if !self.check(Op::Bind { queue, routing_key }) {
                     return;
                 }
-                match self.local.shared.topology.bind(queue, exchange, routing_key) {
-                    Ok(()) => self.replies.line(format!("OK bind {queue} {exchange} {routing_key}")),
+                match self
+                    .local
+                    .shared
+                    .topology
+                    .bind(queue, exchange, routing_key)
+                {
+                    Ok(()) => self
+                        .replies
+                        .line(format!("OK bind {queue} {exchange} {routing_key}")),
                     Err(e) => self.replies.line(format!("Error: {e}")),
                 };
             }
@@ -168,24 +187,48 @@ impl Connection {
     }
 
     fn consume(&mut self, queue: &str, prefetch: u32, now: Instant) {
-        let Some(info) = self.local.shard.borrow_mut().topology().queue(queue).cloned() else {
+        let Some(info) = self
+            .local
+            .shard
+            .borrow_mut()
+            .topology()
+            .queue(queue)
+            .cloned()
+        else {
             self.replies.line(format!("Error: unknown queue {queue}"));
             return;
         };
         self.consumed = true;
-        let origin = Origin { conn: self.conn, seq: self.replies.next_seq() };
-        let done = self.local.with_shard(|shard| shard.consume(origin, &info, prefetch, now));
+        let origin = Origin {
+            conn: self.conn,
+            seq: self.replies.next_seq(),
+        };
+        let done = self
+            .local
+            .with_shard(|shard| shard.consume(origin, &info, prefetch, now));
         self.replies.consume(info.name, done.is_none());
     }
 
     fn fetch(&mut self, queue: &str, max: u32, now: Instant) {
-        let Some(info) = self.local.shard.borrow_mut().topology().queue(queue).cloned() else {
+        let Some(info) = self
+            .local
+            .shard
+            .borrow_mut()
+            .topology()
+            .queue(queue)
+            .cloned()
+        else {
             self.replies.line(format!("Error: unknown queue {queue}"));
             return;
         };
         self.consumed = true;
-        let origin = Origin { conn: self.conn, seq: self.replies.next_seq() };
-        let done = self.local.with_shard(|shard| shard.fetch(origin, &info, max, now));
+        let origin = Origin {
+            conn: self.conn,
+            seq: self.replies.next_seq(),
+        };
+        let done = self
+            .local
+            .with_shard(|shard| shard.fetch(origin, &info, max, now));
         match done {
             Some(ciphermq_shard::Completion::Fetched(deliveries)) => {
                 for d in &deliveries {
@@ -203,7 +246,8 @@ impl Connection {
     fn settle(&mut self, message_id: &str, queue: Option<&str>, ack: bool, now: Instant) {
         let mut owed = Vec::new();
         if self.tracker.take(message_id, queue, &mut owed) == 0 {
-            self.replies.line(format!("Error: no outstanding delivery {message_id}"));
+            self.replies
+                .line(format!("Error: no outstanding delivery {message_id}"));
             return;
         }
         let conn = self.conn;
@@ -216,7 +260,11 @@ impl Connection {
                 }
             }
         });
-        let word = if ack { "ACK_CONFIRMED" } else { "NACK_CONFIRMED" };
+        let word = if ack {
+            "ACK_CONFIRMED"
+        } else {
+            "NACK_CONFIRMED"
+        };
         self.replies.line(format!("{word} {message_id}"));
     }
 
@@ -225,7 +273,8 @@ impl Connection {
         let key: [u8; 32] = match decoded.ok().and_then(|k| k.try_into().ok()) {
             Some(k) => k,
             None => {
-                self.replies.line("Error: invalid public key: expected standard base64 of 32 bytes");
+                self.replies
+                    .line("Error: invalid public key: expected standard base64 of 32 bytes");
                 return;
             }
         };
@@ -246,7 +295,13 @@ impl Connection {
     }
 
     /// Checks everything but routing; `Err` is the reply.
-    fn admit(&mut self, exchange: &str, routing_key: &str, body: &str, now: Instant) -> Result<(), NackReason> {
+    fn admit(
+        &mut self,
+        exchange: &str,
+        routing_key: &str,
+        body: &str,
+        now: Instant,
+    ) -> Result<(), NackReason> {
         if !matches!(self.identity.role, Role::Sender | Role::Admin) {
             return Err(NackReason::AccessDenied);
         }
@@ -277,16 +332,26 @@ impl Connection {
         self.publish_one(exchange, routing_key, &info.message_id, body, now);
     }
 
-    fn publish_one(&mut self, exchange: &str, routing_key: &str, message_id: &str, body: &str, now: Instant) {
+    fn publish_one(
+        &mut self,
+        exchange: &str,
+        routing_key: &str,
+        message_id: &str,
+        body: &str,
+        now: Instant,
+    ) {
         if let Err(reason) = self.admit(exchange, routing_key, body, now) {
             self.replies.nack(message_id, reason);
             return;
         }
         let msg = Message::new(message_id, body, self.identity.cn.clone());
-        let origin = Origin { conn: self.conn, seq: self.replies.next_seq() };
-        let status = self
-            .local
-            .with_shard(|shard| shard.publish(origin, exchange, routing_key, Arc::clone(&msg), now));
+        let origin = Origin {
+            conn: self.conn,
+            seq: self.replies.next_seq(),
+        };
+        let status = self.local.with_shard(|shard| {
+            shard.publish(origin, exchange, routing_key, Arc::clone(&msg), now)
+        });
         match status {
             PublishStatus::Done(outcome) => self.replies.publish(msg, outcome, 0),
             PublishStatus::Pending { local, remote } => self.replies.publish(msg, local, remote),
@@ -319,5 +384,6 @@ impl Connection {
 
 /// Publishes are dispatched before `command`; keep the match total without a panic.
 fn unreachable_publish(conn: &mut Connection) {
-    conn.replies.line("Error: internal: publish routed to the command path");
+    conn.replies
+        .line("Error: internal: publish routed to the command path");
 }

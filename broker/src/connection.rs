@@ -115,7 +115,11 @@ impl Connection {
 
     fn timeout_for(local: &ShardLocal, role: Role) -> Option<Duration> {
         let s = &local.shared.settings;
-        let heartbeat = if role == Role::Receiver { s.heartbeat_timeout } else { None };
+        let heartbeat = if role == Role::Receiver {
+            s.heartbeat_timeout
+        } else {
+            None
+        };
         match (s.idle_timeout, heartbeat) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -135,7 +139,9 @@ impl Connection {
         let (cn, peer) = (&self.identity.cn, self.identity.peer);
         match &end {
             End::Clean | End::PeerClosed => tracing::debug!(%cn, %peer, "connection closed"),
-            End::Timeout => tracing::info!(%cn, %peer, "connection closed: idle or heartbeat timeout"),
+            End::Timeout => {
+                tracing::info!(%cn, %peer, "connection closed: idle or heartbeat timeout")
+            }
             End::Shutdown => tracing::debug!(%cn, %peer, "connection closed: broker shutting down"),
             End::Io(e) => tracing::info!(%cn, %peer, error = %e, "connection closed: I/O error"),
             End::Tls(e) => tracing::info!(%cn, %peer, error = %e, "connection closed: TLS error"),
@@ -214,7 +220,9 @@ impl Connection {
                 Err(e) => return Poll::Ready(End::Io(e)),
             }
 
-            let drained = self.replies.is_empty() && self.tls.outgoing_len() == 0 && !self.tls.tls.wants_write();
+            let drained = self.replies.is_empty()
+                && self.tls.outgoing_len() == 0
+                && !self.tls.tls.wants_write();
             if drained && self.closing {
                 return Poll::Ready(End::Clean);
             }
@@ -317,7 +325,9 @@ impl Connection {
             }
             self.staging.clear();
             self.replies.render(&mut self.staging, RENDER_CHUNK);
-            self.tls.write_plaintext(&self.staging).map_err(|e| e.to_string())?;
+            self.tls
+                .write_plaintext(&self.staging)
+                .map_err(|e| e.to_string())?;
             progress = true;
         }
     }

@@ -28,12 +28,19 @@ pub struct LineBuffer {
 impl LineBuffer {
     /// A buffer for lines of at most `max_line` bytes (newline excluded).
     pub fn new(max_line: usize) -> LineBuffer {
-        LineBuffer { buf: Vec::new(), start: 0, scanned: 0, max_line, discarding: false }
+        LineBuffer {
+            buf: Vec::new(),
+            start: 0,
+            scanned: 0,
+            max_line,
+            discarding: false,
+        }
     }
 
     /// Room to append into; call [`LineBuffer::commit`] with what was written.
     pub fn spare(&mut self, want: usize) -> &mut [u8] {
-        if self.start > 0 && (self.start == self.buf.len() || self.start > self.buf.capacity() / 2) {
+        if self.start > 0 && (self.start == self.buf.len() || self.start > self.buf.capacity() / 2)
+        {
             self.buf.drain(..self.start);
             self.start = 0;
         }

@@ -31,7 +31,10 @@ fn init_logging(config: &Config) -> Option<tracing_appender::non_blocking::Worke
     let filter = || {
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(&config.logging.level))
     };
-    let console = config.logging.console.then(|| tracing_subscriber::fmt::layer().with_filter(filter()));
+    let console = config
+        .logging
+        .console
+        .then(|| tracing_subscriber::fmt::layer().with_filter(filter()));
     let (json, guard) = if config.logging.json_files {
         let rotation = match config.logging.rotation {
             LogRotation::Hourly => tracing_appender::rolling::Rotation::HOURLY,
@@ -46,18 +49,27 @@ fn init_logging(config: &Config) -> Option<tracing_appender::non_blocking::Worke
         {
             Ok(appender) => {
                 let (writer, guard) = tracing_appender::non_blocking(appender);
-                let layer = tracing_subscriber::fmt::layer().json().with_writer(writer).with_filter(filter());
+                let layer = tracing_subscriber::fmt::layer()
+                    .json()
+                    .with_writer(writer)
+                    .with_filter(filter());
                 (Some(layer), Some(guard))
             }
             Err(e) => {
-                eprintln!("logging.dir: cannot write logs to {}: {e}", config.logging.dir.display());
+                eprintln!(
+                    "logging.dir: cannot write logs to {}: {e}",
+                    config.logging.dir.display()
+                );
                 (None, None)
             }
         }
     } else {
         (None, None)
     };
-    tracing_subscriber::registry().with(console).with(json).init();
+    tracing_subscriber::registry()
+        .with(console)
+        .with(json)
+        .init();
     guard
 }
 
@@ -85,7 +97,11 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    println!("ciphermq-broker listening on {} with {} shard(s)", broker.local_addr(), broker.shards());
+    println!(
+        "ciphermq-broker listening on {} with {} shard(s)",
+        broker.local_addr(),
+        broker.shards()
+    );
     let stop = broker.stopper();
     let mut signals = match signal_hook::iterator::Signals::new([SIGINT, SIGTERM]) {
         Ok(s) => s,

@@ -20,9 +20,16 @@ enum Slot {
     /// A finished line (without newline).
     Line(String),
     /// A publish: `ACK`/`NACK` once `waiting` shards reported.
-    Publish { msg: Arc<Message>, outcome: Result<(), NackReason>, waiting: u32 },
+    Publish {
+        msg: Arc<Message>,
+        outcome: Result<(), NackReason>,
+        waiting: u32,
+    },
     /// A refused publish whose message was never built.
-    Nack { message_id: String, reason: NackReason },
+    Nack {
+        message_id: String,
+        reason: NackReason,
+    },
     /// `OK consume <q>` once the queue's shard registered the consumer.
     Consume { queue: Arc<str>, waiting: bool },
     /// Deliveries then `OK fetch <n>`, once the queue's shard answered.
@@ -94,12 +101,24 @@ impl ReplyQueue {
 
     /// A publish refused before a message was built.
     pub fn nack(&mut self, message_id: &str, reason: NackReason) -> u64 {
-        self.push(Slot::Nack { message_id: message_id.to_owned(), reason })
+        self.push(Slot::Nack {
+            message_id: message_id.to_owned(),
+            reason,
+        })
     }
 
     /// A publish: `local` is the outcome so far, `waiting` the shards still to report.
-    pub fn publish(&mut self, msg: Arc<Message>, local: Result<(), NackReason>, waiting: u32) -> u64 {
-        self.push(Slot::Publish { msg, outcome: local, waiting })
+    pub fn publish(
+        &mut self,
+        msg: Arc<Message>,
+        local: Result<(), NackReason>,
+        waiting: u32,
+    ) -> u64 {
+        self.push(Slot::Publish {
+            msg,
+            outcome: local,
+            waiting,
+        })
     }
 
     /// A consume, finished or waiting for the queue's shard.
@@ -124,7 +143,12 @@ impl ReplyQueue {
         let slot = self.slots.get_mut(index)?;
         let was_ready = slot.is_ready();
         match (slot, completion) {
-            (Slot::Publish { outcome, waiting, .. }, Completion::Enqueued(result)) => {
+            (
+                Slot::Publish {
+                    outcome, waiting, ..
+                },
+                Completion::Enqueued(result),
+            ) => {
                 *outcome = outcome.and(result);
                 *waiting = waiting.saturating_sub(1);
             }
@@ -137,7 +161,9 @@ impl ReplyQueue {
             self.waiting -= 1;
         }
         match slot {
-            Slot::Fetch { deliveries: Some(d) } => Some(d),
+            Slot::Fetch {
+                deliveries: Some(d),
+            } => Some(d),
             _ => None,
         }
     }
@@ -147,13 +173,23 @@ impl ReplyQueue {
     pub fn render(&mut self, out: &mut Vec<u8>, limit: usize) -> usize {
         let mut written = 0;
         while out.len() < limit && self.head_ready() {
-            let Some(slot) = self.slots.pop_front() else { break };
+            let Some(slot) = self.slots.pop_front() else {
+                break;
+            };
             self.base += 1;
             written += 1;
             match slot {
                 Slot::Line(line) => write_line(out, &[&line]),
-                Slot::Publish { msg, outcome: Ok(()), .. } => write_ack(out, msg.message_id()),
-                Slot::Publish { msg, outcome: Err(reason), .. } => write_nack(out, msg.message_id(), reason),
+                Slot::Publish {
+                    msg,
+                    outcome: Ok(()),
+                    ..
+                } => write_ack(out, msg.message_id()),
+                Slot::Publish {
+                    msg,
+                    outcome: Err(reason),
+                    ..
+                } => write_nack(out, msg.message_id(), reason),
                 Slot::Nack { message_id, reason } => write_nack(out, &message_id, reason),
                 Slot::Consume { queue, .. } => write_line(out, &["OK consume ", &queue]),
                 Slot::Fetch { deliveries } => {
@@ -174,7 +210,13 @@ impl ReplyQueue {
 }
 
 fn write_delivery_line(out: &mut Vec<u8>, d: &Delivery) {
-    write_delivery(out, d.msg.message_id(), &d.queue, d.count, d.msg.body().as_bytes());
+    write_delivery(
+        out,
+        d.msg.message_id(),
+        &d.queue,
+        d.count,
+        d.msg.body().as_bytes(),
+    );
 }
 
 #[cfg(test)]
@@ -205,7 +247,13 @@ mod tests {
     fn fetch_renders_deliveries_then_count() {
         let mut q = ReplyQueue::default();
         let seq = q.fetch(None);
-        let d = Delivery { queue: Arc::from("q"), shard: 0, seq: 0, count: 1, msg: msg("m") };
+        let d = Delivery {
+            queue: Arc::from("q"),
+            shard: 0,
+            seq: 0,
+            count: 1,
+            msg: msg("m"),
+        };
         assert!(q.complete(seq, Completion::Fetched(vec![d])).is_some());
         let mut out = Vec::new();
         q.render(&mut out, usize::MAX);

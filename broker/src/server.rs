@@ -173,15 +173,30 @@ pub fn start(config: &Config) -> Result<BrokerHandle, StartError> {
     sys::probe_io_uring().map_err(StartError::IoUring)?;
     let memlock = sys::raise_memlock_limit();
     let shards = match config.server.shards {
-        0 => std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        0 => std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1),
         n => n,
     };
     if memlock != u64::MAX && (memlock as usize) < IO_MEMORY * (shards + 1) {
-        tracing::warn!(memlock, "low locked-memory limit; raise `ulimit -l` if shards fail to start");
+        tracing::warn!(
+            memlock,
+            "low locked-memory limit; raise `ulimit -l` if shards fail to start"
+        );
     }
-    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-    let tls = server_config(&config.tls.cert_path, &config.tls.key_path, &config.tls.ca_cert_path)?;
-    let acl = Arc::new(Acl::new(&config.acl.admin_cns, &config.acl.sender_cns, &config.acl.receiver_cns));
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    let tls = server_config(
+        &config.tls.cert_path,
+        &config.tls.key_path,
+        &config.tls.ca_cert_path,
+    )?;
+    let acl = Arc::new(Acl::new(
+        &config.acl.admin_cns,
+        &config.acl.sender_cns,
+        &config.acl.receiver_cns,
+    ));
     let keys: Arc<dyn PublicKeyStore> = Arc::new(MemoryKeyStore::new());
     let conn_limits = config.rate_limit.enabled.then(|| {
         Arc::new(ConnectionLimits::new(
@@ -205,13 +220,18 @@ pub fn start(config: &Config) -> Result<BrokerHandle, StartError> {
     };
 
     let mut mesh = Mesh::build(shards);
-    let handoff_channels: Vec<_> = (0..shards).map(|_| crossbeam_channel::unbounded::<Handoff>()).collect();
+    let handoff_channels: Vec<_> = (0..shards)
+        .map(|_| crossbeam_channel::unbounded::<Handoff>())
+        .collect();
     let handoff_wakers: Vec<_> = (0..shards).map(|_| Arc::new(AtomicWaker::new())).collect();
     let doorbells: Arc<Vec<Doorbell<Handoff>>> = Arc::new(
         handoff_channels
             .iter()
             .zip(&handoff_wakers)
-            .map(|((tx, _), w)| Doorbell { tx: tx.clone(), waker: w.clone() })
+            .map(|((tx, _), w)| Doorbell {
+                tx: tx.clone(),
+                waker: w.clone(),
+            })
             .collect(),
     );
     let shutdown = Arc::new(ShutdownSignal {
@@ -224,11 +244,20 @@ pub fn start(config: &Config) -> Result<BrokerHandle, StartError> {
     let mut bound: Option<SocketAddr> = None;
     // Shard 0 binds first so that port 0 resolves to one port all shards share.
     let mut endpoints: Vec<_> = mesh.drain(..).map(Some).collect();
-    let mut handoff_rx: Vec<_> = handoff_channels.into_iter().map(|(_, rx)| Some(rx)).collect();
+    let mut handoff_rx: Vec<_> = handoff_channels
+        .into_iter()
+        .map(|(_, rx)| Some(rx))
+        .collect();
     for shard in 0..shards {
         let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<SocketAddr, String>>();
-        let endpoint = endpoints[shard].take().ok_or_else(|| StartError::Shard { shard, reason: "mesh endpoint missing".into() })?;
-        let rx = handoff_rx[shard].take().ok_or_else(|| StartError::Shard { shard, reason: "hand-off channel missing".into() })?;
+        let endpoint = endpoints[shard].take().ok_or_else(|| StartError::Shard {
+            shard,
+            reason: "mesh endpoint missing".into(),
+        })?;
+        let rx = handoff_rx[shard].take().ok_or_else(|| StartError::Shard {
+            shard,
+            reason: "hand-off channel missing".into(),
+        })?;
         let ctx = ShardStart {
             shard,
             address: address.clone(),
@@ -244,7 +273,10 @@ pub fn start(config: &Config) -> Result<BrokerHandle, StartError> {
             .name(&format!("shard-{shard}"))
             .io_memory(IO_MEMORY)
             .spawn(move || run_shard(ctx, ready_tx))
-            .map_err(|e| StartError::Shard { shard, reason: e.to_string() })?;
+            .map_err(|e| StartError::Shard {
+                shard,
+                reason: e.to_string(),
+            })?;
         match ready_rx.recv() {
             Ok(Ok(addr)) => {
                 if bound.is_none() {
@@ -254,7 +286,10 @@ pub fn start(config: &Config) -> Result<BrokerHandle, StartError> {
             }
             Ok(Err(reason)) => {
                 shutdown.trigger();
-                return Err(StartError::Bind { address: config.server.address.clone(), reason });
+                return Err(StartError::Bind {
+                    address: config.server.address.clone(),
+                    reason,
+                });
             }
             Err(_) => {
                 shutdown.trigger();
@@ -267,9 +302,17 @@ pub fn start(config: &Config) -> Result<BrokerHandle, StartError> {
         }
         threads.push(handle);
     }
-    let addr = bound.ok_or_else(|| StartError::Shard { shard: 0, reason: "no shard bound".into() })?;
+    let addr = bound.ok_or_else(|| StartError::Shard {
+        shard: 0,
+        reason: "no shard bound".into(),
+    })?;
     tracing::info!(%addr, shards, "CipherMQ broker listening");
-    Ok(BrokerHandle { addr, shards, shutdown, threads })
+    Ok(BrokerHandle {
+        addr,
+        shards,
+        shutdown,
+        threads,
+    })
 }
 
 /// What one shard's executor starts with.
@@ -302,12 +345,21 @@ async fn run_shard(ctx: ShardStart, ready: std::sync::mpsc::Sender<Result<Socket
     };
     let ciphermq_shard::MeshEndpoint { outbound, inbound } = ctx.endpoint;
     let local = Rc::new(ShardLocal {
-        shard: RefCell::new(Shard::new(ctx.queue_settings, ctx.shared.topology.clone(), outbound)),
+        shard: RefCell::new(Shard::new(
+            ctx.queue_settings,
+            ctx.shared.topology.clone(),
+            outbound,
+        )),
         limiters: RefCell::new(HashMap::new()),
         shared: ctx.shared.clone(),
     });
     glommio::spawn_local(drain_mesh(local.clone(), inbound)).detach();
-    glommio::spawn_local(adopt_handoffs(local.clone(), ctx.handoff_rx, ctx.handoff_waker)).detach();
+    glommio::spawn_local(adopt_handoffs(
+        local.clone(),
+        ctx.handoff_rx,
+        ctx.handoff_waker,
+    ))
+    .detach();
     let _ = ready.send(Ok(addr));
 
     let shard = ctx.shard;
@@ -315,7 +367,8 @@ async fn run_shard(ctx: ShardStart, ready: std::sync::mpsc::Sender<Result<Socket
         loop {
             match listener.accept().await {
                 Ok(stream) => {
-                    glommio::spawn_local(handshake(local.clone(), stream, ctx.doorbells.clone())).detach();
+                    glommio::spawn_local(handshake(local.clone(), stream, ctx.doorbells.clone()))
+                        .detach();
                 }
                 Err(e) => {
                     tracing::warn!(shard, error = %e, "accept failed");
@@ -357,7 +410,11 @@ async fn adopt_handoffs(local: Rc<ShardLocal>, rx: Receiver<Handoff>, waker: Arc
 
 /// Finishes the TLS handshake, identifies the client and sends the connection
 /// to its owner shard.
-async fn handshake(local: Rc<ShardLocal>, mut stream: TcpStream, doorbells: Arc<Vec<Doorbell<Handoff>>>) {
+async fn handshake(
+    local: Rc<ShardLocal>,
+    mut stream: TcpStream,
+    doorbells: Arc<Vec<Doorbell<Handoff>>>,
+) {
     let peer = match stream.peer_addr() {
         Ok(p) => p,
         Err(_) => return,
@@ -374,7 +431,10 @@ async fn handshake(local: Rc<ShardLocal>, mut stream: TcpStream, doorbells: Arc<
     let mut session = TlsSession::new(tls, &[]);
     let timeout = shared.settings.handshake_timeout;
     let done = glommio::timer::timeout(timeout, async {
-        session.handshake(&mut stream).await.map_err(|e| glommio::GlommioError::IoError(std::io::Error::other(e.to_string())))
+        session
+            .handshake(&mut stream)
+            .await
+            .map_err(|e| glommio::GlommioError::IoError(std::io::Error::other(e.to_string())))
     })
     .await;
     if let Err(e) = done {
@@ -382,10 +442,18 @@ async fn handshake(local: Rc<ShardLocal>, mut stream: TcpStream, doorbells: Arc<
         return;
     }
     let cn = session.tls.peer_certificates().and_then(peer_common_name);
-    let role = cn.as_deref().map(|cn| shared.acl.role_of(cn)).unwrap_or(Role::Unknown);
+    let role = cn
+        .as_deref()
+        .map(|cn| shared.acl.role_of(cn))
+        .unwrap_or(Role::Unknown);
     let Some(cn) = cn.filter(|_| role != Role::Unknown) else {
         tracing::warn!(%peer, "refused: unknown client");
-        refuse(&mut stream, &mut session, "Access denied: unknown client (role=unknown)").await;
+        refuse(
+            &mut stream,
+            &mut session,
+            "Access denied: unknown client (role=unknown)",
+        )
+        .await;
         return;
     };
     let slot = match &shared.conn_limits {
@@ -399,11 +467,17 @@ async fn handshake(local: Rc<ShardLocal>, mut stream: TcpStream, doorbells: Arc<
         },
         None => None,
     };
-    let identity = Identity { cn: Arc::from(cn.as_str()), role, peer };
+    let identity = Identity {
+        cn: Arc::from(cn.as_str()),
+        role,
+        peer,
+    };
     let owner = shard_of(&cn, shared.shards) as usize;
     let here = local.shard.borrow().id() as usize;
     if owner == here {
-        Connection::new(local, stream, session, identity, slot).run().await;
+        Connection::new(local, stream, session, identity, slot)
+            .run()
+            .await;
         return;
     }
     let fd = match sys::duplicate(&stream) {
@@ -415,7 +489,13 @@ async fn handshake(local: Rc<ShardLocal>, mut stream: TcpStream, doorbells: Arc<
     };
     drop(stream);
     let (tls, leftover) = session.into_parts();
-    doorbells[owner].send(Handoff { fd, tls, leftover, identity, slot });
+    doorbells[owner].send(Handoff {
+        fd,
+        tls,
+        leftover,
+        identity,
+        slot,
+    });
 }
 
 async fn refuse(stream: &mut TcpStream, session: &mut TlsSession, line: &str) {
@@ -424,7 +504,9 @@ async fn refuse(stream: &mut TcpStream, session: &mut TlsSession, line: &str) {
     if session.write_plaintext(&bytes).is_ok() {
         session.tls.send_close_notify();
         let _ = glommio::timer::timeout(Duration::from_secs(1), async {
-            std::future::poll_fn(|cx| session.poll_flush(stream, cx)).await.map_err(glommio::GlommioError::from)
+            std::future::poll_fn(|cx| session.poll_flush(stream, cx))
+                .await
+                .map_err(glommio::GlommioError::from)
         })
         .await;
     }

@@ -60,14 +60,20 @@ pub fn probe_io_uring() -> Result<(), String> {
 /// Raises the soft locked-memory limit to the hard one; returns the soft limit
 /// now in force, in bytes (`u64::MAX` for unlimited).
 pub fn raise_memlock_limit() -> u64 {
-    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
     // SAFETY: getrlimit/setrlimit only read or write the struct we pass.
     unsafe {
         if libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut limit) != 0 {
             return 0;
         }
         if limit.rlim_cur < limit.rlim_max {
-            let raised = libc::rlimit { rlim_cur: limit.rlim_max, rlim_max: limit.rlim_max };
+            let raised = libc::rlimit {
+                rlim_cur: limit.rlim_max,
+                rlim_max: limit.rlim_max,
+            };
             if libc::setrlimit(libc::RLIMIT_MEMLOCK, &raised) == 0 {
                 limit = raised;
             }

@@ -29,7 +29,11 @@ pub enum TlsError {
 }
 
 fn load_certs(key: &'static str, path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
-    let err = |reason: String| TlsError::Load { key, path: path.display().to_string(), reason };
+    let err = |reason: String| TlsError::Load {
+        key,
+        path: path.display().to_string(),
+        reason,
+    };
     let certs = CertificateDer::pem_file_iter(path)
         .map_err(|e| err(e.to_string()))?
         .collect::<Result<Vec<_>, _>>()
@@ -75,6 +79,12 @@ pub fn server_config(cert: &Path, key: &Path, ca: &Path) -> Result<Arc<ServerCon
 /// The Subject CN of the client's end-entity certificate.
 pub fn peer_common_name(certs: &[CertificateDer<'_>]) -> Option<String> {
     let (_, cert) = x509_parser::parse_x509_certificate(certs.first()?.as_ref()).ok()?;
-    let cn = cert.subject().iter_common_name().next()?.as_str().ok()?.to_owned();
+    let cn = cert
+        .subject()
+        .iter_common_name()
+        .next()?
+        .as_str()
+        .ok()?
+        .to_owned();
     Some(cn)
 }

@@ -94,9 +94,14 @@ impl TlsSession {
     }
 
     /// Reads ciphertext from the socket. `Ready(Ok(0))` means end of stream.
-    pub fn poll_read_socket(&mut self, stream: &mut TcpStream, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+    pub fn poll_read_socket(
+        &mut self,
+        stream: &mut TcpStream,
+        cx: &mut Context<'_>,
+    ) -> Poll<io::Result<usize>> {
         if self.incoming_pos > 0 {
-            self.incoming.copy_within(self.incoming_pos..self.incoming_end, 0);
+            self.incoming
+                .copy_within(self.incoming_pos..self.incoming_end, 0);
             self.incoming_end -= self.incoming_pos;
             self.incoming_pos = 0;
         }
@@ -115,12 +120,9 @@ impl TlsSession {
 
     /// Copies decrypted bytes into `buf`; 0 when none are buffered.
     pub fn read_plaintext(&mut self, buf: &mut [u8]) -> usize {
-        match self.tls.reader().read(buf) {
-            Ok(n) => n,
-            // WouldBlock: nothing buffered; UnexpectedEof: peer closed without
-            // close_notify, which the socket EOF reports too.
-            Err(_) => 0,
-        }
+        // WouldBlock: nothing buffered; UnexpectedEof: peer closed without
+        // close_notify, which the socket EOF reports too.
+        self.tls.reader().read(buf).unwrap_or_default()
     }
 
     /// Encrypts `plaintext` into the outgoing buffer.
@@ -130,7 +132,11 @@ impl TlsSession {
 
     /// Writes buffered ciphertext to the socket. `Ready(Ok(()))` once all of it
     /// is written; `Pending` when the socket is full.
-    pub fn poll_flush(&mut self, stream: &mut TcpStream, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+    pub fn poll_flush(
+        &mut self,
+        stream: &mut TcpStream,
+        cx: &mut Context<'_>,
+    ) -> Poll<io::Result<()>> {
         loop {
             if self.outgoing_pos == self.outgoing.len() {
                 self.outgoing.clear();

@@ -57,11 +57,18 @@ impl PublicKeyStore for MemoryKeyStore {
     }
 
     fn get(&self, client_id: &str) -> Option<PublicKey> {
-        self.keys.read().unwrap_or_else(PoisonError::into_inner).get(client_id).copied()
+        self.keys
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(client_id)
+            .copied()
     }
 
     fn len(&self) -> usize {
-        self.keys.read().unwrap_or_else(PoisonError::into_inner).len()
+        self.keys
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
     }
 }
 

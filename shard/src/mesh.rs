@@ -111,10 +111,15 @@ pub struct Mesh;
 impl Mesh {
     /// One endpoint per shard, each connected to every shard (itself included).
     pub fn build(shards: usize) -> Vec<MeshEndpoint> {
-        let channels: Vec<_> = (0..shards).map(|_| crossbeam_channel::unbounded()).collect();
+        let channels: Vec<_> = (0..shards)
+            .map(|_| crossbeam_channel::unbounded())
+            .collect();
         let peers: Vec<Peer> = channels
             .iter()
-            .map(|(tx, _)| Peer { tx: tx.clone(), waker: Arc::new(AtomicWaker::new()) })
+            .map(|(tx, _)| Peer {
+                tx: tx.clone(),
+                waker: Arc::new(AtomicWaker::new()),
+            })
             .collect();
         channels
             .into_iter()
@@ -125,7 +130,10 @@ impl Mesh {
                     peers: peers.clone(),
                     pending: (0..shards).map(|_| Vec::new()).collect(),
                 },
-                inbound: MeshInbound { rx, waker: peers[i].waker.clone() },
+                inbound: MeshInbound {
+                    rx,
+                    waker: peers[i].waker.clone(),
+                },
             })
             .collect()
     }
@@ -223,7 +231,12 @@ mod tests {
         let mut a = mesh.pop().unwrap();
         let conn = ConnRef { shard: 0, id: 1 };
         a.outbound.send(1, ShardMsg::ConnClosed { conn });
-        a.outbound.send(1, ShardMsg::ConnClosed { conn: ConnRef { shard: 0, id: 2 } });
+        a.outbound.send(
+            1,
+            ShardMsg::ConnClosed {
+                conn: ConnRef { shard: 0, id: 2 },
+            },
+        );
         assert!(a.outbound.has_pending());
         let mut cx = Context::from_waker(Waker::noop());
         assert!(b.inbound.poll_recv(&mut cx).is_pending());

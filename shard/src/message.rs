@@ -21,7 +21,11 @@ impl Message {
         let mut data = String::with_capacity(message_id.len() + body.len());
         data.push_str(message_id);
         data.push_str(body);
-        Arc::new(Message { data: data.into_boxed_str(), id_len: message_id.len(), sender })
+        Arc::new(Message {
+            data: data.into_boxed_str(),
+            id_len: message_id.len(),
+            sender,
+        })
     }
 
     /// The message id.

@@ -196,11 +196,20 @@ impl Queue {
     fn push(&mut self, msg: Arc<Message>) {
         let seq = self.next_seq;
         self.next_seq += 1;
-        self.ready.push_back(Entry { seq, msg, deliveries: 0 });
+        self.ready.push_back(Entry {
+            seq,
+            msg,
+            deliveries: 0,
+        });
     }
 
     /// The next message to deliver, with dead letters split off.
-    fn next_entry(&mut self, settings: &QueueSettings, dead: &mut Vec<Entry>, now: Instant) -> Option<Entry> {
+    fn next_entry(
+        &mut self,
+        settings: &QueueSettings,
+        dead: &mut Vec<Entry>,
+        now: Instant,
+    ) -> Option<Entry> {
         loop {
             let entry = match self.requeued.pop_first() {
                 Some((_, e)) => e,
@@ -312,7 +321,11 @@ impl Queue {
     pub fn add_consumer(&mut self, conn: ConnRef, prefetch: u32) {
         match self.consumers.iter_mut().find(|c| c.conn == conn) {
             Some(c) => c.prefetch = prefetch,
-            None => self.consumers.push(Consumer { conn, prefetch, inflight: 0 }),
+            None => self.consumers.push(Consumer {
+                conn,
+                prefetch,
+                inflight: 0,
+            }),
         }
     }
 
@@ -322,8 +335,12 @@ impl Queue {
         if self.next_consumer >= self.consumers.len() {
             self.next_consumer = 0;
         }
-        let owed: Vec<u64> =
-            self.unacked.iter().filter(|(_, i)| i.conn == conn).map(|(s, _)| *s).collect();
+        let owed: Vec<u64> = self
+            .unacked
+            .iter()
+            .filter(|(_, i)| i.conn == conn)
+            .map(|(s, _)| *s)
+            .collect();
         for seq in owed {
             if let Some(inflight) = self.unacked.remove(&seq) {
                 self.requeued.insert(seq, inflight.entry);
@@ -345,11 +362,17 @@ mod tests {
     }
 
     fn settings() -> QueueSettings {
-        QueueSettings { max_len: 3, max_deliveries: 2, dedup_window: Duration::from_secs(10) }
+        QueueSettings {
+            max_len: 3,
+            max_deliveries: 2,
+            dedup_window: Duration::from_secs(10),
+        }
     }
 
     fn ids(out: &[(ConnRef, Delivery)]) -> Vec<(u64, String, u32)> {
-        out.iter().map(|(c, d)| (c.id, d.msg.message_id().to_owned(), d.count)).collect()
+        out.iter()
+            .map(|(c, d)| (c.id, d.msg.message_id().to_owned(), d.count))
+            .collect()
     }
 
     #[test]
@@ -358,7 +381,10 @@ mod tests {
         let now = Instant::now();
         let mut q = Queue::new(Arc::from("q"), 0);
         for i in 0..3 {
-            assert_eq!(q.enqueue(msg(&format!("m{i}"), "s"), now, &s), Ok(Enqueued::Stored));
+            assert_eq!(
+                q.enqueue(msg(&format!("m{i}"), "s"), now, &s),
+                Ok(Enqueued::Stored)
+            );
         }
         assert_eq!(q.enqueue(msg("m3", "s"), now, &s), Err(QueueFull));
         assert_eq!(q.ready_len(), 3);
@@ -375,13 +401,22 @@ mod tests {
         let mut out = Vec::new();
         q.fetch(conn(1), 1, &s, t0, &mut out, &mut Vec::new());
         assert!(q.ack(out[0].seq, conn(1), t0, &s));
-        assert_eq!(q.enqueue(msg("m1", "s1"), t0 + Duration::from_secs(5), &s), Ok(Enqueued::Duplicate));
-        assert_eq!(q.enqueue(msg("m1", "s1"), t0 + Duration::from_secs(11), &s), Ok(Enqueued::Stored));
+        assert_eq!(
+            q.enqueue(msg("m1", "s1"), t0 + Duration::from_secs(5), &s),
+            Ok(Enqueued::Duplicate)
+        );
+        assert_eq!(
+            q.enqueue(msg("m1", "s1"), t0 + Duration::from_secs(11), &s),
+            Ok(Enqueued::Stored)
+        );
     }
 
     #[test]
     fn consumers_compete_round_robin_within_prefetch() {
-        let s = QueueSettings { max_len: 100, ..settings() };
+        let s = QueueSettings {
+            max_len: 100,
+            ..settings()
+        };
         let now = Instant::now();
         let mut q = Queue::new(Arc::from("q"), 0);
         q.add_consumer(conn(1), 1);
@@ -393,10 +428,17 @@ mod tests {
         q.dispatch(&s, now, &mut out, &mut Vec::new());
         assert_eq!(
             ids(&out),
-            [(1, "m0".into(), 1), (2, "m1".into(), 1), (2, "m2".into(), 1)]
+            [
+                (1, "m0".into(), 1),
+                (2, "m1".into(), 1),
+                (2, "m2".into(), 1)
+            ]
         );
         assert!(q.ack(out[0].1.seq, conn(1), now, &s));
-        assert!(!q.ack(out[1].1.seq, conn(1), now, &s), "only the receiving connection acks");
+        assert!(
+            !q.ack(out[1].1.seq, conn(1), now, &s),
+            "only the receiving connection acks"
+        );
         out.clear();
         q.dispatch(&s, now, &mut out, &mut Vec::new());
         assert_eq!(ids(&out), [(1, "m3".into(), 1)]);
@@ -404,7 +446,11 @@ mod tests {
 
     #[test]
     fn closed_connection_requeues_in_order_with_counts() {
-        let s = QueueSettings { max_len: 100, max_deliveries: 10, ..settings() };
+        let s = QueueSettings {
+            max_len: 100,
+            max_deliveries: 10,
+            ..settings()
+        };
         let now = Instant::now();
         let mut q = Queue::new(Arc::from("q"), 0);
         q.add_consumer(conn(1), 10);
@@ -421,13 +467,21 @@ mod tests {
         q.dispatch(&s, now, &mut out, &mut Vec::new());
         assert_eq!(
             ids(&out),
-            [(2, "m0".into(), 2), (2, "m1".into(), 2), (2, "m2".into(), 2)]
+            [
+                (2, "m0".into(), 2),
+                (2, "m1".into(), 2),
+                (2, "m2".into(), 2)
+            ]
         );
     }
 
     #[test]
     fn dead_letters_after_max_deliveries() {
-        let s = QueueSettings { max_len: 100, max_deliveries: 2, ..settings() };
+        let s = QueueSettings {
+            max_len: 100,
+            max_deliveries: 2,
+            ..settings()
+        };
         let now = Instant::now();
         let mut q = Queue::new(Arc::from("q"), 0);
         q.enqueue(msg("m0", "s"), now, &s).unwrap();

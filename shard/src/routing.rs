@@ -33,7 +33,12 @@ pub struct Exchange {
 impl Exchange {
     /// An exchange with no bindings.
     pub fn new(kind: ExchangeKind) -> Exchange {
-        Exchange { kind, bindings: Vec::new(), direct: HashMap::new(), topic: TopicNode::default() }
+        Exchange {
+            kind,
+            bindings: Vec::new(),
+            direct: HashMap::new(),
+            topic: TopicNode::default(),
+        }
     }
 
     /// Its type.
@@ -48,7 +53,11 @@ impl Exchange {
 
     /// Adds a binding; returns false when it already existed (bind is idempotent).
     pub fn bind(&mut self, key: &str, target: Target) -> bool {
-        if self.bindings.iter().any(|(k, t)| &**k == key && t.queue == target.queue) {
+        if self
+            .bindings
+            .iter()
+            .any(|(k, t)| &**k == key && t.queue == target.queue)
+        {
             return false;
         }
         self.bindings.push((key.into(), target.clone()));
@@ -108,9 +117,19 @@ impl TopicNode {
     fn insert<'a>(&mut self, mut words: impl Iterator<Item = &'a str>, target: Target) {
         match words.next() {
             None => self.targets.push(target),
-            Some("*") => self.star.get_or_insert_with(Default::default).insert(words, target),
-            Some("#") => self.hash.get_or_insert_with(Default::default).insert(words, target),
-            Some(w) => self.words.entry(w.into()).or_default().insert(words, target),
+            Some("*") => self
+                .star
+                .get_or_insert_with(Default::default)
+                .insert(words, target),
+            Some("#") => self
+                .hash
+                .get_or_insert_with(Default::default)
+                .insert(words, target),
+            Some(w) => self
+                .words
+                .entry(w.into())
+                .or_default()
+                .insert(words, target),
         }
     }
 
@@ -140,7 +159,10 @@ mod tests {
     use super::*;
 
     fn t(q: &str) -> Target {
-        Target { queue: Arc::from(q), shard: 0 }
+        Target {
+            queue: Arc::from(q),
+            shard: 0,
+        }
     }
 
     fn routed(ex: &Exchange, key: &str) -> Vec<String> {
@@ -181,7 +203,10 @@ mod tests {
         ex.bind("a.b.c", t("exact"));
         ex.bind("*.b.#", t("mixed"));
         ex.bind("a.#.c", t("inner"));
-        assert_eq!(routed(&ex, "a.b.c"), ["all", "exact", "hash", "inner", "mixed", "star"]);
+        assert_eq!(
+            routed(&ex, "a.b.c"),
+            ["all", "exact", "hash", "inner", "mixed", "star"]
+        );
         assert_eq!(routed(&ex, "a"), ["all", "hash"]);
         assert_eq!(routed(&ex, "a.x.y.c"), ["all", "hash", "inner"]);
         assert_eq!(routed(&ex, "z.b"), ["all", "mixed"]);

@@ -51,7 +51,10 @@ pub struct QueueStats {
 
 /// Merges two outcomes of one publish: any refusal wins, the first one kept.
 #[inline]
-pub fn merge_outcome(a: Result<(), NackReason>, b: Result<(), NackReason>) -> Result<(), NackReason> {
+pub fn merge_outcome(
+    a: Result<(), NackReason>,
+    b: Result<(), NackReason>,
+) -> Result<(), NackReason> {
     a.and(b)
 }
 
@@ -148,7 +151,10 @@ impl Shard {
     ) -> PublishStatus {
         let mut targets = std::mem::take(&mut self.targets);
         targets.clear();
-        let exists = self.topology.current().route(exchange, routing_key, &mut targets);
+        let exists = self
+            .topology
+            .current()
+            .route(exchange, routing_key, &mut targets);
         if !exists || targets.is_empty() {
             self.targets = targets;
             return PublishStatus::Done(Err(NackReason::NoRoute));
@@ -170,7 +176,14 @@ impl Shard {
                 }
             } else {
                 let queues = targets[i..j].iter().map(|t| t.queue.clone()).collect();
-                self.out.send(shard, ShardMsg::Enqueue { origin, queues, msg: msg.clone() });
+                self.out.send(
+                    shard,
+                    ShardMsg::Enqueue {
+                        origin,
+                        queues,
+                        msg: msg.clone(),
+                    },
+                );
                 remote += 1;
             }
             i = j;
@@ -195,7 +208,12 @@ impl Shard {
         self.queues.get_mut(name)
     }
 
-    fn enqueue_local(&mut self, queue: &str, msg: Arc<Message>, now: Instant) -> Result<(), NackReason> {
+    fn enqueue_local(
+        &mut self,
+        queue: &str,
+        msg: Arc<Message>,
+        now: Instant,
+    ) -> Result<(), NackReason> {
         let settings = self.settings.clone();
         let Some(q) = self.queue_mut(queue) else {
             return Err(NackReason::NoRoute);
@@ -228,7 +246,8 @@ impl Shard {
 
     fn route_delivery(&mut self, conn: ConnRef, delivery: Delivery) {
         if conn.shard != self.id {
-            self.out.send(conn.shard, ShardMsg::Deliver { conn, delivery });
+            self.out
+                .send(conn.shard, ShardMsg::Deliver { conn, delivery });
             return;
         }
         match self.conns.get(&conn.id) {
@@ -245,7 +264,12 @@ impl Shard {
     /// Moves given-up messages to `{queue}.dlq` (same owner, same shard),
     /// declaring it on first use.
     fn dead_letter(&mut self, queue: &str, dead: &mut Vec<Entry>, now: Instant) {
-        let Some(owner) = self.topology.current().queue(queue).map(|q| q.owner.clone()) else {
+        let Some(owner) = self
+            .topology
+            .current()
+            .queue(queue)
+            .map(|q| q.owner.clone())
+        else {
             dead.clear();
             return;
         };
@@ -258,7 +282,11 @@ impl Shard {
             return;
         };
         for entry in dead.drain(..) {
-            tracing::warn!(queue, message_id = entry.msg.message_id(), "dead-lettered after max deliveries");
+            tracing::warn!(
+                queue,
+                message_id = entry.msg.message_id(),
+                "dead-lettered after max deliveries"
+            );
             dlq.enqueue_dead(entry.msg);
         }
         self.dispatch(&dlq_name, now);
@@ -266,9 +294,22 @@ impl Shard {
 
     /// Registers a consumer; `Some` when finished here, `None` when the queue's
     /// shard will report.
-    pub fn consume(&mut self, origin: Origin, queue: &QueueInfo, prefetch: u32, now: Instant) -> Option<Completion> {
+    pub fn consume(
+        &mut self,
+        origin: Origin,
+        queue: &QueueInfo,
+        prefetch: u32,
+        now: Instant,
+    ) -> Option<Completion> {
         if queue.shard != self.id {
-            self.out.send(queue.shard, ShardMsg::Consume { origin, queue: queue.name.clone(), prefetch });
+            self.out.send(
+                queue.shard,
+                ShardMsg::Consume {
+                    origin,
+                    queue: queue.name.clone(),
+                    prefetch,
+                },
+            );
             return None;
         }
         self.consume_local(origin.conn, &queue.name, prefetch, now);
@@ -283,12 +324,30 @@ impl Shard {
     }
 
     /// Pulls deliveries; `Some` when finished here, `None` when remote.
-    pub fn fetch(&mut self, origin: Origin, queue: &QueueInfo, max: u32, now: Instant) -> Option<Completion> {
+    pub fn fetch(
+        &mut self,
+        origin: Origin,
+        queue: &QueueInfo,
+        max: u32,
+        now: Instant,
+    ) -> Option<Completion> {
         if queue.shard != self.id {
-            self.out.send(queue.shard, ShardMsg::Fetch { origin, queue: queue.name.clone(), max });
+            self.out.send(
+                queue.shard,
+                ShardMsg::Fetch {
+                    origin,
+                    queue: queue.name.clone(),
+                    max,
+                },
+            );
             return None;
         }
-        Some(Completion::Fetched(self.fetch_local(origin.conn, &queue.name, max, now)))
+        Some(Completion::Fetched(self.fetch_local(
+            origin.conn,
+            &queue.name,
+            max,
+            now,
+        )))
     }
 
     fn fetch_local(&mut self, conn: ConnRef, queue: &str, max: u32, now: Instant) -> Vec<Delivery> {
@@ -308,7 +367,14 @@ impl Shard {
     /// Acks an outstanding delivery of `conn`.
     pub fn ack(&mut self, conn: ConnRef, d: &Outstanding, now: Instant) {
         if d.shard != self.id {
-            self.out.send(d.shard, ShardMsg::Ack { conn, queue: d.queue.clone(), seq: d.seq });
+            self.out.send(
+                d.shard,
+                ShardMsg::Ack {
+                    conn,
+                    queue: d.queue.clone(),
+                    seq: d.seq,
+                },
+            );
             return;
         }
         self.ack_local(conn, &d.queue, d.seq, now);
@@ -326,7 +392,14 @@ impl Shard {
     /// Gives an outstanding delivery of `conn` back for redelivery.
     pub fn requeue(&mut self, conn: ConnRef, d: &Outstanding, now: Instant) {
         if d.shard != self.id {
-            self.out.send(d.shard, ShardMsg::Requeue { conn, queue: d.queue.clone(), seq: d.seq });
+            self.out.send(
+                d.shard,
+                ShardMsg::Requeue {
+                    conn,
+                    queue: d.queue.clone(),
+                    seq: d.seq,
+                },
+            );
             return;
         }
         self.requeue_local(conn, &d.queue, d.seq, now);
@@ -353,25 +426,37 @@ impl Shard {
 
     fn complete(&mut self, origin: Origin, completion: Completion) {
         if origin.conn.shard != self.id {
-            self.out.send(origin.conn.shard, ShardMsg::Done { origin, completion });
+            self.out
+                .send(origin.conn.shard, ShardMsg::Done { origin, completion });
             return;
         }
         if let Some(mailbox) = self.conns.get(&origin.conn.id) {
-            mailbox.push(ConnEvent::Completed { seq: origin.seq, completion });
+            mailbox.push(ConnEvent::Completed {
+                seq: origin.seq,
+                completion,
+            });
         }
     }
 
     /// Handles one message from another shard.
     pub fn handle(&mut self, msg: ShardMsg, now: Instant) {
         match msg {
-            ShardMsg::Enqueue { origin, queues, msg } => {
+            ShardMsg::Enqueue {
+                origin,
+                queues,
+                msg,
+            } => {
                 let mut outcome = Ok(());
                 for q in &queues {
                     outcome = merge_outcome(outcome, self.enqueue_local(q, msg.clone(), now));
                 }
                 self.complete(origin, Completion::Enqueued(outcome));
             }
-            ShardMsg::Consume { origin, queue, prefetch } => {
+            ShardMsg::Consume {
+                origin,
+                queue,
+                prefetch,
+            } => {
                 self.consume_local(origin.conn, &queue, prefetch, now);
                 self.complete(origin, Completion::Consumed);
             }
@@ -381,7 +466,10 @@ impl Shard {
             }
             ShardMsg::Done { origin, completion } => {
                 if let Some(mailbox) = self.conns.get(&origin.conn.id) {
-                    mailbox.push(ConnEvent::Completed { seq: origin.seq, completion });
+                    mailbox.push(ConnEvent::Completed {
+                        seq: origin.seq,
+                        completion,
+                    });
                 }
             }
             ShardMsg::Deliver { conn, delivery } => {

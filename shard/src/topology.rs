@@ -127,7 +127,10 @@ impl TopologyStore {
 
     /// The current snapshot.
     pub fn snapshot(&self) -> Arc<Topology> {
-        self.current.read().unwrap_or_else(PoisonError::into_inner).clone()
+        self.current
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     /// Applies `change` to a copy of the topology and publishes it if it
@@ -173,9 +176,13 @@ impl TopologyStore {
     pub fn declare_exchange(&self, name: &str, kind: ExchangeKind) -> Result<(), TopologyError> {
         self.change(|t| match t.exchanges.get(name) {
             Some(ex) if ex.kind() == kind => Ok(((), false)),
-            Some(ex) => Err(TopologyError::KindMismatch { name: name.into(), existing: ex.kind() }),
+            Some(ex) => Err(TopologyError::KindMismatch {
+                name: name.into(),
+                existing: ex.kind(),
+            }),
             None => {
-                t.exchanges.insert(Arc::from(name), Arc::new(Exchange::new(kind)));
+                t.exchanges
+                    .insert(Arc::from(name), Arc::new(Exchange::new(kind)));
                 Ok(((), true))
             }
         })
@@ -193,8 +200,14 @@ impl TopologyStore {
                 .exchanges
                 .get_mut(exchange)
                 .ok_or_else(|| TopologyError::UnknownExchange(exchange.into()))?;
-            let target = Target { queue: info.name, shard: info.shard };
-            if ex.bindings().any(|(k, t)| k == key && t.queue == target.queue) {
+            let target = Target {
+                queue: info.name,
+                shard: info.shard,
+            };
+            if ex
+                .bindings()
+                .any(|(k, t)| k == key && t.queue == target.queue)
+            {
                 return Ok(((), false));
             }
             Arc::make_mut(ex).bind(key, target);
@@ -252,7 +265,10 @@ mod tests {
         store.declare_exchange("ex", ExchangeKind::Topic).unwrap();
         store.declare_exchange("ex", ExchangeKind::Topic).unwrap();
         assert_eq!(
-            store.declare_exchange("ex", ExchangeKind::Direct).unwrap_err().to_string(),
+            store
+                .declare_exchange("ex", ExchangeKind::Direct)
+                .unwrap_err()
+                .to_string(),
             "exchange ex exists with type topic"
         );
     }
@@ -261,9 +277,15 @@ mod tests {
     fn bind_needs_queue_and_exchange_and_is_seen_by_views() {
         let store = Arc::new(TopologyStore::new(2));
         let mut view = TopologyView::new(store.clone());
-        assert_eq!(store.bind("q", "ex", "k"), Err(TopologyError::UnknownQueue("q".into())));
+        assert_eq!(
+            store.bind("q", "ex", "k"),
+            Err(TopologyError::UnknownQueue("q".into()))
+        );
         store.declare_queue("q", "receiver_1");
-        assert_eq!(store.bind("q", "ex", "k"), Err(TopologyError::UnknownExchange("ex".into())));
+        assert_eq!(
+            store.bind("q", "ex", "k"),
+            Err(TopologyError::UnknownExchange("ex".into()))
+        );
         store.declare_exchange("ex", ExchangeKind::Direct).unwrap();
         store.bind("q", "ex", "k").unwrap();
         let mut out = Vec::new();

@@ -73,7 +73,11 @@ impl DeliveryTracker {
 
     /// Records a delivery written to the connection.
     pub fn record(&mut self, d: &Delivery) {
-        let entry = Outstanding { queue: d.queue.clone(), shard: d.shard, seq: d.seq };
+        let entry = Outstanding {
+            queue: d.queue.clone(),
+            shard: d.shard,
+            seq: d.seq,
+        };
         self.len += 1;
         match self.by_id.get_mut(d.msg.message_id()) {
             None => {

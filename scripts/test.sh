@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Runs every check CI runs: formatting, clippy (warnings are errors), all tests.
+# Works on a fresh machine: it installs what the tests need first.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# Toolchain components (present on the standard image; cheap when they are).
+if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 2>&1; then
+  rustup component add rustfmt clippy
+fi
+
+# glommio needs io_uring and some locked memory; say so plainly if missing.
+if [ "$(ulimit -l)" != "unlimited" ] && [ "$(ulimit -l)" -lt 8192 ]; then
+  ulimit -l 65536 2>/dev/null || echo "warning: locked-memory limit is $(ulimit -l) KiB; glommio may fail to start (raise ulimit -l)" >&2
+fi
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+echo "== cargo clippy --all-targets -- -D warnings"
+cargo clippy --workspace --all-targets -- -D warnings
+echo "== cargo test"
+cargo test --workspace 2>&1 | tee target/test-output.log
+grep -q "test result: ok" target/test-output.log
