@@ -48,7 +48,10 @@ impl Connection {
                 self.publish_batch(exchange, routing_key, body, now);
             }
             other => {
-                if !self.local.allow(&self.identity.cn, now, false) {
+                if !self
+                    .local
+                    .allow(&self.policy, &self.identity.cn, now, false)
+                {
                     self.replies.line("Rate limited");
                     return;
                 }
@@ -63,8 +66,11 @@ impl Connection {
     }
 
     fn check(&mut self, op: Op<'_>) -> bool {
-        let shared = self.local.shared.clone();
-        match shared.acl.check(self.identity.role, &self.identity.cn, op) {
+        match self
+            .policy
+            .acl
+            .check(self.identity.role, &self.identity.cn, op)
+        {
             Ok(()) => true,
             Err(denied) => {
                 tracing::info!(cn = %self.identity.cn, role = %self.identity.role, command = op.name(), reason = %denied.reason, "access denied");
@@ -80,7 +86,7 @@ impl Connection {
                 if !self.check(Op::DeclareQueue { queue }) {
                     return;
                 }
-                let owner = self.local.shared.acl.queue_owner(queue).map(str::to_owned);
+                let owner = self.policy.acl.queue_owner(queue).map(str::to_owned);
                 let owner = owner.as_deref().unwrap_or(&self.identity.cn);
                 self.local.shared.topology.declare_queue(queue, owner);
                 self.replies.line(format!("OK declare_queue {queue}"));
@@ -305,7 +311,7 @@ impl Connection {
         if !matches!(self.identity.role, Role::Sender | Role::Admin) {
             return Err(NackReason::AccessDenied);
         }
-        if !self.local.allow(&self.identity.cn, now, true) {
+        if !self.local.allow(&self.policy, &self.identity.cn, now, true) {
             return Err(NackReason::RateLimited);
         }
         if !is_valid_name(exchange) || !is_valid_name(routing_key) {

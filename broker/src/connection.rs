@@ -23,6 +23,7 @@ use glommio::timer::Timer;
 use crate::acl::Role;
 use crate::context::ShardLocal;
 use crate::line_buffer::{Line, LineBuffer};
+use crate::policy::Policy;
 use crate::rate_limit::ConnectionSlot;
 use crate::replies::ReplyQueue;
 use crate::tls_session::TlsSession;
@@ -65,6 +66,8 @@ pub struct Connection {
     /// Ever consumed or fetched: its close must requeue on every shard.
     pub(crate) consumed: bool,
     pub(crate) last_activity: Instant,
+    /// The ACL and rate limits this connection applies (refreshed on reload).
+    pub(crate) policy: Arc<Policy>,
     timer: Option<Timer>,
     _slot: Option<ConnectionSlot>,
 }
@@ -76,6 +79,7 @@ enum End {
     PeerClosed,
     Timeout,
     Shutdown,
+    RoleRevoked,
     Io(String),
     Tls(String),
 }
@@ -93,6 +97,7 @@ impl Connection {
         let settings = &local.shared.settings;
         let lines = LineBuffer::new(settings.max_line_bytes);
         let timeout = Connection::timeout_for(&local, identity.role);
+        let policy = local.shared.policy.current();
         Connection {
             lines,
             local,
@@ -108,6 +113,7 @@ impl Connection {
             closing: false,
             consumed: false,
             last_activity: Instant::now(),
+            policy,
             timer: timeout.map(Timer::new),
             _slot: slot,
         }
@@ -143,6 +149,9 @@ impl Connection {
                 tracing::info!(%cn, %peer, "connection closed: idle or heartbeat timeout")
             }
             End::Shutdown => tracing::debug!(%cn, %peer, "connection closed: broker shutting down"),
+            End::RoleRevoked => {
+                tracing::warn!(%cn, %peer, "connection closed: the reloaded ACL changed its role")
+            }
             End::Io(e) => tracing::info!(%cn, %peer, error = %e, "connection closed: I/O error"),
             End::Tls(e) => tracing::info!(%cn, %peer, error = %e, "connection closed: TLS error"),
         }
@@ -198,6 +207,12 @@ impl Connection {
         self.mailbox.register(cx.waker());
         let max_pending = self.local.shared.settings.max_pending_replies;
         let mut budget = LINE_BUDGET;
+        if self.local.shared.policy.version() != self.policy.version {
+            self.policy = self.local.shared.policy.current();
+            if self.policy.acl.role_of(&self.identity.cn) != self.identity.role {
+                return Poll::Ready(End::RoleRevoked);
+            }
+        }
         loop {
             let mut progress = self.apply_events();
             if self.mailbox.is_closed() {

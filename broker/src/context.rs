@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 use ciphermq_pgbridge::PublicKeyStore;
 use ciphermq_shard::{Shard, TopologyStore};
 
-use crate::acl::Acl;
 use crate::config::Config;
-use crate::rate_limit::{CnLimiter, ConnectionLimits};
+use crate::policy::{Policy, PolicyStore};
+use crate::rate_limit::CnLimiter;
 
 /// Connection-level settings taken from the config.
 #[derive(Debug, Clone)]
@@ -30,8 +30,6 @@ pub struct Settings {
     pub idle_timeout: Option<Duration>,
     /// `performance.heartbeat_timeout` (receivers); `None` = never.
     pub heartbeat_timeout: Option<Duration>,
-    /// `[rate_limit]` when enabled.
-    pub rate_limit: Option<RateSettings>,
 }
 
 /// Token-bucket parameters per CN.
@@ -55,7 +53,6 @@ impl Settings {
     /// Derives the settings from a validated config.
     pub fn from_config(config: &Config) -> Settings {
         let p = &config.performance;
-        let r = &config.rate_limit;
         Settings {
             max_line_bytes: p.max_line_bytes,
             max_message_bytes: p.max_message_bytes,
@@ -64,12 +61,6 @@ impl Settings {
             handshake_timeout: Duration::from_secs(p.handshake_timeout_secs.max(1)),
             idle_timeout: secs(p.idle_timeout_sec),
             heartbeat_timeout: secs(p.heartbeat_timeout),
-            rate_limit: r.enabled.then_some(RateSettings {
-                global_rps: r.global_rps,
-                global_burst: r.global_burst,
-                publish_rps: r.publish_rps,
-                publish_burst: r.publish_burst,
-            }),
         }
     }
 }
@@ -78,12 +69,10 @@ impl Settings {
 pub struct Shared {
     /// Connection settings.
     pub settings: Settings,
-    /// Roles and ownership.
-    pub acl: Arc<Acl>,
+    /// `[acl]` and `[rate_limit]`, reloadable.
+    pub policy: PolicyStore,
     /// Public keys.
     pub keys: Arc<dyn PublicKeyStore>,
-    /// Open-connection caps (`None` when rate limiting is off).
-    pub conn_limits: Option<Arc<ConnectionLimits>>,
     /// TLS server configuration.
     pub tls: Arc<rustls::ServerConfig>,
     /// Topology writer.
@@ -97,7 +86,8 @@ pub struct ShardLocal {
     /// Queues, mailboxes, mesh.
     pub shard: RefCell<Shard>,
     /// Per-CN token buckets: all connections of a CN live on this shard.
-    pub limiters: RefCell<HashMap<Arc<str>, CnLimiter>>,
+    /// Rebuilt (full) when the policy version moves.
+    pub limiters: RefCell<(u64, HashMap<Arc<str>, CnLimiter>)>,
     /// Cross-shard services and settings.
     pub shared: Arc<Shared>,
 }
@@ -113,12 +103,17 @@ impl ShardLocal {
         value
     }
 
-    /// Takes a token for `cn`; false when it is rate limited.
-    pub fn allow(&self, cn: &Arc<str>, now: Instant, is_publish: bool) -> bool {
-        let Some(r) = self.shared.settings.rate_limit else {
+    /// Takes a token for `cn` under `policy`; false when it is rate limited.
+    pub fn allow(&self, policy: &Policy, cn: &Arc<str>, now: Instant, is_publish: bool) -> bool {
+        let Some(r) = policy.rate else {
             return true;
         };
-        let mut limiters = self.limiters.borrow_mut();
+        let mut guard = self.limiters.borrow_mut();
+        let (version, limiters) = &mut *guard;
+        if *version != policy.version {
+            *version = policy.version;
+            limiters.clear();
+        }
         let limiter = limiters.entry(cn.clone()).or_insert_with(|| {
             CnLimiter::new(r.global_rps, r.global_burst, r.publish_rps, r.publish_burst)
         });

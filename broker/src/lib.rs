@@ -4,6 +4,7 @@
 //! - [`config`]: the typed `config.toml`, validated before anything binds.
 //! - [`acl`]: roles from certificate CNs and the permission matrix.
 //! - [`rate_limit`]: per-CN token buckets and open-connection caps.
+//! - [`policy`]: the `[acl]` and `[rate_limit]` snapshot `SIGHUP` reloads.
 //! - [`tls`], [`tls_session`]: rustls with required client certificates, and the
 //!   hand-driven session that can move between shards.
 //! - [`sys`]: the only `unsafe` code (fd hand-off, io_uring and memlock probes).
@@ -25,6 +26,7 @@ pub mod config;
 pub mod connection;
 pub mod context;
 pub mod line_buffer;
+pub mod policy;
 pub mod rate_limit;
 pub mod replies;
 pub mod server;

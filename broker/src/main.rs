@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer};
@@ -103,7 +103,9 @@ fn main() -> ExitCode {
         broker.shards()
     );
     let stop = broker.stopper();
-    let mut signals = match signal_hook::iterator::Signals::new([SIGINT, SIGTERM]) {
+    let reload = broker.reloader();
+    let config_path = args.config.clone();
+    let mut signals = match signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP]) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("ciphermq-broker: cannot install signal handlers: {e}");
@@ -111,9 +113,24 @@ fn main() -> ExitCode {
         }
     };
     std::thread::spawn(move || {
-        if let Some(signal) = signals.forever().next() {
+        for signal in signals.forever() {
+            if signal == SIGHUP {
+                // A bad file keeps the running policy; only [acl] and
+                // [rate_limit] are applied, other changes need a restart.
+                match Config::load(&config_path) {
+                    Ok(config) => {
+                        reload(&config);
+                        tracing::info!(path = %config_path.display(), "reloaded [acl] and [rate_limit]");
+                    }
+                    Err(e) => {
+                        tracing::error!(path = %config_path.display(), error = %e, "reload refused; keeping the running ACL and rate limits")
+                    }
+                }
+                continue;
+            }
             tracing::info!(signal, "shutting down");
             stop();
+            break;
         }
     });
     broker.join();

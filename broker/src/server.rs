@@ -21,11 +21,12 @@ use glommio::net::{TcpListener, TcpStream};
 use glommio::{LocalExecutorBuilder, Placement};
 use rustls::ServerConnection;
 
-use crate::acl::{Acl, Role};
+use crate::acl::Role;
 use crate::config::Config;
 use crate::connection::{Connection, Identity};
 use crate::context::{Settings, ShardLocal, Shared};
-use crate::rate_limit::{ConnectionLimits, ConnectionSlot};
+use crate::policy::PolicyStore;
+use crate::rate_limit::ConnectionSlot;
 use crate::sys;
 use crate::tls::{peer_common_name, server_config};
 use crate::tls_session::TlsSession;
@@ -131,6 +132,7 @@ impl ShutdownSignal {
 pub struct BrokerHandle {
     addr: SocketAddr,
     shards: usize,
+    shared: Arc<Shared>,
     shutdown: Arc<ShutdownSignal>,
     threads: Vec<glommio::ExecutorJoinHandle<()>>,
 }
@@ -159,6 +161,14 @@ impl BrokerHandle {
                 tracing::error!(error = %e, "shard ended with an error");
             }
         }
+    }
+
+    /// A function that applies the `[acl]` and `[rate_limit]` of a validated
+    /// config to the running broker (SIGHUP): atomically, and connections whose
+    /// CN lost its role are closed.
+    pub fn reloader(&self) -> impl Fn(&Config) + Send + Sync + 'static {
+        let shared = self.shared.clone();
+        move |config| shared.policy.reload(config)
     }
 
     /// A function that stops the broker from another thread (signal handlers).
@@ -192,23 +202,11 @@ pub fn start(config: &Config) -> Result<BrokerHandle, StartError> {
         &config.tls.key_path,
         &config.tls.ca_cert_path,
     )?;
-    let acl = Arc::new(Acl::new(
-        &config.acl.admin_cns,
-        &config.acl.sender_cns,
-        &config.acl.receiver_cns,
-    ));
     let keys: Arc<dyn PublicKeyStore> = Arc::new(MemoryKeyStore::new());
-    let conn_limits = config.rate_limit.enabled.then(|| {
-        Arc::new(ConnectionLimits::new(
-            config.rate_limit.max_connections_per_ip,
-            config.rate_limit.max_connections_per_cn,
-        ))
-    });
     let shared = Arc::new(Shared {
         settings: Settings::from_config(config),
-        acl,
+        policy: PolicyStore::new(config, shards),
         keys,
-        conn_limits,
         tls,
         topology: Arc::new(TopologyStore::new(shards)),
         shards,
@@ -310,6 +308,7 @@ pub fn start(config: &Config) -> Result<BrokerHandle, StartError> {
     Ok(BrokerHandle {
         addr,
         shards,
+        shared,
         shutdown,
         threads,
     })
@@ -350,7 +349,7 @@ async fn run_shard(ctx: ShardStart, ready: std::sync::mpsc::Sender<Result<Socket
             ctx.shared.topology.clone(),
             outbound,
         )),
-        limiters: RefCell::new(HashMap::new()),
+        limiters: RefCell::new((0, HashMap::new())),
         shared: ctx.shared.clone(),
     });
     glommio::spawn_local(drain_mesh(local.clone(), inbound)).detach();
@@ -360,6 +359,7 @@ async fn run_shard(ctx: ShardStart, ready: std::sync::mpsc::Sender<Result<Socket
         ctx.handoff_waker,
     ))
     .detach();
+    glommio::spawn_local(watch_policy(local.clone(), ctx.shard)).detach();
     let _ = ready.send(Ok(addr));
 
     let shard = ctx.shard;
@@ -384,6 +384,18 @@ async fn run_shard(ctx: ShardStart, ready: std::sync::mpsc::Sender<Result<Socket
     }
     // Let connections say goodbye.
     glommio::timer::sleep(Duration::from_millis(50)).await;
+}
+
+/// Wakes every connection of this shard when the policy is reloaded, so those
+/// whose role changed close even when idle.
+async fn watch_policy(local: Rc<ShardLocal>, shard: usize) {
+    let mut seen = local.shared.policy.version();
+    loop {
+        seen = local.shared.policy.changed(shard, seen).await;
+        for mailbox in local.shard.borrow().mailboxes() {
+            mailbox.wake();
+        }
+    }
 }
 
 /// Applies batches from other shards.
@@ -444,7 +456,7 @@ async fn handshake(
     let cn = session.tls.peer_certificates().and_then(peer_common_name);
     let role = cn
         .as_deref()
-        .map(|cn| shared.acl.role_of(cn))
+        .map(|cn| shared.policy.current().acl.role_of(cn))
         .unwrap_or(Role::Unknown);
     let Some(cn) = cn.filter(|_| role != Role::Unknown) else {
         tracing::warn!(%peer, "refused: unknown client");
@@ -456,16 +468,13 @@ async fn handshake(
         .await;
         return;
     };
-    let slot = match &shared.conn_limits {
-        Some(limits) => match limits.try_acquire(peer.ip(), &cn) {
-            Ok(slot) => Some(slot),
-            Err(e) => {
-                tracing::warn!(%peer, %cn, reason = %e, "refused: connection limit");
-                refuse(&mut stream, &mut session, "Error: connection limit reached").await;
-                return;
-            }
-        },
-        None => None,
+    let slot = match shared.policy.conn_limits.try_acquire(peer.ip(), &cn) {
+        Ok(slot) => Some(slot),
+        Err(e) => {
+            tracing::warn!(%peer, %cn, reason = %e, "refused: connection limit");
+            refuse(&mut stream, &mut session, "Error: connection limit reached").await;
+            return;
+        }
     };
     let identity = Identity {
         cn: Arc::from(cn.as_str()),
