@@ -153,3 +153,177 @@ pub async fn setup_receiver(conn: &mut Connection, cn: &str) {
     expect(conn, &format!("declare_queue {cn}_queue"), &format!("OK declare_queue {cn}_queue")).await;
     expect(conn, &format!("bind {cn}_queue ex {cn}"), &format!("OK bind {cn}_queue ex {cn}")).await;
 }
+
+// ---------------------------------------------------------------------------
+// Bounded helpers: every read and write below gives up after `TIMEOUT`, so a
+// broker that hangs fails the test instead of stalling CI.
+// ---------------------------------------------------------------------------
+
+/// How long any single read, write or connect may take.
+pub const TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Connects as `cn` (bounded) and checks the greeting.
+pub async fn connect_as(broker: &TestBroker, cn: &str) -> Connection {
+    tokio::time::timeout(TIMEOUT, broker.connect(cn))
+        .await
+        .unwrap_or_else(|_| panic!("connect as {cn}: no HELLO within {TIMEOUT:?}"))
+}
+
+/// Flushes what is queued, bounded.
+pub async fn flush_t(conn: &mut Connection) {
+    tokio::time::timeout(TIMEOUT, conn.flush())
+        .await
+        .expect("flush timed out")
+        .expect("flush");
+}
+
+/// Queues `line` and flushes it, bounded.
+pub async fn send(conn: &mut Connection, line: &str) {
+    conn.queue_line(line);
+    flush_t(conn).await;
+}
+
+/// Reads one line or EOF (`None`), bounded; panics on timeout or I/O error.
+pub async fn read_opt(conn: &mut Connection) -> Option<String> {
+    tokio::time::timeout(TIMEOUT, conn.read_line())
+        .await
+        .unwrap_or_else(|_| panic!("no line within {TIMEOUT:?}"))
+        .expect("read a line")
+}
+
+/// Reads one line, bounded; panics on EOF, timeout or error.
+pub async fn line(conn: &mut Connection) -> String {
+    read_opt(conn).await.expect("a line before EOF")
+}
+
+/// Sends `cmd` and returns the next line, bounded.
+pub async fn ask(conn: &mut Connection, cmd: &str) -> String {
+    send(conn, cmd).await;
+    line(conn).await
+}
+
+/// Sends `cmd` and asserts that the next line is exactly `reply`, bounded.
+pub async fn check(conn: &mut Connection, cmd: &str, reply: &str) {
+    let got = ask(conn, cmd).await;
+    assert_eq!(got, reply, "reply to {}", shorten(cmd));
+}
+
+/// At most 200 characters of `s`, for assertion messages.
+pub fn shorten(s: &str) -> String {
+    if s.len() <= 200 {
+        s.to_owned()
+    } else {
+        let mut end = 200;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        format!("{}… ({} bytes)", &s[..end], s.len())
+    }
+}
+
+/// Asserts that nothing arrives within `wait`.
+pub async fn assert_silent(conn: &mut Connection, wait: std::time::Duration, why: &str) {
+    if let Ok(got) = tokio::time::timeout(wait, conn.read_line()).await {
+        panic!("expected nothing ({why}), got {got:?}");
+    }
+}
+
+/// Asserts that the broker closes the connection (EOF or a TLS/IO error)
+/// without sending another line, bounded.
+pub async fn assert_closed(conn: &mut Connection) {
+    match tokio::time::timeout(TIMEOUT, conn.read_line()).await {
+        Err(_) => panic!("connection still open after {TIMEOUT:?}"),
+        Ok(Ok(Some(l))) => panic!("expected EOF, got line {l:?}"),
+        Ok(Ok(None)) | Ok(Err(_)) => {}
+    }
+}
+
+/// Asserts `reply` is `Access denied: <reason> (role=<role>)` with a reason.
+pub fn assert_denied(reply: &str, role: &str, what: &str) {
+    let suffix = format!(" (role={role})");
+    let reason = reply
+        .strip_prefix("Access denied: ")
+        .and_then(|r| r.strip_suffix(&suffix))
+        .unwrap_or_else(|| panic!("{what}: expected `Access denied: <reason>{suffix}`, got {reply:?}"));
+    assert!(!reason.trim().is_empty(), "{what}: empty reason in {reply:?}");
+}
+
+/// Sends `cmd` and asserts an `Access denied … (role=<role>)` reply.
+pub async fn check_denied(conn: &mut Connection, cmd: &str, role: &str) {
+    let got = ask(conn, cmd).await;
+    assert_denied(&got, role, cmd);
+}
+
+/// Sends `cmd` and asserts a reply starting with `Error: `.
+pub async fn check_error(conn: &mut Connection, cmd: &str) -> String {
+    let got = ask(conn, cmd).await;
+    assert!(got.starts_with("Error: ") && got.len() > "Error: ".len(), "reply to {}: expected `Error: …`, got {got:?}", shorten(cmd));
+    got
+}
+
+/// A delivery line, owned: (message_id, queue, delivery_count, body).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Got {
+    pub id: String,
+    pub queue: String,
+    pub count: u32,
+    pub body: String,
+}
+
+/// Parses a `Message: …` line; panics on anything else.
+pub fn delivery_of(line: &str) -> Got {
+    let d = ciphermq_proto::Delivery::parse(line).unwrap_or_else(|| panic!("expected a delivery, got {line:?}"));
+    Got { id: d.message_id.to_owned(), queue: d.queue.to_owned(), count: d.delivery_count, body: d.body.to_owned() }
+}
+
+/// Reads the next delivery (bounded); panics on any other line.
+pub async fn next_delivery(conn: &mut Connection) -> Got {
+    let l = line(conn).await;
+    delivery_of(&l)
+}
+
+/// Reads lines until a non-delivery line arrives; push deliveries read on the
+/// way are appended to `pushed`. Returns the reply line.
+pub async fn reply_skipping(conn: &mut Connection, pushed: &mut Vec<Got>) -> String {
+    loop {
+        let l = line(conn).await;
+        if l.starts_with("Message: ") {
+            pushed.push(delivery_of(&l));
+        } else {
+            return l;
+        }
+    }
+}
+
+/// Sends `cmd`, asserts its reply (deliveries in between are collected).
+pub async fn check_skipping(conn: &mut Connection, cmd: &str, reply: &str, pushed: &mut Vec<Got>) {
+    send(conn, cmd).await;
+    let got = reply_skipping(conn, pushed).await;
+    assert_eq!(got, reply, "reply to {}", shorten(cmd));
+}
+
+/// `fetch <queue> <max>`: the deliveries, after asserting `OK fetch <n>` with
+/// n equal to their number.
+pub async fn fetch(conn: &mut Connection, queue: &str, max: u32) -> Vec<Got> {
+    send(conn, &format!("fetch {queue} {max}")).await;
+    let mut got = Vec::new();
+    loop {
+        let l = line(conn).await;
+        if l.starts_with("Message: ") {
+            got.push(delivery_of(&l));
+        } else {
+            assert_eq!(l, format!("OK fetch {}", got.len()), "end of fetch {queue} {max}");
+            return got;
+        }
+    }
+}
+
+/// Ids of deliveries, in order.
+pub fn ids(got: &[Got]) -> Vec<String> {
+    got.iter().map(|g| g.id.clone()).collect()
+}
+
+/// Publishes `body(id, receiver)` on `exchange` with `key`, asserting `reply`.
+pub async fn publish_expect(conn: &mut Connection, exchange: &str, key: &str, id: &str, reply: &str) {
+    check(conn, &format!("publish {exchange} {key} {}", body(id, "receiver_1")), reply).await;
+}

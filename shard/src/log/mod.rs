@@ -1,0 +1,45 @@
+//! Durable per-queue logs: `{data_dir}/queues/{queue}/segment-{base}.log`.
+//!
+//! Map:
+//! - [`record`]: the record format (length, CRC-32C, kind, payload).
+//! - [`queue_log`]: the write side of one queue's log, without I/O: it encodes
+//!   records into a pending buffer and hands [`CommitJob`]s to the shard's
+//!   committer, which writes them with io_uring, `fdatasync`s, and reports back.
+//! - [`recovery`]: reading a queue's segments at start-up: torn tails truncated,
+//!   corrupt records reported with file and offset and never served.
+//!
+//! Segments are deleted oldest first, once every message in them is acked: an
+//! ack record can only refer to a message in its own or an older segment, so
+//! deleting from the front never resurrects an acked message.
+
+pub mod queue_log;
+pub mod record;
+pub mod recovery;
+
+pub use queue_log::{CommitJob, QueueLog};
+pub use recovery::{recover_queue, RecoveredQueue};
+
+use std::path::{Path, PathBuf};
+
+/// The directory of one queue's log.
+pub fn queue_dir(data_dir: &Path, queue: &str) -> PathBuf {
+    data_dir.join("queues").join(queue)
+}
+
+/// The file of the segment starting at `base`.
+pub fn segment_path(dir: &Path, base: u64) -> PathBuf {
+    dir.join(format!("segment-{base:020}.log"))
+}
+
+/// The base of a segment file name, if it is one.
+pub fn segment_base(file_name: &str) -> Option<u64> {
+    file_name.strip_prefix("segment-")?.strip_suffix(".log")?.parse().ok()
+}
+
+/// Milliseconds since the Unix epoch, for ack times.
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
