@@ -149,6 +149,8 @@ impl Connection {
                 }
                 let mut owed = Vec::new();
                 self.tracker.take_all(&mut owed);
+                // Requeue in queue order so redeliveries stay FIFO.
+                owed.sort_unstable_by(|a, b| (&a.queue, a.seq).cmp(&(&b.queue, b.seq)));
                 let conn = self.conn;
                 self.local.with_shard(|shard| {
                     for d in &owed {

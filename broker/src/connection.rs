@@ -168,19 +168,13 @@ impl Connection {
         self.close();
     }
 
-    /// Gives back what the connection owed and forgets it.
+    /// Forgets the connection; every shard it consumed from requeues what it
+    /// owed (in queue order) and drops its consumers.
     fn close(&mut self) {
-        let mut owed = Vec::new();
-        self.tracker.take_all(&mut owed);
-        let now = Instant::now();
         let conn = self.conn;
         let consumed = self.consumed;
-        self.local.with_shard(|shard| {
-            for d in &owed {
-                shard.requeue(conn, d, now);
-            }
-            shard.unregister_conn(conn, consumed);
-        });
+        self.local
+            .with_shard(|shard| shard.unregister_conn(conn, consumed));
     }
 
     fn poll_timer(&mut self, cx: &mut Context<'_>) -> bool {

@@ -79,6 +79,10 @@ impl LineBuffer {
                         self.discarding = false;
                         continue;
                     }
+                    if i > self.max_line {
+                        // Too long, though its newline came in the same read.
+                        return Line::TooLong;
+                    }
                     return Line::Complete(&self.buf[line_start..line_start + i]);
                 }
                 None => {
@@ -137,7 +141,9 @@ mod tests {
         feed(&mut lb, b"xxxxx\nheartbeat\n");
         assert_eq!(lb.next_line(), Line::Complete(b"heartbeat"));
         let mut exact = LineBuffer::new(4);
-        feed(&mut exact, b"abcd\n");
+        feed(&mut exact, b"abcd\nabcde\nok\n");
         assert_eq!(exact.next_line(), Line::Complete(b"abcd"));
+        assert_eq!(exact.next_line(), Line::TooLong, "newline in the same read");
+        assert_eq!(exact.next_line(), Line::Complete(b"ok"));
     }
 }

@@ -215,6 +215,8 @@ pub fn start(config: &Config) -> Result<BrokerHandle, StartError> {
         max_len: config.performance.max_queue_size,
         max_deliveries: config.performance.max_deliveries,
         dedup_window: Duration::from_secs(config.performance.dedup_window_secs),
+        ack_wait: (config.performance.ack_wait_secs > 0)
+            .then(|| Duration::from_secs(config.performance.ack_wait_secs)),
     };
 
     let mut mesh = Mesh::build(shards);
@@ -360,6 +362,7 @@ async fn run_shard(ctx: ShardStart, ready: std::sync::mpsc::Sender<Result<Socket
     ))
     .detach();
     glommio::spawn_local(watch_policy(local.clone(), ctx.shard)).detach();
+    glommio::spawn_local(sweep_deliveries(local.clone())).detach();
     let _ = ready.send(Ok(addr));
 
     let shard = ctx.shard;
@@ -395,6 +398,14 @@ async fn watch_policy(local: Rc<ShardLocal>, shard: usize) {
         for mailbox in local.shard.borrow().mailboxes() {
             mailbox.wake();
         }
+    }
+}
+
+/// Redelivers deliveries unacked past `performance.ack_wait_secs`.
+async fn sweep_deliveries(local: Rc<ShardLocal>) {
+    loop {
+        glommio::timer::sleep(Duration::from_secs(1)).await;
+        local.with_shard(|shard| shard.sweep(Instant::now()));
     }
 }
 

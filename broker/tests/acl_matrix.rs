@@ -9,8 +9,8 @@
 mod common;
 
 use base64::Engine;
-use common::*;
 use ciphermq_clients::connection::Connection;
+use common::*;
 
 /// A 32-byte X25519-sized key filled with `byte`, in standard padded base64.
 fn key_b64(byte: u8) -> String {
@@ -22,17 +22,37 @@ fn key_b64(byte: u8) -> String {
 async fn world() -> (TestBroker, Connection) {
     let broker = TestBroker::start(1);
     let mut admin = connect_as(&broker, "admin").await;
-    check(&mut admin, "declare_exchange ex direct", "OK declare_exchange ex").await;
+    check(
+        &mut admin,
+        "declare_exchange ex direct",
+        "OK declare_exchange ex",
+    )
+    .await;
     for cn in ["receiver_1", "receiver_2", "receiver_1_2"] {
-        check(&mut admin, &format!("declare_queue {cn}_queue"), &format!("OK declare_queue {cn}_queue")).await;
-        check(&mut admin, &format!("bind {cn}_queue ex {cn}"), &format!("OK bind {cn}_queue ex {cn}")).await;
+        check(
+            &mut admin,
+            &format!("declare_queue {cn}_queue"),
+            &format!("OK declare_queue {cn}_queue"),
+        )
+        .await;
+        check(
+            &mut admin,
+            &format!("bind {cn}_queue ex {cn}"),
+            &format!("OK bind {cn}_queue ex {cn}"),
+        )
+        .await;
     }
     (broker, admin)
 }
 
 /// Publishes `id` to `receiver_1_queue` as admin and asserts the ACK.
 async fn stock(admin: &mut Connection, id: &str) {
-    check(admin, &format!("publish ex receiver_1 {}", body(id, "receiver_1")), &format!("ACK {id}")).await;
+    check(
+        admin,
+        &format!("publish ex receiver_1 {}", body(id, "receiver_1")),
+        &format!("ACK {id}"),
+    )
+    .await;
 }
 
 // ---------------------------------------------------------------------------
@@ -46,7 +66,12 @@ async fn sender_is_denied_declare_queue_without_side_effect() {
     check_denied(&mut s, "declare_queue orders", "sender").await;
     check_denied(&mut s, "declare_queue receiver_1_queue", "sender").await;
     // The denied declare created nothing.
-    check(&mut admin, "bind orders ex orders", "Error: unknown queue orders").await;
+    check(
+        &mut admin,
+        "bind orders ex orders",
+        "Error: unknown queue orders",
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -65,7 +90,12 @@ async fn sender_is_denied_declare_exchange_without_side_effect() {
     check_denied(&mut s, "declare_exchange sx direct", "sender").await;
     check_denied(&mut s, "declare_exchange sx", "sender").await;
     // The denied declare created no exchange.
-    check(&mut admin, "bind receiver_1_queue sx receiver_1", "Error: unknown exchange sx").await;
+    check(
+        &mut admin,
+        "bind receiver_1_queue sx receiver_1",
+        "Error: unknown exchange sx",
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -73,18 +103,28 @@ async fn sender_may_publish() {
     let (broker, mut admin) = world().await;
     let mut s = connect_as(&broker, "sender_1").await;
     publish_expect(&mut s, "ex", "receiver_1", "m-1", "ACK m-1").await;
-    assert_eq!(ids(&fetch(&mut admin, "receiver_1_queue", 10).await), ["m-1"]);
+    assert_eq!(
+        ids(&fetch(&mut admin, "receiver_1_queue", 10).await),
+        ["m-1"]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sender_may_publish_batch() {
     let (broker, mut admin) = world().await;
     let mut s = connect_as(&broker, "sender_1").await;
-    let batch = format!("[{},{}]", body("b-1", "receiver_1"), body("b-2", "receiver_1"));
+    let batch = format!(
+        "[{},{}]",
+        body("b-1", "receiver_1"),
+        body("b-2", "receiver_1")
+    );
     send(&mut s, &format!("publish_batch ex receiver_1 {batch}")).await;
     assert_eq!(line(&mut s).await, "ACK b-1");
     assert_eq!(line(&mut s).await, "ACK b-2");
-    assert_eq!(ids(&fetch(&mut admin, "receiver_1_queue", 10).await), ["b-1", "b-2"]);
+    assert_eq!(
+        ids(&fetch(&mut admin, "receiver_1_queue", 10).await),
+        ["b-1", "b-2"]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -103,7 +143,10 @@ async fn sender_is_denied_fetch_and_receives_nothing() {
     check_denied(&mut s, "fetch receiver_1_queue", "sender").await;
     check_denied(&mut s, "fetch receiver_1_queue 10", "sender").await;
     // The message is still there for someone allowed.
-    assert_eq!(ids(&fetch(&mut admin, "receiver_1_queue", 10).await), ["m-1"]);
+    assert_eq!(
+        ids(&fetch(&mut admin, "receiver_1_queue", 10).await),
+        ["m-1"]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -120,7 +163,12 @@ async fn sender_may_ack() {
     let mut s = connect_as(&broker, "sender_1").await;
     // Allowed: the answer is about deliveries, not permissions.
     check(&mut s, "ack m-1", "Error: no outstanding delivery m-1").await;
-    check(&mut s, "ack m-1 receiver_1_queue", "Error: no outstanding delivery m-1").await;
+    check(
+        &mut s,
+        "ack m-1 receiver_1_queue",
+        "Error: no outstanding delivery m-1",
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -142,17 +190,37 @@ async fn sender_may_quit() {
 async fn sender_is_denied_register_public_key_without_side_effect() {
     let (broker, mut admin) = world().await;
     let mut s = connect_as(&broker, "sender_1").await;
-    check_denied(&mut s, &format!("register_public_key {}", key_b64(1)), "sender").await;
-    check(&mut admin, "get_public_key sender_1", "Error: no public key for sender_1").await;
+    check_denied(
+        &mut s,
+        &format!("register_public_key {}", key_b64(1)),
+        "sender",
+    )
+    .await;
+    check(
+        &mut admin,
+        "get_public_key sender_1",
+        "Error: no public key for sender_1",
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sender_may_get_public_key() {
     let (broker, _admin) = world().await;
     let mut r = connect_as(&broker, "receiver_1").await;
-    check(&mut r, &format!("register_public_key {}", key_b64(9)), "Public key registered").await;
+    check(
+        &mut r,
+        &format!("register_public_key {}", key_b64(9)),
+        "Public key registered",
+    )
+    .await;
     let mut s = connect_as(&broker, "sender_1").await;
-    check(&mut s, "get_public_key receiver_1", &format!("PUBLIC_KEY receiver_1 {}", key_b64(9))).await;
+    check(
+        &mut s,
+        "get_public_key receiver_1",
+        &format!("PUBLIC_KEY receiver_1 {}", key_b64(9)),
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -170,16 +238,31 @@ async fn sender_may_heartbeat() {
 async fn receiver_may_declare_own_queue() {
     let broker = TestBroker::start(1);
     let mut r = connect_as(&broker, "receiver_1").await;
-    check(&mut r, "declare_queue receiver_1_queue", "OK declare_queue receiver_1_queue").await;
+    check(
+        &mut r,
+        "declare_queue receiver_1_queue",
+        "OK declare_queue receiver_1_queue",
+    )
+    .await;
     // Idempotent.
-    check(&mut r, "declare_queue receiver_1_queue", "OK declare_queue receiver_1_queue").await;
+    check(
+        &mut r,
+        "declare_queue receiver_1_queue",
+        "OK declare_queue receiver_1_queue",
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn receiver_may_declare_exchange() {
     let broker = TestBroker::start(1);
     let mut r = connect_as(&broker, "receiver_1").await;
-    check(&mut r, "declare_exchange rx topic", "OK declare_exchange rx").await;
+    check(
+        &mut r,
+        "declare_exchange rx topic",
+        "OK declare_exchange rx",
+    )
+    .await;
     check(&mut r, "declare_exchange rx2", "OK declare_exchange rx2").await;
 }
 
@@ -187,9 +270,24 @@ async fn receiver_may_declare_exchange() {
 async fn receiver_may_bind_own_queue_with_own_key_and_it_routes() {
     let broker = TestBroker::start(1);
     let mut r = connect_as(&broker, "receiver_1").await;
-    check(&mut r, "declare_exchange ex direct", "OK declare_exchange ex").await;
-    check(&mut r, "declare_queue receiver_1_queue", "OK declare_queue receiver_1_queue").await;
-    check(&mut r, "bind receiver_1_queue ex receiver_1", "OK bind receiver_1_queue ex receiver_1").await;
+    check(
+        &mut r,
+        "declare_exchange ex direct",
+        "OK declare_exchange ex",
+    )
+    .await;
+    check(
+        &mut r,
+        "declare_queue receiver_1_queue",
+        "OK declare_queue receiver_1_queue",
+    )
+    .await;
+    check(
+        &mut r,
+        "bind receiver_1_queue ex receiver_1",
+        "OK bind receiver_1_queue ex receiver_1",
+    )
+    .await;
     let mut s = connect_as(&broker, "sender_1").await;
     publish_expect(&mut s, "ex", "receiver_1", "m-1", "ACK m-1").await;
     assert_eq!(ids(&fetch(&mut r, "receiver_1_queue", 10).await), ["m-1"]);
@@ -199,9 +297,19 @@ async fn receiver_may_bind_own_queue_with_own_key_and_it_routes() {
 async fn receiver_publish_is_nacked_access_denied_and_stores_nothing() {
     let (broker, mut admin) = world().await;
     let mut r = connect_as(&broker, "receiver_1").await;
-    check(&mut r, &format!("publish ex receiver_1 {}", body("r-1", "receiver_1")), "NACK r-1 access_denied").await;
+    check(
+        &mut r,
+        &format!("publish ex receiver_1 {}", body("r-1", "receiver_1")),
+        "NACK r-1 access_denied",
+    )
+    .await;
     // Even to an unknown exchange the answer is the permission.
-    check(&mut r, &format!("publish nowhere receiver_1 {}", body("r-2", "receiver_1")), "NACK r-2 access_denied").await;
+    check(
+        &mut r,
+        &format!("publish nowhere receiver_1 {}", body("r-2", "receiver_1")),
+        "NACK r-2 access_denied",
+    )
+    .await;
     assert!(fetch(&mut admin, "receiver_1_queue", 10).await.is_empty());
 }
 
@@ -209,7 +317,11 @@ async fn receiver_publish_is_nacked_access_denied_and_stores_nothing() {
 async fn receiver_publish_batch_is_nacked_access_denied_per_element() {
     let (broker, mut admin) = world().await;
     let mut r = connect_as(&broker, "receiver_1").await;
-    let batch = format!("[{},{}]", body("rb-1", "receiver_1"), body("rb-2", "receiver_1"));
+    let batch = format!(
+        "[{},{}]",
+        body("rb-1", "receiver_1"),
+        body("rb-2", "receiver_1")
+    );
     send(&mut r, &format!("publish_batch ex receiver_1 {batch}")).await;
     assert_eq!(line(&mut r).await, "NACK rb-1 access_denied");
     assert_eq!(line(&mut r).await, "NACK rb-2 access_denied");
@@ -223,7 +335,13 @@ async fn receiver_may_consume_own_queue() {
     stock(&mut admin, "m-1").await;
     let mut r = connect_as(&broker, "receiver_1").await;
     let mut pushed = Vec::new();
-    check_skipping(&mut r, "consume receiver_1_queue", "OK consume receiver_1_queue", &mut pushed).await;
+    check_skipping(
+        &mut r,
+        "consume receiver_1_queue",
+        "OK consume receiver_1_queue",
+        &mut pushed,
+    )
+    .await;
     if pushed.is_empty() {
         pushed.push(next_delivery(&mut r).await);
     }
@@ -257,7 +375,10 @@ async fn receiver_may_ack_own_delivery() {
     stock(&mut admin, "m-1").await;
     stock(&mut admin, "m-2").await;
     let mut r = connect_as(&broker, "receiver_1").await;
-    assert_eq!(ids(&fetch(&mut r, "receiver_1_queue", 2).await), ["m-1", "m-2"]);
+    assert_eq!(
+        ids(&fetch(&mut r, "receiver_1_queue", 2).await),
+        ["m-1", "m-2"]
+    );
     check(&mut r, "ack m-1", "ACK_CONFIRMED m-1").await;
     check(&mut r, "ack m-2 receiver_1_queue", "ACK_CONFIRMED m-2").await;
 }
@@ -283,14 +404,24 @@ async fn receiver_may_quit() {
 async fn receiver_may_register_public_key() {
     let broker = TestBroker::start(1);
     let mut r = connect_as(&broker, "receiver_1").await;
-    check(&mut r, &format!("register_public_key {}", key_b64(3)), "Public key registered").await;
+    check(
+        &mut r,
+        &format!("register_public_key {}", key_b64(3)),
+        "Public key registered",
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn receiver_is_denied_get_public_key() {
     let broker = TestBroker::start(1);
     let mut r = connect_as(&broker, "receiver_1").await;
-    check(&mut r, &format!("register_public_key {}", key_b64(3)), "Public key registered").await;
+    check(
+        &mut r,
+        &format!("register_public_key {}", key_b64(3)),
+        "Public key registered",
+    )
+    .await;
     check_denied(&mut r, "get_public_key receiver_1", "receiver").await;
     check_denied(&mut r, "get_public_key receiver_2", "receiver").await;
 }
@@ -311,24 +442,54 @@ async fn admin_may_declare_any_queue() {
     let broker = TestBroker::start(1);
     let mut a = connect_as(&broker, "admin").await;
     check(&mut a, "declare_queue orders", "OK declare_queue orders").await;
-    check(&mut a, "declare_queue receiver_2_queue", "OK declare_queue receiver_2_queue").await;
+    check(
+        &mut a,
+        "declare_queue receiver_2_queue",
+        "OK declare_queue receiver_2_queue",
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_may_declare_exchange() {
     let broker = TestBroker::start(1);
     let mut a = connect_as(&broker, "admin").await;
-    check(&mut a, "declare_exchange ax fanout", "OK declare_exchange ax").await;
+    check(
+        &mut a,
+        "declare_exchange ax fanout",
+        "OK declare_exchange ax",
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_may_bind_any_queue_with_any_key() {
     let (_broker, mut a) = world().await;
     check(&mut a, "declare_queue orders", "OK declare_queue orders").await;
-    check(&mut a, "bind orders ex anything", "OK bind orders ex anything").await;
-    check(&mut a, "bind receiver_2_queue ex receiver_1", "OK bind receiver_2_queue ex receiver_1").await;
-    check(&mut a, "declare_exchange tx topic", "OK declare_exchange tx").await;
-    check(&mut a, "bind receiver_2_queue tx #", "OK bind receiver_2_queue tx #").await;
+    check(
+        &mut a,
+        "bind orders ex anything",
+        "OK bind orders ex anything",
+    )
+    .await;
+    check(
+        &mut a,
+        "bind receiver_2_queue ex receiver_1",
+        "OK bind receiver_2_queue ex receiver_1",
+    )
+    .await;
+    check(
+        &mut a,
+        "declare_exchange tx topic",
+        "OK declare_exchange tx",
+    )
+    .await;
+    check(
+        &mut a,
+        "bind receiver_2_queue tx #",
+        "OK bind receiver_2_queue tx #",
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -341,7 +502,11 @@ async fn admin_may_publish() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_may_publish_batch() {
     let (_broker, mut a) = world().await;
-    let batch = format!("[{},{}]", body("b-1", "receiver_2"), body("b-2", "receiver_2"));
+    let batch = format!(
+        "[{},{}]",
+        body("b-1", "receiver_2"),
+        body("b-2", "receiver_2")
+    );
     send(&mut a, &format!("publish_batch ex receiver_2 {batch}")).await;
     assert_eq!(line(&mut a).await, "ACK b-1");
     assert_eq!(line(&mut a).await, "ACK b-2");
@@ -350,9 +515,20 @@ async fn admin_may_publish_batch() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_may_consume_any_queue() {
     let (_broker, mut a) = world().await;
-    check(&mut a, &format!("publish ex receiver_2 {}", body("m-2", "receiver_2")), "ACK m-2").await;
+    check(
+        &mut a,
+        &format!("publish ex receiver_2 {}", body("m-2", "receiver_2")),
+        "ACK m-2",
+    )
+    .await;
     let mut pushed = Vec::new();
-    check_skipping(&mut a, "consume receiver_2_queue", "OK consume receiver_2_queue", &mut pushed).await;
+    check_skipping(
+        &mut a,
+        "consume receiver_2_queue",
+        "OK consume receiver_2_queue",
+        &mut pushed,
+    )
+    .await;
     if pushed.is_empty() {
         pushed.push(next_delivery(&mut a).await);
     }
@@ -362,7 +538,12 @@ async fn admin_may_consume_any_queue() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_may_fetch_any_queue() {
     let (_broker, mut a) = world().await;
-    check(&mut a, &format!("publish ex receiver_1_2 {}", body("m-3", "receiver_1_2")), "ACK m-3").await;
+    check(
+        &mut a,
+        &format!("publish ex receiver_1_2 {}", body("m-3", "receiver_1_2")),
+        "ACK m-3",
+    )
+    .await;
     assert_eq!(ids(&fetch(&mut a, "receiver_1_2_queue", 10).await), ["m-3"]);
 }
 
@@ -403,17 +584,37 @@ async fn admin_may_quit() {
 async fn admin_may_register_public_key() {
     let broker = TestBroker::start(1);
     let mut a = connect_as(&broker, "admin").await;
-    check(&mut a, &format!("register_public_key {}", key_b64(5)), "Public key registered").await;
-    check(&mut a, "get_public_key admin", &format!("PUBLIC_KEY admin {}", key_b64(5))).await;
+    check(
+        &mut a,
+        &format!("register_public_key {}", key_b64(5)),
+        "Public key registered",
+    )
+    .await;
+    check(
+        &mut a,
+        "get_public_key admin",
+        &format!("PUBLIC_KEY admin {}", key_b64(5)),
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_may_get_public_key() {
     let broker = TestBroker::start(1);
     let mut r = connect_as(&broker, "receiver_2").await;
-    check(&mut r, &format!("register_public_key {}", key_b64(6)), "Public key registered").await;
+    check(
+        &mut r,
+        &format!("register_public_key {}", key_b64(6)),
+        "Public key registered",
+    )
+    .await;
     let mut a = connect_as(&broker, "admin").await;
-    check(&mut a, "get_public_key receiver_2", &format!("PUBLIC_KEY receiver_2 {}", key_b64(6))).await;
+    check(
+        &mut a,
+        "get_public_key receiver_2",
+        &format!("PUBLIC_KEY receiver_2 {}", key_b64(6)),
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -431,10 +632,25 @@ async fn admin_may_heartbeat() {
 async fn receiver_owns_queues_with_its_cn_prefix_and_their_dlq() {
     let broker = TestBroker::start(1);
     let mut r = connect_as(&broker, "receiver_1").await;
-    for q in ["receiver_1_queue", "receiver_1_anything", "receiver_1_queue.dlq"] {
-        check(&mut r, &format!("declare_queue {q}"), &format!("OK declare_queue {q}")).await;
+    for q in [
+        "receiver_1_queue",
+        "receiver_1_anything",
+        "receiver_1_queue.dlq",
+    ] {
+        check(
+            &mut r,
+            &format!("declare_queue {q}"),
+            &format!("OK declare_queue {q}"),
+        )
+        .await;
         let mut pushed = Vec::new();
-        check_skipping(&mut r, &format!("consume {q}"), &format!("OK consume {q}"), &mut pushed).await;
+        check_skipping(
+            &mut r,
+            &format!("consume {q}"),
+            &format!("OK consume {q}"),
+            &mut pushed,
+        )
+        .await;
         assert!(pushed.is_empty());
         assert!(fetch(&mut r, q, 1).await.is_empty());
     }
@@ -443,10 +659,25 @@ async fn receiver_owns_queues_with_its_cn_prefix_and_their_dlq() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn receiver_does_not_own_names_without_the_cn_underscore_prefix() {
     let (broker, mut admin) = world().await;
-    check(&mut admin, "declare_queue receiver_1queue", "OK declare_queue receiver_1queue").await;
-    check(&mut admin, "declare_queue orders", "OK declare_queue orders").await;
+    check(
+        &mut admin,
+        "declare_queue receiver_1queue",
+        "OK declare_queue receiver_1queue",
+    )
+    .await;
+    check(
+        &mut admin,
+        "declare_queue orders",
+        "OK declare_queue orders",
+    )
+    .await;
     let mut r = connect_as(&broker, "receiver_1").await;
-    for q in ["receiver_1queue", "orders", "receiver_1", "queue_receiver_1"] {
+    for q in [
+        "receiver_1queue",
+        "orders",
+        "receiver_1",
+        "queue_receiver_1",
+    ] {
         check_denied(&mut r, &format!("declare_queue {q}"), "receiver").await;
         check_denied(&mut r, &format!("consume {q}"), "receiver").await;
         check_denied(&mut r, &format!("fetch {q}"), "receiver").await;
@@ -456,7 +687,12 @@ async fn receiver_does_not_own_names_without_the_cn_underscore_prefix() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn receiver_may_not_touch_another_receivers_queue() {
     let (broker, mut admin) = world().await;
-    check(&mut admin, &format!("publish ex receiver_2 {}", body("m-2", "receiver_2")), "ACK m-2").await;
+    check(
+        &mut admin,
+        &format!("publish ex receiver_2 {}", body("m-2", "receiver_2")),
+        "ACK m-2",
+    )
+    .await;
     let mut r = connect_as(&broker, "receiver_1").await;
     check_denied(&mut r, "declare_queue receiver_2_queue", "receiver").await;
     check_denied(&mut r, "consume receiver_2_queue", "receiver").await;
@@ -465,7 +701,12 @@ async fn receiver_may_not_touch_another_receivers_queue() {
     check_denied(&mut r, "bind receiver_2_queue ex receiver_1", "receiver").await;
     check_denied(&mut r, "nack m-2 receiver_2_queue", "receiver").await;
     // Nothing was delivered to the intruder, the owner still gets it.
-    assert_silent(&mut r, std::time::Duration::from_millis(200), "denied consume delivers nothing").await;
+    assert_silent(
+        &mut r,
+        std::time::Duration::from_millis(200),
+        "denied consume delivers nothing",
+    )
+    .await;
     let mut owner = connect_as(&broker, "receiver_2").await;
     let got = fetch(&mut owner, "receiver_2_queue", 10).await;
     assert_eq!((ids(&got), got[0].count), (vec!["m-2".to_owned()], 1));
@@ -484,14 +725,40 @@ async fn longest_receiver_cn_owns_the_queue() {
     check_denied(&mut r1, "declare_queue receiver_1_2_queue", "receiver").await;
     check_denied(&mut r1, "consume receiver_1_2_queue", "receiver").await;
     check_denied(&mut r1, "fetch receiver_1_2_queue", "receiver").await;
-    check_denied(&mut r1, "bind receiver_1_2_queue ex receiver_1_2", "receiver").await;
+    check_denied(
+        &mut r1,
+        "bind receiver_1_2_queue ex receiver_1_2",
+        "receiver",
+    )
+    .await;
     check_denied(&mut r1, "declare_queue receiver_1_2_other", "receiver").await;
     let mut r12 = connect_as(&broker, "receiver_1_2").await;
-    check(&mut r12, "declare_queue receiver_1_2_queue", "OK declare_queue receiver_1_2_queue").await;
-    check(&mut r12, "declare_queue receiver_1_2_other", "OK declare_queue receiver_1_2_other").await;
-    check(&mut r12, "bind receiver_1_2_other ex receiver_1_2", "OK bind receiver_1_2_other ex receiver_1_2").await;
+    check(
+        &mut r12,
+        "declare_queue receiver_1_2_queue",
+        "OK declare_queue receiver_1_2_queue",
+    )
+    .await;
+    check(
+        &mut r12,
+        "declare_queue receiver_1_2_other",
+        "OK declare_queue receiver_1_2_other",
+    )
+    .await;
+    check(
+        &mut r12,
+        "bind receiver_1_2_other ex receiver_1_2",
+        "OK bind receiver_1_2_other ex receiver_1_2",
+    )
+    .await;
     let mut pushed = Vec::new();
-    check_skipping(&mut r12, "consume receiver_1_2_queue", "OK consume receiver_1_2_queue", &mut pushed).await;
+    check_skipping(
+        &mut r12,
+        "consume receiver_1_2_queue",
+        "OK consume receiver_1_2_queue",
+        &mut pushed,
+    )
+    .await;
     if pushed.is_empty() {
         pushed.push(next_delivery(&mut r12).await);
     }
@@ -501,13 +768,43 @@ async fn longest_receiver_cn_owns_the_queue() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn receiver_binds_only_keys_it_owns() {
     let (broker, mut admin) = world().await;
-    check(&mut admin, "declare_exchange tx topic", "OK declare_exchange tx").await;
+    check(
+        &mut admin,
+        "declare_exchange tx topic",
+        "OK declare_exchange tx",
+    )
+    .await;
     let mut r = connect_as(&broker, "receiver_1").await;
-    for key in ["receiver_1", "receiver_1.x", "receiver_1_x", "receiver_1.#", "receiver_1.*"] {
-        check(&mut r, &format!("bind receiver_1_queue tx {key}"), &format!("OK bind receiver_1_queue tx {key}")).await;
+    for key in [
+        "receiver_1",
+        "receiver_1.x",
+        "receiver_1_x",
+        "receiver_1.#",
+        "receiver_1.*",
+    ] {
+        check(
+            &mut r,
+            &format!("bind receiver_1_queue tx {key}"),
+            &format!("OK bind receiver_1_queue tx {key}"),
+        )
+        .await;
     }
-    for key in ["receiver_1x", "#", "*", "receiver_2", "receiver_2.x", "receiver_1_2", "receiver_1_2.x", "x.receiver_1"] {
-        check_denied(&mut r, &format!("bind receiver_1_queue tx {key}"), "receiver").await;
+    for key in [
+        "receiver_1x",
+        "#",
+        "*",
+        "receiver_2",
+        "receiver_2.x",
+        "receiver_1_2",
+        "receiver_1_2.x",
+        "x.receiver_1",
+    ] {
+        check_denied(
+            &mut r,
+            &format!("bind receiver_1_queue tx {key}"),
+            "receiver",
+        )
+        .await;
     }
     // Own key, foreign queue: still denied.
     check_denied(&mut r, "bind receiver_2_queue tx receiver_1", "receiver").await;
@@ -523,12 +820,32 @@ async fn acl_is_checked_before_existence() {
     check_denied(&mut r, "consume receiver_2_queue", "receiver").await;
     check_denied(&mut r, "fetch receiver_2_queue", "receiver").await;
     check_denied(&mut r, "bind receiver_2_queue ex receiver_1", "receiver").await;
-    check_denied(&mut r, "bind receiver_2_queue nowhere receiver_1", "receiver").await;
+    check_denied(
+        &mut r,
+        "bind receiver_2_queue nowhere receiver_1",
+        "receiver",
+    )
+    .await;
     check_denied(&mut r, "consume receiver_1_2_queue", "receiver").await;
     // Own and absent: the existence error.
-    check(&mut r, "consume receiver_1_nope", "Error: unknown queue receiver_1_nope").await;
-    check(&mut r, "fetch receiver_1_nope", "Error: unknown queue receiver_1_nope").await;
-    check(&mut r, "bind receiver_1_nope ex receiver_1", "Error: unknown queue receiver_1_nope").await;
+    check(
+        &mut r,
+        "consume receiver_1_nope",
+        "Error: unknown queue receiver_1_nope",
+    )
+    .await;
+    check(
+        &mut r,
+        "fetch receiver_1_nope",
+        "Error: unknown queue receiver_1_nope",
+    )
+    .await;
+    check(
+        &mut r,
+        "bind receiver_1_nope ex receiver_1",
+        "Error: unknown queue receiver_1_nope",
+    )
+    .await;
 }
 
 // ---------------------------------------------------------------------------
@@ -540,28 +857,68 @@ async fn public_key_round_trip_and_rotation() {
     let broker = TestBroker::start(1);
     let mut r = connect_as(&broker, "receiver_1").await;
     let mut s = connect_as(&broker, "sender_1").await;
-    check(&mut s, "get_public_key receiver_1", "Error: no public key for receiver_1").await;
-    check(&mut r, &format!("register_public_key {}", key_b64(0xfb)), "Public key registered").await;
-    check(&mut s, "get_public_key receiver_1", &format!("PUBLIC_KEY receiver_1 {}", key_b64(0xfb))).await;
+    check(
+        &mut s,
+        "get_public_key receiver_1",
+        "Error: no public key for receiver_1",
+    )
+    .await;
+    check(
+        &mut r,
+        &format!("register_public_key {}", key_b64(0xfb)),
+        "Public key registered",
+    )
+    .await;
+    check(
+        &mut s,
+        "get_public_key receiver_1",
+        &format!("PUBLIC_KEY receiver_1 {}", key_b64(0xfb)),
+    )
+    .await;
     // Registration is for the caller's own CN only.
-    check(&mut s, "get_public_key receiver_2", "Error: no public key for receiver_2").await;
+    check(
+        &mut s,
+        "get_public_key receiver_2",
+        "Error: no public key for receiver_2",
+    )
+    .await;
     // A new key replaces the old one.
-    check(&mut r, &format!("register_public_key {}", key_b64(0x11)), "Public key registered").await;
-    check(&mut s, "get_public_key receiver_1", &format!("PUBLIC_KEY receiver_1 {}", key_b64(0x11))).await;
+    check(
+        &mut r,
+        &format!("register_public_key {}", key_b64(0x11)),
+        "Public key registered",
+    )
+    .await;
+    check(
+        &mut s,
+        "get_public_key receiver_1",
+        &format!("PUBLIC_KEY receiver_1 {}", key_b64(0x11)),
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn get_public_key_of_unknown_client_is_an_error() {
     let broker = TestBroker::start(1);
     let mut s = connect_as(&broker, "sender_1").await;
-    check(&mut s, "get_public_key nobody", "Error: no public key for nobody").await;
+    check(
+        &mut s,
+        "get_public_key nobody",
+        "Error: no public key for nobody",
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_public_keys_are_errors_and_keep_the_old_key() {
     let broker = TestBroker::start(1);
     let mut r = connect_as(&broker, "receiver_1").await;
-    check(&mut r, &format!("register_public_key {}", key_b64(0xfb)), "Public key registered").await;
+    check(
+        &mut r,
+        &format!("register_public_key {}", key_b64(0xfb)),
+        "Public key registered",
+    )
+    .await;
     let std = base64::engine::general_purpose::STANDARD;
     let bad = [
         "not-base64!!".to_owned(),
@@ -576,5 +933,10 @@ async fn bad_public_keys_are_errors_and_keep_the_old_key() {
         check_error(&mut r, &format!("register_public_key {key}")).await;
     }
     let mut s = connect_as(&broker, "sender_1").await;
-    check(&mut s, "get_public_key receiver_1", &format!("PUBLIC_KEY receiver_1 {}", key_b64(0xfb))).await;
+    check(
+        &mut s,
+        "get_public_key receiver_1",
+        &format!("PUBLIC_KEY receiver_1 {}", key_b64(0xfb)),
+    )
+    .await;
 }

@@ -19,8 +19,12 @@ async fn a_cn_that_loses_its_role_is_disconnected_and_refused() {
     let addr = broker.local_addr().to_string();
     let opts = |cn: &str| TlsClientOptions::for_cn(&pki().certs, cn);
 
-    let mut kept = Connection::connect(&addr, &opts("receiver_1")).await.unwrap();
-    let mut dropped = Connection::connect(&addr, &opts("receiver_2")).await.unwrap();
+    let mut kept = Connection::connect(&addr, &opts("receiver_1"))
+        .await
+        .unwrap();
+    let mut dropped = Connection::connect(&addr, &opts("receiver_2"))
+        .await
+        .unwrap();
     expect(&mut dropped, "heartbeat", "OK heartbeat").await;
 
     let reloaded = text.replace(

@@ -8,8 +8,8 @@ mod common;
 
 use std::time::Duration;
 
-use common::*;
 use ciphermq_clients::connection::Connection;
+use common::*;
 
 /// How long "nothing more arrives" is watched.
 const QUIET: Duration = Duration::from_millis(400);
@@ -17,9 +17,24 @@ const QUIET: Duration = Duration::from_millis(400);
 /// A receiver_1 connection with `ex`, `receiver_1_queue` and the binding.
 async fn receiver(broker: &TestBroker) -> Connection {
     let mut r = connect_as(broker, "receiver_1").await;
-    check(&mut r, "declare_exchange ex direct", "OK declare_exchange ex").await;
-    check(&mut r, "declare_queue receiver_1_queue", "OK declare_queue receiver_1_queue").await;
-    check(&mut r, "bind receiver_1_queue ex receiver_1", "OK bind receiver_1_queue ex receiver_1").await;
+    check(
+        &mut r,
+        "declare_exchange ex direct",
+        "OK declare_exchange ex",
+    )
+    .await;
+    check(
+        &mut r,
+        "declare_queue receiver_1_queue",
+        "OK declare_queue receiver_1_queue",
+    )
+    .await;
+    check(
+        &mut r,
+        "bind receiver_1_queue ex receiver_1",
+        "OK bind receiver_1_queue ex receiver_1",
+    )
+    .await;
     r
 }
 
@@ -79,7 +94,9 @@ async fn prefetch(shards: usize) {
     check_skipping(&mut r, "ack m2", "ACK_CONFIRMED m2", &mut pushed).await;
     collect(&mut r, &mut pushed, 5).await;
     assert_eq!(ids(&pushed), ["m0", "m1", "m2", "m3", "m4"]);
-    assert!(pushed.iter().all(|g| g.count == 1 && g.queue == "receiver_1_queue"));
+    assert!(pushed
+        .iter()
+        .all(|g| g.count == 1 && g.queue == "receiver_1_queue"));
     // Messages published while the consumer is at its limit wait as well.
     publish_ids(&mut s, &["n0", "n1", "n2"]).await;
     assert_silent(&mut r, QUIET, "m3 and m4 still unacked").await;
@@ -162,14 +179,20 @@ async fn redelivery_on_close(shards: usize) {
     publish_ids(&mut s, &["m1", "m2"]).await;
     let mut p1 = consume(&mut r1, "receiver_1_queue", Some(10)).await;
     collect(&mut r1, &mut p1, 2).await;
-    assert_eq!(p1.iter().map(id_count).collect::<Vec<_>>(), [("m1", 1), ("m2", 1)]);
+    assert_eq!(
+        p1.iter().map(id_count).collect::<Vec<_>>(),
+        [("m1", 1), ("m2", 1)]
+    );
     // A second consumer gets nothing while r1 holds both.
     let mut r2 = connect_as(&broker, "receiver_1").await;
     let mut p2 = consume(&mut r2, "receiver_1_queue", Some(10)).await;
     assert_silent(&mut r2, QUIET, "both messages owed to r1").await;
     drop(r1);
     collect(&mut r2, &mut p2, 2).await;
-    assert_eq!(p2.iter().map(id_count).collect::<Vec<_>>(), [("m1", 2), ("m2", 2)]);
+    assert_eq!(
+        p2.iter().map(id_count).collect::<Vec<_>>(),
+        [("m1", 2), ("m2", 2)]
+    );
     check_skipping(&mut r2, "ack m1", "ACK_CONFIRMED m1", &mut p2).await;
     check_skipping(&mut r2, "ack m2", "ACK_CONFIRMED m2", &mut p2).await;
     assert_eq!(p2.len(), 2);
@@ -191,7 +214,14 @@ async fn fetched_delivery_returns_after_quit() {
     let mut r1 = receiver(&broker).await;
     let mut s = sender(&broker).await;
     publish_ids(&mut s, &["m1"]).await;
-    assert_eq!(fetch(&mut r1, "receiver_1_queue", 1).await.iter().map(id_count).collect::<Vec<_>>(), [("m1", 1)]);
+    assert_eq!(
+        fetch(&mut r1, "receiver_1_queue", 1)
+            .await
+            .iter()
+            .map(id_count)
+            .collect::<Vec<_>>(),
+        [("m1", 1)]
+    );
     check(&mut r1, "quit", "OK bye").await;
     assert_closed(&mut r1).await;
     let mut r2 = connect_as(&broker, "receiver_1").await;
@@ -236,7 +266,13 @@ async fn nack_redelivers(shards: usize) {
     collect(&mut r, &mut pushed, 2).await;
     // Requeued in place: m1 again (before m2), one more in its count.
     assert_eq!(id_count(&pushed[1]), ("m1", 2));
-    check_skipping(&mut r, "nack m1 receiver_1_queue", "NACK_CONFIRMED m1", &mut pushed).await;
+    check_skipping(
+        &mut r,
+        "nack m1 receiver_1_queue",
+        "NACK_CONFIRMED m1",
+        &mut pushed,
+    )
+    .await;
     collect(&mut r, &mut pushed, 3).await;
     assert_eq!(id_count(&pushed[2]), ("m1", 3));
     assert_eq!(pushed[2].body, body("m1", "receiver_1"));
@@ -244,8 +280,20 @@ async fn nack_redelivers(shards: usize) {
     collect(&mut r, &mut pushed, 4).await;
     assert_eq!(id_count(&pushed[3]), ("m2", 1));
     check_skipping(&mut r, "ack m2", "ACK_CONFIRMED m2", &mut pushed).await;
-    check_skipping(&mut r, "nack m2", "Error: no outstanding delivery m2", &mut pushed).await;
-    check_skipping(&mut r, "nack nothing", "Error: no outstanding delivery nothing", &mut pushed).await;
+    check_skipping(
+        &mut r,
+        "nack m2",
+        "Error: no outstanding delivery m2",
+        &mut pushed,
+    )
+    .await;
+    check_skipping(
+        &mut r,
+        "nack nothing",
+        "Error: no outstanding delivery nothing",
+        &mut pushed,
+    )
+    .await;
     assert_eq!(pushed.len(), 4);
 }
 
@@ -270,13 +318,22 @@ async fn resend(shards: usize) {
     collect(&mut r, &mut pushed, 6).await;
     check_skipping(&mut r, "resend", "OK resend 6", &mut pushed).await;
     collect(&mut r, &mut pushed, 12).await;
-    let expected: Vec<(&str, u32)> =
-        names.iter().map(|n| (*n, 1)).chain(names.iter().map(|n| (*n, 2))).collect();
+    let expected: Vec<(&str, u32)> = names
+        .iter()
+        .map(|n| (*n, 1))
+        .chain(names.iter().map(|n| (*n, 2)))
+        .collect();
     // Resent once each, count 2, and still FIFO for this consumer.
     assert_eq!(pushed.iter().map(id_count).collect::<Vec<_>>(), expected);
     assert_silent(&mut r, QUIET, "each owed delivery resent once").await;
     for n in names {
-        check_skipping(&mut r, &format!("ack {n}"), &format!("ACK_CONFIRMED {n}"), &mut pushed).await;
+        check_skipping(
+            &mut r,
+            &format!("ack {n}"),
+            &format!("ACK_CONFIRMED {n}"),
+            &mut pushed,
+        )
+        .await;
     }
     check_skipping(&mut r, "resend", "OK resend 0", &mut pushed).await;
     assert_eq!(pushed.len(), 12);
@@ -298,10 +355,16 @@ async fn resend_returns_fetched_deliveries() {
     let mut r = receiver(&broker).await;
     let mut s = sender(&broker).await;
     publish_ids(&mut s, &["m1", "m2", "m3"]).await;
-    assert_eq!(ids(&fetch(&mut r, "receiver_1_queue", 2).await), ["m1", "m2"]);
+    assert_eq!(
+        ids(&fetch(&mut r, "receiver_1_queue", 2).await),
+        ["m1", "m2"]
+    );
     check(&mut r, "resend", "OK resend 2").await;
     let again = fetch(&mut r, "receiver_1_queue", 10).await;
-    assert_eq!(again.iter().map(id_count).collect::<Vec<_>>(), [("m1", 2), ("m2", 2), ("m3", 1)]);
+    assert_eq!(
+        again.iter().map(id_count).collect::<Vec<_>>(),
+        [("m1", 2), ("m2", 2), ("m3", 1)]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -340,7 +403,11 @@ async fn unacked_fetched_delivery_is_redelivered_after_ack_wait_secs() {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert_eq!(got.iter().map(id_count).collect::<Vec<_>>(), [("w1", 2)], "redelivered within 5 s");
+    assert_eq!(
+        got.iter().map(id_count).collect::<Vec<_>>(),
+        [("w1", 2)],
+        "redelivered within 5 s"
+    );
 }
 
 // ---------------------------------------------------------------------------
@@ -350,14 +417,22 @@ async fn unacked_fetched_delivery_is_redelivered_after_ack_wait_secs() {
 async fn fetch_pulls(shards: usize) {
     let broker = TestBroker::start(shards);
     let mut r = receiver(&broker).await;
-    assert!(fetch(&mut r, "receiver_1_queue", 3).await.is_empty(), "OK fetch 0 on an empty queue");
+    assert!(
+        fetch(&mut r, "receiver_1_queue", 3).await.is_empty(),
+        "OK fetch 0 on an empty queue"
+    );
     let mut s = sender(&broker).await;
     publish_ids(&mut s, &["m0", "m1", "m2", "m3", "m4"]).await;
     let first = fetch(&mut r, "receiver_1_queue", 3).await;
     assert_eq!(ids(&first), ["m0", "m1", "m2"]);
-    assert!(first.iter().all(|g| g.count == 1 && g.queue == "receiver_1_queue"));
+    assert!(first
+        .iter()
+        .all(|g| g.count == 1 && g.queue == "receiver_1_queue"));
     assert_eq!(first[0].body, body("m0", "receiver_1"));
-    assert_eq!(ids(&fetch(&mut r, "receiver_1_queue", 3).await), ["m3", "m4"]);
+    assert_eq!(
+        ids(&fetch(&mut r, "receiver_1_queue", 3).await),
+        ["m3", "m4"]
+    );
     // Fetched but unacked messages are not handed out again.
     assert!(fetch(&mut r, "receiver_1_queue", 3).await.is_empty());
     // Without a max, one.
@@ -442,19 +517,50 @@ async fn another_sender_with_the_same_id_stores_a_second_copy_two_shards() {
 async fn dedup_is_per_queue() {
     let broker = TestBroker::start(2);
     let mut admin = connect_as(&broker, "admin").await;
-    check(&mut admin, "declare_exchange ex direct", "OK declare_exchange ex").await;
-    check(&mut admin, "declare_exchange f fanout", "OK declare_exchange f").await;
+    check(
+        &mut admin,
+        "declare_exchange ex direct",
+        "OK declare_exchange ex",
+    )
+    .await;
+    check(
+        &mut admin,
+        "declare_exchange f fanout",
+        "OK declare_exchange f",
+    )
+    .await;
     for q in ["receiver_1_queue", "receiver_2_queue"] {
-        check(&mut admin, &format!("declare_queue {q}"), &format!("OK declare_queue {q}")).await;
-        check(&mut admin, &format!("bind {q} f k"), &format!("OK bind {q} f k")).await;
+        check(
+            &mut admin,
+            &format!("declare_queue {q}"),
+            &format!("OK declare_queue {q}"),
+        )
+        .await;
+        check(
+            &mut admin,
+            &format!("bind {q} f k"),
+            &format!("OK bind {q} f k"),
+        )
+        .await;
     }
-    check(&mut admin, "bind receiver_1_queue ex receiver_1", "OK bind receiver_1_queue ex receiver_1").await;
+    check(
+        &mut admin,
+        "bind receiver_1_queue ex receiver_1",
+        "OK bind receiver_1_queue ex receiver_1",
+    )
+    .await;
     let mut s = connect_as(&broker, "sender_1").await;
     publish_expect(&mut s, "ex", "receiver_1", "p-1", "ACK p-1").await;
     // Already in receiver_1_queue, new to receiver_2_queue.
     publish_expect(&mut s, "f", "k", "p-1", "ACK p-1").await;
-    assert_eq!(ids(&fetch(&mut admin, "receiver_1_queue", 10).await), ["p-1"]);
-    assert_eq!(ids(&fetch(&mut admin, "receiver_2_queue", 10).await), ["p-1"]);
+    assert_eq!(
+        ids(&fetch(&mut admin, "receiver_1_queue", 10).await),
+        ["p-1"]
+    );
+    assert_eq!(
+        ids(&fetch(&mut admin, "receiver_2_queue", 10).await),
+        ["p-1"]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -462,12 +568,20 @@ async fn duplicate_ids_within_one_batch_store_one_copy() {
     let broker = TestBroker::start(1);
     let mut r = receiver(&broker).await;
     let mut s = sender(&broker).await;
-    let batch = format!("[{},{},{}]", body("b-1", "receiver_1"), body("b-1", "receiver_1"), body("b-2", "receiver_1"));
+    let batch = format!(
+        "[{},{},{}]",
+        body("b-1", "receiver_1"),
+        body("b-1", "receiver_1"),
+        body("b-2", "receiver_1")
+    );
     send(&mut s, &format!("publish_batch ex receiver_1 {batch}")).await;
     for expected in ["ACK b-1", "ACK b-1", "ACK b-2"] {
         assert_eq!(line(&mut s).await, expected);
     }
-    assert_eq!(ids(&fetch(&mut r, "receiver_1_queue", 10).await), ["b-1", "b-2"]);
+    assert_eq!(
+        ids(&fetch(&mut r, "receiver_1_queue", 10).await),
+        ["b-1", "b-2"]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -479,11 +593,18 @@ async fn acked_id_may_be_stored_again_after_the_dedup_window() {
     assert_eq!(ids(&fetch(&mut r, "receiver_1_queue", 10).await), ["w-1"]);
     check(&mut r, "ack w-1", "ACK_CONFIRMED w-1").await;
     publish_ids(&mut s, &["w-1"]).await;
-    assert!(fetch(&mut r, "receiver_1_queue", 10).await.is_empty(), "inside the window");
+    assert!(
+        fetch(&mut r, "receiver_1_queue", 10).await.is_empty(),
+        "inside the window"
+    );
     tokio::time::sleep(Duration::from_millis(1500)).await;
     publish_ids(&mut s, &["w-1"]).await;
     let got = fetch(&mut r, "receiver_1_queue", 10).await;
-    assert_eq!(got.iter().map(id_count).collect::<Vec<_>>(), [("w-1", 1)], "after the window");
+    assert_eq!(
+        got.iter().map(id_count).collect::<Vec<_>>(),
+        [("w-1", 1)],
+        "after the window"
+    );
 }
 
 // ---------------------------------------------------------------------------
@@ -501,7 +622,10 @@ async fn dead_letter_push(shards: usize) {
     collect(&mut r, &mut pushed, 1).await;
     check_skipping(&mut r, "nack dl-1", "NACK_CONFIRMED dl-1", &mut pushed).await;
     collect(&mut r, &mut pushed, 2).await;
-    assert_eq!(pushed.iter().map(id_count).collect::<Vec<_>>(), [("dl-1", 1), ("dl-1", 2)]);
+    assert_eq!(
+        pushed.iter().map(id_count).collect::<Vec<_>>(),
+        [("dl-1", 1), ("dl-1", 2)]
+    );
     check_skipping(&mut r, "nack dl-1", "NACK_CONFIRMED dl-1", &mut pushed).await;
     assert_silent(&mut r, QUIET, "no third delivery from receiver_1_queue").await;
     assert_eq!(pushed.len(), 2);
@@ -509,9 +633,17 @@ async fn dead_letter_push(shards: usize) {
     let mut dead = consume(&mut r, "receiver_1_queue.dlq", None).await;
     collect(&mut r, &mut dead, 1).await;
     let d = &dead[0];
-    assert_eq!((d.id.as_str(), d.queue.as_str(), d.count), ("dl-1", "receiver_1_queue.dlq", 1));
+    assert_eq!(
+        (d.id.as_str(), d.queue.as_str(), d.count),
+        ("dl-1", "receiver_1_queue.dlq", 1)
+    );
     assert_eq!(d.body, body("dl-1", "receiver_1"));
-    check(&mut r, "ack dl-1 receiver_1_queue.dlq", "ACK_CONFIRMED dl-1").await;
+    check(
+        &mut r,
+        "ack dl-1 receiver_1_queue.dlq",
+        "ACK_CONFIRMED dl-1",
+    )
+    .await;
     assert!(fetch(&mut r, "receiver_1_queue", 10).await.is_empty());
 }
 
@@ -533,7 +665,10 @@ async fn fetched_message_nacked_max_deliveries_times_is_in_the_dlq() {
     publish_ids(&mut s, &["dl-1"]).await;
     for round in 1..=2 {
         let got = fetch(&mut r, "receiver_1_queue", 1).await;
-        assert_eq!(got.iter().map(id_count).collect::<Vec<_>>(), [("dl-1", round)]);
+        assert_eq!(
+            got.iter().map(id_count).collect::<Vec<_>>(),
+            [("dl-1", round)]
+        );
         check(&mut r, "nack dl-1", "NACK_CONFIRMED dl-1").await;
     }
     // Its deliveries are used up: it now lives in the DLQ, where its owner finds
@@ -550,7 +685,14 @@ async fn deliveries_to_closed_connections_count_toward_max_deliveries() {
     let mut setup = receiver(&broker).await;
     let mut s = sender(&broker).await;
     publish_ids(&mut s, &["dl-1"]).await;
-    assert_eq!(fetch(&mut setup, "receiver_1_queue", 1).await.iter().map(id_count).collect::<Vec<_>>(), [("dl-1", 1)]);
+    assert_eq!(
+        fetch(&mut setup, "receiver_1_queue", 1)
+            .await
+            .iter()
+            .map(id_count)
+            .collect::<Vec<_>>(),
+        [("dl-1", 1)]
+    );
     drop(setup);
     let mut r = connect_as(&broker, "receiver_1").await;
     let mut got = Vec::new();
@@ -567,7 +709,10 @@ async fn deliveries_to_closed_connections_count_toward_max_deliveries() {
     let mut owner = connect_as(&broker, "receiver_1").await;
     let mut dead = consume(&mut owner, "receiver_1_queue.dlq", None).await;
     collect(&mut owner, &mut dead, 1).await;
-    assert_eq!((dead[0].id.as_str(), dead[0].queue.as_str(), dead[0].count), ("dl-1", "receiver_1_queue.dlq", 1));
+    assert_eq!(
+        (dead[0].id.as_str(), dead[0].queue.as_str(), dead[0].count),
+        ("dl-1", "receiver_1_queue.dlq", 1)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -636,9 +781,24 @@ fn receiver_away_from_admin(broker: &TestBroker) -> &'static str {
 /// Declares `{cn}_queue`, bound to `ex` with key `cn`, as admin.
 async fn admin_world(broker: &TestBroker, cn: &str) -> Connection {
     let mut admin = connect_as(broker, "admin").await;
-    check(&mut admin, "declare_exchange ex direct", "OK declare_exchange ex").await;
-    check(&mut admin, &format!("declare_queue {cn}_queue"), &format!("OK declare_queue {cn}_queue")).await;
-    check(&mut admin, &format!("bind {cn}_queue ex {cn}"), &format!("OK bind {cn}_queue ex {cn}")).await;
+    check(
+        &mut admin,
+        "declare_exchange ex direct",
+        "OK declare_exchange ex",
+    )
+    .await;
+    check(
+        &mut admin,
+        &format!("declare_queue {cn}_queue"),
+        &format!("OK declare_queue {cn}_queue"),
+    )
+    .await;
+    check(
+        &mut admin,
+        &format!("bind {cn}_queue ex {cn}"),
+        &format!("OK bind {cn}_queue ex {cn}"),
+    )
+    .await;
     admin
 }
 
@@ -651,16 +811,30 @@ async fn admin_consumes_a_queue_on_another_shard() {
     let mut s = connect_as(&broker, "sender_1").await;
     let mut pushed = consume(&mut admin, &q, Some(2)).await;
     for id in ["x1", "x2", "x3"] {
-        check(&mut s, &format!("publish ex {cn} {}", body(id, cn)), &format!("ACK {id}")).await;
+        check(
+            &mut s,
+            &format!("publish ex {cn} {}", body(id, cn)),
+            &format!("ACK {id}"),
+        )
+        .await;
     }
     collect(&mut admin, &mut pushed, 2).await;
     assert_silent(&mut admin, QUIET, "prefetch 2 across shards").await;
-    assert_eq!(pushed.iter().map(id_count).collect::<Vec<_>>(), [("x1", 1), ("x2", 1)]);
+    assert_eq!(
+        pushed.iter().map(id_count).collect::<Vec<_>>(),
+        [("x1", 1), ("x2", 1)]
+    );
     assert!(pushed.iter().all(|g| g.queue == q));
     check_skipping(&mut admin, "ack x1", "ACK_CONFIRMED x1", &mut pushed).await;
     collect(&mut admin, &mut pushed, 3).await;
     assert_eq!(id_count(&pushed[2]), ("x3", 1));
-    check_skipping(&mut admin, &format!("nack x2 {q}"), "NACK_CONFIRMED x2", &mut pushed).await;
+    check_skipping(
+        &mut admin,
+        &format!("nack x2 {q}"),
+        "NACK_CONFIRMED x2",
+        &mut pushed,
+    )
+    .await;
     collect(&mut admin, &mut pushed, 4).await;
     assert_eq!(id_count(&pushed[3]), ("x2", 2));
     // Closing the cross-shard consumer returns what it owed to the owner.
@@ -682,13 +856,21 @@ async fn admin_fetches_a_queue_on_another_shard() {
     let mut admin = admin_world(&broker, cn).await;
     assert!(fetch(&mut admin, &q, 3).await.is_empty());
     for id in ["y1", "y2", "y3", "y4"] {
-        check(&mut admin, &format!("publish ex {cn} {}", body(id, cn)), &format!("ACK {id}")).await;
+        check(
+            &mut admin,
+            &format!("publish ex {cn} {}", body(id, cn)),
+            &format!("ACK {id}"),
+        )
+        .await;
     }
     assert_eq!(ids(&fetch(&mut admin, &q, 3).await), ["y1", "y2", "y3"]);
     check(&mut admin, "ack y1", "ACK_CONFIRMED y1").await;
     check(&mut admin, "resend", "OK resend 2").await;
     let again = fetch(&mut admin, &q, 10).await;
-    assert_eq!(again.iter().map(id_count).collect::<Vec<_>>(), [("y2", 2), ("y3", 2), ("y4", 1)]);
+    assert_eq!(
+        again.iter().map(id_count).collect::<Vec<_>>(),
+        [("y2", 2), ("y3", 2), ("y4", 1)]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -703,7 +885,12 @@ async fn consumers_on_two_shards_compete_for_one_queue() {
     let mut s = connect_as(&broker, "sender_1").await;
     for i in 0..8 {
         let id = format!("z{i}");
-        check(&mut s, &format!("publish ex {cn} {}", body(&id, cn)), &format!("ACK {id}")).await;
+        check(
+            &mut s,
+            &format!("publish ex {cn} {}", body(&id, cn)),
+            &format!("ACK {id}"),
+        )
+        .await;
     }
     collect(&mut admin, &mut pa, 4).await;
     collect(&mut owner, &mut po, 4).await;
@@ -714,6 +901,9 @@ async fn consumers_on_two_shards_compete_for_one_queue() {
     assert_eq!(all, (0..8).map(|i| format!("z{i}")).collect::<Vec<_>>());
     for p in [&pa, &po] {
         let n: Vec<u32> = p.iter().map(|g| g.id[1..].parse().unwrap()).collect();
-        assert!(n.windows(2).all(|w| w[0] < w[1]), "FIFO per consumer: {n:?}");
+        assert!(
+            n.windows(2).all(|w| w[0] < w[1]),
+            "FIFO per consumer: {n:?}"
+        );
     }
 }

@@ -3,8 +3,8 @@
 
 mod common;
 
-use common::{body, expect, next, setup_receiver, TestBroker};
 use ciphermq_proto::{Delivery, Reply};
+use common::{body, expect, next, setup_receiver, TestBroker};
 
 async fn full_flow(shards: usize) {
     let broker = TestBroker::start(shards);
@@ -14,13 +14,31 @@ async fn full_flow(shards: usize) {
     let sender_cn = broker.sender_on_other_shard("receiver_1");
     let mut sender = broker.connect(sender_cn).await;
     let b = body("m-1", "receiver_1");
-    expect(&mut sender, &format!("publish ex receiver_1 {b}"), "ACK m-1").await;
-    expect(&mut receiver, "consume receiver_1_queue", "OK consume receiver_1_queue").await;
+    expect(
+        &mut sender,
+        &format!("publish ex receiver_1 {b}"),
+        "ACK m-1",
+    )
+    .await;
+    expect(
+        &mut receiver,
+        "consume receiver_1_queue",
+        "OK consume receiver_1_queue",
+    )
+    .await;
     let line = next(&mut receiver).await;
     let d = Delivery::parse(&line).expect("a delivery");
-    assert_eq!((d.message_id, d.queue, d.delivery_count, d.body), ("m-1", "receiver_1_queue", 1, b.as_str()));
+    assert_eq!(
+        (d.message_id, d.queue, d.delivery_count, d.body),
+        ("m-1", "receiver_1_queue", 1, b.as_str())
+    );
     expect(&mut receiver, "ack m-1", "ACK_CONFIRMED m-1").await;
-    expect(&mut receiver, "ack m-1", "Error: no outstanding delivery m-1").await;
+    expect(
+        &mut receiver,
+        "ack m-1",
+        "Error: no outstanding delivery m-1",
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -31,7 +49,10 @@ async fn sender_to_receiver_with_one_shard() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sender_to_receiver_across_shards() {
     let broker = TestBroker::start(2);
-    assert_ne!(broker.shard_of(broker.sender_on_other_shard("receiver_1")), broker.shard_of("receiver_1"));
+    assert_ne!(
+        broker.shard_of(broker.sender_on_other_shard("receiver_1")),
+        broker.shard_of("receiver_1")
+    );
     drop(broker);
     full_flow(2).await;
 }
@@ -41,13 +62,22 @@ async fn pipelined(shards: usize) {
     let broker = TestBroker::start(shards);
     let mut receiver = broker.connect("receiver_1").await;
     setup_receiver(&mut receiver, "receiver_1").await;
-    let sender = broker.connect(broker.sender_on_other_shard("receiver_1")).await;
+    let sender = broker
+        .connect(broker.sender_on_other_shard("receiver_1"))
+        .await;
     let (mut rd, mut wr) = sender.into_split();
     let writer = tokio::spawn(async move {
         for i in 0..N {
             // Every 100th publish goes nowhere, so NACKs interleave with ACKs.
-            let key = if i % 100 == 99 { "nobody" } else { "receiver_1" };
-            wr.queue_line(&format!("publish ex {key} {}", body(&format!("p-{i}"), "receiver_1")));
+            let key = if i % 100 == 99 {
+                "nobody"
+            } else {
+                "receiver_1"
+            };
+            wr.queue_line(&format!(
+                "publish ex {key} {}",
+                body(&format!("p-{i}"), "receiver_1")
+            ));
             if i % 500 == 0 {
                 wr.queue_line("heartbeat");
             }
@@ -60,7 +90,11 @@ async fn pipelined(shards: usize) {
     });
     for i in 0..N {
         let line = rd.read_line().await.unwrap().unwrap();
-        let expected = if i % 100 == 99 { format!("NACK p-{i} no_route") } else { format!("ACK p-{i}") };
+        let expected = if i % 100 == 99 {
+            format!("NACK p-{i} no_route")
+        } else {
+            format!("ACK p-{i}")
+        };
         assert_eq!(line, expected, "reply {i} out of order");
         if i % 500 == 0 {
             assert_eq!(rd.read_line().await.unwrap().unwrap(), "OK heartbeat");
@@ -74,7 +108,9 @@ async fn pipelined(shards: usize) {
     loop {
         let line = next(&mut receiver).await;
         match Reply::parse(&line) {
-            Reply::Message(d) => assert_eq!(d.message_id, format!("p-{}", expected.next().unwrap())),
+            Reply::Message(d) => {
+                assert_eq!(d.message_id, format!("p-{}", expected.next().unwrap()))
+            }
             Reply::Ok(rest) => {
                 assert_eq!(rest, format!("fetch {}", N - N / 100));
                 break;

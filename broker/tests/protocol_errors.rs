@@ -7,16 +7,31 @@ mod common;
 
 use std::time::Duration;
 
-use common::*;
 use ciphermq_clients::connection::{Connection, TlsClientOptions};
+use common::*;
 use tokio::io::AsyncWriteExt;
 
 /// Exchange `ex` (direct) with `receiver_1_queue` bound by key `receiver_1`.
 async fn routed(broker: &TestBroker) -> Connection {
     let mut admin = connect_as(broker, "admin").await;
-    check(&mut admin, "declare_exchange ex direct", "OK declare_exchange ex").await;
-    check(&mut admin, "declare_queue receiver_1_queue", "OK declare_queue receiver_1_queue").await;
-    check(&mut admin, "bind receiver_1_queue ex receiver_1", "OK bind receiver_1_queue ex receiver_1").await;
+    check(
+        &mut admin,
+        "declare_exchange ex direct",
+        "OK declare_exchange ex",
+    )
+    .await;
+    check(
+        &mut admin,
+        "declare_queue receiver_1_queue",
+        "OK declare_queue receiver_1_queue",
+    )
+    .await;
+    check(
+        &mut admin,
+        "bind receiver_1_queue ex receiver_1",
+        "OK bind receiver_1_queue ex receiver_1",
+    )
+    .await;
     admin
 }
 
@@ -26,7 +41,9 @@ fn body_of_len(id: &str, len: usize) -> String {
         r#"{{"message_id":"{id}","receiver_client_id":"receiver_1","enc_session_key":"a2V5","nonce":"bm9uY2U=","ciphertext":""#
     );
     let tail = r#""}"#;
-    let pad = len.checked_sub(head.len() + tail.len()).expect("len too small");
+    let pad = len
+        .checked_sub(head.len() + tail.len())
+        .expect("len too small");
     let b = format!("{head}{}{tail}", "A".repeat(pad));
     assert_eq!(b.len(), len);
     b
@@ -41,7 +58,14 @@ async fn usable(conn: &mut Connection) {
 async fn unknown_command_is_an_error() {
     let broker = TestBroker::start(1);
     let mut c = connect_as(&broker, "admin").await;
-    for cmd in ["frobnicate", "frobnicate a b c", "hello", "publishx ex k {}", "heartbeats", "OK heartbeat"] {
+    for cmd in [
+        "frobnicate",
+        "frobnicate a b c",
+        "hello",
+        "publishx ex k {}",
+        "heartbeats",
+        "OK heartbeat",
+    ] {
         check_error(&mut c, cmd).await;
     }
     usable(&mut c).await;
@@ -86,8 +110,18 @@ async fn wrong_arity_is_an_error_for_every_command() {
     }
     // `quit now` did not close; `declare_exchange e2 direct extra` created nothing.
     usable(&mut c).await;
-    check(&mut c, "bind receiver_1_queue e2 k", "Error: unknown exchange e2").await;
-    check(&mut c, "bind receiver_1_a ex k", "Error: unknown queue receiver_1_a").await;
+    check(
+        &mut c,
+        "bind receiver_1_queue e2 k",
+        "Error: unknown exchange e2",
+    )
+    .await;
+    check(
+        &mut c,
+        "bind receiver_1_a ex k",
+        "Error: unknown queue receiver_1_a",
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -128,18 +162,43 @@ async fn names_breaking_the_name_rule_are_errors() {
     // None of them declared anything.
     check(&mut c, "bind q ex k", "Error: unknown queue q").await;
     // The whole alphabet, and 255 characters, are fine.
-    check(&mut c, "declare_queue a.b:c-d_E9", "OK declare_queue a.b:c-d_E9").await;
+    check(
+        &mut c,
+        "declare_queue a.b:c-d_E9",
+        "OK declare_queue a.b:c-d_E9",
+    )
+    .await;
     let max = "q".repeat(255);
-    check(&mut c, &format!("declare_queue {max}"), &format!("OK declare_queue {max}")).await;
+    check(
+        &mut c,
+        &format!("declare_queue {max}"),
+        &format!("OK declare_queue {max}"),
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn publish_with_bad_exchange_or_key_name_is_nack_invalid() {
     let broker = TestBroker::start(1);
     let mut c = routed(&broker).await;
-    check(&mut c, &format!("publish e/x receiver_1 {}", body("n-1", "receiver_1")), "NACK n-1 invalid").await;
-    check(&mut c, &format!("publish ex k/1 {}", body("n-2", "receiver_1")), "NACK n-2 invalid").await;
-    check(&mut c, &format!("publish ex receiver_1.* {}", body("n-3", "receiver_1")), "NACK n-3 invalid").await;
+    check(
+        &mut c,
+        &format!("publish e/x receiver_1 {}", body("n-1", "receiver_1")),
+        "NACK n-1 invalid",
+    )
+    .await;
+    check(
+        &mut c,
+        &format!("publish ex k/1 {}", body("n-2", "receiver_1")),
+        "NACK n-2 invalid",
+    )
+    .await;
+    check(
+        &mut c,
+        &format!("publish ex receiver_1.* {}", body("n-3", "receiver_1")),
+        "NACK n-3 invalid",
+    )
+    .await;
     assert!(fetch(&mut c, "receiver_1_queue", 10).await.is_empty());
 }
 
@@ -156,7 +215,12 @@ async fn publish_with_non_json_body_is_invalid_message() {
         "42",
         r#"{"message_id":"x-2"} trailing"#,
     ] {
-        check(&mut c, &format!("publish ex receiver_1 {b}"), "Error: invalid message").await;
+        check(
+            &mut c,
+            &format!("publish ex receiver_1 {b}"),
+            "Error: invalid message",
+        )
+        .await;
     }
     assert!(fetch(&mut c, "receiver_1_queue", 10).await.is_empty());
 }
@@ -176,7 +240,12 @@ async fn publish_without_a_readable_message_id_is_invalid_message() {
         r#""message_id":"a/b","#.to_owned(),
         format!(r#""message_id":"{long}","#),
     ] {
-        check(&mut c, &format!("publish ex receiver_1 {{{id_part}{rest}}}"), "Error: invalid message").await;
+        check(
+            &mut c,
+            &format!("publish ex receiver_1 {{{id_part}{rest}}}"),
+            "Error: invalid message",
+        )
+        .await;
     }
     assert!(fetch(&mut c, "receiver_1_queue", 10).await.is_empty());
 }
@@ -193,21 +262,45 @@ async fn publish_with_id_but_missing_or_mistyped_fields_is_nack_invalid() {
     ];
     for (i, (missing, _)) in fields.iter().enumerate() {
         let id = format!("miss-{i}");
-        let others: Vec<String> =
-            fields.iter().filter(|(n, _)| n != missing).map(|(n, v)| format!(r#""{n}":{v}"#)).collect();
+        let others: Vec<String> = fields
+            .iter()
+            .filter(|(n, _)| n != missing)
+            .map(|(n, v)| format!(r#""{n}":{v}"#))
+            .collect();
         let b = format!(r#"{{"message_id":"{id}",{}}}"#, others.join(","));
-        check(&mut c, &format!("publish ex receiver_1 {b}"), &format!("NACK {id} invalid")).await;
+        check(
+            &mut c,
+            &format!("publish ex receiver_1 {b}"),
+            &format!("NACK {id} invalid"),
+        )
+        .await;
     }
     for (i, (field, _)) in fields.iter().enumerate() {
         let id = format!("type-{i}");
         let parts: Vec<String> = fields
             .iter()
-            .map(|(n, v)| if n == field { format!(r#""{n}":5"#) } else { format!(r#""{n}":{v}"#) })
+            .map(|(n, v)| {
+                if n == field {
+                    format!(r#""{n}":5"#)
+                } else {
+                    format!(r#""{n}":{v}"#)
+                }
+            })
             .collect();
         let b = format!(r#"{{"message_id":"{id}",{}}}"#, parts.join(","));
-        check(&mut c, &format!("publish ex receiver_1 {b}"), &format!("NACK {id} invalid")).await;
+        check(
+            &mut c,
+            &format!("publish ex receiver_1 {b}"),
+            &format!("NACK {id} invalid"),
+        )
+        .await;
     }
-    check(&mut c, r#"publish ex receiver_1 {"message_id":"only-id"}"#, "NACK only-id invalid").await;
+    check(
+        &mut c,
+        r#"publish ex receiver_1 {"message_id":"only-id"}"#,
+        "NACK only-id invalid",
+    )
+    .await;
     assert!(fetch(&mut c, "receiver_1_queue", 10).await.is_empty());
 }
 
@@ -215,10 +308,25 @@ async fn publish_with_id_but_missing_or_mistyped_fields_is_nack_invalid() {
 async fn message_over_max_message_bytes_is_nack_too_large() {
     let broker = TestBroker::start_with(1, "[performance]\nmax_message_bytes = 1000\n");
     let mut c = routed(&broker).await;
-    check(&mut c, &format!("publish ex receiver_1 {}", body_of_len("fits", 1000)), "ACK fits").await;
-    check(&mut c, &format!("publish ex receiver_1 {}", body_of_len("over", 1001)), "NACK over too_large").await;
+    check(
+        &mut c,
+        &format!("publish ex receiver_1 {}", body_of_len("fits", 1000)),
+        "ACK fits",
+    )
+    .await;
+    check(
+        &mut c,
+        &format!("publish ex receiver_1 {}", body_of_len("over", 1001)),
+        "NACK over too_large",
+    )
+    .await;
     // Still within max_line_bytes (1000 + 4096): a NACK, not a line error.
-    check(&mut c, &format!("publish ex receiver_1 {}", body_of_len("big", 4000)), "NACK big too_large").await;
+    check(
+        &mut c,
+        &format!("publish ex receiver_1 {}", body_of_len("big", 4000)),
+        "NACK big too_large",
+    )
+    .await;
     let got = fetch(&mut c, "receiver_1_queue", 10).await;
     assert_eq!(ids(&got), ["fits"]);
     assert_eq!(got[0].body, body_of_len("fits", 1000));
@@ -239,7 +347,10 @@ async fn line_limit_is_max_message_bytes_plus_4096() {
         check(&mut c, &over, "Error: line too long").await;
         usable(&mut c).await;
     }
-    assert_eq!(ids(&fetch(&mut c, "receiver_1_queue", 10).await), Vec::<String>::new());
+    assert_eq!(
+        ids(&fetch(&mut c, "receiver_1_queue", 10).await),
+        Vec::<String>::new()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -252,7 +363,10 @@ async fn line_just_over_the_default_limit_is_line_too_long() {
     let at_limit = format!("{prefix}{}", body_of_len("at", limit - prefix.len()));
     check(&mut c, &at_limit, "NACK at too_large").await;
     for extra in [1, 100, 3000] {
-        let over = format!("{prefix}{}", body_of_len("over", limit + extra - prefix.len()));
+        let over = format!(
+            "{prefix}{}",
+            body_of_len("over", limit + extra - prefix.len())
+        );
         check(&mut c, &over, "Error: line too long").await;
         usable(&mut c).await;
     }
@@ -274,8 +388,18 @@ async fn publish_batch_unparseable_array_is_one_invalid_message() {
         c.queue_line(&format!("publish_batch ex receiver_1 {arr}"));
         c.queue_line("heartbeat");
         flush_t(&mut c).await;
-        assert_eq!(line(&mut c).await, "Error: invalid message", "batch {}", shorten(&arr));
-        assert_eq!(line(&mut c).await, "OK heartbeat", "batch {}", shorten(&arr));
+        assert_eq!(
+            line(&mut c).await,
+            "Error: invalid message",
+            "batch {}",
+            shorten(&arr)
+        );
+        assert_eq!(
+            line(&mut c).await,
+            "OK heartbeat",
+            "batch {}",
+            shorten(&arr)
+        );
     }
     assert!(fetch(&mut c, "receiver_1_queue", 10).await.is_empty());
 }
@@ -285,7 +409,12 @@ async fn publish_batch_element_without_id_is_nack_dash_invalid() {
     let broker = TestBroker::start(1);
     let mut c = routed(&broker).await;
     let no_id = r#"{"receiver_client_id":"receiver_1","enc_session_key":"a2V5","nonce":"bm9uY2U=","ciphertext":"Y2lwaGVy"}"#;
-    check(&mut c, &format!("publish_batch ex receiver_1 [{no_id}]"), "NACK - invalid").await;
+    check(
+        &mut c,
+        &format!("publish_batch ex receiver_1 [{no_id}]"),
+        "NACK - invalid",
+    )
+    .await;
     check(&mut c, "publish_batch ex receiver_1 [7]", "NACK - invalid").await;
     usable(&mut c).await;
 }
@@ -294,8 +423,18 @@ async fn publish_batch_element_without_id_is_nack_dash_invalid() {
 async fn publish_batch_empty_array_is_ok_zero() {
     let broker = TestBroker::start(1);
     let mut c = routed(&broker).await;
-    check(&mut c, "publish_batch ex receiver_1 []", "OK publish_batch 0").await;
-    check(&mut c, "publish_batch ex receiver_1 [ ]", "OK publish_batch 0").await;
+    check(
+        &mut c,
+        "publish_batch ex receiver_1 []",
+        "OK publish_batch 0",
+    )
+    .await;
+    check(
+        &mut c,
+        "publish_batch ex receiver_1 [ ]",
+        "OK publish_batch 0",
+    )
+    .await;
     usable(&mut c).await;
 }
 
@@ -314,7 +453,10 @@ async fn publish_batch_mixed_elements_get_one_reply_each_in_order() {
         "null".to_owned(),
         body("e", "receiver_1"),
     ];
-    c.queue_line(&format!("publish_batch ex receiver_1 [{}]", elements.join(", ")));
+    c.queue_line(&format!(
+        "publish_batch ex receiver_1 [{}]",
+        elements.join(", ")
+    ));
     c.queue_line("heartbeat");
     flush_t(&mut c).await;
     for expected in [
@@ -330,7 +472,10 @@ async fn publish_batch_mixed_elements_get_one_reply_each_in_order() {
     ] {
         assert_eq!(line(&mut c).await, expected);
     }
-    assert_eq!(ids(&fetch(&mut admin, "receiver_1_queue", 10).await), ["a", "c", "e"]);
+    assert_eq!(
+        ids(&fetch(&mut admin, "receiver_1_queue", 10).await),
+        ["a", "c", "e"]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -338,7 +483,10 @@ async fn two_mib_line_is_line_too_long_and_connection_stays_usable() {
     let broker = TestBroker::start(1);
     let mut admin = routed(&broker).await;
     let mut c = connect_as(&broker, "sender_1").await;
-    let huge = format!("publish ex receiver_1 {}", body_of_len("huge", 2 * 1024 * 1024));
+    let huge = format!(
+        "publish ex receiver_1 {}",
+        body_of_len("huge", 2 * 1024 * 1024)
+    );
     check(&mut c, &huge, "Error: line too long").await;
     usable(&mut c).await;
     // Pipelined around another over-long line (no spaces at all this time).
@@ -351,7 +499,10 @@ async fn two_mib_line_is_line_too_long_and_connection_stays_usable() {
     assert_eq!(line(&mut c).await, "OK resend 0");
     // The over-long publish stored nothing.
     publish_expect(&mut c, "ex", "receiver_1", "small", "ACK small").await;
-    assert_eq!(ids(&fetch(&mut admin, "receiver_1_queue", 10).await), ["small"]);
+    assert_eq!(
+        ids(&fetch(&mut admin, "receiver_1_queue", 10).await),
+        ["small"]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -387,7 +538,12 @@ async fn empty_lines_are_ignored() {
     assert_eq!(line(&mut c).await, "OK resend 0");
     c.queue_bytes(b"\n\n\n");
     flush_t(&mut c).await;
-    assert_silent(&mut c, Duration::from_millis(300), "empty lines get no reply").await;
+    assert_silent(
+        &mut c,
+        Duration::from_millis(300),
+        "empty lines get no reply",
+    )
+    .await;
     usable(&mut c).await;
 }
 
@@ -413,7 +569,10 @@ async fn crlf_line_endings_are_accepted() {
         assert_eq!(line(&mut c).await, expected);
     }
     let d = delivery_of(&line(&mut c).await);
-    assert_eq!((d.id.as_str(), d.queue.as_str(), d.count, d.body.as_str()), ("crlf-1", "receiver_1_crlf", 1, b.as_str()));
+    assert_eq!(
+        (d.id.as_str(), d.queue.as_str(), d.count, d.body.as_str()),
+        ("crlf-1", "receiver_1_crlf", 1, b.as_str())
+    );
     assert_eq!(line(&mut c).await, "OK fetch 1");
     c.queue_bytes(b"ack crlf-1\r\n");
     flush_t(&mut c).await;
@@ -441,8 +600,18 @@ async fn commands_pipelined_after_quit_are_not_answered() {
     assert_eq!(line(&mut c).await, "OK bye");
     assert_closed(&mut c).await;
     let mut admin = connect_as(&broker, "admin").await;
-    check(&mut admin, "declare_queue orders", "OK declare_queue orders").await;
-    check(&mut admin, "bind orders after_quit k", "Error: unknown exchange after_quit").await;
+    check(
+        &mut admin,
+        "declare_queue orders",
+        "OK declare_queue orders",
+    )
+    .await;
+    check(
+        &mut admin,
+        "bind orders after_quit k",
+        "Error: unknown exchange after_quit",
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -454,7 +623,10 @@ async fn replies_follow_command_order_through_errors() {
     for i in 0..300 {
         match i % 6 {
             0 => {
-                c.queue_line(&format!("publish ex receiver_1 {}", body(&format!("o-{i}"), "receiver_1")));
+                c.queue_line(&format!(
+                    "publish ex receiver_1 {}",
+                    body(&format!("o-{i}"), "receiver_1")
+                ));
                 expected.push(format!("ACK o-{i}"));
             }
             1 => {
@@ -462,7 +634,10 @@ async fn replies_follow_command_order_through_errors() {
                 expected.push("Error:".to_owned());
             }
             2 => {
-                c.queue_line(&format!("publish ex nobody {}", body(&format!("o-{i}"), "receiver_1")));
+                c.queue_line(&format!(
+                    "publish ex nobody {}",
+                    body(&format!("o-{i}"), "receiver_1")
+                ));
                 expected.push(format!("NACK o-{i} no_route"));
             }
             3 => {
@@ -483,7 +658,10 @@ async fn replies_follow_command_order_through_errors() {
     for (i, e) in expected.iter().enumerate() {
         let got = line(&mut c).await;
         if e.ends_with(':') {
-            assert!(got.starts_with(e.as_str()), "reply {i}: expected {e}…, got {got:?}");
+            assert!(
+                got.starts_with(e.as_str()),
+                "reply {i}: expected {e}…, got {got:?}"
+            );
         } else {
             assert_eq!(&got, e, "reply {i}");
         }
@@ -541,7 +719,15 @@ async fn garbage_on_one_connection_never_breaks_another() {
     g.queue_bytes(b"\n");
     g.queue_bytes(&vec![b'A'; 512 * 1024]);
     g.queue_bytes(b"\n");
-    g.queue_bytes(format!("publish {} {} {}\n", "e".repeat(300_000), "k".repeat(300_000), "{".repeat(300_000)).as_bytes());
+    g.queue_bytes(
+        format!(
+            "publish {} {} {}\n",
+            "e".repeat(300_000),
+            "k".repeat(300_000),
+            "{".repeat(300_000)
+        )
+        .as_bytes(),
+    );
     g.queue_bytes(&vec![0u8; 1536 * 1024]);
     g.queue_bytes(b"\n");
     g.queue_bytes(&b" ".repeat(10_000));
@@ -555,14 +741,20 @@ async fn garbage_on_one_connection_never_breaks_another() {
         if l == "Error: no public key for sentinel_zz" {
             break;
         }
-        assert!(l.starts_with("Error: "), "garbage answered with {:?}", shorten(&l));
+        assert!(
+            l.starts_with("Error: "),
+            "garbage answered with {:?}",
+            shorten(&l)
+        );
         errors += 1;
     }
     assert!(errors >= 4, "only {errors} error lines for the garbage");
     usable(&mut g).await;
 
     // 4. Not TLS at all, and a TLS connection cut mid-line.
-    let mut tcp = tokio::net::TcpStream::connect(&broker.addr).await.expect("tcp");
+    let mut tcp = tokio::net::TcpStream::connect(&broker.addr)
+        .await
+        .expect("tcp");
     let _ = tcp.write_all(&rng.bytes(64 * 1024)).await;
     drop(tcp);
     let opts = TlsClientOptions::for_cn(&pki().certs, "sender_3");
@@ -570,7 +762,9 @@ async fn garbage_on_one_connection_never_breaks_another() {
         .await
         .expect("handshake finishes")
         .expect("handshake");
-    let _ = raw.write_all(b"publish ex receiver_1 {\"message_id\":\"cut").await;
+    let _ = raw
+        .write_all(b"publish ex receiver_1 {\"message_id\":\"cut")
+        .await;
     let _ = raw.flush().await;
     drop(raw);
 

@@ -53,10 +53,11 @@ fn no_client_cert_config(tls12_only: bool) -> ClientConfig {
 
 /// A correct client identity for `cn`, restricted to one protocol version.
 fn client_config(cn: &str, tls12_only: bool) -> ClientConfig {
-    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(pki().certs.join(format!("{cn}.crt")))
-        .expect("cert file")
-        .collect::<Result<_, _>>()
-        .expect("certs");
+    let certs: Vec<CertificateDer<'static>> =
+        CertificateDer::pem_file_iter(pki().certs.join(format!("{cn}.crt")))
+            .expect("cert file")
+            .collect::<Result<_, _>>()
+            .expect("certs");
     let key = PrivateKeyDer::from_pem_file(pki().certs.join(format!("{cn}.key"))).expect("key");
     ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
         .with_protocol_versions(&versions(tls12_only))
@@ -99,7 +100,10 @@ async fn read_to_end_raw<S: AsyncRead + Unpin>(stream: &mut S) -> (Vec<u8>, Opti
     .await;
     match result {
         Ok(err) => (got, err),
-        Err(_) => panic!("connection neither closed nor failed within {TIMEOUT:?}; got {:?}", String::from_utf8_lossy(&got)),
+        Err(_) => panic!(
+            "connection neither closed nor failed within {TIMEOUT:?}; got {:?}",
+            String::from_utf8_lossy(&got)
+        ),
     }
 }
 
@@ -127,7 +131,9 @@ async fn read_raw_line<S: AsyncRead + Unpin>(stream: &mut S) -> String {
 fn assert_tls_failure(result: Result<Connection, ClientError>, what: &str) {
     match result {
         Ok(c) => panic!("{what}: connected and greeted as {:?}", c.hello()),
-        Err(ClientError::Refused(line)) => panic!("{what}: handshake succeeded and the broker sent {line:?}"),
+        Err(ClientError::Refused(line)) => {
+            panic!("{what}: handshake succeeded and the broker sent {line:?}")
+        }
         Err(ClientError::Tls(_) | ClientError::Io(_) | ClientError::Closed) => {}
         Err(other) => panic!("{what}: unexpected error {other}"),
     }
@@ -148,9 +154,18 @@ async fn certificate_from_another_ca_fails_the_handshake() {
         .expect("rogue connect finishes");
     assert_tls_failure(result, "rogue CA certificate");
     // A raw look: not one byte of plaintext reaches the rogue client.
-    if let Ok(Ok(mut raw)) = tokio::time::timeout(TIMEOUT, Connection::connect_raw(&broker.addr, &rogue_sender())).await {
+    if let Ok(Ok(mut raw)) = tokio::time::timeout(
+        TIMEOUT,
+        Connection::connect_raw(&broker.addr, &rogue_sender()),
+    )
+    .await
+    {
         let (got, _) = read_to_end_raw(&mut raw).await;
-        assert!(got.is_empty(), "rogue client received {:?}", String::from_utf8_lossy(&got));
+        assert!(
+            got.is_empty(),
+            "rogue client received {:?}",
+            String::from_utf8_lossy(&got)
+        );
     }
     // The broker keeps serving old and new connections.
     check(&mut before, "heartbeat", "OK heartbeat").await;
@@ -162,18 +177,29 @@ async fn certificate_from_another_ca_fails_the_handshake() {
 async fn client_without_certificate_fails_the_handshake_tls13() {
     let broker = TestBroker::start(2);
     let connector = connector_like(TlsClientOptions::connector, no_client_cert_config(false));
-    let result = tokio::time::timeout(TIMEOUT, Connection::connect_with(&broker.addr, &connector, localhost()))
-        .await
-        .expect("connect finishes");
+    let result = tokio::time::timeout(
+        TIMEOUT,
+        Connection::connect_with(&broker.addr, &connector, localhost()),
+    )
+    .await
+    .expect("connect finishes");
     assert_tls_failure(result, "no client certificate (TLS 1.3)");
     // Raw: the client side of a TLS 1.3 handshake may complete, but reading
     // must end in an error or EOF, never in a greeting.
-    let tcp = tokio::net::TcpStream::connect(&broker.addr).await.expect("tcp");
-    if let Ok(Ok(mut tls)) = tokio::time::timeout(TIMEOUT, connector.connect(localhost(), tcp)).await {
+    let tcp = tokio::net::TcpStream::connect(&broker.addr)
+        .await
+        .expect("tcp");
+    if let Ok(Ok(mut tls)) =
+        tokio::time::timeout(TIMEOUT, connector.connect(localhost(), tcp)).await
+    {
         let _ = tls.write_all(b"heartbeat\n").await;
         let _ = tls.flush().await;
         let (got, _) = read_to_end_raw(&mut tls).await;
-        assert!(got.is_empty(), "certificate-less client received {:?}", String::from_utf8_lossy(&got));
+        assert!(
+            got.is_empty(),
+            "certificate-less client received {:?}",
+            String::from_utf8_lossy(&got)
+        );
     }
     still_serving(&broker, "sender_1").await;
 }
@@ -182,13 +208,21 @@ async fn client_without_certificate_fails_the_handshake_tls13() {
 async fn client_without_certificate_fails_the_handshake_tls12() {
     let broker = TestBroker::start(1);
     let connector = connector_like(TlsClientOptions::connector, no_client_cert_config(true));
-    let tcp = tokio::net::TcpStream::connect(&broker.addr).await.expect("tcp");
-    let outcome = tokio::time::timeout(TIMEOUT, connector.connect(localhost(), tcp)).await.expect("handshake finishes");
+    let tcp = tokio::net::TcpStream::connect(&broker.addr)
+        .await
+        .expect("tcp");
+    let outcome = tokio::time::timeout(TIMEOUT, connector.connect(localhost(), tcp))
+        .await
+        .expect("handshake finishes");
     if let Ok(mut tls) = outcome {
         // In TLS 1.2 the server's verdict comes before our Finished is accepted;
         // if the client thinks it is done, nothing may follow but an error/EOF.
         let (got, _) = read_to_end_raw(&mut tls).await;
-        assert!(got.is_empty(), "certificate-less TLS 1.2 client received {:?}", String::from_utf8_lossy(&got));
+        assert!(
+            got.is_empty(),
+            "certificate-less TLS 1.2 client received {:?}",
+            String::from_utf8_lossy(&got)
+        );
     }
     still_serving(&broker, "sender_1").await;
 }
@@ -197,12 +231,21 @@ async fn client_without_certificate_fails_the_handshake_tls12() {
 async fn tls12_client_with_valid_certificate_is_greeted() {
     let broker = TestBroker::start(1);
     let connector = connector_like(TlsClientOptions::connector, client_config("sender_1", true));
-    let mut c = tokio::time::timeout(TIMEOUT, Connection::connect_with(&broker.addr, &connector, localhost()))
-        .await
-        .expect("connect finishes")
-        .expect("TLS 1.2 is accepted");
-    assert_eq!(c.tls().get_ref().1.protocol_version(), Some(rustls::ProtocolVersion::TLSv1_2));
-    assert_eq!((c.hello().client_id.as_str(), c.hello().role.as_str()), ("sender_1", "sender"));
+    let mut c = tokio::time::timeout(
+        TIMEOUT,
+        Connection::connect_with(&broker.addr, &connector, localhost()),
+    )
+    .await
+    .expect("connect finishes")
+    .expect("TLS 1.2 is accepted");
+    assert_eq!(
+        c.tls().get_ref().1.protocol_version(),
+        Some(rustls::ProtocolVersion::TLSv1_2)
+    );
+    assert_eq!(
+        (c.hello().client_id.as_str(), c.hello().role.as_str()),
+        ("sender_1", "sender")
+    );
     check(&mut c, "heartbeat", "OK heartbeat").await;
 }
 
@@ -210,7 +253,9 @@ async fn tls12_client_with_valid_certificate_is_greeted() {
 async fn unknown_cn_is_refused_with_one_line() {
     let broker = TestBroker::start(2);
     let opts = TlsClientOptions::for_cn(&pki().certs, "stranger");
-    let result = tokio::time::timeout(TIMEOUT, Connection::connect(&broker.addr, &opts)).await.expect("connect finishes");
+    let result = tokio::time::timeout(TIMEOUT, Connection::connect(&broker.addr, &opts))
+        .await
+        .expect("connect finishes");
     match result {
         Err(ClientError::Refused(line)) => assert_eq!(line, REFUSAL),
         Ok(c) => panic!("stranger was greeted: {:?}", c.hello()),
@@ -227,14 +272,26 @@ async fn unknown_cn_gets_the_refusal_then_eof_and_no_command_runs() {
         .expect("handshake finishes")
         .expect("a CA-signed certificate completes the handshake");
     // Commands sent right away are never executed.
-    let _ = raw.write_all(b"heartbeat\ndeclare_exchange stranger_ex\n").await;
+    let _ = raw
+        .write_all(b"heartbeat\ndeclare_exchange stranger_ex\n")
+        .await;
     let _ = raw.flush().await;
     let (got, _err) = read_to_end_raw(&mut raw).await;
     assert_eq!(String::from_utf8_lossy(&got), format!("{REFUSAL}\n"));
     // And the exchange does not exist.
     let mut admin = connect_as(&broker, "admin").await;
-    check(&mut admin, "declare_queue orders", "OK declare_queue orders").await;
-    check(&mut admin, "bind orders stranger_ex k", "Error: unknown exchange stranger_ex").await;
+    check(
+        &mut admin,
+        "declare_queue orders",
+        "OK declare_queue orders",
+    )
+    .await;
+    check(
+        &mut admin,
+        "bind orders stranger_ex k",
+        "Error: unknown exchange stranger_ex",
+    )
+    .await;
 }
 
 async fn hello_lines(shards: usize) {
@@ -254,9 +311,16 @@ async fn hello_lines(shards: usize) {
             .await
             .expect("handshake finishes")
             .expect("handshake");
-        assert_eq!(read_raw_line(&mut raw).await, format!("HELLO ciphermq/1 {cn} {role}"), "greeting of {cn}");
+        assert_eq!(
+            read_raw_line(&mut raw).await,
+            format!("HELLO ciphermq/1 {cn} {role}"),
+            "greeting of {cn}"
+        );
         let c = connect_as(&broker, cn).await;
-        assert_eq!((c.hello().client_id.as_str(), c.hello().role.as_str()), (cn, role));
+        assert_eq!(
+            (c.hello().client_id.as_str(), c.hello().role.as_str()),
+            (cn, role)
+        );
     }
 }
 
@@ -281,9 +345,13 @@ async fn early_commands(shards: usize) {
             .await
             .expect("handshake finishes")
             .expect("handshake");
-        raw.write_all(b"heartbeat\nresend\nheartbeat\n").await.expect("write");
+        raw.write_all(b"heartbeat\nresend\nheartbeat\n")
+            .await
+            .expect("write");
         raw.flush().await.expect("flush");
-        assert!(read_raw_line(&mut raw).await.starts_with(&format!("HELLO ciphermq/1 {cn} ")));
+        assert!(read_raw_line(&mut raw)
+            .await
+            .starts_with(&format!("HELLO ciphermq/1 {cn} ")));
         assert_eq!(read_raw_line(&mut raw).await, "OK heartbeat", "{cn}");
         assert_eq!(read_raw_line(&mut raw).await, "OK resend 0", "{cn}");
         assert_eq!(read_raw_line(&mut raw).await, "OK heartbeat", "{cn}");

@@ -21,6 +21,8 @@ pub struct QueueSettings {
     pub max_deliveries: u32,
     /// How long an acked id still counts as a duplicate for its sender.
     pub dedup_window: Duration,
+    /// How long a delivery may stay unacked before it is redelivered; `None`: forever.
+    pub ack_wait: Option<Duration>,
 }
 
 impl Default for QueueSettings {
@@ -29,6 +31,7 @@ impl Default for QueueSettings {
             max_len: 1_000_000,
             max_deliveries: 10,
             dedup_window: Duration::from_secs(120),
+            ack_wait: None,
         }
     }
 }
@@ -78,6 +81,8 @@ pub struct QueueFull;
 struct Inflight {
     entry: Entry,
     conn: ConnRef,
+    /// Redelivered when still unacked then (`ack_wait`).
+    deadline: Option<Instant>,
 }
 
 #[derive(Debug)]
@@ -108,6 +113,8 @@ pub struct Queue {
     dedup: HashMap<DedupKey, DedupState>,
     /// Acked keys in expiry order.
     expiring: VecDeque<(Instant, DedupKey)>,
+    /// Delivery deadlines in delivery order (stale entries skipped lazily).
+    deadlines: VecDeque<(Instant, u64)>,
 }
 
 impl Queue {
@@ -124,6 +131,7 @@ impl Queue {
             next_consumer: 0,
             dedup: HashMap::new(),
             expiring: VecDeque::new(),
+            deadlines: VecDeque::new(),
         }
     }
 
@@ -224,7 +232,13 @@ impl Queue {
         }
     }
 
-    fn deliver(&mut self, mut entry: Entry, conn: ConnRef) -> Delivery {
+    fn deliver(
+        &mut self,
+        mut entry: Entry,
+        conn: ConnRef,
+        settings: &QueueSettings,
+        now: Instant,
+    ) -> Delivery {
         entry.deliveries += 1;
         let delivery = Delivery {
             queue: self.name.clone(),
@@ -233,7 +247,18 @@ impl Queue {
             count: entry.deliveries,
             msg: entry.msg.clone(),
         };
-        self.unacked.insert(entry.seq, Inflight { entry, conn });
+        let deadline = settings.ack_wait.map(|wait| now + wait);
+        if let Some(d) = deadline {
+            self.deadlines.push_back((d, entry.seq));
+        }
+        self.unacked.insert(
+            entry.seq,
+            Inflight {
+                entry,
+                conn,
+                deadline,
+            },
+        );
         delivery
     }
 
@@ -260,7 +285,7 @@ impl Queue {
             consumer.inflight += 1;
             let conn = consumer.conn;
             self.next_consumer = (pick + 1) % n;
-            let delivery = self.deliver(entry, conn);
+            let delivery = self.deliver(entry, conn, settings, now);
             out.push((conn, delivery));
         }
     }
@@ -279,7 +304,7 @@ impl Queue {
             let Some(entry) = self.next_entry(settings, dead, now) else {
                 return;
             };
-            out.push(self.deliver(entry, conn));
+            out.push(self.deliver(entry, conn, settings, now));
         }
     }
 
@@ -303,8 +328,16 @@ impl Queue {
         true
     }
 
-    /// Puts the delivery `seq` made to `conn` back for redelivery (nack, resend).
-    pub fn requeue(&mut self, seq: u64, conn: ConnRef) -> bool {
+    /// Puts the delivery `seq` made to `conn` back for redelivery (nack,
+    /// resend); one that reached `max_deliveries` goes to `dead` instead.
+    pub fn requeue(
+        &mut self,
+        seq: u64,
+        conn: ConnRef,
+        settings: &QueueSettings,
+        now: Instant,
+        dead: &mut Vec<Entry>,
+    ) -> bool {
         match self.unacked.get(&seq) {
             Some(inflight) if inflight.conn == conn => {}
             _ => return false,
@@ -313,8 +346,52 @@ impl Queue {
             return false;
         };
         self.release(conn);
-        self.requeued.insert(inflight.entry.seq, inflight.entry);
+        self.give_back(inflight.entry, settings, now, dead);
         true
+    }
+
+    fn give_back(
+        &mut self,
+        entry: Entry,
+        settings: &QueueSettings,
+        now: Instant,
+        dead: &mut Vec<Entry>,
+    ) {
+        if entry.deliveries >= settings.max_deliveries {
+            self.forget(entry.msg.dedup_key(), now, settings);
+            dead.push(entry);
+        } else {
+            self.requeued.insert(entry.seq, entry);
+        }
+    }
+
+    /// Redelivers deliveries unacked past `ack_wait`; returns how many.
+    pub fn expire_deliveries(
+        &mut self,
+        now: Instant,
+        settings: &QueueSettings,
+        dead: &mut Vec<Entry>,
+    ) -> usize {
+        let mut expired = 0;
+        while let Some(&(deadline, seq)) = self.deadlines.front() {
+            if deadline > now {
+                break;
+            }
+            self.deadlines.pop_front();
+            let current = self
+                .unacked
+                .get(&seq)
+                .is_some_and(|i| i.deadline == Some(deadline));
+            if !current {
+                continue;
+            }
+            if let Some(inflight) = self.unacked.remove(&seq) {
+                self.release(inflight.conn);
+                self.give_back(inflight.entry, settings, now, dead);
+                expired += 1;
+            }
+        }
+        expired
     }
 
     /// Registers `conn` as a consumer (again: updates its prefetch).
@@ -329,8 +406,15 @@ impl Queue {
         }
     }
 
-    /// Forgets a closed connection: its consumers go, its deliveries are requeued.
-    pub fn remove_conn(&mut self, conn: ConnRef) {
+    /// Forgets a closed connection: its consumers go, its deliveries are
+    /// requeued (or dead-lettered at `max_deliveries`).
+    pub fn remove_conn(
+        &mut self,
+        conn: ConnRef,
+        settings: &QueueSettings,
+        now: Instant,
+        dead: &mut Vec<Entry>,
+    ) {
         self.consumers.retain(|c| c.conn != conn);
         if self.next_consumer >= self.consumers.len() {
             self.next_consumer = 0;
@@ -343,7 +427,7 @@ impl Queue {
             .collect();
         for seq in owed {
             if let Some(inflight) = self.unacked.remove(&seq) {
-                self.requeued.insert(seq, inflight.entry);
+                self.give_back(inflight.entry, settings, now, dead);
             }
         }
     }
@@ -366,6 +450,7 @@ mod tests {
             max_len: 3,
             max_deliveries: 2,
             dedup_window: Duration::from_secs(10),
+            ack_wait: None,
         }
     }
 
@@ -460,7 +545,7 @@ mod tests {
         let mut out = Vec::new();
         q.dispatch(&s, now, &mut out, &mut Vec::new());
         assert_eq!(out.len(), 3);
-        q.remove_conn(conn(1));
+        q.remove_conn(conn(1), &s, now, &mut Vec::new());
         assert_eq!(q.unacked_len(), 0);
         q.add_consumer(conn(2), 10);
         out.clear();
@@ -473,6 +558,35 @@ mod tests {
                 (2, "m2".into(), 2)
             ]
         );
+    }
+
+    #[test]
+    fn unacked_past_ack_wait_is_redelivered() {
+        let s = QueueSettings {
+            max_len: 100,
+            max_deliveries: 10,
+            ack_wait: Some(Duration::from_secs(5)),
+            ..settings()
+        };
+        let t0 = Instant::now();
+        let mut q = Queue::new(Arc::from("q"), 0);
+        q.enqueue(msg("m0", "s"), t0, &s).unwrap();
+        q.enqueue(msg("m1", "s"), t0, &s).unwrap();
+        let mut out = Vec::new();
+        q.fetch(conn(1), 2, &s, t0, &mut out, &mut Vec::new());
+        assert!(q.ack(out[1].seq, conn(1), t0, &s));
+        assert_eq!(
+            q.expire_deliveries(t0 + Duration::from_secs(4), &s, &mut Vec::new()),
+            0
+        );
+        assert_eq!(
+            q.expire_deliveries(t0 + Duration::from_secs(5), &s, &mut Vec::new()),
+            1
+        );
+        let mut again = Vec::new();
+        q.fetch(conn(2), 5, &s, t0, &mut again, &mut Vec::new());
+        assert_eq!(again.len(), 1);
+        assert_eq!((again[0].msg.message_id(), again[0].count), ("m0", 2));
     }
 
     #[test]
@@ -490,8 +604,10 @@ mod tests {
             let mut out = Vec::new();
             q.fetch(conn(1), 1, &s, now, &mut out, &mut dead);
             assert_eq!(out[0].count, round);
-            assert!(q.requeue(out[0].seq, conn(1)));
+            assert!(q.requeue(out[0].seq, conn(1), &s, now, &mut dead));
         }
+        // The second give-back reached max_deliveries: dead-lettered at once.
+        assert_eq!(dead.len(), 1);
         let mut out = Vec::new();
         q.fetch(conn(1), 1, &s, now, &mut out, &mut dead);
         assert!(out.is_empty());

@@ -252,12 +252,9 @@ impl Shard {
         }
         match self.conns.get(&conn.id) {
             Some(mailbox) => mailbox.push(ConnEvent::Delivery(delivery)),
-            // Gone already: its close requeues everything it owed, this included.
-            None => {
-                if let Some(q) = self.queues.get_mut(&*delivery.queue) {
-                    q.requeue(delivery.seq, conn);
-                }
-            }
+            // Unregistering a connection drops its consumers first, so this
+            // cannot happen; were it to, ack_wait or a restart redelivers.
+            None => tracing::warn!(queue = %delivery.queue, "delivery for a closed connection"),
         }
     }
 
@@ -406,21 +403,56 @@ impl Shard {
     }
 
     fn requeue_local(&mut self, conn: ConnRef, queue: &str, seq: u64, now: Instant) {
-        if let Some(q) = self.queues.get_mut(queue) {
-            if q.requeue(seq, conn) {
-                self.dispatch(queue, now);
-            }
+        let settings = self.settings.clone();
+        let mut dead = std::mem::take(&mut self.dead);
+        let requeued = self
+            .queues
+            .get_mut(queue)
+            .is_some_and(|q| q.requeue(seq, conn, &settings, now, &mut dead));
+        self.after_give_back(queue, requeued, dead, now);
+    }
+
+    /// Dead-letters what a give-back produced and dispatches the queue.
+    fn after_give_back(&mut self, queue: &str, changed: bool, mut dead: Vec<Entry>, now: Instant) {
+        if !dead.is_empty() {
+            self.dead_letter(queue, &mut dead, now);
+        }
+        self.dead = dead;
+        if changed {
+            self.dispatch(queue, now);
         }
     }
 
     fn conn_closed(&mut self, conn: ConnRef) {
         let now = Instant::now();
+        let settings = self.settings.clone();
         let names: Vec<Arc<str>> = self.queues.keys().cloned().collect();
         for name in names {
+            let mut dead = std::mem::take(&mut self.dead);
             if let Some(q) = self.queues.get_mut(&name) {
-                q.remove_conn(conn);
+                q.remove_conn(conn, &settings, now, &mut dead);
             }
-            self.dispatch(&name, now);
+            self.after_give_back(&name, true, dead, now);
+        }
+    }
+
+    /// Redelivers deliveries unacked past `ack_wait`; call about once a second.
+    pub fn sweep(&mut self, now: Instant) {
+        if self.settings.ack_wait.is_none() {
+            return;
+        }
+        let settings = self.settings.clone();
+        let names: Vec<Arc<str>> = self.queues.keys().cloned().collect();
+        for name in names {
+            let mut dead = std::mem::take(&mut self.dead);
+            let expired = self
+                .queues
+                .get_mut(&name)
+                .map_or(0, |q| q.expire_deliveries(now, &settings, &mut dead));
+            if expired > 0 {
+                tracing::debug!(queue = %name, expired, "redelivering after ack_wait");
+            }
+            self.after_give_back(&name, expired > 0, dead, now);
         }
     }
 

@@ -42,7 +42,11 @@ pub fn pki() -> &'static Pki {
         let mut rogue = PkiOptions::new(dir.path().join("rogue"), dir.path().join("rogue-keys"));
         rogue.client_cns = vec!["sender_1".into()];
         pki::generate(&rogue).expect("generate rogue PKI");
-        Pki { certs: dir.path().join("certs"), rogue_certs: dir.path().join("rogue"), _dir: dir }
+        Pki {
+            certs: dir.path().join("certs"),
+            rogue_certs: dir.path().join("rogue"),
+            _dir: dir,
+        }
     })
 }
 
@@ -106,13 +110,20 @@ impl TestBroker {
         let config = Config::from_toml_str(&text, data.path()).expect("test config");
         let handle = ciphermq_broker::start(&config).expect("broker starts");
         let addr = handle.local_addr().to_string();
-        TestBroker { handle: Some(handle), addr, shards, _data: data }
+        TestBroker {
+            handle: Some(handle),
+            addr,
+            shards,
+            _data: data,
+        }
     }
 
     /// Connects as `cn` and checks the greeting.
     pub async fn connect(&self, cn: &str) -> Connection {
         let opts = TlsClientOptions::for_cn(&pki().certs, cn);
-        Connection::connect(&self.addr, &opts).await.unwrap_or_else(|e| panic!("connect as {cn}: {e}"))
+        Connection::connect(&self.addr, &opts)
+            .await
+            .unwrap_or_else(|e| panic!("connect as {cn}: {e}"))
     }
 
     /// The shard serving `cn`.
@@ -138,20 +149,36 @@ pub fn body(id: &str, receiver: &str) -> String {
 
 /// Sends one line and asserts the reply.
 pub async fn expect(conn: &mut Connection, line: &str, reply: &str) {
-    let got = conn.request(line).await.unwrap_or_else(|e| panic!("{line}: {e}"));
+    let got = conn
+        .request(line)
+        .await
+        .unwrap_or_else(|e| panic!("{line}: {e}"));
     assert_eq!(got, reply, "reply to {line:?}");
 }
 
 /// Reads one line, failing on EOF.
 pub async fn next(conn: &mut Connection) -> String {
-    conn.read_line().await.expect("read").expect("a line before EOF")
+    conn.read_line()
+        .await
+        .expect("read")
+        .expect("a line before EOF")
 }
 
 /// Declares `direct` exchange `ex`, `{cn}_queue`, and binds it with key `{cn}`.
 pub async fn setup_receiver(conn: &mut Connection, cn: &str) {
     expect(conn, "declare_exchange ex direct", "OK declare_exchange ex").await;
-    expect(conn, &format!("declare_queue {cn}_queue"), &format!("OK declare_queue {cn}_queue")).await;
-    expect(conn, &format!("bind {cn}_queue ex {cn}"), &format!("OK bind {cn}_queue ex {cn}")).await;
+    expect(
+        conn,
+        &format!("declare_queue {cn}_queue"),
+        &format!("OK declare_queue {cn}_queue"),
+    )
+    .await;
+    expect(
+        conn,
+        &format!("bind {cn}_queue ex {cn}"),
+        &format!("OK bind {cn}_queue ex {cn}"),
+    )
+    .await;
 }
 
 // ---------------------------------------------------------------------------
@@ -244,8 +271,13 @@ pub fn assert_denied(reply: &str, role: &str, what: &str) {
     let reason = reply
         .strip_prefix("Access denied: ")
         .and_then(|r| r.strip_suffix(&suffix))
-        .unwrap_or_else(|| panic!("{what}: expected `Access denied: <reason>{suffix}`, got {reply:?}"));
-    assert!(!reason.trim().is_empty(), "{what}: empty reason in {reply:?}");
+        .unwrap_or_else(|| {
+            panic!("{what}: expected `Access denied: <reason>{suffix}`, got {reply:?}")
+        });
+    assert!(
+        !reason.trim().is_empty(),
+        "{what}: empty reason in {reply:?}"
+    );
 }
 
 /// Sends `cmd` and asserts an `Access denied … (role=<role>)` reply.
@@ -257,7 +289,11 @@ pub async fn check_denied(conn: &mut Connection, cmd: &str, role: &str) {
 /// Sends `cmd` and asserts a reply starting with `Error: `.
 pub async fn check_error(conn: &mut Connection, cmd: &str) -> String {
     let got = ask(conn, cmd).await;
-    assert!(got.starts_with("Error: ") && got.len() > "Error: ".len(), "reply to {}: expected `Error: …`, got {got:?}", shorten(cmd));
+    assert!(
+        got.starts_with("Error: ") && got.len() > "Error: ".len(),
+        "reply to {}: expected `Error: …`, got {got:?}",
+        shorten(cmd)
+    );
     got
 }
 
@@ -272,8 +308,14 @@ pub struct Got {
 
 /// Parses a `Message: …` line; panics on anything else.
 pub fn delivery_of(line: &str) -> Got {
-    let d = ciphermq_proto::Delivery::parse(line).unwrap_or_else(|| panic!("expected a delivery, got {line:?}"));
-    Got { id: d.message_id.to_owned(), queue: d.queue.to_owned(), count: d.delivery_count, body: d.body.to_owned() }
+    let d = ciphermq_proto::Delivery::parse(line)
+        .unwrap_or_else(|| panic!("expected a delivery, got {line:?}"));
+    Got {
+        id: d.message_id.to_owned(),
+        queue: d.queue.to_owned(),
+        count: d.delivery_count,
+        body: d.body.to_owned(),
+    }
 }
 
 /// Reads the next delivery (bounded); panics on any other line.
@@ -312,7 +354,11 @@ pub async fn fetch(conn: &mut Connection, queue: &str, max: u32) -> Vec<Got> {
         if l.starts_with("Message: ") {
             got.push(delivery_of(&l));
         } else {
-            assert_eq!(l, format!("OK fetch {}", got.len()), "end of fetch {queue} {max}");
+            assert_eq!(
+                l,
+                format!("OK fetch {}", got.len()),
+                "end of fetch {queue} {max}"
+            );
             return got;
         }
     }
@@ -324,6 +370,17 @@ pub fn ids(got: &[Got]) -> Vec<String> {
 }
 
 /// Publishes `body(id, receiver)` on `exchange` with `key`, asserting `reply`.
-pub async fn publish_expect(conn: &mut Connection, exchange: &str, key: &str, id: &str, reply: &str) {
-    check(conn, &format!("publish {exchange} {key} {}", body(id, "receiver_1")), reply).await;
+pub async fn publish_expect(
+    conn: &mut Connection,
+    exchange: &str,
+    key: &str,
+    id: &str,
+    reply: &str,
+) {
+    check(
+        conn,
+        &format!("publish {exchange} {key} {}", body(id, "receiver_1")),
+        reply,
+    )
+    .await;
 }
