@@ -88,8 +88,10 @@ impl Connection {
                 }
                 let owner = self.policy.acl.queue_owner(queue).map(str::to_owned);
                 let owner = owner.as_deref().unwrap_or(&self.identity.cn);
-                self.local.shared.topology.declare_queue(queue, owner);
-                self.replies.line(format!("OK declare_queue {queue}"));
+                match self.local.shared.topology.declare_queue(queue, owner) {
+                    Ok(_) => self.replies.line(format!("OK declare_queue {queue}")),
+                    Err(e) => self.replies.line(format!("Error: {e}")),
+                };
             }
             Request::DeclareExchange { exchange, kind } => {
                 if !self.check(Op::DeclareExchange) {

@@ -13,6 +13,8 @@
 //! - [`connection`], [`line_buffer`], [`replies`], [`commands`]: one connection's
 //!   future, its input framing, its in-order replies, and what each command does.
 //! - [`context`]: settings and services a connection reaches.
+//! - [`storage`], [`committer`]: the data directory recovered at start-up, and
+//!   each shard's group committer (io_uring writes, `fdatasync`, then `ACK`s).
 //!
 //! Invariants: a shard's state is touched only by its own thread; nothing on a
 //! shard blocks; replies leave in command order; a `RefCell` borrow never spans
@@ -22,6 +24,7 @@
 
 pub mod acl;
 mod commands;
+pub mod committer;
 pub mod config;
 pub mod connection;
 pub mod context;
@@ -30,6 +33,7 @@ pub mod policy;
 pub mod rate_limit;
 pub mod replies;
 pub mod server;
+pub mod storage;
 pub mod sys;
 pub mod tls;
 pub mod tls_session;

@@ -2,10 +2,11 @@
 //! each accepting on the shared port (SO_REUSEPORT), finishing TLS handshakes,
 //! and handing each connection to the shard that owns its CN.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::os::fd::OwnedFd;
+use std::path::PathBuf;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -14,7 +15,9 @@ use std::time::{Duration, Instant};
 
 use atomic_waker::AtomicWaker;
 use ciphermq_pgbridge::{MemoryKeyStore, PublicKeyStore};
-use ciphermq_shard::{shard_of, Mesh, MeshInbound, QueueSettings, Shard, TopologyStore};
+use ciphermq_shard::{
+    shard_of, Durability, Mesh, MeshInbound, QueueSettings, RecoveredQueue, Shard,
+};
 use crossbeam_channel::{Receiver, Sender, TryRecvError};
 use futures_lite::future;
 use glommio::net::{TcpListener, TcpStream};
@@ -22,11 +25,13 @@ use glommio::{LocalExecutorBuilder, Placement};
 use rustls::ServerConnection;
 
 use crate::acl::Role;
+use crate::committer;
 use crate::config::Config;
 use crate::connection::{Connection, Identity};
 use crate::context::{Settings, ShardLocal, Shared};
 use crate::policy::PolicyStore;
 use crate::rate_limit::ConnectionSlot;
+use crate::storage::Storage;
 use crate::sys;
 use crate::tls::{peer_common_name, server_config};
 use crate::tls_session::TlsSession;
@@ -51,6 +56,9 @@ pub enum StartError {
         /// The OS error.
         reason: String,
     },
+    /// The data directory could not be opened or recovered.
+    #[error("storage.data_dir: {0}")]
+    Storage(String),
     /// An executor thread failed to start.
     #[error("shard {shard} failed to start: {reason}")]
     Shard {
@@ -203,14 +211,16 @@ pub fn start(config: &Config) -> Result<BrokerHandle, StartError> {
         &config.tls.ca_cert_path,
     )?;
     let keys: Arc<dyn PublicKeyStore> = Arc::new(MemoryKeyStore::new());
+    let storage = Storage::open(config, shards)?;
     let shared = Arc::new(Shared {
         settings: Settings::from_config(config),
         policy: PolicyStore::new(config, shards),
         keys,
         tls,
-        topology: Arc::new(TopologyStore::new(shards)),
+        topology: storage.topology.clone(),
         shards,
     });
+    let mut recovered = storage.recovered;
     let queue_settings = QueueSettings {
         max_len: config.performance.max_queue_size,
         max_deliveries: config.performance.max_deliveries,
@@ -268,6 +278,8 @@ pub fn start(config: &Config) -> Result<BrokerHandle, StartError> {
             handoff_waker: handoff_wakers[shard].clone(),
             doorbells: doorbells.clone(),
             shutdown: shutdown.clone(),
+            durable: storage.durable.clone(),
+            recovered: std::mem::take(&mut recovered[shard]),
         };
         let handle = LocalExecutorBuilder::new(Placement::Fixed(shard % cores))
             .name(&format!("shard-{shard}"))
@@ -327,6 +339,10 @@ struct ShardStart {
     handoff_waker: Arc<AtomicWaker>,
     doorbells: Arc<Vec<Doorbell<Handoff>>>,
     shutdown: Arc<ShutdownSignal>,
+    /// `Some(data_dir, segment_bytes)` for durable queues.
+    durable: Option<(PathBuf, u64)>,
+    /// This shard's queues as their logs left them.
+    recovered: Vec<(Arc<str>, RecoveredQueue)>,
 }
 
 async fn run_shard(ctx: ShardStart, ready: std::sync::mpsc::Sender<Result<SocketAddr, String>>) {
@@ -345,12 +361,22 @@ async fn run_shard(ctx: ShardStart, ready: std::sync::mpsc::Sender<Result<Socket
         }
     };
     let ciphermq_shard::MeshEndpoint { outbound, inbound } = ctx.endpoint;
+    let durable = ctx
+        .durable
+        .map(|(dir, segment)| Durability::new(dir, segment));
+    let is_durable = durable.is_some();
+    let mut state = Shard::new(
+        ctx.queue_settings,
+        ctx.shared.topology.clone(),
+        outbound,
+        durable,
+    );
+    let now = Instant::now();
+    for (name, queue) in ctx.recovered {
+        state.restore_queue(name, queue, now);
+    }
     let local = Rc::new(ShardLocal {
-        shard: RefCell::new(Shard::new(
-            ctx.queue_settings,
-            ctx.shared.topology.clone(),
-            outbound,
-        )),
+        shard: RefCell::new(state),
         limiters: RefCell::new((0, HashMap::new())),
         shared: ctx.shared.clone(),
     });
@@ -363,6 +389,10 @@ async fn run_shard(ctx: ShardStart, ready: std::sync::mpsc::Sender<Result<Socket
     .detach();
     glommio::spawn_local(watch_policy(local.clone(), ctx.shard)).detach();
     glommio::spawn_local(sweep_deliveries(local.clone())).detach();
+    let committing = Rc::new(Cell::new(false));
+    if is_durable {
+        glommio::spawn_local(committer::run(local.clone(), committing.clone())).detach();
+    }
     let _ = ready.send(Ok(addr));
 
     let shard = ctx.shard;
@@ -385,8 +415,13 @@ async fn run_shard(ctx: ShardStart, ready: std::sync::mpsc::Sender<Result<Socket
     for mailbox in local.shard.borrow().mailboxes() {
         mailbox.close();
     }
-    // Let connections say goodbye.
+    // Let connections say goodbye and the last commit round reach the disk.
     glommio::timer::sleep(Duration::from_millis(50)).await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while (committing.get() || local.shard.borrow().has_commit_work()) && Instant::now() < deadline
+    {
+        glommio::timer::sleep(Duration::from_millis(5)).await;
+    }
 }
 
 /// Wakes every connection of this shard when the policy is reloaded, so those

@@ -6,6 +6,8 @@
 //! - [`topology`]: exchanges, queues and bindings; one writer at a time, and a
 //!   read-mostly snapshot every shard routes against without locking.
 //! - [`routing`]: direct, fanout and topic matching inside a snapshot.
+//! - [`log`]: durable per-queue segment logs: record format, write side, recovery.
+//! - [`durability`]: a shard's logs, group-commit rounds and waiting publishes.
 //! - [`queue`]: one queue's state machine: ready messages, unacked deliveries,
 //!   competing consumers, dedup, dead-lettering.
 //! - [`mailbox`]: how a shard hands replies and deliveries to a connection task.
@@ -21,6 +23,8 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]
 
+pub mod durability;
+pub mod log;
 pub mod mailbox;
 pub mod mesh;
 pub mod message;
@@ -31,6 +35,8 @@ pub mod shard;
 pub mod topology;
 pub mod tracker;
 
+pub use durability::Durability;
+pub use log::{CommitJob, RecoveredQueue};
 pub use mailbox::{Completion, ConnEvent, Mailbox};
 pub use mesh::{Mesh, MeshEndpoint, MeshInbound, MeshOutbound, Origin, ShardMsg};
 pub use message::{DedupKey, Message};

@@ -65,8 +65,8 @@ pub struct Entry {
 /// What an accepted publish did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Enqueued {
-    /// Stored as a new message.
-    Stored,
+    /// Stored as a new message at this sequence number.
+    Stored(u64),
     /// The same sender already stored this id here (still queued or acked within
     /// the dedup window): nothing new stored, and the publish is acknowledged.
     Duplicate,
@@ -191,17 +191,16 @@ impl Queue {
             return Err(QueueFull);
         }
         self.dedup.insert(key, DedupState::Stored);
-        self.push(msg);
-        Ok(Enqueued::Stored)
+        Ok(Enqueued::Stored(self.push(msg)))
     }
 
     /// Stores a dead-lettered message: no dedup and no length limit, because
     /// dropping it would lose an acknowledged message.
-    pub fn enqueue_dead(&mut self, msg: Arc<Message>) {
-        self.push(msg);
+    pub fn enqueue_dead(&mut self, msg: Arc<Message>) -> u64 {
+        self.push(msg)
     }
 
-    fn push(&mut self, msg: Arc<Message>) {
+    fn push(&mut self, msg: Arc<Message>) -> u64 {
         let seq = self.next_seq;
         self.next_seq += 1;
         self.ready.push_back(Entry {
@@ -209,6 +208,59 @@ impl Queue {
             msg,
             deliveries: 0,
         });
+        seq
+    }
+
+    /// The sequence number the next stored message gets.
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq
+    }
+
+    /// Rebuilds a queue from its log: unacked messages in order with their
+    /// delivery counts, and the dedup state (stored ids, and ids acked within
+    /// the window, given as (key, Unix ms of the ack)).
+    #[allow(clippy::too_many_arguments)]
+    pub fn restore(
+        name: Arc<str>,
+        shard: ShardId,
+        next_seq: u64,
+        messages: impl IntoIterator<Item = Entry>,
+        acked: &[(DedupKey, u64)],
+        settings: &QueueSettings,
+        now: Instant,
+        now_unix_ms: u64,
+    ) -> Queue {
+        let mut q = Queue::new(name, shard);
+        q.next_seq = next_seq;
+        for entry in messages {
+            q.dedup.insert(entry.msg.dedup_key(), DedupState::Stored);
+            q.ready.push_back(entry);
+        }
+        let window_ms = settings.dedup_window.as_millis() as u64;
+        let mut recent: Vec<(u64, DedupKey)> = acked
+            .iter()
+            .filter(|(key, at)| at + window_ms > now_unix_ms && !q.dedup.contains_key(key))
+            .map(|(key, at)| (*at, *key))
+            .collect();
+        recent.sort_unstable_by_key(|(at, _)| *at);
+        for (at, key) in recent {
+            let until = now + Duration::from_millis(at + window_ms - now_unix_ms);
+            q.dedup.insert(key, DedupState::AckedUntil(until));
+            q.expiring.push_back((until, key));
+        }
+        q
+    }
+
+    /// Drops messages whose log write failed (they were refused with
+    /// `storage`), so a retry stores them again instead of being deduplicated.
+    pub fn discard_unwritten(&mut self, seqs: &[u64]) {
+        for seq in seqs {
+            if let Some(i) = self.ready.iter().position(|e| e.seq == *seq) {
+                if let Some(e) = self.ready.remove(i) {
+                    self.dedup.remove(&e.msg.dedup_key());
+                }
+            }
+        }
     }
 
     /// The next message to deliver, with dead letters split off.
@@ -468,7 +520,7 @@ mod tests {
         for i in 0..3 {
             assert_eq!(
                 q.enqueue(msg(&format!("m{i}"), "s"), now, &s),
-                Ok(Enqueued::Stored)
+                Ok(Enqueued::Stored(i))
             );
         }
         assert_eq!(q.enqueue(msg("m3", "s"), now, &s), Err(QueueFull));
@@ -480,9 +532,9 @@ mod tests {
         let s = settings();
         let t0 = Instant::now();
         let mut q = Queue::new(Arc::from("q"), 0);
-        assert_eq!(q.enqueue(msg("m1", "s1"), t0, &s), Ok(Enqueued::Stored));
+        assert_eq!(q.enqueue(msg("m1", "s1"), t0, &s), Ok(Enqueued::Stored(0)));
         assert_eq!(q.enqueue(msg("m1", "s1"), t0, &s), Ok(Enqueued::Duplicate));
-        assert_eq!(q.enqueue(msg("m1", "s2"), t0, &s), Ok(Enqueued::Stored));
+        assert_eq!(q.enqueue(msg("m1", "s2"), t0, &s), Ok(Enqueued::Stored(1)));
         let mut out = Vec::new();
         q.fetch(conn(1), 1, &s, t0, &mut out, &mut Vec::new());
         assert!(q.ack(out[0].seq, conn(1), t0, &s));
@@ -492,7 +544,7 @@ mod tests {
         );
         assert_eq!(
             q.enqueue(msg("m1", "s1"), t0 + Duration::from_secs(11), &s),
-            Ok(Enqueued::Stored)
+            Ok(Enqueued::Stored(2))
         );
     }
 

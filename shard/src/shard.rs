@@ -12,11 +12,13 @@ use std::time::Instant;
 
 use ciphermq_proto::NackReason;
 
+use crate::durability::{Durability, TicketKind};
+use crate::log::{unix_ms, CommitJob, QueueLog, RecoveredQueue};
 use crate::mailbox::{Completion, ConnEvent, Mailbox};
 use crate::mesh::{MeshOutbound, Origin, ShardMsg};
 use crate::message::Message;
 use crate::placement::{ConnRef, ShardId};
-use crate::queue::{Delivery, Entry, Queue, QueueFull, QueueSettings};
+use crate::queue::{Delivery, Enqueued, Entry, Queue, QueueFull, QueueSettings};
 use crate::routing::Target;
 use crate::topology::{QueueInfo, Topology, TopologyStore, TopologyView};
 use crate::tracker::Outstanding;
@@ -71,11 +73,19 @@ pub struct Shard {
     targets: Vec<Target>,
     deliveries: Vec<(ConnRef, Delivery)>,
     dead: Vec<Entry>,
+    /// Logs and group commit; `None` for in-memory queues.
+    durable: Option<Durability>,
 }
 
 impl Shard {
-    /// A shard with no queues and no connections.
-    pub fn new(settings: QueueSettings, store: Arc<TopologyStore>, out: MeshOutbound) -> Shard {
+    /// A shard with no queues and no connections; `durable` holds the logs
+    /// (`None`: queues live in memory only).
+    pub fn new(
+        settings: QueueSettings,
+        store: Arc<TopologyStore>,
+        out: MeshOutbound,
+        durable: Option<Durability>,
+    ) -> Shard {
         Shard {
             id: out.shard(),
             settings,
@@ -87,6 +97,103 @@ impl Shard {
             targets: Vec::new(),
             deliveries: Vec::new(),
             dead: Vec::new(),
+            durable,
+        }
+    }
+
+    /// Rebuilds a queue this shard owns from its recovered log.
+    pub fn restore_queue(&mut self, name: Arc<str>, recovered: RecoveredQueue, now: Instant) {
+        for problem in &recovered.problems {
+            tracing::error!(queue = %name, "{problem}");
+        }
+        let entries = recovered.messages.into_iter().map(|m| Entry {
+            seq: m.seq,
+            msg: m.msg,
+            deliveries: m.deliveries,
+        });
+        let queue = Queue::restore(
+            name.clone(),
+            self.id,
+            recovered.next_seq,
+            entries,
+            &recovered.acked,
+            &self.settings,
+            now,
+            unix_ms(),
+        );
+        tracing::info!(queue = %name, ready = queue.ready_len(), "queue recovered");
+        if let Some(d) = &mut self.durable {
+            let log = QueueLog::recovered(
+                d.dir_of(&name),
+                d.segment_bytes(),
+                recovered.next_seq,
+                &recovered.segments,
+            );
+            d.insert_log(name.clone(), log);
+        }
+        self.queues.insert(name, queue);
+    }
+
+    /// Whether the committer has work.
+    pub fn has_commit_work(&self) -> bool {
+        self.durable.as_ref().is_some_and(Durability::has_work)
+    }
+
+    /// Registers the committer task, woken by the next append.
+    pub fn register_committer(&mut self, waker: &std::task::Waker) {
+        if let Some(d) = &mut self.durable {
+            d.register_committer(waker);
+        }
+    }
+
+    /// Takes this round's commit jobs: one per dirty log.
+    pub fn take_commit_jobs(&mut self, out: &mut Vec<CommitJob>) {
+        let queues = &self.queues;
+        if let Some(d) = &mut self.durable {
+            d.take_jobs(|q| queues.get(q).map_or(0, Queue::next_seq), out);
+        }
+    }
+
+    /// A commit job finished: `ok` means its records are on disk. Releases what
+    /// waited for it (`NACK storage` when it failed).
+    pub fn commit_done(&mut self, job: &CommitJob, ok: bool) {
+        let next_seq = self.queues.get(&*job.queue).map_or(0, Queue::next_seq);
+        if !ok {
+            if let Some(q) = self.queues.get_mut(&*job.queue) {
+                q.discard_unwritten(&job.message_seqs);
+            }
+        }
+        let Some(d) = &mut self.durable else { return };
+        d.job_done(job, ok, next_seq);
+        let mut finished = Vec::new();
+        for id in &job.waiters {
+            if let Some(t) = d.tickets.get_mut(id) {
+                t.remaining = t.remaining.saturating_sub(1);
+                if !ok {
+                    t.outcome = Err(NackReason::Storage);
+                }
+                if t.remaining == 0 {
+                    finished.push(*id);
+                }
+            }
+        }
+        for id in finished {
+            if let Some(t) = self.durable.as_mut().and_then(|d| d.tickets.remove(&id)) {
+                match t.kind {
+                    TicketKind::Publish => self.complete(t.origin, Completion::Enqueued(t.outcome)),
+                    TicketKind::AckAfter { queue, seq } if t.outcome.is_ok() => {
+                        self.log_ack(&queue, seq)
+                    }
+                    TicketKind::AckAfter { .. } => {}
+                }
+            }
+        }
+    }
+
+    fn log_ack(&mut self, queue: &Arc<str>, seq: u64) {
+        let next = self.queues.get(&**queue).map_or(0, Queue::next_seq);
+        if let Some(d) = &mut self.durable {
+            d.log(queue, next).append_ack(seq, unix_ms());
         }
     }
 
@@ -161,6 +268,7 @@ impl Shard {
         }
         let mut local = Ok(());
         let mut remote = 0u32;
+        let mut ticket = None;
         // Group remote targets per shard: one message per shard.
         targets.sort_unstable_by_key(|t| t.shard);
         let mut i = 0;
@@ -172,7 +280,9 @@ impl Shard {
             }
             if shard == self.id {
                 for t in &targets[i..j] {
-                    local = merge_outcome(local, self.enqueue_local(&t.queue, msg.clone(), now));
+                    let stored =
+                        self.enqueue_local(&t.queue, msg.clone(), now, origin, &mut ticket);
+                    local = merge_outcome(local, stored);
                 }
             } else {
                 let queues = targets[i..j].iter().map(|t| t.queue.clone()).collect();
@@ -189,6 +299,10 @@ impl Shard {
             i = j;
         }
         self.targets = targets;
+        if ticket.is_some() {
+            // The local queues answer after their group commit.
+            remote += 1;
+        }
         if remote == 0 {
             PublishStatus::Done(local)
         } else {
@@ -208,23 +322,44 @@ impl Shard {
         self.queues.get_mut(name)
     }
 
+    /// Stores `msg` in a local queue. With logs, the append joins the next
+    /// group commit and `ticket` (created on first use) waits for it.
     fn enqueue_local(
         &mut self,
         queue: &str,
         msg: Arc<Message>,
         now: Instant,
+        origin: Origin,
+        ticket: &mut Option<u64>,
     ) -> Result<(), NackReason> {
         let settings = self.settings.clone();
-        let Some(q) = self.queue_mut(queue) else {
+        let Some(name) = self.queue_mut(queue).map(|q| q.name().clone()) else {
             return Err(NackReason::NoRoute);
         };
-        match q.enqueue(msg, now, &settings) {
-            Ok(_) => {
-                self.dispatch(queue, now);
-                Ok(())
+        let Some(q) = self.queues.get_mut(queue) else {
+            return Err(NackReason::NoRoute);
+        };
+        let enqueued = match q.enqueue(msg.clone(), now, &settings) {
+            Ok(e) => e,
+            Err(QueueFull) => return Err(NackReason::QueueFull),
+        };
+        if let Some(d) = &mut self.durable {
+            let next = q.next_seq();
+            let id = *ticket.get_or_insert_with(|| d.new_ticket(origin));
+            let log = d.log(&name, next);
+            if let Enqueued::Stored(seq) = enqueued {
+                log.append_message(seq, &msg);
             }
-            Err(QueueFull) => Err(NackReason::QueueFull),
+            // A duplicate waits too: its original may not be on disk yet.
+            log.add_waiter(id);
+            if let Some(t) = d.tickets.get_mut(&id) {
+                t.remaining += 1;
+            }
         }
+        if matches!(enqueued, Enqueued::Stored(_)) {
+            self.dispatch(queue, now);
+        }
+        Ok(())
     }
 
     /// Pushes what `queue` can deliver now, and dead-letters what it gave up on.
@@ -233,6 +368,12 @@ impl Shard {
         let mut dead = std::mem::take(&mut self.dead);
         if let Some(q) = self.queues.get_mut(queue) {
             q.dispatch(&self.settings, now, &mut deliveries, &mut dead);
+            if let (Some(d), false) = (&mut self.durable, deliveries.is_empty()) {
+                let log = d.log(q.name(), q.next_seq());
+                for (_, delivery) in &deliveries {
+                    log.append_delivered(delivery.seq, delivery.count);
+                }
+            }
         }
         for (conn, delivery) in deliveries.drain(..) {
             self.route_delivery(conn, delivery);
@@ -271,20 +412,47 @@ impl Shard {
             return;
         };
         let dlq_name = format!("{queue}.dlq");
-        let info = self.topology.store().declare_queue(&dlq_name, &owner);
+        let info = match self.topology.store().declare_queue(&dlq_name, &owner) {
+            Ok(info) => info,
+            // Still declared in memory; only topology.json missed it.
+            Err(e) => {
+                tracing::error!(queue = %dlq_name, error = %e, "dead-letter queue not saved");
+                match self.topology.current().queue(&dlq_name) {
+                    Some(info) => info.clone(),
+                    None => {
+                        dead.clear();
+                        return;
+                    }
+                }
+            }
+        };
         let Some(dlq) = self.queue_mut(&info.name) else {
             // Placement moved (cannot happen within one run): keep them here.
             tracing::error!(queue, "dead-letter queue is not on the queue's shard");
             dead.clear();
             return;
         };
+        let dlq_name_arc = dlq.name().clone();
+        let source: Option<Arc<str>> = self.queues.get_key_value(queue).map(|(k, _)| k.clone());
         for entry in dead.drain(..) {
             tracing::warn!(
                 queue,
                 message_id = entry.msg.message_id(),
                 "dead-lettered after max deliveries"
             );
-            dlq.enqueue_dead(entry.msg);
+            let Some(dlq) = self.queues.get_mut(&dlq_name_arc) else {
+                break;
+            };
+            let seq = dlq.enqueue_dead(entry.msg.clone());
+            let next = dlq.next_seq();
+            if let (Some(d), Some(source)) = (&mut self.durable, &source) {
+                // The source forgets the message only once the dead-letter
+                // queue has it on disk: a crash in between keeps it in both.
+                let id = d.new_deferred_ack(source.clone(), entry.seq);
+                let log = d.log(&dlq_name_arc, next);
+                log.append_message(seq, &entry.msg);
+                log.add_waiter(id);
+            }
         }
         self.dispatch(&dlq_name, now);
     }
@@ -351,8 +519,17 @@ impl Shard {
         let settings = self.settings.clone();
         let mut out = Vec::new();
         let mut dead = std::mem::take(&mut self.dead);
-        if let Some(q) = self.queue_mut(queue) {
+        if self.queue_mut(queue).is_some() {
+            let Some(q) = self.queues.get_mut(queue) else {
+                return out;
+            };
             q.fetch(conn, max, &settings, now, &mut out, &mut dead);
+            if let (Some(d), false) = (&mut self.durable, out.is_empty()) {
+                let log = d.log(q.name(), q.next_seq());
+                for delivery in &out {
+                    log.append_delivered(delivery.seq, delivery.count);
+                }
+            }
         }
         if !dead.is_empty() {
             self.dead_letter(queue, &mut dead, now);
@@ -379,11 +556,16 @@ impl Shard {
 
     fn ack_local(&mut self, conn: ConnRef, queue: &str, seq: u64, now: Instant) {
         let settings = self.settings.clone();
-        if let Some(q) = self.queues.get_mut(queue) {
-            if q.ack(seq, conn, now, &settings) {
-                self.dispatch(queue, now);
-            }
+        let Some(q) = self.queues.get_mut(queue) else {
+            return;
+        };
+        if !q.ack(seq, conn, now, &settings) {
+            return;
         }
+        if let Some(d) = &mut self.durable {
+            d.log(q.name(), q.next_seq()).append_ack(seq, unix_ms());
+        }
+        self.dispatch(queue, now);
     }
 
     /// Gives an outstanding delivery of `conn` back for redelivery.
@@ -479,10 +661,16 @@ impl Shard {
                 msg,
             } => {
                 let mut outcome = Ok(());
+                let mut ticket = None;
                 for q in &queues {
-                    outcome = merge_outcome(outcome, self.enqueue_local(q, msg.clone(), now));
+                    let stored = self.enqueue_local(q, msg.clone(), now, origin, &mut ticket);
+                    outcome = merge_outcome(outcome, stored);
                 }
-                self.complete(origin, Completion::Enqueued(outcome));
+                match ticket.and_then(|id| self.durable.as_mut()?.tickets.get_mut(&id)) {
+                    // Answered after the group commit, refusals included.
+                    Some(t) => t.outcome = merge_outcome(t.outcome, outcome),
+                    None => self.complete(origin, Completion::Enqueued(outcome)),
+                }
             }
             ShardMsg::Consume {
                 origin,

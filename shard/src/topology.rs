@@ -8,6 +8,7 @@
 //! the binding on every shard.
 
 use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
@@ -92,12 +93,17 @@ pub enum TopologyError {
     /// `bind` to an exchange that was never declared.
     #[error("unknown exchange {0}")]
     UnknownExchange(String),
+    /// `topology.json` could not be written or read.
+    #[error("storage: {0}")]
+    Storage(String),
 }
 
 /// The single writer of the topology, shared by every shard.
 #[derive(Debug)]
 pub struct TopologyStore {
     shards: usize,
+    /// `topology.json`, rewritten atomically on every change; `None` in memory.
+    persist: Option<PathBuf>,
     writer: Mutex<()>,
     current: RwLock<Arc<Topology>>,
     version: AtomicU64,
@@ -108,6 +114,7 @@ impl TopologyStore {
     pub fn new(shards: usize) -> TopologyStore {
         TopologyStore {
             shards: shards.max(1),
+            persist: None,
             writer: Mutex::new(()),
             current: RwLock::new(Arc::new(Topology::default())),
             version: AtomicU64::new(0),
@@ -135,26 +142,89 @@ impl TopologyStore {
 
     /// Applies `change` to a copy of the topology and publishes it if it
     /// changed anything.
-    fn change<T, E>(
+    fn change<T>(
         &self,
-        change: impl FnOnce(&mut Topology) -> Result<(T, bool), E>,
-    ) -> Result<T, E> {
+        change: impl FnOnce(&mut Topology) -> Result<(T, bool), TopologyError>,
+    ) -> Result<T, TopologyError> {
         let _writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
         let mut next = (*self.snapshot()).clone();
         let (value, changed) = change(&mut next)?;
         if changed {
             next.version += 1;
             let version = next.version;
+            let saved = match &self.persist {
+                // Rare and small: written in place, before anyone sees it.
+                Some(path) => save(path, &next)
+                    .map_err(|e| TopologyError::Storage(format!("{}: {e}", path.display()))),
+                None => Ok(()),
+            };
             *self.current.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(next);
             self.version.store(version, Ordering::Release);
+            saved?;
         }
         Ok(value)
     }
 
+    /// Opens the topology saved at `path` (empty if the file does not exist)
+    /// and keeps saving there. Queue placement is recomputed for `shards`, so
+    /// a changed shard count moves queues with their owners.
+    pub fn open(path: PathBuf, shards: usize) -> Result<TopologyStore, TopologyError> {
+        let mut store = TopologyStore::new(shards);
+        let shards = store.shards;
+        match std::fs::read(&path) {
+            Ok(bytes) => {
+                let saved: SavedTopology = serde_json::from_slice(&bytes).map_err(|e| {
+                    TopologyError::Storage(format!("{}: unreadable: {e}", path.display()))
+                })?;
+                let mut t = Topology {
+                    version: 1,
+                    ..Topology::default()
+                };
+                for q in saved.queues {
+                    let info = QueueInfo {
+                        name: Arc::from(q.name.as_str()),
+                        owner: Arc::from(q.owner.as_str()),
+                        shard: shard_of(&q.owner, shards),
+                    };
+                    t.queues.insert(info.name.clone(), info);
+                }
+                for e in saved.exchanges {
+                    let kind = ExchangeKind::parse(&e.kind).ok_or_else(|| {
+                        TopologyError::Storage(format!(
+                            "{}: exchange {} has unknown type {}",
+                            path.display(),
+                            e.name,
+                            e.kind
+                        ))
+                    })?;
+                    let mut ex = Exchange::new(kind);
+                    for b in e.bindings {
+                        if let Some(info) = t.queues.get(b.queue.as_str()) {
+                            ex.bind(
+                                &b.key,
+                                Target {
+                                    queue: info.name.clone(),
+                                    shard: info.shard,
+                                },
+                            );
+                        }
+                    }
+                    t.exchanges.insert(Arc::from(e.name.as_str()), Arc::new(ex));
+                }
+                store.version.store(1, Ordering::Release);
+                store.current = RwLock::new(Arc::new(t));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(TopologyError::Storage(format!("{}: {e}", path.display()))),
+        }
+        store.persist = Some(path);
+        Ok(store)
+    }
+
     /// Declares a queue owned by `owner` (idempotent); returns its placement.
-    pub fn declare_queue(&self, name: &str, owner: &str) -> QueueInfo {
+    pub fn declare_queue(&self, name: &str, owner: &str) -> Result<QueueInfo, TopologyError> {
         let shards = self.shards;
-        let result = self.change::<_, std::convert::Infallible>(|t| {
+        self.change(|t| {
             if let Some(existing) = t.queues.get(name) {
                 return Ok((existing.clone(), false));
             }
@@ -165,11 +235,7 @@ impl TopologyStore {
             };
             t.queues.insert(info.name.clone(), info.clone());
             Ok((info, true))
-        });
-        match result {
-            Ok(info) => info,
-            Err(never) => match never {},
-        }
+        })
     }
 
     /// Declares an exchange; the same type again is a no-op, another is an error.
@@ -245,6 +311,71 @@ impl TopologyView {
     }
 }
 
+/// The saved form of the topology.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct SavedTopology {
+    queues: Vec<SavedQueue>,
+    exchanges: Vec<SavedExchange>,
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct SavedQueue {
+    name: String,
+    owner: String,
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct SavedExchange {
+    name: String,
+    kind: String,
+    bindings: Vec<SavedBinding>,
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct SavedBinding {
+    queue: String,
+    key: String,
+}
+
+/// Writes `t` to `path` atomically: temp file, fsync, rename, directory fsync.
+fn save(path: &Path, t: &Topology) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut queues: Vec<SavedQueue> = t
+        .queues
+        .values()
+        .map(|q| SavedQueue {
+            name: q.name.to_string(),
+            owner: q.owner.to_string(),
+        })
+        .collect();
+    queues.sort_by(|a, b| a.name.cmp(&b.name));
+    let mut exchanges: Vec<SavedExchange> = t
+        .exchanges
+        .iter()
+        .map(|(name, ex)| SavedExchange {
+            name: name.to_string(),
+            kind: ex.kind().as_str().to_owned(),
+            bindings: ex
+                .bindings()
+                .map(|(k, t)| SavedBinding {
+                    queue: t.queue.to_string(),
+                    key: k.to_owned(),
+                })
+                .collect(),
+        })
+        .collect();
+    exchanges.sort_by(|a, b| a.name.cmp(&b.name));
+    let bytes = serde_json::to_vec_pretty(&SavedTopology { queues, exchanges })
+        .map_err(std::io::Error::other)?;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let tmp = dir.join(".topology.json.tmp");
+    let mut file = std::fs::File::create(&tmp)?;
+    file.write_all(&bytes)?;
+    file.sync_all()?;
+    std::fs::rename(&tmp, path)?;
+    std::fs::File::open(dir)?.sync_all()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -252,11 +383,39 @@ mod tests {
     #[test]
     fn declares_are_idempotent_and_placed_by_owner() {
         let store = TopologyStore::new(4);
-        let a = store.declare_queue("receiver_1_queue", "receiver_1");
-        let b = store.declare_queue("receiver_1_queue", "admin");
+        let a = store
+            .declare_queue("receiver_1_queue", "receiver_1")
+            .unwrap();
+        let b = store.declare_queue("receiver_1_queue", "admin").unwrap();
         assert_eq!(a, b);
         assert_eq!(a.shard, shard_of("receiver_1", 4));
         assert_eq!(store.version(), 1);
+    }
+
+    #[test]
+    fn survives_a_reopen_with_another_shard_count() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("topology.json");
+        {
+            let store = TopologyStore::open(path.clone(), 2).unwrap();
+            store
+                .declare_queue("receiver_1_queue", "receiver_1")
+                .unwrap();
+            store.declare_exchange("ex", ExchangeKind::Topic).unwrap();
+            store
+                .bind("receiver_1_queue", "ex", "receiver_1.#")
+                .unwrap();
+        }
+        let store = TopologyStore::open(path, 3).unwrap();
+        let t = store.snapshot();
+        assert_eq!(
+            t.queue("receiver_1_queue").unwrap().shard,
+            shard_of("receiver_1", 3)
+        );
+        let mut out = Vec::new();
+        assert!(t.route("ex", "receiver_1.a.b", &mut out));
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].shard, shard_of("receiver_1", 3));
     }
 
     #[test]
@@ -281,7 +440,7 @@ mod tests {
             store.bind("q", "ex", "k"),
             Err(TopologyError::UnknownQueue("q".into()))
         );
-        store.declare_queue("q", "receiver_1");
+        store.declare_queue("q", "receiver_1").unwrap();
         assert_eq!(
             store.bind("q", "ex", "k"),
             Err(TopologyError::UnknownExchange("ex".into()))

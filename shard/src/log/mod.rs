@@ -33,7 +33,11 @@ pub fn segment_path(dir: &Path, base: u64) -> PathBuf {
 
 /// The base of a segment file name, if it is one.
 pub fn segment_base(file_name: &str) -> Option<u64> {
-    file_name.strip_prefix("segment-")?.strip_suffix(".log")?.parse().ok()
+    file_name
+        .strip_prefix("segment-")?
+        .strip_suffix(".log")?
+        .parse()
+        .ok()
 }
 
 /// Milliseconds since the Unix epoch, for ack times.

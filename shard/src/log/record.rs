@@ -82,7 +82,12 @@ pub fn encode(record: &Record<'_>, out: &mut Vec<u8>) {
     let start = out.len();
     out.extend_from_slice(&[0u8; 8]);
     match record {
-        Record::Message { seq, sender, message_id, body } => {
+        Record::Message {
+            seq,
+            sender,
+            message_id,
+            body,
+        } => {
             out.push(KIND_MESSAGE);
             put_u64(out, *seq);
             put_u16(out, sender.len() as u16);
@@ -146,10 +151,21 @@ fn fields(kind: u8, payload: &[u8]) -> Option<Record<'_>> {
             let message_id = c.str(id_len)?;
             let body = std::str::from_utf8(c.buf).ok()?;
             c.buf = &[];
-            Record::Message { seq, sender, message_id, body }
+            Record::Message {
+                seq,
+                sender,
+                message_id,
+                body,
+            }
         }
-        KIND_ACK => Record::Ack { seq: c.u64()?, acked_at_ms: c.u64()? },
-        KIND_DELIVERED => Record::Delivered { seq: c.u64()?, count: c.u32()? },
+        KIND_ACK => Record::Ack {
+            seq: c.u64()?,
+            acked_at_ms: c.u64()?,
+        },
+        KIND_DELIVERED => Record::Delivered {
+            seq: c.u64()?,
+            count: c.u32()?,
+        },
         _ => return None,
     };
     c.buf.is_empty().then_some(record)
@@ -185,8 +201,16 @@ mod tests {
 
     fn samples() -> Vec<Record<'static>> {
         vec![
-            Record::Message { seq: 7, sender: "sender_1", message_id: "m-7", body: "{\"a\": \"b c\"}" },
-            Record::Ack { seq: 7, acked_at_ms: 1_700_000_000_000 },
+            Record::Message {
+                seq: 7,
+                sender: "sender_1",
+                message_id: "m-7",
+                body: "{\"a\": \"b c\"}",
+            },
+            Record::Ack {
+                seq: 7,
+                acked_at_ms: 1_700_000_000_000,
+            },
             Record::Delivered { seq: 7, count: 3 },
         ]
     }
@@ -227,7 +251,10 @@ mod tests {
         for byte in 8..total {
             let mut bad = buf.clone();
             bad[byte] ^= 0x10;
-            assert!(matches!(decode(&bad), Decoded::Corrupt(n, _) if n == total), "byte {byte}");
+            assert!(
+                matches!(decode(&bad), Decoded::Corrupt(n, _) if n == total),
+                "byte {byte}"
+            );
         }
         let mut bad_len = buf.clone();
         bad_len[3] = 0xff;

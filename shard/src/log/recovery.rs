@@ -76,7 +76,12 @@ pub fn recover_queue(dir: &Path) -> io::Result<RecoveredQueue> {
             match decode(&data[offset..]) {
                 Decoded::Record(record, n) => {
                     match record {
-                        Record::Message { seq, sender, message_id, body } => {
+                        Record::Message {
+                            seq,
+                            sender,
+                            message_id,
+                            body,
+                        } => {
                             let sender = senders
                                 .entry(sender.to_owned())
                                 .or_insert_with(|| Arc::from(sender))
@@ -98,7 +103,10 @@ pub fn recover_queue(dir: &Path) -> io::Result<RecoveredQueue> {
                     offset += n;
                 }
                 Decoded::Corrupt(n, why) => {
-                    out.problems.push(format!("{}: offset {offset}: corrupt record ({why}), skipped", path.display()));
+                    out.problems.push(format!(
+                        "{}: offset {offset}: corrupt record ({why}), skipped",
+                        path.display()
+                    ));
                     offset += n;
                 }
                 Decoded::Torn | Decoded::BadLength if index == last => {
@@ -120,12 +128,21 @@ pub fn recover_queue(dir: &Path) -> io::Result<RecoveredQueue> {
                 }
             }
         }
-        out.segments.push(RecoveredSegment { base, path, len: valid_len as u64, live: 0 });
+        out.segments.push(RecoveredSegment {
+            base,
+            path,
+            len: valid_len as u64,
+            live: 0,
+        });
         out.next_seq = out.next_seq.max(base);
     }
     for (seq, (msg, deliveries, segment)) in live {
         out.segments[segment].live += 1;
-        out.messages.push(RecoveredMessage { seq, msg, deliveries });
+        out.messages.push(RecoveredMessage {
+            seq,
+            msg,
+            deliveries,
+        });
     }
     Ok(out)
 }
@@ -143,7 +160,12 @@ mod tests {
     use crate::log::segment_path;
 
     fn msg(seq: u64, id: &str) -> Record<'_> {
-        Record::Message { seq, sender: "s1", message_id: id, body: "{}" }
+        Record::Message {
+            seq,
+            sender: "s1",
+            message_id: id,
+            body: "{}",
+        }
     }
 
     fn write(path: &Path, records: &[Record<'_>]) -> Vec<u8> {
@@ -160,15 +182,33 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         write(
             &segment_path(dir.path(), 0),
-            &[msg(0, "a"), msg(1, "b"), Record::Delivered { seq: 1, count: 2 }, Record::Ack { seq: 0, acked_at_ms: 5 }],
+            &[
+                msg(0, "a"),
+                msg(1, "b"),
+                Record::Delivered { seq: 1, count: 2 },
+                Record::Ack {
+                    seq: 0,
+                    acked_at_ms: 5,
+                },
+            ],
         );
-        write(&segment_path(dir.path(), 2), &[msg(2, "c"), Record::Delivered { seq: 2, count: 1 }]);
+        write(
+            &segment_path(dir.path(), 2),
+            &[msg(2, "c"), Record::Delivered { seq: 2, count: 1 }],
+        );
         let q = recover_queue(dir.path()).unwrap();
-        let got: Vec<_> = q.messages.iter().map(|m| (m.seq, m.msg.message_id().to_owned(), m.deliveries)).collect();
+        let got: Vec<_> = q
+            .messages
+            .iter()
+            .map(|m| (m.seq, m.msg.message_id().to_owned(), m.deliveries))
+            .collect();
         assert_eq!(got, [(1, "b".into(), 2), (2, "c".into(), 1)]);
         assert_eq!(q.next_seq, 3);
         assert_eq!(q.acked.len(), 1);
-        assert_eq!(q.segments.iter().map(|s| s.live).collect::<Vec<_>>(), [1, 1]);
+        assert_eq!(
+            q.segments.iter().map(|s| s.live).collect::<Vec<_>>(),
+            [1, 1]
+        );
         assert!(q.problems.is_empty());
     }
 
@@ -194,7 +234,11 @@ mod tests {
         buf[second] ^= 0x01;
         fs::write(&path, &buf).unwrap();
         let q = recover_queue(dir.path()).unwrap();
-        let ids: Vec<_> = q.messages.iter().map(|m| m.msg.message_id().to_owned()).collect();
+        let ids: Vec<_> = q
+            .messages
+            .iter()
+            .map(|m| m.msg.message_id().to_owned())
+            .collect();
         assert_eq!(ids, ["a", "c"]);
         assert_eq!(q.problems.len(), 1);
         assert!(q.problems[0].contains("offset") && q.problems[0].contains("corrupt"));

@@ -1,0 +1,163 @@
+//! A shard's durable side: the logs of its queues, what waits for the next
+//! group commit, and the publishes (tickets) to answer once it is done.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::task::Waker;
+
+use ciphermq_proto::NackReason;
+
+use crate::log::{queue_dir, CommitJob, QueueLog};
+use crate::mesh::Origin;
+
+/// What to do when a ticket's commits are done.
+#[derive(Debug)]
+pub(crate) enum TicketKind {
+    /// Answer a publish.
+    Publish,
+    /// Append the ack of a dead-lettered message to its source queue.
+    AckAfter { queue: Arc<str>, seq: u64 },
+}
+
+/// Something waiting for commits: a publish part, or a deferred ack.
+#[derive(Debug)]
+pub(crate) struct Ticket {
+    pub(crate) kind: TicketKind,
+    pub(crate) origin: Origin,
+    /// Commits still to come.
+    pub(crate) remaining: u32,
+    pub(crate) outcome: Result<(), NackReason>,
+}
+
+/// Logs and commit bookkeeping of one shard (`storage.mode = "durable"`).
+#[derive(Debug)]
+pub struct Durability {
+    data_dir: PathBuf,
+    segment_bytes: u64,
+    logs: HashMap<Arc<str>, QueueLog>,
+    dirty: Vec<Arc<str>>,
+    committer: Option<Waker>,
+    pub(crate) tickets: HashMap<u64, Ticket>,
+    next_ticket: u64,
+}
+
+impl Durability {
+    /// Logs under `data_dir/queues`, rolling segments at `segment_bytes`.
+    pub fn new(data_dir: PathBuf, segment_bytes: u64) -> Durability {
+        Durability {
+            data_dir,
+            segment_bytes,
+            logs: HashMap::new(),
+            dirty: Vec::new(),
+            committer: None,
+            tickets: HashMap::new(),
+            next_ticket: 1,
+        }
+    }
+
+    /// Adopts a log rebuilt by recovery.
+    pub(crate) fn insert_log(&mut self, queue: Arc<str>, log: QueueLog) {
+        self.logs.insert(queue, log);
+    }
+
+    /// The directory of `queue`'s log.
+    pub(crate) fn dir_of(&self, queue: &str) -> PathBuf {
+        queue_dir(&self.data_dir, queue)
+    }
+
+    /// The segment size.
+    pub(crate) fn segment_bytes(&self) -> u64 {
+        self.segment_bytes
+    }
+
+    /// The log of `queue`, created empty on first use.
+    pub(crate) fn log(&mut self, queue: &Arc<str>, next_seq: u64) -> &mut QueueLog {
+        if !self.dirty.iter().any(|q| q == queue) {
+            self.dirty.push(queue.clone());
+        }
+        if let Some(waker) = self.committer.take() {
+            waker.wake();
+        }
+        let dir = queue_dir(&self.data_dir, queue);
+        let segment_bytes = self.segment_bytes;
+        self.logs
+            .entry(queue.clone())
+            .or_insert_with(|| QueueLog::new(dir, segment_bytes, next_seq))
+    }
+
+    /// Starts a ticket for `origin`.
+    pub(crate) fn new_ticket(&mut self, origin: Origin) -> u64 {
+        let id = self.next_ticket;
+        self.next_ticket += 1;
+        self.tickets.insert(
+            id,
+            Ticket {
+                kind: TicketKind::Publish,
+                origin,
+                remaining: 0,
+                outcome: Ok(()),
+            },
+        );
+        id
+    }
+
+    /// A ticket that appends the ack of `seq` to `queue` once the one commit
+    /// it waits for is done.
+    pub(crate) fn new_deferred_ack(&mut self, queue: Arc<str>, seq: u64) -> u64 {
+        let id = self.next_ticket;
+        self.next_ticket += 1;
+        let origin = Origin {
+            conn: crate::placement::ConnRef { shard: 0, id: 0 },
+            seq: 0,
+        };
+        let kind = TicketKind::AckAfter { queue, seq };
+        self.tickets.insert(
+            id,
+            Ticket {
+                kind,
+                origin,
+                remaining: 1,
+                outcome: Ok(()),
+            },
+        );
+        id
+    }
+
+    /// Whether a commit round has work.
+    pub fn has_work(&self) -> bool {
+        !self.dirty.is_empty()
+    }
+
+    /// Registers the committer task, woken by the next append.
+    pub fn register_committer(&mut self, waker: &Waker) {
+        self.committer = Some(waker.clone());
+    }
+
+    /// Takes one job per dirty log; `next_seq` gives each queue's next sequence number.
+    pub(crate) fn take_jobs(&mut self, next_seq: impl Fn(&str) -> u64, out: &mut Vec<CommitJob>) {
+        let mut still_dirty = Vec::new();
+        for queue in std::mem::take(&mut self.dirty) {
+            let Some(log) = self.logs.get_mut(&queue) else {
+                continue;
+            };
+            match log.take_job(&queue, next_seq(&queue)) {
+                Some(job) => out.push(job),
+                // A job of this log is still in flight: next round.
+                None if log.is_dirty_or_waiting() => still_dirty.push(queue),
+                None => {}
+            }
+        }
+        self.dirty = still_dirty;
+    }
+
+    /// Records the end of a job (the caller releases its tickets).
+    pub(crate) fn job_done(&mut self, job: &CommitJob, ok: bool, next_seq: u64) {
+        if let Some(log) = self.logs.get_mut(&job.queue) {
+            log.job_done(job, ok, next_seq);
+            if log.is_dirty() && !self.dirty.contains(&job.queue) {
+                self.dirty.push(job.queue.clone());
+            }
+        }
+    }
+}

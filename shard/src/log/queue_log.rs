@@ -1,0 +1,282 @@
+//! The write side of one queue's log, without I/O.
+//!
+//! Appends are encoded into a pending buffer. The shard's committer takes one
+//! [`CommitJob`] per dirty log per round (the appends of a reactor turn), writes
+//! it at its offset, `fdatasync`s, and only then completes the job's waiters:
+//! that is group commit. A log has at most one job in flight, so its file never
+//! has holes and recovery reads it front to back.
+
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::log::record::{encode, Record};
+use crate::log::recovery::RecoveredSegment;
+use crate::log::segment_path;
+use crate::message::Message;
+
+/// One segment file.
+#[derive(Debug)]
+struct Segment {
+    base: u64,
+    path: PathBuf,
+    /// Message records in it not yet acked.
+    live: u64,
+    /// The file exists on disk (created and its directory synced).
+    created: bool,
+}
+
+/// Writes to make durable, then waiters to release.
+#[derive(Debug)]
+pub struct CommitJob {
+    /// The queue.
+    pub queue: Arc<str>,
+    /// The queue's directory; `create_dir` asks to create and sync it first.
+    pub dir: PathBuf,
+    /// The directory does not exist yet.
+    pub create_dir: bool,
+    /// The segment file to write.
+    pub path: PathBuf,
+    /// The file is new: create it, and sync the directory after the data.
+    pub create: bool,
+    /// Where the bytes go.
+    pub offset: u64,
+    /// The encoded records (possibly empty when only waiters or deletions wait).
+    pub bytes: Vec<u8>,
+    /// Tickets to complete once the bytes are durable.
+    pub waiters: Vec<u64>,
+    /// Sequence numbers of messages whose records are in `bytes`: if the write
+    /// fails they must not stay in the queue as if stored.
+    pub message_seqs: Vec<u64>,
+    /// Fully acked segments to delete after the write.
+    pub delete: Vec<PathBuf>,
+}
+
+/// One queue's log.
+#[derive(Debug)]
+pub struct QueueLog {
+    dir: PathBuf,
+    dir_exists: bool,
+    segment_bytes: u64,
+    /// Oldest first; the last one is the active segment.
+    segments: VecDeque<Segment>,
+    /// Bytes of the active segment already handed to jobs.
+    written: u64,
+    pending: Vec<u8>,
+    waiters: Vec<u64>,
+    message_seqs: Vec<u64>,
+    in_flight: bool,
+}
+
+impl QueueLog {
+    /// A log for a new queue; nothing is on disk until the first commit.
+    pub fn new(dir: PathBuf, segment_bytes: u64, next_seq: u64) -> QueueLog {
+        let mut log = QueueLog {
+            dir,
+            dir_exists: false,
+            segment_bytes,
+            segments: VecDeque::new(),
+            written: 0,
+            pending: Vec::new(),
+            waiters: Vec::new(),
+            message_seqs: Vec::new(),
+            in_flight: false,
+        };
+        log.open_segment(next_seq);
+        log
+    }
+
+    /// A log continuing what recovery found; new appends go to a new segment.
+    pub fn recovered(
+        dir: PathBuf,
+        segment_bytes: u64,
+        next_seq: u64,
+        found: &[RecoveredSegment],
+    ) -> QueueLog {
+        let mut log = QueueLog::new(dir, segment_bytes, next_seq);
+        log.dir_exists = true;
+        log.segments.clear();
+        for s in found {
+            log.segments.push_back(Segment {
+                base: s.base,
+                path: s.path.clone(),
+                live: s.live,
+                created: true,
+            });
+        }
+        match found.last() {
+            // An empty last segment starting at `next_seq`: keep appending to it.
+            Some(last) if last.base == next_seq => log.written = last.len,
+            _ => log.open_segment(next_seq),
+        }
+        log
+    }
+
+    fn open_segment(&mut self, base: u64) {
+        let path = segment_path(&self.dir, base);
+        self.segments.push_back(Segment {
+            base,
+            path,
+            live: 0,
+            created: false,
+        });
+        self.written = 0;
+    }
+
+    /// Appends a stored message.
+    pub fn append_message(&mut self, seq: u64, msg: &Message) {
+        encode(
+            &Record::Message {
+                seq,
+                sender: msg.sender(),
+                message_id: msg.message_id(),
+                body: msg.body(),
+            },
+            &mut self.pending,
+        );
+        if let Some(active) = self.segments.back_mut() {
+            active.live += 1;
+        }
+        self.message_seqs.push(seq);
+    }
+
+    /// Appends an ack (or a dead-lettering) of `seq`.
+    pub fn append_ack(&mut self, seq: u64, acked_at_ms: u64) {
+        encode(&Record::Ack { seq, acked_at_ms }, &mut self.pending);
+        // The segment holding `seq` is the last one whose base is <= seq.
+        if let Some(segment) = self.segments.iter_mut().rev().find(|s| s.base <= seq) {
+            segment.live = segment.live.saturating_sub(1);
+        }
+    }
+
+    /// Appends the delivery count of `seq`, so a restart keeps counting.
+    pub fn append_delivered(&mut self, seq: u64, count: u32) {
+        encode(&Record::Delivered { seq, count }, &mut self.pending);
+    }
+
+    /// Completes `ticket` at the next commit (after everything appended so far).
+    pub fn add_waiter(&mut self, ticket: u64) {
+        self.waiters.push(ticket);
+    }
+
+    fn deletable(&self) -> usize {
+        // Oldest first, never the active segment.
+        self.segments
+            .iter()
+            .take(self.segments.len().saturating_sub(1))
+            .take_while(|s| s.live == 0)
+            .count()
+    }
+
+    /// Whether there is something to commit, even if a job is in flight.
+    pub fn is_dirty_or_waiting(&self) -> bool {
+        !self.pending.is_empty() || !self.waiters.is_empty() || self.deletable() > 0
+    }
+
+    /// Whether a commit round has anything to do here.
+    pub fn is_dirty(&self) -> bool {
+        !self.in_flight
+            && (!self.pending.is_empty() || !self.waiters.is_empty() || self.deletable() > 0)
+    }
+
+    /// Takes the next job; `next_seq` is the queue's next sequence number, the
+    /// base of a new segment if this one is full.
+    pub fn take_job(&mut self, queue: &Arc<str>, next_seq: u64) -> Option<CommitJob> {
+        if !self.is_dirty() {
+            return None;
+        }
+        let delete: Vec<PathBuf> = (0..self.deletable())
+            .filter_map(|_| self.segments.pop_front())
+            .filter(|s| s.created)
+            .map(|s| s.path)
+            .collect();
+        let active = self.segments.back_mut()?;
+        let job = CommitJob {
+            queue: queue.clone(),
+            dir: self.dir.clone(),
+            create_dir: !self.dir_exists,
+            path: active.path.clone(),
+            create: !active.created,
+            offset: self.written,
+            bytes: std::mem::take(&mut self.pending),
+            waiters: std::mem::take(&mut self.waiters),
+            message_seqs: std::mem::take(&mut self.message_seqs),
+            delete,
+        };
+        active.created = true;
+        self.dir_exists = true;
+        self.written += job.bytes.len() as u64;
+        if self.written >= self.segment_bytes && active.base < next_seq {
+            self.open_segment(next_seq);
+        }
+        self.in_flight = true;
+        Some(job)
+    }
+
+    /// The job taken last finished (`ok`: its bytes are durable).
+    pub fn job_done(&mut self, job: &CommitJob, ok: bool, next_seq: u64) {
+        self.in_flight = false;
+        if !ok {
+            // The file's tail is unknown now: continue in a fresh segment so no
+            // later record lands after a hole.
+            if let Some(active) = self.segments.back() {
+                if active.path == job.path && active.base < next_seq {
+                    self.open_segment(next_seq);
+                }
+            }
+            if job.create_dir {
+                self.dir_exists = false;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn msg(id: &str) -> Arc<Message> {
+        Message::new(id, "{}", Arc::from("s"))
+    }
+
+    #[test]
+    fn jobs_carry_appends_waiters_and_offsets() {
+        let q: Arc<str> = Arc::from("q");
+        let mut log = QueueLog::new(PathBuf::from("/d/q"), 1 << 20, 0);
+        assert!(!log.is_dirty());
+        log.append_message(0, &msg("a"));
+        log.add_waiter(7);
+        let job = log.take_job(&q, 1).unwrap();
+        assert!(job.create && job.create_dir);
+        assert_eq!(
+            (job.offset, job.waiters.clone(), job.message_seqs.clone()),
+            (0, vec![7], vec![0])
+        );
+        assert!(log.take_job(&q, 1).is_none(), "one job in flight per log");
+        log.append_message(1, &msg("b"));
+        log.job_done(&job, true, 2);
+        let second = log.take_job(&q, 2).unwrap();
+        assert!(!second.create && !second.create_dir);
+        assert_eq!(second.offset, job.bytes.len() as u64);
+    }
+
+    #[test]
+    fn full_segments_roll_and_are_deleted_once_acked() {
+        let q: Arc<str> = Arc::from("q");
+        let mut log = QueueLog::new(PathBuf::from("/d/q"), 10, 0);
+        log.append_message(0, &msg("a"));
+        let job = log.take_job(&q, 1).unwrap();
+        log.job_done(&job, true, 1);
+        log.append_message(1, &msg("b"));
+        let job = log.take_job(&q, 2).unwrap();
+        assert!(job.create, "second segment");
+        assert!(job.path.ends_with("segment-00000000000000000001.log"));
+        log.job_done(&job, true, 2);
+        log.append_ack(0, 1);
+        let job = log.take_job(&q, 2).unwrap();
+        assert_eq!(
+            job.delete,
+            vec![PathBuf::from("/d/q/segment-00000000000000000000.log")]
+        );
+    }
+}
