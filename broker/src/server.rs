@@ -249,6 +249,10 @@ pub fn start(config: &Config) -> Result<BrokerHandle, StartError> {
         wakers: (0..shards).map(|_| Arc::new(AtomicWaker::new())).collect(),
     });
 
+    // The shards listen with SO_REUSEPORT, which would let a second broker
+    // on the same port silently take half the connections: make sure the
+    // port is free first (a plain bind fails while anyone listens on it).
+    probe_port(&config.server.address)?;
     let mut address = config.server.address.clone();
     let mut threads = Vec::with_capacity(shards);
     let mut bound: Option<SocketAddr> = None;
@@ -326,6 +330,39 @@ pub fn start(config: &Config) -> Result<BrokerHandle, StartError> {
         shutdown,
         threads,
     })
+}
+
+/// Fails when another process already listens on `address` (port 0 is always
+/// free). A plain test bind would also fail on the TIME_WAIT leftovers of a
+/// broker that just stopped, so this asks the port itself: a connection that
+/// is accepted means a listener is there.
+fn probe_port(address: &str) -> Result<(), StartError> {
+    let bind_err = |reason: String| StartError::Bind {
+        address: address.to_owned(),
+        reason,
+    };
+    let addrs: Vec<SocketAddr> = std::net::ToSocketAddrs::to_socket_addrs(address)
+        .map_err(|e| bind_err(e.to_string()))?
+        .collect();
+    let Some(mut addr) = addrs.first().copied() else {
+        return Err(bind_err("resolves to no address".into()));
+    };
+    if addr.port() == 0 {
+        return Ok(());
+    }
+    if addr.ip().is_unspecified() {
+        addr.set_ip(if addr.is_ipv4() {
+            std::net::Ipv4Addr::LOCALHOST.into()
+        } else {
+            std::net::Ipv6Addr::LOCALHOST.into()
+        });
+    }
+    match std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(300)) {
+        Ok(_) => Err(bind_err(
+            "another process is already listening there".into(),
+        )),
+        Err(_) => Ok(()),
+    }
 }
 
 /// What one shard's executor starts with.

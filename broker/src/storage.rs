@@ -38,6 +38,8 @@ impl Storage {
             StartError::Storage(format!("{}: {what}: {e}", data_dir.display()))
         };
         std::fs::create_dir_all(data_dir.join("queues")).map_err(|e| err("cannot create", &e))?;
+        // io_uring opens files relative to nothing: give it absolute paths.
+        let data_dir = std::fs::canonicalize(&data_dir).map_err(|e| err("cannot resolve", &e))?;
         let topology = TopologyStore::open(data_dir.join("topology.json"), shards)
             .map_err(|e| err("topology", &e))?;
         let snapshot = topology.snapshot();
