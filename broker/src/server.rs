@@ -14,7 +14,6 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use atomic_waker::AtomicWaker;
-use ciphermq_pgbridge::{MemoryKeyStore, PublicKeyStore};
 use ciphermq_shard::{
     shard_of, Durability, Mesh, MeshInbound, QueueSettings, RecoveredQueue, Shard,
 };
@@ -210,12 +209,11 @@ pub fn start(config: &Config) -> Result<BrokerHandle, StartError> {
         &config.tls.key_path,
         &config.tls.ca_cert_path,
     )?;
-    let keys: Arc<dyn PublicKeyStore> = Arc::new(MemoryKeyStore::new());
     let storage = Storage::open(config, shards)?;
     let shared = Arc::new(Shared {
         settings: Settings::from_config(config),
         policy: PolicyStore::new(config, shards),
-        keys,
+        keys: storage.keys.clone(),
         tls,
         topology: storage.topology.clone(),
         shards,

@@ -5,6 +5,8 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use base64::Engine;
+use ciphermq_pgbridge::{FileKeyStore, MemoryKeyStore, PublicKeyStore};
 use ciphermq_shard::log::{queue_dir, recover_queue};
 use ciphermq_shard::{RecoveredQueue, TopologyStore};
 
@@ -19,6 +21,9 @@ pub struct Storage {
     pub durable: Option<(PathBuf, u64)>,
     /// Recovered queues, indexed by owning shard.
     pub recovered: Vec<Vec<(Arc<str>, RecoveredQueue)>>,
+    /// Receivers' public keys: sealed files in the data directory when
+    /// durable, memory otherwise.
+    pub keys: Arc<dyn PublicKeyStore>,
 }
 
 impl Storage {
@@ -31,6 +36,7 @@ impl Storage {
                 topology: Arc::new(TopologyStore::new(shards)),
                 durable: None,
                 recovered,
+                keys: Arc::new(MemoryKeyStore::new()),
             });
         }
         let data_dir = config.storage.data_dir.clone();
@@ -64,10 +70,61 @@ impl Storage {
             }
         }
         tracing::info!(queues = snapshot.queues().count(), messages = total, data_dir = %data_dir.display(), "storage recovered");
+        let aes_key = match config
+            .resolve_aes_key()
+            .map_err(|e| StartError::Storage(e.to_string()))?
+        {
+            Some(key) => key,
+            None => generated_aes_key(&data_dir)?,
+        };
+        let keys = FileKeyStore::open(&data_dir.join("keys"), &aes_key)
+            .map_err(|e| StartError::Storage(e.to_string()))?;
+        tracing::info!(keys = keys.len(), "public keys loaded");
         Ok(Storage {
             topology: Arc::new(topology),
             durable: Some((data_dir, config.storage.segment_bytes)),
             recovered,
+            keys: Arc::new(keys),
         })
     }
+}
+
+/// Without `encryption.aes_key`, a key made on first start and kept in
+/// `{data_dir}/aes.key` (mode 0600). It protects keys only as well as the
+/// data directory is protected: configure a key kept elsewhere in production.
+fn generated_aes_key(data_dir: &std::path::Path) -> Result<[u8; 32], StartError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = data_dir.join("aes.key");
+    let err = |e: &dyn std::fmt::Display| StartError::Storage(format!("{}: {e}", path.display()));
+    let b64 = base64::engine::general_purpose::STANDARD;
+    match std::fs::read_to_string(&path) {
+        Ok(text) => {
+            let bytes = b64.decode(text.trim()).map_err(|e| err(&e))?;
+            return bytes
+                .try_into()
+                .map_err(|_| err(&"expected base64 of exactly 32 bytes"));
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(err(&e)),
+    }
+    let mut key = [0u8; 32];
+    getrandom(&mut key).map_err(|e| err(&e))?;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+        .map_err(|e| err(&e))?;
+    file.write_all(b64.encode(key).as_bytes())
+        .and_then(|_| file.sync_all())
+        .map_err(|e| err(&e))?;
+    tracing::warn!(path = %path.display(), "no encryption.aes_key configured: generated one beside the data; set encryption.aes_key_file to a key kept elsewhere");
+    Ok(key)
+}
+
+/// Fills `buf` from the kernel's random source.
+fn getrandom(buf: &mut [u8]) -> std::io::Result<()> {
+    use std::io::Read;
+    std::fs::File::open("/dev/urandom")?.read_exact(buf)
 }

@@ -211,3 +211,63 @@ async fn damaged_logs_are_reported_and_never_served() {
     assert_eq!(got, ["x1", "x3", "x4"]);
     broker.shutdown();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn public_keys_survive_a_restart_sealed_on_disk() {
+    let data = tempfile::tempdir().unwrap();
+    let key = "AQIDBAUGBwgJCgsMDQ4PEBESExQVFhcYGRobHB0eHyA=";
+    {
+        let broker = start(data.path(), 2);
+        let mut r = connect(&broker, "receiver_2").await;
+        expect(
+            &mut r,
+            &format!("register_public_key {key}"),
+            "Public key registered",
+        )
+        .await;
+        broker.shutdown();
+    }
+    let file = std::fs::read(data.path().join("keys").join("receiver_2.key")).unwrap();
+    let raw: Vec<u8> = (1..=32).collect();
+    assert!(
+        !file.windows(32).any(|w| w == raw.as_slice()),
+        "sealed, not in clear"
+    );
+    let broker = start(data.path(), 1);
+    let mut s = connect(&broker, "sender_1").await;
+    expect(
+        &mut s,
+        "get_public_key receiver_2",
+        &format!("PUBLIC_KEY receiver_2 {key}"),
+    )
+    .await;
+    broker.shutdown();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_aes_key_fails_the_start_clearly() {
+    let data = tempfile::tempdir().unwrap();
+    {
+        let broker = start(data.path(), 1);
+        let mut r = connect(&broker, "receiver_1").await;
+        expect(
+            &mut r,
+            "register_public_key AQIDBAUGBwgJCgsMDQ4PEBESExQVFhcYGRobHB0eHyA=",
+            "Public key registered",
+        )
+        .await;
+        broker.shutdown();
+    }
+    let text = config_text(&pki().certs, data.path(), 1, "")
+        .replace(r#"mode = "memory""#, r#"mode = "durable""#)
+        + "\n[encryption]\naes_key = \"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=\"\n";
+    let config = Config::from_toml_str(&text, data.path()).expect("config");
+    let err = ciphermq_broker::start(&config)
+        .err()
+        .expect("a wrong key must not start");
+    let text = err.to_string();
+    assert!(
+        text.contains("receiver_1.key") && text.contains("aes_key"),
+        "{text}"
+    );
+}

@@ -9,6 +9,8 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]
 
+pub mod file_store;
 pub mod keys;
 
+pub use file_store::{FileKeyStore, OpenError};
 pub use keys::{KeyStoreError, MemoryKeyStore, PublicKey, PublicKeyStore};
