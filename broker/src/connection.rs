@@ -209,8 +209,10 @@ impl Connection {
         }
         loop {
             let mut progress = self.apply_events();
-            if self.mailbox.is_closed() {
-                return Poll::Ready(End::Shutdown);
+            if self.mailbox.is_closed() && !self.closing {
+                // Shutdown: execute nothing more, but answer what was accepted.
+                self.closing = true;
+                progress = true;
             }
 
             // Input: execute buffered lines, then refill from rustls and the socket.
@@ -233,7 +235,11 @@ impl Connection {
                 && self.tls.outgoing_len() == 0
                 && !self.tls.tls.wants_write();
             if drained && self.closing {
-                return Poll::Ready(End::Clean);
+                return Poll::Ready(if self.mailbox.is_closed() {
+                    End::Shutdown
+                } else {
+                    End::Clean
+                });
             }
             if drained && self.tls.eof && !self.tls.has_incoming() && budget > 0 {
                 // Whatever is left is a partial line the peer never finished.

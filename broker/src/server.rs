@@ -450,11 +450,17 @@ async fn run_shard(ctx: ShardStart, ready: std::sync::mpsc::Sender<Result<Socket
     for mailbox in local.shard.borrow().mailboxes() {
         mailbox.close();
     }
-    // Let connections say goodbye and the last commit round reach the disk.
-    glommio::timer::sleep(Duration::from_millis(50)).await;
+    // Connections answer what they accepted (their publishes wait for the
+    // last commit rounds), say goodbye, and go; then the shard ends.
     let deadline = Instant::now() + Duration::from_secs(5);
-    while (committing.get() || local.shard.borrow().has_commit_work()) && Instant::now() < deadline
-    {
+    while Instant::now() < deadline {
+        let busy = committing.get() || {
+            let shard = local.shard.borrow();
+            shard.has_commit_work() || shard.mailboxes().next().is_some()
+        };
+        if !busy {
+            break;
+        }
         glommio::timer::sleep(Duration::from_millis(5)).await;
     }
 }

@@ -27,15 +27,21 @@ async fn connect(broker: &BrokerHandle, cn: &str) -> Connection {
 
 /// Fetches everything: (id, delivery count) in order.
 async fn drain(conn: &mut Connection, queue: &str) -> Vec<(String, u32)> {
-    conn.queue_line(&format!("fetch {queue} 1000"));
-    conn.flush().await.unwrap();
     let mut got = Vec::new();
     loop {
-        let line = next(conn).await;
-        match Reply::parse(&line) {
-            Reply::Message(d) => got.push((d.message_id.to_owned(), d.delivery_count)),
-            Reply::Ok(_) => return got,
-            other => panic!("unexpected {other:?}"),
+        conn.queue_line(&format!("fetch {queue} 1000"));
+        conn.flush().await.unwrap();
+        let before = got.len();
+        loop {
+            let line = next(conn).await;
+            match Reply::parse(&line) {
+                Reply::Message(d) => got.push((d.message_id.to_owned(), d.delivery_count)),
+                Reply::Ok(_) => break,
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        if got.len() == before {
+            return got;
         }
     }
 }
@@ -270,4 +276,46 @@ async fn a_wrong_aes_key_fails_the_start_clearly() {
         text.contains("receiver_1.key") && text.contains("aes_key"),
         "{text}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_answers_what_was_accepted_and_keeps_it() {
+    let data = tempfile::tempdir().unwrap();
+    let broker = start(data.path(), 2);
+    let mut r = connect(&broker, "receiver_1").await;
+    setup_receiver(&mut r, "receiver_1").await;
+    let s = connect(&broker, "sender_1").await;
+    let (mut rd, mut wr) = s.into_split();
+    for i in 0..2000 {
+        wr.queue_line(&format!(
+            "publish ex receiver_1 {}",
+            body(&format!("g{i}"), "receiver_1")
+        ));
+    }
+    wr.flush().await.unwrap();
+    // Stop while the pipeline is in flight.
+    tokio::task::spawn_blocking(move || broker.shutdown())
+        .await
+        .unwrap();
+    let mut acked = Vec::new();
+    while let Ok(Some(line)) = rd.read_line().await {
+        match Reply::parse(&line) {
+            Reply::Ack(id) => acked.push(id.to_owned()),
+            other => panic!("every answered publish is acknowledged, got {other:?}"),
+        }
+    }
+    let broker = start(data.path(), 2);
+    let mut r = connect(&broker, "receiver_1").await;
+    let stored: Vec<String> = drain(&mut r, "receiver_1_queue")
+        .await
+        .into_iter()
+        .map(|(id, _)| id)
+        .collect();
+    assert!(stored.len() >= acked.len());
+    assert_eq!(
+        &stored[..acked.len()],
+        &acked[..],
+        "every ACKed message is kept, in order"
+    );
+    broker.shutdown();
 }
