@@ -56,7 +56,7 @@ pub enum StartError {
         reason: String,
     },
     /// The data directory could not be opened or recovered.
-    #[error("storage.data_dir: {0}")]
+    #[error("{0}")]
     Storage(String),
     /// An executor thread failed to start.
     #[error("shard {shard} failed to start: {reason}")]

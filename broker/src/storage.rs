@@ -10,7 +10,7 @@ use ciphermq_pgbridge::{FileKeyStore, MemoryKeyStore, PublicKeyStore};
 use ciphermq_shard::log::{queue_dir, recover_queue};
 use ciphermq_shard::{RecoveredQueue, TopologyStore};
 
-use crate::config::{Config, StorageMode};
+use crate::config::{Config, DatabaseBackend, StorageMode};
 use crate::server::StartError;
 
 /// What the shards start from.
@@ -31,6 +31,11 @@ impl Storage {
     pub fn open(config: &Config, shards: usize) -> Result<Storage, StartError> {
         let mut recovered: Vec<Vec<(Arc<str>, RecoveredQueue)>> =
             (0..shards).map(|_| Vec::new()).collect();
+        if config.database.backend == DatabaseBackend::Postgres {
+            return Err(StartError::Storage(
+                "database.backend = \"postgres\" is not available in this build yet; use \"embedded\"".into(),
+            ));
+        }
         if config.storage.mode == StorageMode::Memory {
             return Ok(Storage {
                 topology: Arc::new(TopologyStore::new(shards)),
@@ -41,7 +46,10 @@ impl Storage {
         }
         let data_dir = config.storage.data_dir.clone();
         let err = |what: &str, e: &dyn std::fmt::Display| {
-            StartError::Storage(format!("{}: {what}: {e}", data_dir.display()))
+            StartError::Storage(format!(
+                "storage.data_dir {}: {what}: {e}",
+                data_dir.display()
+            ))
         };
         std::fs::create_dir_all(data_dir.join("queues")).map_err(|e| err("cannot create", &e))?;
         // io_uring opens files relative to nothing: give it absolute paths.
@@ -96,7 +104,9 @@ fn generated_aes_key(data_dir: &std::path::Path) -> Result<[u8; 32], StartError>
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let path = data_dir.join("aes.key");
-    let err = |e: &dyn std::fmt::Display| StartError::Storage(format!("{}: {e}", path.display()));
+    let err = |e: &dyn std::fmt::Display| {
+        StartError::Storage(format!("encryption: {}: {e}", path.display()))
+    };
     let b64 = base64::engine::general_purpose::STANDARD;
     match std::fs::read_to_string(&path) {
         Ok(text) => {
