@@ -63,7 +63,10 @@ async fn write(file: &BufferedFile, job: &CommitJob, bytes: Vec<u8>) -> glommio:
             return Err(std::io::Error::new(std::io::ErrorKind::StorageFull, "short write").into());
         }
     }
-    if len > 0 || job.create {
+    // Only what someone waits for needs the fsync: a job of acks and delivery
+    // counts alone may be lost in a crash (the messages are then redelivered,
+    // never lost), and the next fsync of the file covers it anyway.
+    if (len > 0 && !job.waiters.is_empty()) || job.create {
         file.fdatasync().await?;
     }
     if job.create {

@@ -104,6 +104,11 @@ impl TestBroker {
     }
 
     pub fn start_with(shards: usize, extra: &str) -> TestBroker {
+        // Broker logs for a failing test: RUST_LOG=ciphermq_broker=debug.
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_test_writer()
+            .try_init();
         let pki = pki();
         let data = tempfile::tempdir().expect("tempdir");
         let text = config_text(&pki.certs, data.path(), shards, extra);
