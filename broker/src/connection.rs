@@ -60,7 +60,6 @@ pub struct Connection {
     pub(crate) replies: ReplyQueue,
     pub(crate) tracker: DeliveryTracker,
     pub(crate) events: VecDeque<ConnEvent>,
-    pub(crate) staging: Vec<u8>,
     /// `quit` received: execute nothing more, close once replies are out.
     pub(crate) closing: bool,
     /// Ever consumed or fetched: its close must requeue on every shard.
@@ -109,7 +108,6 @@ impl Connection {
             replies: ReplyQueue::default(),
             tracker: DeliveryTracker::default(),
             events: VecDeque::new(),
-            staging: Vec::with_capacity(RENDER_CHUNK),
             closing: false,
             consumed: false,
             last_activity: Instant::now(),
@@ -338,10 +336,12 @@ impl Connection {
             if self.tls.outgoing_len() >= OUTPUT_HIGH_WATER || !self.replies.head_ready() {
                 return Ok(progress);
             }
-            self.staging.clear();
-            self.replies.render(&mut self.staging, RENDER_CHUNK);
+            // One staging buffer per shard: rendering never spans an await.
+            let mut staging = self.local.staging.borrow_mut();
+            staging.clear();
+            self.replies.render(&mut staging, RENDER_CHUNK);
             self.tls
-                .write_plaintext(&self.staging)
+                .write_plaintext(&staging)
                 .map_err(|e| e.to_string())?;
             progress = true;
         }

@@ -90,6 +90,9 @@ pub struct ShardLocal {
     pub limiters: RefCell<(u64, HashMap<Arc<str>, CnLimiter>)>,
     /// Cross-shard services and settings.
     pub shared: Arc<Shared>,
+    /// Rendered replies on their way into rustls, shared by the shard's
+    /// connections (used only inside one synchronous step).
+    pub staging: RefCell<Vec<u8>>,
 }
 
 impl ShardLocal {

@@ -53,6 +53,16 @@ impl LineBuffer {
     pub fn commit(&mut self, want: usize, written: usize) {
         let len = self.buf.len() - want + written;
         self.buf.truncate(len);
+        self.release_if_empty();
+    }
+
+    /// Frees a large buffer with nothing in it, so idle connections stay small.
+    fn release_if_empty(&mut self) {
+        if self.start == self.buf.len() && !self.discarding && self.buf.capacity() > 16 * 1024 {
+            self.buf = Vec::new();
+            self.start = 0;
+            self.scanned = 0;
+        }
     }
 
     /// Buffered bytes not yet returned as lines.

@@ -413,6 +413,7 @@ async fn run_shard(ctx: ShardStart, ready: std::sync::mpsc::Sender<Result<Socket
     let local = Rc::new(ShardLocal {
         shard: RefCell::new(state),
         limiters: RefCell::new((0, HashMap::new())),
+        staging: RefCell::new(Vec::new()),
         shared: ctx.shared.clone(),
     });
     glommio::spawn_local(drain_mesh(local.clone(), inbound)).detach();

@@ -15,16 +15,19 @@ use rustls::ServerConnection;
 
 /// Size of one socket read: a few TLS records.
 const READ_CHUNK: usize = 64 * 1024;
+/// Buffers larger than this are freed rather than kept when they empty, so an
+/// idle connection costs little memory.
+pub const IDLE_BUFFER_BYTES: usize = 16 * 1024;
 
 /// A TLS session plus the ciphertext not yet given to rustls or to the socket.
 pub struct TlsSession {
     /// The rustls state machine.
     pub tls: ServerConnection,
-    /// Ciphertext read from the socket; `incoming[incoming_pos..incoming_end]`
-    /// is not yet consumed by rustls.
-    incoming: Box<[u8]>,
+    /// Ciphertext read from the socket; `incoming[incoming_pos..]` is not yet
+    /// consumed by rustls. Freed once consumed, so idle connections hold no
+    /// read buffer.
+    incoming: Vec<u8>,
     incoming_pos: usize,
-    incoming_end: usize,
     /// Ciphertext produced by rustls, not yet written to the socket.
     outgoing: Vec<u8>,
     outgoing_pos: usize,
@@ -38,13 +41,10 @@ impl TlsSession {
         // The connection bounds what it renders (see `OUTPUT_HIGH_WATER`); a
         // rustls limit would turn a large `fetch` into a short write.
         tls.set_buffer_limit(None);
-        let mut incoming = vec![0u8; READ_CHUNK.max(leftover.len())].into_boxed_slice();
-        incoming[..leftover.len()].copy_from_slice(leftover);
         TlsSession {
             tls,
-            incoming,
+            incoming: leftover.to_vec(),
             incoming_pos: 0,
-            incoming_end: leftover.len(),
             outgoing: Vec::new(),
             outgoing_pos: 0,
             eof: false,
@@ -53,13 +53,13 @@ impl TlsSession {
 
     /// Splits the session for a hand-off: rustls state and unconsumed ciphertext.
     pub fn into_parts(self) -> (ServerConnection, Vec<u8>) {
-        let leftover = self.incoming[self.incoming_pos..self.incoming_end].to_vec();
+        let leftover = self.incoming[self.incoming_pos..].to_vec();
         (self.tls, leftover)
     }
 
     /// Whether ciphertext waits to be handed to rustls.
     pub fn has_incoming(&self) -> bool {
-        self.incoming_pos < self.incoming_end
+        self.incoming_pos < self.incoming.len()
     }
 
     /// Unsent ciphertext, in bytes.
@@ -72,7 +72,7 @@ impl TlsSession {
     pub fn process_incoming(&mut self) -> Result<bool, rustls::Error> {
         let mut progressed = false;
         while self.has_incoming() && self.tls.wants_read() {
-            let mut slice = &self.incoming[self.incoming_pos..self.incoming_end];
+            let mut slice = &self.incoming[self.incoming_pos..];
             let before = slice.len();
             match self.tls.read_tls(&mut slice) {
                 Ok(0) => break,
@@ -86,9 +86,13 @@ impl TlsSession {
                 self.eof = true;
             }
         }
-        if self.incoming_pos == self.incoming_end {
+        if self.incoming_pos == self.incoming.len() {
             self.incoming_pos = 0;
-            self.incoming_end = 0;
+            if self.incoming.capacity() > IDLE_BUFFER_BYTES {
+                self.incoming = Vec::new();
+            } else {
+                self.incoming.clear();
+            }
         }
         Ok(progressed)
     }
@@ -100,20 +104,22 @@ impl TlsSession {
         cx: &mut Context<'_>,
     ) -> Poll<io::Result<usize>> {
         if self.incoming_pos > 0 {
-            self.incoming
-                .copy_within(self.incoming_pos..self.incoming_end, 0);
-            self.incoming_end -= self.incoming_pos;
+            self.incoming.drain(..self.incoming_pos);
             self.incoming_pos = 0;
         }
-        if self.incoming_end == self.incoming.len() {
-            // Callers read only once rustls took what was buffered.
-            return Poll::Ready(Err(io::Error::other("TLS input buffer full")));
+        let len = self.incoming.len();
+        self.incoming.resize(len + READ_CHUNK, 0);
+        let result = Pin::new(stream).poll_read(cx, &mut self.incoming[len..]);
+        let n = match result {
+            Poll::Ready(Ok(n)) => n,
+            _ => 0,
+        };
+        self.incoming.truncate(len + n);
+        if n == 0 && self.incoming.is_empty() && self.incoming.capacity() > IDLE_BUFFER_BYTES {
+            self.incoming = Vec::new();
         }
-        let result = Pin::new(stream).poll_read(cx, &mut self.incoming[self.incoming_end..]);
-        match result {
-            Poll::Ready(Ok(0)) => self.eof = true,
-            Poll::Ready(Ok(n)) => self.incoming_end += n,
-            _ => {}
+        if let Poll::Ready(Ok(0)) = result {
+            self.eof = true;
         }
         result
     }
@@ -142,6 +148,9 @@ impl TlsSession {
                 self.outgoing.clear();
                 self.outgoing_pos = 0;
                 if !self.tls.wants_write() {
+                    if self.outgoing.capacity() > IDLE_BUFFER_BYTES {
+                        self.outgoing = Vec::new();
+                    }
                     return Poll::Ready(Ok(()));
                 }
                 while self.tls.wants_write() {
