@@ -19,5 +19,6 @@ cargo fmt --all -- --check
 echo "== cargo clippy --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
 echo "== cargo test"
+python3 -c 'import nacl' 2>/dev/null || python3 -m pip install --quiet pynacl  # libsodium for clients/tests/libsodium_interop.rs
 cargo test --workspace 2>&1 | tee target/test-output.log
 grep -q "test result: ok" target/test-output.log
