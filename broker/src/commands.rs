@@ -8,7 +8,7 @@ use std::time::Instant;
 use base64::Engine;
 use ciphermq_proto::message::{inspect_batch, inspect_message, MessageError};
 use ciphermq_proto::{is_valid_name, NackReason, Request};
-use ciphermq_shard::{Message, Origin, PublishStatus};
+use ciphermq_shard::{Message, Origin, PublishStatus, QueueInfo};
 
 use crate::acl::{Op, Role};
 use crate::connection::Connection;
@@ -196,22 +196,32 @@ impl Connection {
         }
     }
 
-    fn consume(&mut self, queue: &str, prefetch: u32, now: Instant) {
-        let Some(info) = self
+    /// The queue a consume or fetch reads, and the origin of its reply; `None`
+    /// (after answering) when the queue does not exist.
+    fn reading(&mut self, queue: &str) -> Option<(QueueInfo, Origin)> {
+        let info = self
             .local
             .shard
             .borrow_mut()
             .topology()
             .queue(queue)
-            .cloned()
-        else {
+            .cloned();
+        let Some(info) = info else {
             self.replies.line(format!("Error: unknown queue {queue}"));
-            return;
+            return None;
         };
+        // Its close must now requeue what it owes on every shard.
         self.consumed = true;
         let origin = Origin {
             conn: self.conn,
             seq: self.replies.next_seq(),
+        };
+        Some((info, origin))
+    }
+
+    fn consume(&mut self, queue: &str, prefetch: u32, now: Instant) {
+        let Some((info, origin)) = self.reading(queue) else {
+            return;
         };
         let done = self
             .local
@@ -220,21 +230,8 @@ impl Connection {
     }
 
     fn fetch(&mut self, queue: &str, max: u32, now: Instant) {
-        let Some(info) = self
-            .local
-            .shard
-            .borrow_mut()
-            .topology()
-            .queue(queue)
-            .cloned()
-        else {
-            self.replies.line(format!("Error: unknown queue {queue}"));
+        let Some((info, origin)) = self.reading(queue) else {
             return;
-        };
-        self.consumed = true;
-        let origin = Origin {
-            conn: self.conn,
-            seq: self.replies.next_seq(),
         };
         let done = self
             .local

@@ -8,17 +8,15 @@
 //! registered` is only sent once the key is durable. All keys are loaded and
 //! opened at start, so a wrong `aes_key` fails there, never later.
 
-use std::collections::HashMap;
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::{PoisonError, RwLock};
 
 use aes_gcm::aead::{Aead, KeyInit, Payload};
 use aes_gcm::{Aes256Gcm, Nonce};
 use rand::RngCore;
 
-use crate::keys::{KeyStoreError, PublicKey, PublicKeyStore};
+use crate::keys::{KeyStoreError, MemoryKeyStore, PublicKey, PublicKeyStore};
 
 const NONCE_BYTES: usize = 12;
 
@@ -48,7 +46,8 @@ pub enum OpenError {
 pub struct FileKeyStore {
     dir: PathBuf,
     cipher: Aes256Gcm,
-    keys: RwLock<HashMap<String, PublicKey>>,
+    /// What lookups are served from.
+    memory: MemoryKeyStore,
 }
 
 impl std::fmt::Debug for FileKeyStore {
@@ -68,7 +67,7 @@ impl FileKeyStore {
         };
         fs::create_dir_all(dir).map_err(io(dir))?;
         let cipher = Aes256Gcm::new(aes_key.into());
-        let mut keys = HashMap::new();
+        let memory = MemoryKeyStore::new();
         for entry in fs::read_dir(dir).map_err(io(dir))? {
             let path = entry.map_err(io(dir))?.path();
             let Some(client) = path
@@ -81,12 +80,12 @@ impl FileKeyStore {
             let sealed = fs::read(&path).map_err(io(&path))?;
             let key = open_sealed(&cipher, client, &sealed)
                 .ok_or_else(|| OpenError::WrongKey { path: path.clone() })?;
-            keys.insert(client.to_owned(), key);
+            let _ = memory.put(client, key);
         }
         Ok(FileKeyStore {
             dir: dir.to_owned(),
             cipher,
-            keys: RwLock::new(keys),
+            memory,
         })
     }
 
@@ -135,23 +134,15 @@ impl PublicKeyStore for FileKeyStore {
         // Registration is rare; the write is small and synchronous.
         self.write(client_id, &key)
             .map_err(|e| KeyStoreError::Unavailable(format!("{}: {e}", self.dir.display())))?;
-        let mut keys = self.keys.write().unwrap_or_else(PoisonError::into_inner);
-        Ok(keys.insert(client_id.to_owned(), key))
+        self.memory.put(client_id, key)
     }
 
     fn get(&self, client_id: &str) -> Option<PublicKey> {
-        self.keys
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(client_id)
-            .copied()
+        self.memory.get(client_id)
     }
 
     fn len(&self) -> usize {
-        self.keys
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .len()
+        self.memory.len()
     }
 }
 
