@@ -378,3 +378,53 @@ async fn an_undecryptable_message_is_nacked_never_written_and_dead_lettered() {
     assert_eq!(dead_ids, ["bad-1", "moved-1"]);
     assert_eq!(records(&again.output).len(), 2, "nothing bad was written");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_restart_mid_run_loses_and_duplicates_nothing() {
+    const N: u64 = 3000;
+    let data = tempfile::tempdir().expect("tempdir");
+    let mut broker = TestBroker::start_durable_at(2, data.path(), "127.0.0.1:0");
+    let addr = broker.addr.clone();
+    let files = receiver_files("receiver_1");
+    let stats = Arc::new(ReceiverStats::default());
+    let limits = ReceiverLimits {
+        until_total: Some(N),
+        ..Default::default()
+    };
+    let receiver = spawn_receiver(receiver_config(&broker, &files), limits, stats.clone());
+    let cache = tempfile::tempdir().expect("tempdir");
+    let mut config = sender_config(&broker, cache.path());
+    config.sender.max_inflight = 64;
+    config.sender.reconnect_attempts = 50;
+    let sender = tokio::spawn(async move { send(&config, job(&config, N, None)).await });
+
+    let deadline = tokio::time::Instant::now() + RUN_LIMIT;
+    while stats.written.load(Relaxed) < N / 4 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the receiver wrote nothing"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Stop the broker mid-stream and bring it back on the same address and data.
+    let data_dir = data.path().to_owned();
+    let broker = tokio::task::spawn_blocking(move || {
+        broker.stop();
+        TestBroker::start_durable_at(2, &data_dir, &addr)
+    })
+    .await
+    .expect("restart");
+    let written_before = stats.written.load(Relaxed);
+    assert!(
+        written_before < N,
+        "the restart came too late to test anything"
+    );
+
+    let sent = sender.await.expect("sender task");
+    assert_eq!((sent.acked, sent.failed), (N, 0), "{sent}");
+    let report = receiver.await.expect("receiver task");
+    eprintln!("{written_before} written before the restart; {report}");
+    assert_eq!(report.total_records, N);
+    assert_exactly_once(&report.output, &sent.run_id, N);
+    assert_queue_drained(&broker).await;
+}

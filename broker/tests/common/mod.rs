@@ -123,6 +123,33 @@ impl TestBroker {
         }
     }
 
+    /// A durable broker over the data directory `data`, listening on `addr`
+    /// (`127.0.0.1:0` first; the address it got, to restart it in place).
+    pub fn start_durable_at(shards: usize, data: &Path, addr: &str) -> TestBroker {
+        let text = config_text(&pki().certs, data, shards, "")
+            .replace(r#"mode = "memory""#, r#"mode = "durable""#)
+            .replace(
+                r#"address = "127.0.0.1:0""#,
+                &format!(r#"address = "{addr}""#),
+            );
+        let config = Config::from_toml_str(&text, data).expect("test config");
+        let handle = ciphermq_broker::start(&config).expect("broker starts");
+        let addr = handle.local_addr().to_string();
+        TestBroker {
+            handle: Some(handle),
+            addr,
+            shards,
+            _data: tempfile::tempdir().expect("tempdir"),
+        }
+    }
+
+    /// Stops the broker gracefully (blocks until its shards ended).
+    pub fn stop(&mut self) {
+        if let Some(h) = self.handle.take() {
+            h.shutdown();
+        }
+    }
+
     /// Connects as `cn` and checks the greeting.
     pub async fn connect(&self, cn: &str) -> Connection {
         let opts = TlsClientOptions::for_cn(&pki().certs, cn);
