@@ -1,0 +1,309 @@
+//! Command-line options. Every option has a default that reproduces the figures
+//! of `docs/BENCHMARKS.md`'s main table, so a bare `ciphermq-bench` is a
+//! meaningful run against a local broker.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Result};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// Load generator for CipherMQ, RabbitMQ and NATS JetStream: one scenario,
+/// measured side by side.
+#[derive(Parser, Debug, Clone)]
+#[command(version, about, args_conflicts_with_subcommands = true)]
+pub struct Cli {
+    /// What to do instead of a load run.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    /// The load run (the default command).
+    #[command(flatten)]
+    pub load: LoadArgs,
+    /// Worker threads of the load generator's runtime. The default leaves the
+    /// other core of a 2-core machine to the broker; the pacer of `--rate` runs
+    /// on a thread of its own.
+    #[arg(long, global = true, default_value_t = 1)]
+    pub threads: usize,
+}
+
+/// Commands other than the load run.
+#[derive(Subcommand, Debug, Clone)]
+pub enum Command {
+    /// Open many idle mTLS connections to a CipherMQ broker and hold them, to
+    /// measure the broker's memory per connection.
+    Idle(IdleArgs),
+}
+
+/// Which broker a run drives.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TargetArg {
+    /// CipherMQ over mutual TLS (`--addr`, `--certs`).
+    Ciphermq,
+    /// RabbitMQ over AMQP 0-9-1 (`--amqp-url`): durable queues, persistent
+    /// messages, publisher confirms, manual acks.
+    Rabbitmq,
+    /// NATS JetStream (`--nats-url`): file storage, acked publishes, explicit acks.
+    Nats,
+    /// All three, one after the other, `--runs` times each, with ratios.
+    Compare,
+}
+
+/// Exchange type of the scenario (for NATS: the subject layout that matches it).
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ExchangeArg {
+    /// Exact routing key: each message goes to one queue.
+    Direct,
+    /// Every message goes to every queue.
+    Fanout,
+    /// Wildcard bindings (`receiver.*.qN.#`): each message goes to one queue.
+    Topic,
+}
+
+impl ExchangeArg {
+    /// The word used in protocol commands and names.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ExchangeArg::Direct => "direct",
+            ExchangeArg::Fanout => "fanout",
+            ExchangeArg::Topic => "topic",
+        }
+    }
+}
+
+/// How message bodies are made.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PayloadArg {
+    /// One envelope (`EncryptedInputData` with random base64 fields) made
+    /// before the run; only the id and the timestamp change per message.
+    /// Measures the broker, not the client's crypto.
+    PreEncrypted,
+    /// Every message encrypted for the receiver (`ciphermq_clients::crypto`:
+    /// sealed box + ChaCha20-Poly1305) and decrypted by the consumer before it
+    /// counts. Measures the whole path. Keys from `--keys`.
+    Live,
+}
+
+/// Options of a load run.
+#[derive(Args, Debug, Clone)]
+pub struct LoadArgs {
+    /// Broker(s) to drive.
+    #[arg(long, value_enum, default_value = "ciphermq")]
+    pub target: TargetArg,
+    /// CipherMQ broker address.
+    #[arg(long, default_value = "127.0.0.1:5700")]
+    pub addr: String,
+    /// Directory with ca.crt and the client certificates (`ciphermq-pki --out`).
+    #[arg(long, default_value = "certs")]
+    pub certs: PathBuf,
+    /// RabbitMQ URL (loopback only).
+    #[arg(long, default_value = "amqp://guest:guest@127.0.0.1:5672/%2f")]
+    pub amqp_url: String,
+    /// NATS URL (loopback only).
+    #[arg(long, default_value = "nats://127.0.0.1:4222")]
+    pub nats_url: String,
+    /// Publisher connections.
+    #[arg(long, default_value_t = 1)]
+    pub publishers: usize,
+    /// Consumer connections (spread round robin over the queues). 0: publish only,
+    /// the messages stay queued (for memory measurements).
+    #[arg(long, default_value_t = 1)]
+    pub consumers: usize,
+    /// Queues. With `--exchange fanout` each message goes to every queue.
+    #[arg(long, default_value_t = 1)]
+    pub queues: usize,
+    /// Exchange type.
+    #[arg(long, value_enum, default_value = "direct")]
+    pub exchange: ExchangeArg,
+    /// CipherMQ sender CNs, used round robin by the publishers.
+    #[arg(long, value_delimiter = ',', default_value = "sender_1,sender_2")]
+    pub senders: Vec<String>,
+    /// CipherMQ receiver CN owning the bench queues.
+    #[arg(long, default_value = "receiver_1")]
+    pub receiver: String,
+    /// Size of each message body in bytes (the same bytes go to every broker).
+    #[arg(long, default_value_t = 1024)]
+    pub size: usize,
+    /// How bodies are made.
+    #[arg(long, value_enum, default_value = "pre-encrypted")]
+    pub payload: PayloadArg,
+    /// Directory with the receiver's X25519 key pair (`ciphermq-pki --keys`),
+    /// for `--payload live`.
+    #[arg(long, default_value = "keys")]
+    pub keys: PathBuf,
+    /// Unacknowledged publishes per publisher (publish pipelining window).
+    #[arg(long, default_value_t = 1000)]
+    pub window: usize,
+    /// Unacknowledged deliveries per consumer.
+    #[arg(long, default_value_t = 1000)]
+    pub prefetch: u32,
+    /// Total messages to publish (over all publishers). Default 200,000 without
+    /// `--duration`; with it, an optional upper bound.
+    #[arg(long)]
+    pub count: Option<u64>,
+    /// Publish for this long instead of a fixed count: `30s`, `2m`, `500ms`.
+    #[arg(long, value_parser = parse_duration)]
+    pub duration: Option<Duration>,
+    /// Fixed total publish rate in msg/s. Send times are scheduled and latency is
+    /// measured from the scheduled time, so a stalled broker cannot hide its
+    /// stall (coordinated omission). Without it, publishers go as fast as the
+    /// window allows and latency is measured from the actual send.
+    #[arg(long)]
+    pub rate: Option<f64>,
+    /// Runs per target; the summary shows medians.
+    #[arg(long, default_value_t = 1)]
+    pub runs: usize,
+    /// Longest wait for the last deliveries after publishing ends.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub drain_timeout: Duration,
+    /// PID of the CipherMQ broker: its RSS is read after each CipherMQ run.
+    #[arg(long)]
+    pub broker_pid: Option<u32>,
+    /// Label stored in the JSON (for example `in-memory, 2 shards`).
+    #[arg(long, default_value = "")]
+    pub label: String,
+    /// Write the results as JSON to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+/// Messages published when neither `--count` nor `--duration` is given.
+pub const DEFAULT_COUNT: u64 = 200_000;
+
+impl LoadArgs {
+    /// The cap on published messages: `--count`, or [`DEFAULT_COUNT`] when
+    /// there is no `--duration` either; with `--rate` and `--duration`, also
+    /// at most `rate × duration`.
+    pub fn total(&self) -> Option<u64> {
+        let by_rate = match (self.rate, self.duration) {
+            (Some(rate), Some(d)) => Some((rate * d.as_secs_f64()).ceil().max(1.0) as u64),
+            _ => None,
+        };
+        match (self.count, self.duration) {
+            (Some(c), _) => Some(by_rate.map_or(c, |r| r.min(c))),
+            (None, Some(_)) => by_rate,
+            (None, None) => Some(DEFAULT_COUNT),
+        }
+    }
+
+    /// Rejects combinations that cannot run.
+    pub fn validate(&self) -> Result<()> {
+        if self.publishers == 0 {
+            bail!("--publishers must be at least 1");
+        }
+        if self.senders.is_empty() {
+            bail!("--senders must name at least one sender CN");
+        }
+        if self.queues == 0 {
+            bail!("--queues must be at least 1");
+        }
+        if self.window == 0 || self.window > u32::MAX as usize / 2 {
+            bail!("--window must be between 1 and {}", u32::MAX / 2);
+        }
+        if self.prefetch == 0 {
+            bail!("--prefetch must be at least 1");
+        }
+        if self.runs == 0 {
+            bail!("--runs must be at least 1");
+        }
+        if self.count == Some(0) {
+            bail!("--count must be at least 1");
+        }
+        if self.duration.is_some_and(|d| d.is_zero()) {
+            bail!("--duration must be positive");
+        }
+        if let Some(rate) = self.rate {
+            if !(rate.is_finite() && rate > 0.0) {
+                bail!("--rate must be a positive number of messages per second");
+            }
+        }
+        let min = crate::payload::min_size(&self.receiver);
+        if self.size < min {
+            bail!("--size must be at least {min} bytes (the envelope's fixed fields)");
+        }
+        Ok(())
+    }
+}
+
+/// Options of `ciphermq-bench idle`.
+#[derive(Args, Debug, Clone)]
+pub struct IdleArgs {
+    /// CipherMQ broker address.
+    #[arg(long, default_value = "127.0.0.1:5700")]
+    pub addr: String,
+    /// Directory with ca.crt and the client certificates.
+    #[arg(long, default_value = "certs")]
+    pub certs: PathBuf,
+    /// Connections to open.
+    #[arg(long, default_value_t = 10_000)]
+    pub connections: usize,
+    /// Handshakes in flight at once.
+    #[arg(long, default_value_t = 64)]
+    pub parallel: usize,
+    /// CNs to connect as, round robin (senders: no heartbeat deadline).
+    #[arg(long, value_delimiter = ',', default_value = "sender_1,sender_2")]
+    pub cns: Vec<String>,
+    /// How long to hold the connections open once all are up.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub hold: Duration,
+    /// PID of the broker: its RSS is read before and while the connections are held.
+    #[arg(long)]
+    pub broker_pid: Option<u32>,
+    /// Write the results as JSON to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+/// Parses `250ms`, `30s`, `2m` or a bare number of seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (number, unit) = match s.find(|c: char| !(c.is_ascii_digit() || c == '.')) {
+        Some(i) => s.split_at(i),
+        None => (s, "s"),
+    };
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("invalid duration {s:?}: expected e.g. 500ms, 30s, 2m"))?;
+    let secs = match unit {
+        "ms" => value / 1000.0,
+        "s" => value,
+        "m" | "min" => value * 60.0,
+        _ => return Err(format!("invalid duration unit in {s:?}: use ms, s or m")),
+    };
+    if !(secs.is_finite() && secs >= 0.0) {
+        return Err(format!("invalid duration {s:?}"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse_with_and_without_units() {
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("1.5"), Ok(Duration::from_millis(1500)));
+        assert!(parse_duration("ten").is_err());
+        assert!(parse_duration("3h").is_err());
+    }
+
+    #[test]
+    fn the_bare_command_line_is_a_valid_load_run() {
+        let cli = Cli::try_parse_from(["ciphermq-bench"]).unwrap();
+        assert!(cli.command.is_none());
+        cli.load.validate().unwrap();
+    }
+
+    #[test]
+    fn idle_is_a_subcommand() {
+        let cli = Cli::try_parse_from(["ciphermq-bench", "idle", "--connections", "10"]).unwrap();
+        match cli.command {
+            Some(Command::Idle(a)) => assert_eq!(a.connections, 10),
+            other => panic!("{other:?}"),
+        }
+    }
+}

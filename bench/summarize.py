@@ -1,0 +1,169 @@
+#!/usr/bin/env python3
+"""Markdown tables from a bench/run-compare.sh results directory.
+
+    python3 bench/summarize.py bench/results/<run>
+
+Every figure is a median over the runs of one scenario (ciphermq-bench's
+`summary`); ratios are CipherMQ divided by the peer, measured in the same
+invocation. Only the standard library is used.
+"""
+
+import json
+import re
+import sys
+from pathlib import Path
+
+TARGETS = ("ciphermq", "rabbitmq", "nats")
+
+
+def load(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def n(x):
+    return f"{x:,.0f}"
+
+
+def ms(x):
+    if x >= 100:
+        return f"{x:.0f}"
+    if x >= 10:
+        return f"{x:.1f}"
+    return f"{x:.2f}"
+
+
+def ratio(a, b):
+    return f"{a / b:.2f}x" if b else "-"
+
+
+def throughput(out, lines):
+    rows = []
+    for p in sorted(out.glob("throughput-*.json")):
+        m = re.match(r"throughput-(\w+)-s(\d+)-b(\d+)-p(\d+)\.json", p.name)
+        if not m:
+            continue
+        storage, shards, size, pubs = m.group(1), *map(int, m.groups()[1:])
+        rows.append((storage, shards, size, pubs, load(p)))
+    if not rows:
+        return
+    rows.sort(key=lambda r: (r[0] != "memory", r[1], r[2], r[3]))
+
+    compared = [r for r in rows if {"rabbitmq", "nats"} <= set(r[4]["summary"])]
+    if compared:
+        lines.append("### CipherMQ vs RabbitMQ vs NATS JetStream (same run)\n")
+        lines.append(
+            "| CipherMQ storage, shards | body | publishers "
+            "| CipherMQ publish/s | RabbitMQ publish/s | NATS publish/s | vs RabbitMQ | vs NATS "
+            "| CipherMQ consume/s | RabbitMQ consume/s | NATS consume/s | vs RabbitMQ | vs NATS |"
+        )
+        lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for storage, shards, size, pubs, r in compared:
+            s = r["summary"]
+            c, q, j = s["ciphermq"], s["rabbitmq"], s["nats"]
+            lines.append(
+                f"| {storage}, {shards} | {size // 1024} KiB | {pubs} "
+                f"| {n(c['publish_msgs_per_sec'])} | {n(q['publish_msgs_per_sec'])} | {n(j['publish_msgs_per_sec'])} "
+                f"| {ratio(c['publish_msgs_per_sec'], q['publish_msgs_per_sec'])} "
+                f"| {ratio(c['publish_msgs_per_sec'], j['publish_msgs_per_sec'])} "
+                f"| {n(c['consume_msgs_per_sec'])} | {n(q['consume_msgs_per_sec'])} | {n(j['consume_msgs_per_sec'])} "
+                f"| {ratio(c['consume_msgs_per_sec'], q['consume_msgs_per_sec'])} "
+                f"| {ratio(c['consume_msgs_per_sec'], j['consume_msgs_per_sec'])} |"
+            )
+        lines.append("")
+
+    lines.append("### CipherMQ by configuration\n")
+    lines.append(
+        "| storage | shards | body | publishers | publish msg/s | publish MB/s | consume msg/s "
+        "| publish→ACK p50 / p99 ms | publish→delivery p50 / p99 ms | complete |"
+    )
+    lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    for storage, shards, size, pubs, r in rows:
+        c = r["summary"].get("ciphermq")
+        if not c:
+            continue
+        a, e = c["publish_to_ack"], c["publish_to_delivery"]
+        lines.append(
+            f"| {storage} | {shards} | {size // 1024} KiB | {pubs} | {n(c['publish_msgs_per_sec'])} "
+            f"| {c['publish_mb_per_sec']:.1f} | {n(c['consume_msgs_per_sec'])} "
+            f"| {ms(a['p50_ms'])} / {ms(a['p99_ms'])} | {ms(e['p50_ms'])} / {ms(e['p99_ms'])} "
+            f"| {'yes' if c['complete'] else 'NO'} |"
+        )
+    lines.append("")
+
+
+def latency(out, lines):
+    files = sorted(out.glob("latency-*.json"))
+    if not files:
+        return
+    lines.append("### Latency at a fixed rate (from the scheduled send time)\n")
+    lines.append(
+        "| scenario | broker | rate msg/s | publish→ACK p50 / p90 / p99 / p99.9 / max ms "
+        "| publish→delivery p50 / p90 / p99 / p99.9 / max ms | complete |"
+    )
+    lines.append("|---|---|---:|---:|---:|---|")
+    for p in files:
+        r = load(p)
+        for t in TARGETS:
+            s = r["summary"].get(t)
+            if not s:
+                continue
+            q = lambda x: " / ".join(ms(x[k]) for k in ("p50_ms", "p90_ms", "p99_ms", "p999_ms", "max_ms"))
+            lines.append(
+                f"| {r['scenario']['label']} | {t} | {n(r['scenario']['rate'])} "
+                f"| {q(s['publish_to_ack'])} | {q(s['publish_to_delivery'])} "
+                f"| {'yes' if s['complete'] else 'NO'} |"
+            )
+    lines.append("")
+
+
+def memory(out, lines):
+    rss = sorted(out.glob("rss-*.json"))
+    idle = out / "idle.json"
+    if not rss and not idle.exists():
+        return
+    lines.append("### Broker memory\n")
+    lines.append("| case | RSS before | RSS after | payload held | RSS ÷ payload |")
+    lines.append("|---|---:|---:|---:|---:|")
+    for p in rss:
+        r = load(p)
+        storage = p.stem.split("-", 1)[1]
+        text = (out / f"rss-{storage}.txt").read_text() if (out / f"rss-{storage}.txt").exists() else ""
+        kib = lambda tag: int(re.search(rf"{tag}:\s+VmRSS:\s+(\d+)", text).group(1)) if re.search(rf"{tag}:\s+VmRSS:\s+(\d+)", text) else None
+        before, after = kib("before"), kib("queued")
+        run = r["runs"][0]
+        held = run["acked"] * r["scenario"]["size_bytes"]
+        if before is None or after is None:
+            continue
+        lines.append(
+            f"| {storage}: {n(run['acked'])} queued {r['scenario']['size_bytes']} B messages "
+            f"| {before / 1024:.0f} MiB | {after / 1024:.0f} MiB | {held / 2**20:.0f} MiB "
+            f"| {after * 1024 / held:.2f} |"
+        )
+    if idle.exists():
+        r = load(idle)
+        b, d = r.get("broker_before"), r.get("broker_with_connections")
+        if b and d:
+            lines.append(
+                f"| {n(r['connections'])} idle mTLS connections | {b['rss_mib']:.0f} MiB | {d['rss_mib']:.0f} MiB "
+                f"| - | {r['broker_kib_per_connection']:.1f} KiB per connection |"
+            )
+    lines.append("")
+
+
+def main():
+    if len(sys.argv) != 2:
+        sys.exit(__doc__)
+    out = Path(sys.argv[1])
+    lines = []
+    machine = out / "machine.txt"
+    if machine.exists():
+        lines.append("```\n" + machine.read_text().strip() + "\n```\n")
+    throughput(out, lines)
+    latency(out, lines)
+    memory(out, lines)
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
