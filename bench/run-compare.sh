@@ -96,6 +96,7 @@ start_broker() { # mode shards
   write_config "$1"
   rm -rf "$WORK/data-$1"
   local log=$WORK/broker-$1-$2.log
+  rm -f "$log" # a stale "listening" line must not pass for the new broker's
   "$BIN/ciphermq-broker" --config "$WORK/config-$1.toml" --address "$ADDR" --shards "$2" >"$log" 2>&1 &
   BROKER=$!
   for _ in $(seq 100); do

@@ -327,11 +327,18 @@ impl Connection {
     /// Renders ready replies, encrypts them and writes to the socket. Returns
     /// whether anything moved.
     fn poll_write(&mut self, cx: &mut Context<'_>) -> Result<bool, String> {
+        // Input waits while output is above the high-water mark, without
+        // registering for the socket; draining below it must count as progress,
+        // or nothing would wake the connection to read again.
+        let input_blocked = self.tls.outgoing_len() >= OUTPUT_HIGH_WATER;
         let mut progress = false;
         loop {
             // Moves everything rustls encrypted into `outgoing`, then to the socket.
             if let Poll::Ready(Err(e)) = self.tls.poll_flush(&mut self.stream, cx) {
                 return Err(e.to_string());
+            }
+            if input_blocked && self.tls.outgoing_len() < OUTPUT_HIGH_WATER {
+                progress = true;
             }
             if self.tls.outgoing_len() >= OUTPUT_HIGH_WATER || !self.replies.head_ready() {
                 return Ok(progress);

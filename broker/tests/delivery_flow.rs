@@ -130,3 +130,48 @@ async fn ten_thousand_pipelined_publishes_reply_in_order_one_shard() {
 async fn ten_thousand_pipelined_publishes_reply_in_order_across_shards() {
     pipelined(2).await;
 }
+
+/// A consumer whose deliveries fill the broker's output past its high-water
+/// mark (16 KiB bodies, prefetch 200 ≈ 3 MiB) must still have its acks read
+/// once the output drained: input resumes without any new event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acks_are_read_after_a_large_burst_of_deliveries() {
+    const N: usize = 200;
+    let broker = TestBroker::start(1);
+    let mut receiver = broker.connect("receiver_1").await;
+    setup_receiver(&mut receiver, "receiver_1").await;
+    let mut sender = broker.connect("sender_1").await;
+    let pad = "A".repeat(16 * 1024);
+    for i in 0..N {
+        let body = body(&format!("big-{i}"), "receiver_1").replace("Y2lwaGVy", &pad);
+        sender.queue_line(&format!("publish ex receiver_1 {body}"));
+    }
+    sender.flush().await.unwrap();
+    for i in 0..N {
+        assert_eq!(next(&mut sender).await, format!("ACK big-{i}"));
+    }
+    expect(
+        &mut receiver,
+        "consume receiver_1_queue 200",
+        "OK consume receiver_1_queue",
+    )
+    .await;
+    for i in 0..N {
+        let line = next(&mut receiver).await;
+        assert!(
+            line.starts_with(&format!("Message: big-{i} ")),
+            "delivery {i}"
+        );
+    }
+    // Only now, with every delivery written out, the acks arrive.
+    for i in 0..N {
+        receiver.queue_line(&format!("ack big-{i}"));
+    }
+    receiver.flush().await.unwrap();
+    for i in 0..N {
+        let line = tokio::time::timeout(std::time::Duration::from_secs(10), next(&mut receiver))
+            .await
+            .expect("the broker reads the acks");
+        assert_eq!(line, format!("ACK_CONFIRMED big-{i}"));
+    }
+}
