@@ -1,24 +1,36 @@
 //! The embedded public-key store: `{data_dir}/keys/{client_id}.key`, each key
-//! sealed with AES-256-GCM under `encryption.aes_key` with a fresh 96-bit nonce
-//! per write and the client id as associated data (a file renamed to another
-//! client does not open).
+//! sealed as in `crate::seal` (AES-256-GCM, fresh nonce, client id as
+//! associated data).
 //!
 //! A file is `nonce (12 bytes) ‖ ciphertext ‖ tag (16 bytes)`, written to a
 //! temp file, fsynced, renamed, and the directory fsynced: `Public key
-//! registered` is only sent once the key is durable. All keys are loaded and
-//! opened at start, so a wrong `aes_key` fails there, never later.
+//! registered` is only sent once the key is durable. Those fsyncs take
+//! milliseconds, and registration is called on a shard, so they run on the
+//! store's own writer thread; a full queue refuses at once rather than block.
+//! All keys are loaded and opened at start, so a wrong `aes_key` fails there,
+//! never later.
 
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::thread::JoinHandle;
 
-use aes_gcm::aead::{Aead, KeyInit, Payload};
-use aes_gcm::{Aes256Gcm, Nonce};
-use rand::RngCore;
+use aes_gcm::aead::KeyInit;
+use aes_gcm::Aes256Gcm;
+use crossbeam_channel::{Receiver, Sender, TrySendError};
+use tokio::sync::oneshot;
 
-use crate::keys::{KeyStoreError, MemoryKeyStore, PublicKey, PublicKeyStore};
+use crate::keys::{
+    check_client_id, resolved, KeyStoreError, MemoryKeyStore, PublicKey, PublicKeyStore,
+    Registration, RegistrationResult,
+};
+use crate::seal::{open, seal, NONCE_BYTES, TAG_BYTES};
 
-const NONCE_BYTES: usize = 12;
+/// Registrations waiting for the writer thread. Registration is rare (once
+/// per receiver start); a burst beyond this is refused, not queued without
+/// bound.
+const WRITE_QUEUE: usize = 256;
 
 /// Why the store could not be opened.
 #[derive(Debug, thiserror::Error)]
@@ -40,14 +52,27 @@ pub enum OpenError {
         /// The key file.
         path: PathBuf,
     },
+    /// The writer thread could not be started.
+    #[error("cannot start the key writer thread: {0}")]
+    Thread(#[source] std::io::Error),
+}
+
+/// One registration for the writer thread.
+struct WriteJob {
+    client_id: String,
+    key: PublicKey,
+    reply: oneshot::Sender<RegistrationResult>,
 }
 
 /// Public keys sealed on disk, served from memory.
 pub struct FileKeyStore {
     dir: PathBuf,
-    cipher: Aes256Gcm,
-    /// What lookups are served from.
-    memory: MemoryKeyStore,
+    /// What lookups are served from; the writer fills it after each fsync.
+    memory: Arc<MemoryKeyStore>,
+    /// To the writer thread; dropped first on drop so the thread ends.
+    jobs: Option<Sender<WriteJob>>,
+    /// Joined on drop, so queued registrations finish before the store goes.
+    writer: Option<JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for FileKeyStore {
@@ -59,7 +84,8 @@ impl std::fmt::Debug for FileKeyStore {
 }
 
 impl FileKeyStore {
-    /// Opens (creating) `dir` and decrypts every key in it with `aes_key`.
+    /// Opens (creating) `dir`, decrypts every key in it with `aes_key`, and
+    /// starts the writer thread.
     pub fn open(dir: &Path, aes_key: &[u8; 32]) -> Result<FileKeyStore, OpenError> {
         let io = |path: &Path| {
             let path = path.to_owned();
@@ -67,74 +93,112 @@ impl FileKeyStore {
         };
         fs::create_dir_all(dir).map_err(io(dir))?;
         let cipher = Aes256Gcm::new(aes_key.into());
-        let memory = MemoryKeyStore::new();
+        let memory = Arc::new(MemoryKeyStore::new());
         for entry in fs::read_dir(dir).map_err(io(dir))? {
             let path = entry.map_err(io(dir))?.path();
             let Some(client) = path
                 .file_name()
                 .and_then(|n| n.to_str())
                 .and_then(|n| n.strip_suffix(".key"))
+                .filter(|n| !n.starts_with('.'))
             else {
                 continue;
             };
             let sealed = fs::read(&path).map_err(io(&path))?;
-            let key = open_sealed(&cipher, client, &sealed)
+            let key = open_file(&cipher, client, &sealed)
                 .ok_or_else(|| OpenError::WrongKey { path: path.clone() })?;
-            let _ = memory.put(client, key);
+            memory.insert(client, key);
         }
+        let (jobs, queue) = crossbeam_channel::bounded(WRITE_QUEUE);
+        let writer = {
+            let dir = dir.to_owned();
+            let memory = memory.clone();
+            std::thread::Builder::new()
+                .name("ciphermq-keys".to_owned())
+                .spawn(move || write_loop(&dir, &cipher, &memory, &queue))
+                .map_err(OpenError::Thread)?
+        };
         Ok(FileKeyStore {
             dir: dir.to_owned(),
-            cipher,
             memory,
+            jobs: Some(jobs),
+            writer: Some(writer),
         })
-    }
-
-    fn write(&self, client_id: &str, key: &PublicKey) -> std::io::Result<()> {
-        let mut nonce = [0u8; NONCE_BYTES];
-        rand::thread_rng().fill_bytes(&mut nonce);
-        let sealed = self
-            .cipher
-            .encrypt(
-                Nonce::from_slice(&nonce),
-                Payload {
-                    msg: key,
-                    aad: client_id.as_bytes(),
-                },
-            )
-            .map_err(|_| std::io::Error::other("AES-GCM sealing failed"))?;
-        let tmp = self.dir.join(format!(".{client_id}.key.tmp"));
-        let mut file = fs::File::create(&tmp)?;
-        file.write_all(&nonce)?;
-        file.write_all(&sealed)?;
-        file.sync_all()?;
-        fs::rename(&tmp, self.dir.join(format!("{client_id}.key")))?;
-        fs::File::open(&self.dir)?.sync_all()
     }
 }
 
-fn open_sealed(cipher: &Aes256Gcm, client_id: &str, sealed: &[u8]) -> Option<PublicKey> {
-    if sealed.len() < NONCE_BYTES {
+/// The writer thread: one durable write per job, then the memory map, then
+/// the answer, so nobody looks up a key that is not on disk yet.
+fn write_loop(dir: &Path, cipher: &Aes256Gcm, memory: &MemoryKeyStore, queue: &Receiver<WriteJob>) {
+    for job in queue {
+        let result = match write_file(dir, cipher, &job.client_id, &job.key) {
+            Ok(()) => Ok(memory.insert(&job.client_id, job.key)),
+            Err(e) => {
+                tracing::error!(dir = %dir.display(), client_id = %job.client_id, error = %e, "storing a public key failed");
+                Err(KeyStoreError::Unavailable(format!(
+                    "{}: {e}",
+                    dir.display()
+                )))
+            }
+        };
+        // The registrant may have gone away; the key is stored either way.
+        let _ = job.reply.send(result);
+    }
+}
+
+fn write_file(
+    dir: &Path,
+    cipher: &Aes256Gcm,
+    client_id: &str,
+    key: &PublicKey,
+) -> std::io::Result<()> {
+    let sealed = seal(cipher, client_id, key)
+        .ok_or_else(|| std::io::Error::other("AES-GCM sealing failed"))?;
+    let tmp = dir.join(format!(".{client_id}.key.tmp"));
+    let mut file = fs::File::create(&tmp)?;
+    file.write_all(&sealed.nonce)?;
+    file.write_all(&sealed.ciphertext)?;
+    file.write_all(&sealed.tag)?;
+    file.sync_all()?;
+    fs::rename(&tmp, dir.join(format!("{client_id}.key")))?;
+    fs::File::open(dir)?.sync_all()
+}
+
+/// Opens a key file's content: nonce ‖ ciphertext ‖ tag.
+fn open_file(cipher: &Aes256Gcm, client_id: &str, sealed: &[u8]) -> Option<PublicKey> {
+    if sealed.len() < NONCE_BYTES + TAG_BYTES {
         return None;
     }
-    let (nonce, body) = sealed.split_at(NONCE_BYTES);
-    let plain = cipher
-        .decrypt(
-            Nonce::from_slice(nonce),
-            Payload {
-                msg: body,
-                aad: client_id.as_bytes(),
-            },
-        )
-        .ok()?;
-    plain.try_into().ok()
+    let (nonce, rest) = sealed.split_at(NONCE_BYTES);
+    let (ciphertext, tag) = rest.split_at(rest.len() - TAG_BYTES);
+    open(cipher, client_id, nonce, ciphertext, tag)
 }
 
 impl PublicKeyStore for FileKeyStore {
-    fn put(&self, client_id: &str, key: PublicKey) -> Result<Option<PublicKey>, KeyStoreError> {
-        // Registration is rare; the write is small and synchronous.
-        self.write(client_id, &key)
-            .map_err(|e| KeyStoreError::Unavailable(format!("{}: {e}", self.dir.display())))?;
-        self.memory.put(client_id, key)
+    fn register(&self, client_id: &str, key: PublicKey) -> Registration {
+        if let Err(e) = check_client_id(client_id) {
+            return resolved(Err(e));
+        }
+        let Some(jobs) = &self.jobs else {
+            return resolved(Err(KeyStoreError::Unavailable(
+                "key store closed".to_owned(),
+            )));
+        };
+        let (reply, registration) = oneshot::channel();
+        let job = WriteJob {
+            client_id: client_id.to_owned(),
+            key,
+            reply,
+        };
+        match jobs.try_send(job) {
+            Ok(()) => registration,
+            Err(TrySendError::Full(_)) => {
+                resolved(Err(KeyStoreError::Unavailable("key store busy".to_owned())))
+            }
+            Err(TrySendError::Disconnected(_)) => resolved(Err(KeyStoreError::Unavailable(
+                "key store writer stopped".to_owned(),
+            ))),
+        }
     }
 
     fn get(&self, client_id: &str) -> Option<PublicKey> {
@@ -146,18 +210,36 @@ impl PublicKeyStore for FileKeyStore {
     }
 }
 
+impl Drop for FileKeyStore {
+    fn drop(&mut self) {
+        // Closing the queue ends the writer once it has written what is queued.
+        self.jobs = None;
+        if let Some(writer) = self.writer.take() {
+            let _ = writer.join();
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::keys::register_and_wait;
 
     #[test]
     fn keys_survive_a_reopen_and_are_sealed_on_disk() {
         let dir = tempfile::tempdir().unwrap();
         let aes = [7u8; 32];
         let store = FileKeyStore::open(dir.path(), &aes).unwrap();
-        store.put("receiver_1", [9u8; 32]).unwrap();
-        store.put("receiver_1", [8u8; 32]).unwrap();
+        assert_eq!(
+            register_and_wait(&store, "receiver_1", [9u8; 32]).unwrap(),
+            None
+        );
+        assert_eq!(
+            register_and_wait(&store, "receiver_1", [8u8; 32]).unwrap(),
+            Some([9u8; 32])
+        );
         let raw = fs::read(dir.path().join("receiver_1.key")).unwrap();
+        assert_eq!(raw.len(), NONCE_BYTES + 32 + TAG_BYTES);
         assert!(
             !raw.windows(32).any(|w| w == [8u8; 32]),
             "the key is not stored in clear"
@@ -170,10 +252,9 @@ mod tests {
     #[test]
     fn a_wrong_aes_key_fails_at_open() {
         let dir = tempfile::tempdir().unwrap();
-        FileKeyStore::open(dir.path(), &[1u8; 32])
-            .unwrap()
-            .put("r", [2u8; 32])
-            .unwrap();
+        let store = FileKeyStore::open(dir.path(), &[1u8; 32]).unwrap();
+        register_and_wait(&store, "r", [2u8; 32]).unwrap();
+        drop(store);
         let err = FileKeyStore::open(dir.path(), &[3u8; 32]).unwrap_err();
         assert!(
             err.to_string()
@@ -185,11 +266,48 @@ mod tests {
     #[test]
     fn a_file_moved_to_another_client_does_not_open() {
         let dir = tempfile::tempdir().unwrap();
-        FileKeyStore::open(dir.path(), &[1u8; 32])
-            .unwrap()
-            .put("r1", [2u8; 32])
-            .unwrap();
+        let store = FileKeyStore::open(dir.path(), &[1u8; 32]).unwrap();
+        register_and_wait(&store, "r1", [2u8; 32]).unwrap();
+        drop(store);
         fs::rename(dir.path().join("r1.key"), dir.path().join("r2.key")).unwrap();
         assert!(FileKeyStore::open(dir.path(), &[1u8; 32]).is_err());
+    }
+
+    #[test]
+    fn a_key_is_served_only_once_it_is_on_disk() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FileKeyStore::open(dir.path(), &[1u8; 32]).unwrap();
+        let registration = store.register("r1", [5u8; 32]);
+        // Whenever the lookup sees the key, its file must already exist.
+        if store.get("r1").is_some() {
+            assert!(dir.path().join("r1.key").exists());
+        }
+        assert_eq!(registration.blocking_recv().unwrap(), Ok(None));
+        assert!(dir.path().join("r1.key").exists());
+        assert_eq!(store.get("r1"), Some([5u8; 32]));
+    }
+
+    #[test]
+    fn a_client_id_that_would_escape_the_directory_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FileKeyStore::open(&dir.path().join("keys"), &[1u8; 32]).unwrap();
+        let err = register_and_wait(&store, "../escape", [5u8; 32]).unwrap_err();
+        assert_eq!(err, KeyStoreError::InvalidClientId("../escape".to_owned()));
+        assert!(!dir.path().join("escape.key").exists());
+    }
+
+    #[test]
+    fn registrations_queued_before_drop_are_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FileKeyStore::open(dir.path(), &[1u8; 32]).unwrap();
+        let pending: Vec<_> = (0..20)
+            .map(|i| store.register(&format!("r{i}"), [i as u8; 32]))
+            .collect();
+        drop(store);
+        for registration in pending {
+            assert!(registration.blocking_recv().unwrap().is_ok());
+        }
+        let again = FileKeyStore::open(dir.path(), &[1u8; 32]).unwrap();
+        assert_eq!(again.len(), 20);
     }
 }

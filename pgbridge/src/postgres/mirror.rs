@@ -1,0 +1,423 @@
+//! The metadata mirror: each tick, read the queues' logs from the committed
+//! watermark, and write one batch of rows plus the new watermarks in ONE
+//! transaction. The watermark and the rows commit together, so after an
+//! outage or a crash the mirror resumes exactly where it stopped; a replay
+//! of a batch whose commit was lost in flight is harmless (upserts that only
+//! fill missing times). Nothing but the current batch is held in memory: the
+//! logs are the buffer.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ciphermq_shard::log::{queue_dir, MirrorWatermarks};
+use tokio::sync::watch;
+use tokio::time::{sleep_until, timeout, Instant};
+use tokio_postgres::{Client, Statement};
+
+use super::batch::{Batch, Columns, Position};
+use super::budget::{Budget, Decision};
+use super::config::PgConfig;
+use super::link::{describe, Link};
+use super::status::StatusCell;
+use super::tail::{list_queues, queue_lag, read_queue, QueueEnd, Reported};
+
+/// Longest one batch transaction may take before the connection is dropped
+/// and the batch retried on a new one.
+const TRANSACTION_TIMEOUT: Duration = Duration::from_secs(30);
+/// Longest the last flush at shutdown may take.
+const FINAL_FLUSH: Duration = Duration::from_secs(2);
+
+const INSERT: &str = "
+INSERT INTO message_metadata (queue, log_seq, message_id, client_id, exchange_name, routing_key, sent_time, delivered_time, acknowledged_time)
+SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::text[], $7::timestamptz[], $8::timestamptz[], $9::timestamptz[])
+ON CONFLICT (queue, log_seq) DO UPDATE SET
+    delivered_time = COALESCE(message_metadata.delivered_time, EXCLUDED.delivered_time),
+    acknowledged_time = COALESCE(message_metadata.acknowledged_time, EXCLUDED.acknowledged_time)";
+
+const UPDATE: &str = "
+UPDATE message_metadata m SET
+    delivered_time = COALESCE(m.delivered_time, u.d),
+    acknowledged_time = COALESCE(m.acknowledged_time, u.a)
+FROM unnest($1::text[], $2::bigint[], $3::timestamptz[], $4::timestamptz[]) AS u(queue, seq, d, a)
+WHERE m.queue = u.queue AND m.log_seq = u.seq";
+
+const WATERMARK: &str = "
+INSERT INTO ciphermq_mirror_watermark (queue, segment_base, byte_offset, updated_time)
+SELECT w.queue, w.base, w.off, now() FROM unnest($1::text[], $2::bigint[], $3::bigint[]) AS w(queue, base, off)
+ON CONFLICT (queue) DO UPDATE SET
+    segment_base = EXCLUDED.segment_base,
+    byte_offset = EXCLUDED.byte_offset,
+    updated_time = EXCLUDED.updated_time";
+
+/// The batch statements, prepared once per connection.
+struct Statements {
+    insert: Statement,
+    update: Statement,
+    watermark: Statement,
+}
+
+impl Statements {
+    async fn prepare(client: &Client) -> Result<Statements, tokio_postgres::Error> {
+        Ok(Statements {
+            insert: client.prepare(INSERT).await?,
+            update: client.prepare(UPDATE).await?,
+            watermark: client.prepare(WATERMARK).await?,
+        })
+    }
+}
+
+/// The committed position of every queue the mirror has written for.
+pub(crate) async fn load_watermarks(
+    client: &Client,
+) -> Result<HashMap<Arc<str>, Position>, tokio_postgres::Error> {
+    let rows = client
+        .query(
+            "SELECT queue, segment_base, byte_offset FROM ciphermq_mirror_watermark",
+            &[],
+        )
+        .await?;
+    let mut positions = HashMap::with_capacity(rows.len());
+    for row in rows {
+        let queue: String = row.try_get(0)?;
+        let base: i64 = row.try_get(1)?;
+        let offset: i64 = row.try_get(2)?;
+        match (u64::try_from(base), u64::try_from(offset)) {
+            (Ok(base), Ok(offset)) => {
+                positions.insert(Arc::from(queue), Position { base, offset });
+            }
+            _ => {
+                tracing::warn!(%queue, base, offset, "negative mirror watermark ignored; the queue is mirrored from its oldest segment")
+            }
+        }
+    }
+    Ok(positions)
+}
+
+/// Writes one batch in one transaction.
+async fn transact(
+    client: &mut Client,
+    st: &Statements,
+    cols: &Columns,
+) -> Result<(), tokio_postgres::Error> {
+    let tx = client.transaction().await?;
+    let i = &cols.inserts;
+    if !i.seq.is_empty() {
+        tx.execute(
+            &st.insert,
+            &[
+                &i.queue,
+                &i.seq,
+                &i.message_id,
+                &i.client_id,
+                &i.exchange,
+                &i.routing_key,
+                &i.sent,
+                &i.delivered,
+                &i.acked,
+            ],
+        )
+        .await?;
+    }
+    let u = &cols.updates;
+    if !u.seq.is_empty() {
+        tx.execute(&st.update, &[&u.queue, &u.seq, &u.delivered, &u.acked])
+            .await?;
+    }
+    let w = &cols.watermarks;
+    if !w.queue.is_empty() {
+        tx.execute(&st.watermark, &[&w.queue, &w.base, &w.offset])
+            .await?;
+    }
+    tx.commit().await
+}
+
+/// Where the logs are and who else needs to know the mirror's progress.
+pub(crate) struct LogSource {
+    /// The broker's data directory (`{data_dir}/queues/…`).
+    pub(crate) data_dir: PathBuf,
+    /// Holds acked segments for the mirror, shared with the shards.
+    pub(crate) watermarks: Arc<MirrorWatermarks>,
+}
+
+/// The mirror task's state.
+pub(crate) struct Mirror {
+    config: PgConfig,
+    logs: LogSource,
+    status: Arc<StatusCell>,
+    link: Link,
+    /// Statements of the connection with the given generation.
+    prepared: Option<(u64, Statements)>,
+    /// Committed positions, as in `ciphermq_mirror_watermark`.
+    positions: HashMap<Arc<str>, Position>,
+    budget: Budget,
+    reported: Reported,
+    /// Which queue a tick starts with, so one busy queue cannot starve others.
+    rotation: usize,
+    /// When a tick last read every log to its end and committed it.
+    caught_up_at: Instant,
+}
+
+impl Mirror {
+    /// A mirror resuming from `positions` (loaded at start), holding the
+    /// broker's segments accordingly.
+    pub(crate) fn new(
+        config: PgConfig,
+        logs: LogSource,
+        status: Arc<StatusCell>,
+        link: Link,
+        positions: HashMap<Arc<str>, Position>,
+    ) -> Mirror {
+        for (queue, position) in &positions {
+            logs.watermarks.set(queue, position.base);
+        }
+        Mirror {
+            budget: Budget::new(config.max_unmirrored_bytes),
+            config,
+            logs,
+            status,
+            link,
+            prepared: None,
+            positions,
+            reported: Reported::default(),
+            rotation: 0,
+            caught_up_at: Instant::now(),
+        }
+    }
+
+    /// Runs until `stop` turns true (or its sender goes), then makes one
+    /// last bounded flush.
+    pub(crate) async fn run(mut self, mut stop: watch::Receiver<bool>) {
+        let mut next_tick = Instant::now();
+        while !*stop.borrow() {
+            tokio::select! {
+                biased;
+                changed = stop.changed() => {
+                    if changed.is_err() {
+                        break;
+                    }
+                }
+                () = self.link.event() => {}
+                () = sleep_until(next_tick) => {
+                    // A batch stuck on the database must not hold up shutdown.
+                    let more = tokio::select! {
+                        biased;
+                        _ = stop.changed() => None,
+                        more = self.tick(TRANSACTION_TIMEOUT) => Some(more),
+                    };
+                    let Some(more) = more else {
+                        // Abandoned mid-batch: drop the connection so the
+                        // server rolls the transaction back; the next start
+                        // resumes from the last committed watermark.
+                        self.link.fail("shutting down during a batch".to_owned());
+                        break;
+                    };
+                    next_tick = Instant::now() + if more { Duration::ZERO } else { self.config.tick() };
+                    if more {
+                        tokio::task::yield_now().await;
+                    }
+                }
+            }
+        }
+        if self.link.conn().is_none() {
+            return;
+        }
+        if timeout(FINAL_FLUSH, self.tick(FINAL_FLUSH)).await.is_err() {
+            tracing::warn!("the metadata mirror's last flush did not finish in time; the next start resumes from the last committed watermark");
+        }
+    }
+
+    /// One round: read and commit a batch when connected, then measure the
+    /// backlog and apply the disk budget. `true` when the batch was full
+    /// (more is waiting: tick again at once).
+    async fn tick(&mut self, limit: Duration) -> bool {
+        let mut more = false;
+        let mut caught_up = false;
+        if self.ready(limit).await {
+            let mut batch = Batch::new(self.config.rows_per_batch());
+            let (all_read, full) = self.read(&mut batch);
+            if batch.is_empty() {
+                caught_up = all_read;
+            } else {
+                match self.write(batch, limit).await {
+                    Ok(()) => {
+                        caught_up = all_read;
+                        more = full;
+                    }
+                    Err(why) => self.link.fail(why),
+                }
+            }
+        }
+        self.measure(caught_up);
+        more
+    }
+
+    /// Connected with prepared statements and fresh positions.
+    async fn ready(&mut self, limit: Duration) -> bool {
+        let generation = self.link.generation();
+        if matches!(&self.prepared, Some((g, _)) if *g == generation) && self.link.conn().is_some()
+        {
+            return true;
+        }
+        let Some(conn) = self.link.conn() else {
+            return false;
+        };
+        let setup = async {
+            let statements = Statements::prepare(&conn.client).await?;
+            let positions = load_watermarks(&conn.client).await?;
+            Ok::<_, tokio_postgres::Error>((statements, positions))
+        };
+        match timeout(limit, setup).await {
+            Ok(Ok((statements, positions))) => {
+                self.prepared = Some((generation, statements));
+                // The database is the truth: a batch whose commit answer was
+                // lost may have landed.
+                self.positions = positions;
+                if !self.budget.released() {
+                    for (queue, position) in &self.positions {
+                        self.logs.watermarks.set(queue, position.base);
+                    }
+                }
+                true
+            }
+            Ok(Err(e)) => {
+                self.link.fail(describe(&e));
+                false
+            }
+            Err(_) => {
+                self.link
+                    .fail(format!("preparing statements took longer than {limit:?}"));
+                false
+            }
+        }
+    }
+
+    /// Fills `batch` from the logs; returns (every log read to its end, the
+    /// batch filled up).
+    fn read(&mut self, batch: &mut Batch) -> (bool, bool) {
+        let queues = match list_queues(&self.logs.data_dir) {
+            Ok(queues) => queues,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot list queues for the metadata mirror");
+                self.status.error(e.to_string());
+                return (false, false);
+            }
+        };
+        if queues.is_empty() {
+            return (true, false);
+        }
+        let first = self.rotation % queues.len();
+        self.rotation = self.rotation.wrapping_add(1);
+        let mut all_read = true;
+        for k in 0..queues.len() {
+            if batch.is_full() {
+                return (false, true);
+            }
+            let name = &queues[(first + k) % queues.len()];
+            let (queue, start) = match self.positions.get_key_value(name.as_str()) {
+                Some((queue, position)) => (queue.clone(), Some(*position)),
+                None => (Arc::from(name.as_str()), None),
+            };
+            let dir = queue_dir(&self.logs.data_dir, name);
+            match read_queue(&dir, &queue, start, batch, &mut self.reported) {
+                Ok(QueueEnd::CaughtUp) => {}
+                Ok(QueueEnd::BatchFull) => return (false, true),
+                Err(e) => {
+                    tracing::error!(%queue, error = %e, "the metadata mirror cannot read a queue log; retrying next tick");
+                    self.status.error(e.to_string());
+                    all_read = false;
+                }
+            }
+        }
+        (all_read, false)
+    }
+
+    /// Commits `batch`, then moves the positions and holds.
+    async fn write(&mut self, batch: Batch, limit: Duration) -> Result<(), String> {
+        let cols = batch.into_columns();
+        let Some((_, statements)) = &self.prepared else {
+            return Err("statements not prepared".to_owned());
+        };
+        let Some(conn) = self.link.conn() else {
+            return Err("not connected".to_owned());
+        };
+        match timeout(limit, transact(&mut conn.client, statements, &cols)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(describe(&e)),
+            Err(_) => return Err(format!("a metadata batch took longer than {limit:?}")),
+        }
+        for missed in &cols.missed {
+            tracing::error!(
+                queue = %missed.queue,
+                from_segment = missed.from.base,
+                from_offset = missed.from.offset,
+                resume_segment = missed.resume_base,
+                "log segments were deleted before the metadata mirror read them: rows for messages of queue {} stored after segment {} offset {} and before segment {} are missing from message_metadata",
+                missed.queue, missed.from.base, missed.from.offset, missed.resume_base,
+            );
+        }
+        let released = self.budget.released();
+        for (queue, position) in cols.positions {
+            if !released {
+                self.logs.watermarks.set(&queue, position.base);
+            }
+            self.positions.insert(queue, position);
+        }
+        self.status.committed(cols.rows, cols.missed.len() as u64);
+        Ok(())
+    }
+
+    /// Measures the backlog, reports it, and applies the disk budget.
+    fn measure(&mut self, caught_up: bool) {
+        if caught_up {
+            self.caught_up_at = Instant::now();
+        }
+        let lag_seconds = if caught_up {
+            0.0
+        } else {
+            self.caught_up_at.elapsed().as_secs_f64()
+        };
+        let queues = list_queues(&self.logs.data_dir).unwrap_or_else(|e| {
+            tracing::error!(error = %e, "cannot list queues to measure the mirror's backlog");
+            Vec::new()
+        });
+        let mut lag_bytes = 0u64;
+        let mut holds = Vec::with_capacity(queues.len());
+        for name in &queues {
+            let position = self.positions.get(name.as_str()).copied();
+            match queue_lag(&queue_dir(&self.logs.data_dir, name), position) {
+                Ok(lag) => {
+                    lag_bytes = lag_bytes.saturating_add(lag.bytes);
+                    if let Some(base) = lag.hold {
+                        holds.push((name, base));
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(queue = %name, error = %e, "cannot measure a queue's mirror backlog")
+                }
+            }
+        }
+        self.status.lag(lag_bytes, lag_seconds);
+        match self.budget.decide(lag_bytes) {
+            Decision::Hold => {}
+            Decision::Release { newly } => {
+                if newly {
+                    tracing::warn!(
+                        lag_bytes,
+                        budget_bytes = self.config.max_unmirrored_bytes,
+                        "the metadata mirror is {lag_bytes} bytes behind the queue logs, over its disk budget of {} bytes: fully acked segments are now deleted without waiting for it, and rows in segments deleted before it reads them will be missing from message_metadata",
+                        self.config.max_unmirrored_bytes,
+                    );
+                }
+                self.logs.watermarks.release_all();
+            }
+            Decision::Restore => {
+                tracing::info!(lag_bytes, "the metadata mirror is back within its disk budget; acked segments wait for it again");
+                for (queue, base) in holds {
+                    self.logs.watermarks.set(queue, base);
+                }
+            }
+        }
+    }
+}

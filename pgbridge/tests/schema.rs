@@ -1,0 +1,119 @@
+//! The bridge creates its tables on an empty database, starts again on one
+//! that has them, survives two brokers creating them at once, and refuses a
+//! schema newer than it knows or a server it cannot reach.
+
+mod common;
+
+use std::time::Duration;
+
+use ciphermq_pgbridge::{register_and_wait, BridgeError, PgBridge, PgConfig};
+use common::TestDb;
+
+const AES: [u8; 32] = [7u8; 32];
+
+fn tables(db: &TestDb) -> Vec<String> {
+    db.query(
+        "SELECT table_name::text FROM information_schema.tables
+         WHERE table_schema = 'public' ORDER BY 1",
+        &[],
+    )
+    .iter()
+    .map(|r| r.get(0))
+    .collect()
+}
+
+#[test]
+fn creates_the_schema_on_an_empty_database_and_starts_again_on_it() {
+    let db = TestDb::new();
+    assert!(tables(&db).is_empty());
+    let bridge = PgBridge::start(db.config(), AES, None).unwrap();
+    assert_eq!(
+        tables(&db),
+        [
+            "ciphermq_mirror_watermark",
+            "ciphermq_schema_version",
+            "message_metadata",
+            "public_keys"
+        ]
+    );
+    assert_eq!(db.scalar("SELECT count(*) FROM ciphermq_schema_version"), 1);
+    assert_eq!(
+        db.scalar("SELECT max(version)::bigint FROM ciphermq_schema_version"),
+        1
+    );
+    let index = db.scalar(
+        "SELECT count(*) FROM pg_indexes WHERE tablename = 'message_metadata'
+         AND indexdef LIKE '%(message_id)%'",
+    );
+    assert_eq!(index, 1, "message_metadata is indexed on message_id");
+    assert!(bridge.status().connected);
+    register_and_wait(bridge.key_store().as_ref(), "receiver_1", [1u8; 32]).unwrap();
+    db.execute(
+        "INSERT INTO message_metadata VALUES ('q', 0, 'm', 's', 'e', 'k', now(), NULL, NULL)",
+    );
+    bridge.shutdown();
+
+    let again = PgBridge::start(db.config(), AES, None).unwrap();
+    assert_eq!(again.key_store().get("receiver_1"), Some([1u8; 32]));
+    assert_eq!(db.scalar("SELECT count(*) FROM ciphermq_schema_version"), 1);
+    assert_eq!(db.scalar("SELECT count(*) FROM message_metadata"), 1);
+    again.shutdown();
+}
+
+#[test]
+fn two_brokers_creating_the_schema_at_once_both_start() {
+    let db = TestDb::new();
+    let starts: Vec<_> = (0..2)
+        .map(|_| {
+            let config = db.config();
+            std::thread::spawn(move || PgBridge::start(config, AES, None))
+        })
+        .collect();
+    for start in starts {
+        let bridge = start.join().unwrap().expect("both starts succeed");
+        bridge.shutdown();
+    }
+    assert_eq!(db.scalar("SELECT count(*) FROM ciphermq_schema_version"), 1);
+}
+
+#[test]
+fn a_schema_newer_than_this_build_is_refused() {
+    let db = TestDb::new();
+    PgBridge::start(db.config(), AES, None).unwrap().shutdown();
+    db.execute("UPDATE ciphermq_schema_version SET version = 99");
+    let err = PgBridge::start(db.config(), AES, None).unwrap_err();
+    assert!(matches!(err, BridgeError::Schema(_)), "{err:?}");
+    let text = err.to_string();
+    assert!(
+        text.contains("version 99") && text.contains("upgrade the broker"),
+        "{text}"
+    );
+    assert!(text.contains(&db.name), "names the database: {text}");
+}
+
+#[test]
+fn a_foreign_table_with_the_same_name_is_reported() {
+    let db = TestDb::new();
+    db.execute("CREATE TABLE message_metadata (message_id text PRIMARY KEY)");
+    let err = PgBridge::start(db.config(), AES, None).unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains("message_metadata") && text.contains("has no column"),
+        "{text}"
+    );
+}
+
+#[test]
+fn an_unreachable_server_fails_start_naming_it() {
+    let config = PgConfig {
+        port: 1,
+        dbname: "nowhere".to_owned(),
+        connect_timeout: Duration::from_millis(500),
+        ..PgConfig::default()
+    };
+    let err = PgBridge::start(config, AES, None).unwrap_err();
+    assert!(matches!(err, BridgeError::Connect { .. }), "{err:?}");
+    let text = err.to_string();
+    assert!(text.contains("127.0.0.1:1/nowhere"), "{text}");
+    assert!(text.contains("gave up after"), "{text}");
+}
