@@ -5,11 +5,13 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::task::Waker;
+use std::time::Instant;
 
 use ciphermq_proto::NackReason;
 
-use crate::log::{queue_dir, CommitJob, QueueLog};
+use crate::log::{queue_dir, unix_ms, CommitJob, MirrorWatermarks, QueueLog};
 use crate::mesh::Origin;
+use crate::queue::{Queue, QueueSettings};
 
 /// What to do when a ticket's commits are done.
 #[derive(Debug)]
@@ -40,11 +42,18 @@ pub struct Durability {
     committer: Option<Waker>,
     pub(crate) tickets: HashMap<u64, Ticket>,
     next_ticket: u64,
+    /// With the Postgres bridge: segments wait for it before deletion.
+    mirror: Option<Arc<MirrorWatermarks>>,
 }
 
 impl Durability {
-    /// Logs under `data_dir/queues`, rolling segments at `segment_bytes`.
-    pub fn new(data_dir: PathBuf, segment_bytes: u64) -> Durability {
+    /// Logs under `data_dir/queues`, rolling segments at `segment_bytes`;
+    /// with `mirror`, fully acked segments wait for the metadata mirror.
+    pub fn new(
+        data_dir: PathBuf,
+        segment_bytes: u64,
+        mirror: Option<Arc<MirrorWatermarks>>,
+    ) -> Durability {
         Durability {
             data_dir,
             segment_bytes,
@@ -53,11 +62,15 @@ impl Durability {
             committer: None,
             tickets: HashMap::new(),
             next_ticket: 1,
+            mirror,
         }
     }
 
     /// Adopts a log rebuilt by recovery.
-    pub(crate) fn insert_log(&mut self, queue: Arc<str>, log: QueueLog) {
+    pub(crate) fn insert_log(&mut self, queue: Arc<str>, mut log: QueueLog) {
+        if let Some(mirror) = &self.mirror {
+            log.set_mirror(mirror.cell(&queue));
+        }
         self.logs.insert(queue, log);
     }
 
@@ -81,9 +94,34 @@ impl Durability {
         }
         let dir = queue_dir(&self.data_dir, queue);
         let segment_bytes = self.segment_bytes;
-        self.logs
-            .entry(queue.clone())
-            .or_insert_with(|| QueueLog::new(dir, segment_bytes, next_seq))
+        let mirror = &self.mirror;
+        self.logs.entry(queue.clone()).or_insert_with(|| {
+            let mut log = QueueLog::new(dir, segment_bytes, next_seq);
+            if let Some(mirror) = mirror {
+                log.set_mirror(mirror.cell(queue));
+            }
+            log
+        })
+    }
+
+    /// Marks dirty the logs whose acked segments the mirror has read since
+    /// they were held, so the next round deletes them. Call periodically.
+    pub(crate) fn release_mirrored(&mut self) {
+        if self.mirror.is_none() {
+            return;
+        }
+        let mut woke = false;
+        for (queue, log) in &self.logs {
+            if log.is_dirty() && !self.dirty.contains(queue) {
+                self.dirty.push(queue.clone());
+                woke = true;
+            }
+        }
+        if woke {
+            if let Some(waker) = self.committer.take() {
+                waker.wake();
+            }
+        }
     }
 
     /// Starts a ticket for `origin`.
@@ -134,14 +172,36 @@ impl Durability {
         self.committer = Some(waker.clone());
     }
 
-    /// Takes one job per dirty log; `next_seq` gives each queue's next sequence number.
-    pub(crate) fn take_jobs(&mut self, next_seq: impl Fn(&str) -> u64, out: &mut Vec<CommitJob>) {
+    /// Takes one job per dirty log. Before a job deletes segments, the ids
+    /// acked within the dedup window whose evidence they hold are carried
+    /// into the active segment (the same job writes and syncs them first).
+    pub(crate) fn take_jobs(
+        &mut self,
+        queues: &mut HashMap<Arc<str>, Queue>,
+        settings: &QueueSettings,
+        now: Instant,
+        out: &mut Vec<CommitJob>,
+    ) {
         let mut still_dirty = Vec::new();
+        let mut carried = Vec::new();
         for queue in std::mem::take(&mut self.dirty) {
             let Some(log) = self.logs.get_mut(&queue) else {
                 continue;
             };
-            match log.take_job(&queue, next_seq(&queue)) {
+            if let (Some(bound), Some(q)) = (log.deletion_bound(), queues.get_mut(&queue)) {
+                carried.clear();
+                q.carry_dedup(
+                    bound,
+                    log.active_base(),
+                    now,
+                    unix_ms(),
+                    settings,
+                    &mut carried,
+                );
+                log.append_dedup(&carried);
+            }
+            let next_seq = queues.get(&queue).map_or(0, Queue::next_seq);
+            match log.take_job(&queue, next_seq) {
                 Some(job) => out.push(job),
                 // A job of this log is still in flight: next round.
                 None if log.is_dirty_or_waiting() => still_dirty.push(queue),

@@ -13,6 +13,8 @@
 //! - [`mailbox`]: how a shard hands replies and deliveries to a connection task.
 //! - [`tracker`]: a connection's outstanding deliveries, for `ack`/`nack`/`resend`.
 //! - [`mesh`]: the crossbeam channels and wakers between shards.
+//! - [`pending`]: a value decided on another thread (a saved topology change)
+//!   that a connection awaits.
 //! - [`shard`]: one shard's state tying these together.
 //!
 //! Invariants: a shard owns its queues outright (no locks on the data path);
@@ -24,10 +26,12 @@
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod durability;
+pub mod hashers;
 pub mod log;
 pub mod mailbox;
 pub mod mesh;
 pub mod message;
+pub mod pending;
 pub mod placement;
 pub mod queue;
 pub mod routing;
@@ -39,9 +43,11 @@ pub use durability::Durability;
 pub use log::{CommitJob, RecoveredQueue};
 pub use mailbox::{Completion, ConnEvent, Mailbox};
 pub use mesh::{Mesh, MeshEndpoint, MeshInbound, MeshOutbound, Origin, ShardMsg};
-pub use message::{DedupKey, Message};
+pub use message::{DedupHasher, DedupKey, Message, Route};
 pub use placement::{shard_of, ConnRef, ShardId};
 pub use queue::{Delivery, QueueSettings};
 pub use shard::{PublishStatus, QueueStats, Shard};
-pub use topology::{QueueInfo, Topology, TopologyError, TopologyStore, TopologyView};
+pub use topology::{
+    ChangeResult, QueueInfo, Topology, TopologyChange, TopologyError, TopologyStore, TopologyView,
+};
 pub use tracker::{DeliveryTracker, Outstanding};

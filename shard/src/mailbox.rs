@@ -79,13 +79,67 @@ impl Mailbox {
         self.closed.get()
     }
 
-    /// Registers the task to wake on the next event.
+    /// Registers the task to wake on the next event. The connection calls
+    /// this on every poll: the stored waker is kept when it already wakes the
+    /// same task, saving a clone and a drop.
     pub fn register(&self, waker: &Waker) {
-        self.waker.set(Some(waker.clone()));
+        match self.waker.take() {
+            Some(current) if current.will_wake(waker) => self.waker.set(Some(current)),
+            _ => self.waker.set(Some(waker.clone())),
+        }
     }
 
     /// Moves every pending event into `into`.
     pub fn drain_into(&self, into: &mut VecDeque<ConnEvent>) {
         into.append(&mut self.events.borrow_mut());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::task::Wake;
+
+    struct Counter(AtomicUsize);
+
+    impl Wake for Counter {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn wakes_the_task_registered_last_once_per_registration() {
+        let (a, b) = (
+            Arc::new(Counter(AtomicUsize::new(0))),
+            Arc::new(Counter(AtomicUsize::new(0))),
+        );
+        let (wa, wb) = (Waker::from(a.clone()), Waker::from(b.clone()));
+        let mailbox = Mailbox::default();
+        mailbox.register(&wa);
+        mailbox.register(&wa);
+        mailbox.push(ConnEvent::Completed {
+            seq: 1,
+            completion: Completion::Consumed,
+        });
+        mailbox.wake();
+        assert_eq!(
+            a.0.load(Ordering::SeqCst),
+            1,
+            "woken once, then unregistered"
+        );
+        mailbox.register(&wa);
+        mailbox.register(&wb);
+        mailbox.close();
+        assert_eq!(
+            (a.0.load(Ordering::SeqCst), b.0.load(Ordering::SeqCst)),
+            (1, 1)
+        );
+        assert!(mailbox.is_closed());
+        let mut events = VecDeque::new();
+        mailbox.drain_into(&mut events);
+        assert_eq!(events.len(), 1);
     }
 }

@@ -129,6 +129,7 @@ impl Mesh {
                     shard: i as ShardId,
                     peers: peers.clone(),
                     pending: (0..shards).map(|_| Vec::new()).collect(),
+                    last_batch: vec![0; shards],
                 },
                 inbound: MeshInbound {
                     rx,
@@ -148,12 +149,22 @@ pub struct MeshEndpoint {
     pub inbound: MeshInbound,
 }
 
+/// Largest capacity a new batch reserves up front (messages).
+const BATCH_RESERVE_CAP: usize = 1024;
+
 /// Buffers messages per peer and sends them in batches.
 #[derive(Debug)]
 pub struct MeshOutbound {
+    /// The shard this endpoint belongs to.
     shard: ShardId,
+    /// Every shard's channel and waker, by shard id.
     peers: Vec<Peer>,
+    /// Messages waiting for the next flush, per peer. A sent batch leaves
+    /// with its allocation, so each batch is a new `Vec`.
     pending: Vec<Vec<ShardMsg>>,
+    /// Length of the last batch sent to each peer: the next one reserves that
+    /// much (up to [`BATCH_RESERVE_CAP`]) instead of growing step by step.
+    last_batch: Vec<usize>,
 }
 
 impl MeshOutbound {
@@ -170,7 +181,11 @@ impl MeshOutbound {
     /// Buffers `msg` for shard `to`; it leaves on the next [`MeshOutbound::flush`].
     #[inline]
     pub fn send(&mut self, to: ShardId, msg: ShardMsg) {
-        self.pending[to as usize].push(msg);
+        let batch = &mut self.pending[to as usize];
+        if batch.capacity() == 0 {
+            batch.reserve(self.last_batch[to as usize]);
+        }
+        batch.push(msg);
     }
 
     /// Whether anything waits for [`MeshOutbound::flush`].
@@ -185,6 +200,7 @@ impl MeshOutbound {
                 continue;
             }
             let batch = std::mem::take(batch);
+            self.last_batch[to] = batch.len().min(BATCH_RESERVE_CAP);
             let peer = &self.peers[to];
             // The receiver lives as long as the broker; a send only fails during
             // shutdown, when dropping the batch is what we want.
@@ -248,5 +264,30 @@ mod tests {
             }
             other => panic!("expected a batch, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_batch_reserves_the_size_of_the_last_one() {
+        let mut mesh = Mesh::build(2);
+        let b = mesh.pop().unwrap();
+        let mut a = mesh.pop().unwrap();
+        let closed = |id| ShardMsg::ConnClosed {
+            conn: ConnRef { shard: 0, id },
+        };
+        for id in 0..100 {
+            a.outbound.send(1, closed(id));
+        }
+        a.outbound.flush();
+        a.outbound.send(1, closed(100));
+        assert!(a.outbound.pending[1].capacity() >= 100);
+        a.outbound.flush();
+        let mut cx = Context::from_waker(Waker::noop());
+        let sizes: Vec<usize> = std::iter::from_fn(|| match b.inbound.poll_recv(&mut cx) {
+            Poll::Ready(Some(batch)) => Some(batch.len()),
+            _ => None,
+        })
+        .collect();
+        assert_eq!(sizes, [100, 1]);
+        assert!(!a.outbound.has_pending());
     }
 }

@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::message::{DedupKey, Message};
+use crate::message::{DedupHasher, DedupKey, Message};
 use crate::placement::{ConnRef, ShardId};
 
 /// Limits every queue applies.
@@ -23,6 +23,8 @@ pub struct QueueSettings {
     pub dedup_window: Duration,
     /// How long a delivery may stay unacked before it is redelivered; `None`: forever.
     pub ack_wait: Option<Duration>,
+    /// The dedup hash key (kept in the data directory when durable).
+    pub dedup_hasher: DedupHasher,
 }
 
 impl Default for QueueSettings {
@@ -32,6 +34,7 @@ impl Default for QueueSettings {
             max_deliveries: 10,
             dedup_window: Duration::from_secs(120),
             ack_wait: None,
+            dedup_hasher: DedupHasher::random(),
         }
     }
 }
@@ -93,6 +96,13 @@ struct Consumer {
 }
 
 #[derive(Debug, Clone, Copy)]
+struct Expiring {
+    until: Instant,
+    key: DedupKey,
+    holder: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
 enum DedupState {
     Stored,
     AckedUntil(Instant),
@@ -107,12 +117,13 @@ pub struct Queue {
     ready: VecDeque<Entry>,
     /// Redeliveries, served before `ready`, oldest first.
     requeued: BTreeMap<u64, Entry>,
-    unacked: HashMap<u64, Inflight>,
+    unacked: HashMap<u64, Inflight, crate::hashers::BuildIntHasher>,
     consumers: Vec<Consumer>,
     next_consumer: usize,
-    dedup: HashMap<DedupKey, DedupState>,
-    /// Acked keys in expiry order.
-    expiring: VecDeque<(Instant, DedupKey)>,
+    dedup: HashMap<DedupKey, DedupState, crate::hashers::BuildPassThroughHasher>,
+    /// Acked keys in expiry order, with the sequence number whose log
+    /// segment holds the evidence (the message, or a carried dedup record).
+    expiring: VecDeque<Expiring>,
     /// Delivery deadlines in delivery order (stale entries skipped lazily).
     deadlines: VecDeque<(Instant, u64)>,
 }
@@ -126,10 +137,10 @@ impl Queue {
             next_seq: 0,
             ready: VecDeque::new(),
             requeued: BTreeMap::new(),
-            unacked: HashMap::new(),
+            unacked: HashMap::default(),
             consumers: Vec::new(),
             next_consumer: 0,
-            dedup: HashMap::new(),
+            dedup: HashMap::default(),
             expiring: VecDeque::new(),
             deadlines: VecDeque::new(),
         }
@@ -156,7 +167,7 @@ impl Queue {
     }
 
     fn expire_dedup(&mut self, now: Instant) {
-        while let Some(&(until, key)) = self.expiring.front() {
+        while let Some(&Expiring { until, key, .. }) = self.expiring.front() {
             if until > now {
                 break;
             }
@@ -169,10 +180,43 @@ impl Queue {
         }
     }
 
-    fn forget(&mut self, key: DedupKey, now: Instant, settings: &QueueSettings) {
+    fn forget(&mut self, entry: &Entry, now: Instant, settings: &QueueSettings) {
+        let key = entry.msg.dedup_key(&settings.dedup_hasher);
         let until = now + settings.dedup_window;
         self.dedup.insert(key, DedupState::AckedUntil(until));
-        self.expiring.push_back((until, key));
+        self.expiring.push_back(Expiring {
+            until,
+            key,
+            holder: entry.seq,
+        });
+    }
+
+    /// Collects the ids acked within the dedup window whose evidence is in
+    /// log segments below sequence number `below` (about to be deleted), as
+    /// (key, Unix ms of the ack), and marks them as now held at `holder` (the
+    /// active segment, where the caller writes them). Linear in the window.
+    pub fn carry_dedup(
+        &mut self,
+        below: u64,
+        holder: u64,
+        now: Instant,
+        now_unix_ms: u64,
+        settings: &QueueSettings,
+        out: &mut Vec<(DedupKey, u64)>,
+    ) {
+        let window_ms = settings.dedup_window.as_millis() as u64;
+        for e in self.expiring.iter_mut() {
+            if e.holder >= below || e.until <= now {
+                continue;
+            }
+            // A key acked again later has a newer entry; only the live one counts.
+            if !matches!(self.dedup.get(&e.key), Some(DedupState::AckedUntil(t)) if *t == e.until) {
+                continue;
+            }
+            let left_ms = e.until.saturating_duration_since(now).as_millis() as u64;
+            out.push((e.key, (now_unix_ms + left_ms).saturating_sub(window_ms)));
+            e.holder = holder;
+        }
     }
 
     /// Stores a published message unless it is a duplicate or the queue is full.
@@ -183,7 +227,7 @@ impl Queue {
         settings: &QueueSettings,
     ) -> Result<Enqueued, QueueFull> {
         self.expire_dedup(now);
-        let key = msg.dedup_key();
+        let key = msg.dedup_key(&settings.dedup_hasher);
         if self.dedup.contains_key(&key) {
             return Ok(Enqueued::Duplicate);
         }
@@ -225,7 +269,7 @@ impl Queue {
         shard: ShardId,
         next_seq: u64,
         messages: impl IntoIterator<Item = Entry>,
-        acked: &[(DedupKey, u64)],
+        acked: &[(DedupKey, u64, u64)],
         settings: &QueueSettings,
         now: Instant,
         now_unix_ms: u64,
@@ -233,31 +277,34 @@ impl Queue {
         let mut q = Queue::new(name, shard);
         q.next_seq = next_seq;
         for entry in messages {
-            q.dedup.insert(entry.msg.dedup_key(), DedupState::Stored);
+            q.dedup.insert(
+                entry.msg.dedup_key(&settings.dedup_hasher),
+                DedupState::Stored,
+            );
             q.ready.push_back(entry);
         }
         let window_ms = settings.dedup_window.as_millis() as u64;
-        let mut recent: Vec<(u64, DedupKey)> = acked
+        let mut recent: Vec<(u64, DedupKey, u64)> = acked
             .iter()
-            .filter(|(key, at)| at + window_ms > now_unix_ms && !q.dedup.contains_key(key))
-            .map(|(key, at)| (*at, *key))
+            .filter(|(key, at, _)| at + window_ms > now_unix_ms && !q.dedup.contains_key(key))
+            .map(|(key, at, holder)| (*at, *key, *holder))
             .collect();
-        recent.sort_unstable_by_key(|(at, _)| *at);
-        for (at, key) in recent {
+        recent.sort_unstable_by_key(|(at, _, _)| *at);
+        for (at, key, holder) in recent {
             let until = now + Duration::from_millis(at + window_ms - now_unix_ms);
             q.dedup.insert(key, DedupState::AckedUntil(until));
-            q.expiring.push_back((until, key));
+            q.expiring.push_back(Expiring { until, key, holder });
         }
         q
     }
 
     /// Drops messages whose log write failed (they were refused with
     /// `storage`), so a retry stores them again instead of being deduplicated.
-    pub fn discard_unwritten(&mut self, seqs: &[u64]) {
+    pub fn discard_unwritten(&mut self, seqs: &[u64], settings: &QueueSettings) {
         for seq in seqs {
             if let Some(i) = self.ready.iter().position(|e| e.seq == *seq) {
                 if let Some(e) = self.ready.remove(i) {
-                    self.dedup.remove(&e.msg.dedup_key());
+                    self.dedup.remove(&e.msg.dedup_key(&settings.dedup_hasher));
                 }
             }
         }
@@ -276,7 +323,7 @@ impl Queue {
                 None => self.ready.pop_front()?,
             };
             if entry.deliveries >= settings.max_deliveries {
-                self.forget(entry.msg.dedup_key(), now, settings);
+                self.forget(&entry, now, settings);
                 dead.push(entry);
                 continue;
             }
@@ -376,7 +423,7 @@ impl Queue {
             return false;
         };
         self.release(conn);
-        self.forget(inflight.entry.msg.dedup_key(), now, settings);
+        self.forget(&inflight.entry, now, settings);
         true
     }
 
@@ -410,7 +457,7 @@ impl Queue {
         dead: &mut Vec<Entry>,
     ) {
         if entry.deliveries >= settings.max_deliveries {
-            self.forget(entry.msg.dedup_key(), now, settings);
+            self.forget(&entry, now, settings);
             dead.push(entry);
         } else {
             self.requeued.insert(entry.seq, entry);
@@ -503,6 +550,7 @@ mod tests {
             max_deliveries: 2,
             dedup_window: Duration::from_secs(10),
             ack_wait: None,
+            dedup_hasher: DedupHasher::random(),
         }
     }
 
@@ -546,6 +594,48 @@ mod tests {
             q.enqueue(msg("m1", "s1"), t0 + Duration::from_secs(11), &s),
             Ok(Enqueued::Stored(2))
         );
+    }
+
+    #[test]
+    fn acked_ids_below_a_deleted_segment_are_carried_once_and_survive_a_restore() {
+        let s = QueueSettings {
+            max_len: 100,
+            ..settings()
+        };
+        let t0 = Instant::now();
+        let mut q = Queue::new(Arc::from("q"), 0);
+        for id in ["a", "b", "c"] {
+            q.enqueue(msg(id, "s1"), t0, &s).unwrap();
+        }
+        let mut out = Vec::new();
+        q.fetch(conn(1), 3, &s, t0, &mut out, &mut Vec::new());
+        for d in &out {
+            assert!(q.ack(d.seq, conn(1), t0, &s));
+        }
+        // Segments below seq 2 go: a and b are carried to the segment at 5.
+        let mut carried = Vec::new();
+        q.carry_dedup(2, 5, t0, 1_000_000, &s, &mut carried);
+        assert_eq!(carried.len(), 2);
+        assert!(carried.iter().all(|(_, at)| *at == 1_000_000));
+        carried.clear();
+        q.carry_dedup(2, 5, t0, 1_000_000, &s, &mut carried);
+        assert!(carried.is_empty(), "already held by a surviving segment");
+        // Past the window nothing is carried.
+        q.carry_dedup(
+            9,
+            9,
+            t0 + Duration::from_secs(11),
+            1_011_000,
+            &s,
+            &mut carried,
+        );
+        assert!(carried.is_empty());
+
+        // A restart within the window: a carried id is still a duplicate.
+        let a = (s.dedup_hasher.key("s1", "a"), 1_000_000, 5);
+        let mut r = Queue::restore(Arc::from("q"), 0, 3, [], &[a], &s, t0, 1_004_000);
+        assert_eq!(r.enqueue(msg("a", "s1"), t0, &s), Ok(Enqueued::Duplicate));
+        assert_eq!(r.enqueue(msg("b", "s1"), t0, &s), Ok(Enqueued::Stored(3)));
     }
 
     #[test]

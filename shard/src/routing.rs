@@ -1,8 +1,10 @@
 //! Matching a routing key against an exchange's bindings.
 //!
-//! Direct: a hash lookup. Fanout: every bound queue. Topic: a trie of
-//! dot-separated words where `*` matches exactly one word and `#` zero or more,
-//! so matching costs the key's length, not the number of bindings.
+//! Direct: a hash lookup. Fanout: every bound queue (kept deduplicated at
+//! bind time). Topic: a trie of dot-separated words where `*` matches exactly
+//! one word and `#` zero or more, so matching costs the key's length, not the
+//! number of bindings; a queue matched by several patterns is kept once, in
+//! the order of its first match.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -26,7 +28,11 @@ pub struct Exchange {
     kind: ExchangeKind,
     /// Every (binding key, target), for status and rebuilds.
     bindings: Vec<(Box<str>, Target)>,
+    /// Direct: the targets of each binding key.
     direct: HashMap<Box<str>, Vec<Target>>,
+    /// Fanout: each bound queue once, in the order of its first binding.
+    fanout: Vec<Target>,
+    /// Topic: the binding patterns as a trie.
     topic: TopicNode,
 }
 
@@ -37,6 +43,7 @@ impl Exchange {
             kind,
             bindings: Vec::new(),
             direct: HashMap::new(),
+            fanout: Vec::new(),
             topic: TopicNode::default(),
         }
     }
@@ -63,7 +70,11 @@ impl Exchange {
         self.bindings.push((key.into(), target.clone()));
         match self.kind {
             ExchangeKind::Direct => self.direct.entry(key.into()).or_default().push(target),
-            ExchangeKind::Fanout => {}
+            ExchangeKind::Fanout => {
+                if !self.fanout.iter().any(|t| t.queue == target.queue) {
+                    self.fanout.push(target);
+                }
+            }
             ExchangeKind::Topic => self.topic.insert(key.split('.'), target),
         }
         true
@@ -71,37 +82,61 @@ impl Exchange {
 
     /// Appends the queues `key` routes to; each queue at most once.
     pub fn route(&self, key: &str, out: &mut Vec<Target>) {
-        let start = out.len();
         match self.kind {
             ExchangeKind::Direct => {
+                // A direct key binds each queue at most once (`bind` refuses repeats).
                 if let Some(targets) = self.direct.get(key) {
                     out.extend(targets.iter().cloned());
                 }
-                return;
             }
-            ExchangeKind::Fanout => {
-                for (_, t) in &self.bindings {
-                    if !out[start..].iter().any(|o| o.queue == t.queue) {
-                        out.push(t.clone());
-                    }
-                }
-                return;
-            }
+            ExchangeKind::Fanout => out.extend(self.fanout.iter().cloned()),
             ExchangeKind::Topic => {
+                let start = out.len();
                 let words: Vec<&str> = key.split('.').collect();
                 self.topic.collect(&words, out);
-            }
-        }
-        // Several patterns may match one queue: deliver once.
-        let mut i = start;
-        while i < out.len() {
-            if out[start..i].iter().any(|o| o.queue == out[i].queue) {
-                out.swap_remove(i);
-            } else {
-                i += 1;
+                // Several patterns may match one queue: deliver once.
+                dedup_queues(out, start);
             }
         }
     }
+}
+
+/// Matches up to this many are deduplicated pairwise; more are sorted.
+const PAIRWISE_DEDUP_MAX: usize = 16;
+
+/// Removes from `out[start..]` every target whose queue appeared earlier in
+/// that range, keeping the first occurrences in order. Pairwise for the usual
+/// handful of matches, O(n log n) beyond.
+fn dedup_queues(out: &mut Vec<Target>, start: usize) {
+    let found = out.len() - start;
+    if found < 2 {
+        return;
+    }
+    let mut keep = vec![true; found];
+    if found <= PAIRWISE_DEDUP_MAX {
+        let matched = &out[start..];
+        for i in 1..found {
+            keep[i] = !matched[..i].iter().any(|o| o.queue == matched[i].queue);
+        }
+    } else {
+        // Stable by name, so within a run of one queue the first match leads.
+        let matched = &out[start..];
+        let mut order: Vec<usize> = (0..found).collect();
+        order.sort_by(|&a, &b| matched[a].queue.cmp(&matched[b].queue));
+        for pair in order.windows(2) {
+            if matched[pair[0]].queue == matched[pair[1]].queue {
+                keep[pair[1]] = false;
+            }
+        }
+    }
+    let mut kept = start;
+    for (i, keep) in keep.into_iter().enumerate() {
+        if keep {
+            out.swap(kept, start + i);
+            kept += 1;
+        }
+    }
+    out.truncate(kept);
 }
 
 /// A node of the topic trie.
@@ -220,5 +255,58 @@ mod tests {
         ex.bind("a.*", t("q"));
         ex.bind("a.#", t("q"));
         assert_eq!(routed(&ex, "a.b"), ["q"]);
+    }
+
+    #[test]
+    fn route_appends_after_what_out_already_holds() {
+        let mut ex = Exchange::new(ExchangeKind::Topic);
+        ex.bind("a.*", t("q"));
+        ex.bind("a.#", t("q"));
+        let mut out = vec![t("q")];
+        ex.route("a.b", &mut out);
+        assert_eq!(
+            out,
+            [t("q"), t("q")],
+            "dedup covers this route's matches only"
+        );
+    }
+
+    /// Many patterns over few queues: first matches kept, in match order,
+    /// on both sides of the pairwise/sorted threshold.
+    #[test]
+    fn dedup_keeps_first_matches_in_order() {
+        for queues in [3, 40] {
+            let mut out = vec![t("before")];
+            for round in 0..3 {
+                for q in (0..queues).rev() {
+                    out.push(Target {
+                        queue: Arc::from(format!("q{q}")),
+                        shard: round,
+                    });
+                }
+            }
+            dedup_queues(&mut out, 1);
+            let names: Vec<String> = out.iter().map(|t| t.queue.to_string()).collect();
+            let mut expected = vec!["before".to_owned()];
+            expected.extend((0..queues).rev().map(|q| format!("q{q}")));
+            assert_eq!(names, expected, "{queues} queues");
+            assert!(out[1..].iter().all(|t| t.shard == 0), "first round kept");
+        }
+    }
+
+    #[test]
+    fn fanout_keeps_bind_order_with_many_queues() {
+        let mut ex = Exchange::new(ExchangeKind::Fanout);
+        for round in ["a", "b"] {
+            for q in 0..50 {
+                ex.bind(round, t(&format!("q{q}")));
+            }
+        }
+        let mut out = Vec::new();
+        ex.route("any", &mut out);
+        let names: Vec<String> = out.iter().map(|t| t.queue.to_string()).collect();
+        let expected: Vec<String> = (0..50).map(|q| format!("q{q}")).collect();
+        assert_eq!(names, expected);
+        assert_eq!(ex.bindings().count(), 100);
     }
 }

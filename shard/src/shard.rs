@@ -67,7 +67,7 @@ pub struct Shard {
     settings: QueueSettings,
     topology: TopologyView,
     queues: HashMap<Arc<str>, Queue>,
-    conns: HashMap<u64, Rc<Mailbox>>,
+    conns: HashMap<u64, Rc<Mailbox>, crate::hashers::BuildIntHasher>,
     next_conn: u64,
     out: MeshOutbound,
     targets: Vec<Target>,
@@ -91,7 +91,7 @@ impl Shard {
             settings,
             topology: TopologyView::new(store),
             queues: HashMap::new(),
-            conns: HashMap::new(),
+            conns: HashMap::default(),
             next_conn: 1,
             out,
             targets: Vec::new(),
@@ -148,9 +148,8 @@ impl Shard {
 
     /// Takes this round's commit jobs: one per dirty log.
     pub fn take_commit_jobs(&mut self, out: &mut Vec<CommitJob>) {
-        let queues = &self.queues;
         if let Some(d) = &mut self.durable {
-            d.take_jobs(|q| queues.get(q).map_or(0, Queue::next_seq), out);
+            d.take_jobs(&mut self.queues, &self.settings, Instant::now(), out);
         }
     }
 
@@ -160,7 +159,7 @@ impl Shard {
         let next_seq = self.queues.get(&*job.queue).map_or(0, Queue::next_seq);
         if !ok {
             if let Some(q) = self.queues.get_mut(&*job.queue) {
-                q.discard_unwritten(&job.message_seqs);
+                q.discard_unwritten(&job.message_seqs, &self.settings);
             }
         }
         let Some(d) = &mut self.durable else { return };
@@ -370,8 +369,9 @@ impl Shard {
             q.dispatch(&self.settings, now, &mut deliveries, &mut dead);
             if let (Some(d), false) = (&mut self.durable, deliveries.is_empty()) {
                 let log = d.log(q.name(), q.next_seq());
+                let at = unix_ms();
                 for (_, delivery) in &deliveries {
-                    log.append_delivered(delivery.seq, delivery.count);
+                    log.append_delivered(delivery.seq, delivery.count, at);
                 }
             }
         }
@@ -526,8 +526,9 @@ impl Shard {
             q.fetch(conn, max, &settings, now, &mut out, &mut dead);
             if let (Some(d), false) = (&mut self.durable, out.is_empty()) {
                 let log = d.log(q.name(), q.next_seq());
+                let at = unix_ms();
                 for delivery in &out {
-                    log.append_delivered(delivery.seq, delivery.count);
+                    log.append_delivered(delivery.seq, delivery.count, at);
                 }
             }
         }
@@ -618,8 +619,13 @@ impl Shard {
         }
     }
 
-    /// Redelivers deliveries unacked past `ack_wait`; call about once a second.
+    /// Redelivers deliveries unacked past `ack_wait`, and lets the committer
+    /// delete segments the metadata mirror has caught up with; call about once
+    /// a second.
     pub fn sweep(&mut self, now: Instant) {
+        if let Some(d) = &mut self.durable {
+            d.release_mirrored();
+        }
         if self.settings.ack_wait.is_none() {
             return;
         }

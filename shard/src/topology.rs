@@ -6,13 +6,21 @@
 //! single atomic load per publish. The snapshot is published before the
 //! declaring command is answered, so a publish sent after `OK bind …` sees
 //! the binding on every shard.
+//!
+//! With `topology.json`, clients' changes go through [`TopologyStore::submit`]:
+//! a saver thread applies them, writes the file (one fsync for everything
+//! that queued up meanwhile), and only then publishes the snapshot and
+//! answers, so no shard waits on the disk and nothing routes through a
+//! binding a crash could forget.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock, Weak};
 
 use ciphermq_proto::ExchangeKind;
+
+use crate::pending::{Pending, Resolver};
 
 use crate::placement::{shard_of, ShardId};
 use crate::routing::{Exchange, Target};
@@ -107,7 +115,49 @@ pub struct TopologyStore {
     writer: Mutex<()>,
     current: RwLock<Arc<Topology>>,
     version: AtomicU64,
+    /// Jobs for the saver thread, once started.
+    saver: OnceLock<crossbeam_channel::Sender<SaveJob>>,
 }
+
+/// A change a client asked for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TopologyChange {
+    /// `declare_queue`.
+    DeclareQueue {
+        /// Queue name.
+        name: String,
+        /// Its owner CN.
+        owner: String,
+    },
+    /// `declare_exchange`.
+    DeclareExchange {
+        /// Exchange name.
+        name: String,
+        /// Its type.
+        kind: ExchangeKind,
+    },
+    /// `bind`.
+    Bind {
+        /// Queue name.
+        queue: String,
+        /// Exchange name.
+        exchange: String,
+        /// Binding key.
+        key: String,
+    },
+}
+
+/// What a submitted change ends with.
+pub type ChangeResult = Result<(), TopologyError>;
+
+#[derive(Debug)]
+struct SaveJob {
+    change: TopologyChange,
+    done: Resolver<ChangeResult>,
+}
+
+/// Changes the saver thread may have queued at once.
+const SAVER_QUEUE: usize = 4096;
 
 impl TopologyStore {
     /// An empty topology for a broker of `shards` shards.
@@ -118,6 +168,7 @@ impl TopologyStore {
             writer: Mutex::new(()),
             current: RwLock::new(Arc::new(Topology::default())),
             version: AtomicU64::new(0),
+            saver: OnceLock::new(),
         }
     }
 
@@ -221,51 +272,184 @@ impl TopologyStore {
         Ok(store)
     }
 
-    /// Declares a queue owned by `owner` (idempotent); returns its placement.
-    pub fn declare_queue(&self, name: &str, owner: &str) -> Result<QueueInfo, TopologyError> {
-        let shards = self.shards;
-        self.change(|t| {
-            if let Some(existing) = t.queues.get(name) {
-                return Ok((existing.clone(), false));
+    /// Starts the thread that saves clients' changes, when the topology is
+    /// kept in a file. It ends when the store is dropped.
+    pub fn start_saver(self: &Arc<Self>) -> std::io::Result<()> {
+        if self.persist.is_none() || self.saver.get().is_some() {
+            return Ok(());
+        }
+        let (tx, rx) = crossbeam_channel::bounded::<SaveJob>(SAVER_QUEUE);
+        let store: Weak<TopologyStore> = Arc::downgrade(self);
+        std::thread::Builder::new()
+            .name("ciphermq-topology".into())
+            .spawn(move || {
+                while let Ok(first) = rx.recv() {
+                    let Some(store) = store.upgrade() else { return };
+                    let mut jobs = vec![first];
+                    jobs.extend(rx.try_iter());
+                    store.apply_saved(jobs);
+                }
+            })?;
+        let _ = self.saver.set(tx);
+        Ok(())
+    }
+
+    /// Applies `change`. With a saver thread the result resolves once the
+    /// change is on disk and visible to every shard (or was refused); without
+    /// one it is applied at once. Never blocks on I/O.
+    pub fn submit(&self, change: TopologyChange) -> Pending<ChangeResult> {
+        let Some(saver) = self.saver.get() else {
+            return Pending::ready(self.apply_now(&change));
+        };
+        let (pending, done) = crate::pending::pending();
+        if let Err(e) = saver.try_send(SaveJob { change, done }) {
+            let job = e.into_inner();
+            job.done.resolve(Err(TopologyError::Storage(
+                "topology writer busy or stopped; retry".into(),
+            )));
+        }
+        pending
+    }
+
+    fn apply_now(&self, change: &TopologyChange) -> ChangeResult {
+        match change {
+            TopologyChange::DeclareQueue { name, owner } => {
+                self.declare_queue(name, owner).map(|_| ())
             }
-            let info = QueueInfo {
-                name: Arc::from(name),
-                owner: Arc::from(owner),
-                shard: shard_of(owner, shards),
+            TopologyChange::DeclareExchange { name, kind } => self.declare_exchange(name, *kind),
+            TopologyChange::Bind {
+                queue,
+                exchange,
+                key,
+            } => self.bind(queue, exchange, key),
+        }
+    }
+
+    /// The saver thread's step: apply a batch of changes to a copy, save it
+    /// once, and only then publish it and answer.
+    fn apply_saved(&self, jobs: Vec<SaveJob>) {
+        let _writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut next = (*self.snapshot()).clone();
+        let mut results = Vec::with_capacity(jobs.len());
+        let mut any = false;
+        for job in &jobs {
+            let outcome = apply_change(&mut next, &job.change, self.shards);
+            any |= matches!(outcome, Ok(true));
+            results.push(outcome);
+        }
+        if any {
+            next.version += 1;
+            let version = next.version;
+            let saved = match &self.persist {
+                Some(path) => save(path, &next)
+                    .map_err(|e| TopologyError::Storage(format!("{}: {e}", path.display()))),
+                None => Ok(()),
             };
-            t.queues.insert(info.name.clone(), info.clone());
-            Ok((info, true))
+            if let Err(e) = saved {
+                // Nothing of this batch is published: every change in it
+                // that would have changed something is refused.
+                tracing::error!(error = %e, "topology not saved; changes refused");
+                for (job, outcome) in jobs.into_iter().zip(results) {
+                    job.done.resolve(match outcome {
+                        Ok(true) => Err(e.clone()),
+                        other => other.map(|_| ()),
+                    });
+                }
+                return;
+            }
+            *self.current.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(next);
+            self.version.store(version, Ordering::Release);
+        }
+        for (job, outcome) in jobs.into_iter().zip(results) {
+            job.done.resolve(outcome.map(|_| ()));
+        }
+    }
+
+    /// Declares a queue owned by `owner` (idempotent); returns its placement.
+    ///
+    /// Saves synchronously on the calling thread: for the broker's own rare
+    /// declares (dead-letter queues); clients' changes use [`Self::submit`].
+    pub fn declare_queue(&self, name: &str, owner: &str) -> Result<QueueInfo, TopologyError> {
+        let change = TopologyChange::DeclareQueue {
+            name: name.to_owned(),
+            owner: owner.to_owned(),
+        };
+        self.change(|t| {
+            let changed = apply_change(t, &change, self.shards)?;
+            let info = t
+                .queues
+                .get(name)
+                .cloned()
+                .ok_or_else(|| TopologyError::UnknownQueue(name.into()))?;
+            Ok((info, changed))
         })
     }
 
     /// Declares an exchange; the same type again is a no-op, another is an error.
     pub fn declare_exchange(&self, name: &str, kind: ExchangeKind) -> Result<(), TopologyError> {
-        self.change(|t| match t.exchanges.get(name) {
-            Some(ex) if ex.kind() == kind => Ok(((), false)),
-            Some(ex) => Err(TopologyError::KindMismatch {
-                name: name.into(),
-                existing: ex.kind(),
-            }),
-            None => {
-                t.exchanges
-                    .insert(Arc::from(name), Arc::new(Exchange::new(kind)));
-                Ok(((), true))
-            }
-        })
+        let change = TopologyChange::DeclareExchange {
+            name: name.to_owned(),
+            kind,
+        };
+        self.change(|t| Ok(((), apply_change(t, &change, self.shards)?)))
     }
 
     /// Binds a queue to an exchange with a key (idempotent).
     pub fn bind(&self, queue: &str, exchange: &str, key: &str) -> Result<(), TopologyError> {
-        self.change(|t| {
+        let change = TopologyChange::Bind {
+            queue: queue.to_owned(),
+            exchange: exchange.to_owned(),
+            key: key.to_owned(),
+        };
+        self.change(|t| Ok(((), apply_change(t, &change, self.shards)?)))
+    }
+}
+
+/// Applies one change to `t`; `Ok(true)` when it changed something.
+fn apply_change(
+    t: &mut Topology,
+    change: &TopologyChange,
+    shards: usize,
+) -> Result<bool, TopologyError> {
+    match change {
+        TopologyChange::DeclareQueue { name, owner } => {
+            if t.queues.contains_key(name.as_str()) {
+                return Ok(false);
+            }
+            let info = QueueInfo {
+                name: Arc::from(name.as_str()),
+                owner: Arc::from(owner.as_str()),
+                shard: shard_of(owner, shards),
+            };
+            t.queues.insert(info.name.clone(), info);
+            Ok(true)
+        }
+        TopologyChange::DeclareExchange { name, kind } => match t.exchanges.get(name.as_str()) {
+            Some(ex) if ex.kind() == *kind => Ok(false),
+            Some(ex) => Err(TopologyError::KindMismatch {
+                name: name.clone(),
+                existing: ex.kind(),
+            }),
+            None => {
+                t.exchanges
+                    .insert(Arc::from(name.as_str()), Arc::new(Exchange::new(*kind)));
+                Ok(true)
+            }
+        },
+        TopologyChange::Bind {
+            queue,
+            exchange,
+            key,
+        } => {
             let info = t
                 .queues
-                .get(queue)
-                .ok_or_else(|| TopologyError::UnknownQueue(queue.into()))?
+                .get(queue.as_str())
+                .ok_or_else(|| TopologyError::UnknownQueue(queue.clone()))?
                 .clone();
             let ex = t
                 .exchanges
-                .get_mut(exchange)
-                .ok_or_else(|| TopologyError::UnknownExchange(exchange.into()))?;
+                .get_mut(exchange.as_str())
+                .ok_or_else(|| TopologyError::UnknownExchange(exchange.clone()))?;
             let target = Target {
                 queue: info.name,
                 shard: info.shard,
@@ -274,11 +458,11 @@ impl TopologyStore {
                 .bindings()
                 .any(|(k, t)| k == key && t.queue == target.queue)
             {
-                return Ok(((), false));
+                return Ok(false);
             }
             Arc::make_mut(ex).bind(key, target);
-            Ok(((), true))
-        })
+            Ok(true)
+        }
     }
 }
 
@@ -390,6 +574,55 @@ mod tests {
         assert_eq!(a, b);
         assert_eq!(a.shard, shard_of("receiver_1", 4));
         assert_eq!(store.version(), 1);
+    }
+
+    fn wait<T>(mut p: Pending<T>) -> T {
+        for _ in 0..2000 {
+            if let Some(v) = p.try_take() {
+                return v;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        panic!("the saver never answered");
+    }
+
+    #[test]
+    fn submitted_changes_are_saved_off_the_caller_then_visible() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("topology.json");
+        let store = Arc::new(TopologyStore::open(path.clone(), 1).unwrap());
+        store.start_saver().unwrap();
+        let q = TopologyChange::DeclareQueue {
+            name: "q".into(),
+            owner: "r".into(),
+        };
+        let ex = TopologyChange::DeclareExchange {
+            name: "ex".into(),
+            kind: ExchangeKind::Direct,
+        };
+        let bind = TopologyChange::Bind {
+            queue: "q".into(),
+            exchange: "ex".into(),
+            key: "k".into(),
+        };
+        let (a, b, c) = (store.submit(q), store.submit(ex), store.submit(bind));
+        assert_eq!((wait(a), wait(b), wait(c)), (Ok(()), Ok(()), Ok(())));
+        let mut out = Vec::new();
+        assert!(store.snapshot().route("ex", "k", &mut out) && out.len() == 1);
+        let saved = std::fs::read_to_string(&path).unwrap();
+        assert!(
+            saved.contains("\"q\"") && saved.contains("\"k\""),
+            "{saved}"
+        );
+        let unknown = TopologyChange::Bind {
+            queue: "nope".into(),
+            exchange: "ex".into(),
+            key: "k".into(),
+        };
+        assert_eq!(
+            wait(store.submit(unknown)),
+            Err(TopologyError::UnknownQueue("nope".into()))
+        );
     }
 
     #[test]

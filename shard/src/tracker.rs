@@ -3,6 +3,7 @@
 //! and a closing connection find everything.
 
 use std::borrow::Borrow;
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
@@ -56,7 +57,12 @@ enum Slots {
 /// Every unacked delivery made to one connection.
 #[derive(Debug, Default)]
 pub struct DeliveryTracker {
+    /// Keyed by message id. Ids are chosen by publishers and a `fetch` may
+    /// put a whole queue here, so this map keeps std's keyed SipHash: with an
+    /// unkeyed hash a publisher could choose colliding ids and slow every
+    /// consumer of its messages down.
     by_id: HashMap<IdKey, Slots>,
+    /// Deliveries in `by_id`, counting each slot.
     len: usize,
 }
 
@@ -79,17 +85,22 @@ impl DeliveryTracker {
             seq: d.seq,
         };
         self.len += 1;
-        match self.by_id.get_mut(d.msg.message_id()) {
-            None => {
-                self.by_id.insert(IdKey(d.msg.clone()), Slots::One(entry));
+        // One hash of the id: the common case is a new id, which needs the key
+        // (an `Arc` clone) anyway.
+        match self.by_id.entry(IdKey(d.msg.clone())) {
+            Entry::Vacant(slot) => {
+                slot.insert(Slots::One(entry));
             }
-            Some(slots) => match slots {
-                Slots::Many(v) => v.push(entry),
-                Slots::One(first) => {
-                    let first = first.clone();
-                    *slots = Slots::Many(vec![first, entry]);
+            Entry::Occupied(mut slot) => {
+                let slots = slot.get_mut();
+                match slots {
+                    Slots::Many(v) => v.push(entry),
+                    Slots::One(first) => {
+                        let first = first.clone();
+                        *slots = Slots::Many(vec![first, entry]);
+                    }
                 }
-            },
+            }
         }
     }
 
@@ -173,5 +184,20 @@ mod tests {
         t.take_all(&mut out);
         assert_eq!(out.len(), 1);
         assert!(t.is_empty());
+    }
+
+    #[test]
+    fn one_id_from_many_queues_is_kept_per_queue() {
+        let mut t = DeliveryTracker::default();
+        for (i, q) in ["qa", "qb", "qc", "qa"].into_iter().enumerate() {
+            t.record(&delivery("m1", q, i as u64));
+        }
+        assert_eq!(t.len(), 4);
+        let mut out = Vec::new();
+        assert_eq!(t.take("m1", Some("qa"), &mut out), 2);
+        assert_eq!(out.iter().map(|o| o.seq).collect::<Vec<_>>(), [0, 3]);
+        assert_eq!(t.take("m1", None, &mut out), 2);
+        assert!(t.is_empty());
+        assert_eq!(t.take("m1", None, &mut out), 0);
     }
 }

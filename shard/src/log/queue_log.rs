@@ -8,9 +8,11 @@
 
 use std::collections::VecDeque;
 use std::path::PathBuf;
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
-use crate::log::record::{encode, Record};
+use crate::log::mirror::mirrored;
+use crate::log::record::{encode, DedupEntries, Record};
 use crate::log::recovery::RecoveredSegment;
 use crate::log::segment_path;
 use crate::message::Message;
@@ -66,6 +68,9 @@ pub struct QueueLog {
     waiters: Vec<u64>,
     message_seqs: Vec<u64>,
     in_flight: bool,
+    /// With the metadata mirror: the segment it is reading. Older ones only
+    /// may be deleted.
+    mirror: Option<Arc<AtomicU64>>,
 }
 
 impl QueueLog {
@@ -81,6 +86,7 @@ impl QueueLog {
             waiters: Vec::new(),
             message_seqs: Vec::new(),
             in_flight: false,
+            mirror: None,
         };
         log.open_segment(next_seq);
         log
@@ -112,6 +118,11 @@ impl QueueLog {
         log
     }
 
+    /// Holds fully acked segments until the metadata mirror has read them.
+    pub fn set_mirror(&mut self, cell: Arc<AtomicU64>) {
+        self.mirror = Some(cell);
+    }
+
     fn open_segment(&mut self, base: u64) {
         let path = segment_path(&self.dir, base);
         self.segments.push_back(Segment {
@@ -125,11 +136,25 @@ impl QueueLog {
 
     /// Appends a stored message.
     pub fn append_message(&mut self, seq: u64, msg: &Message) {
+        // A log made just after its first message took its number starts one
+        // too high: a segment's base must not exceed the messages it holds,
+        // or acks would not find it and it would never be deleted.
+        if let Some(active) = self.segments.back_mut() {
+            if seq < active.base && !active.created && self.written == 0 && self.pending.is_empty()
+            {
+                active.base = seq;
+                active.path = segment_path(&self.dir, seq);
+            }
+        }
+        let route = msg.route();
         encode(
             &Record::Message {
                 seq,
                 sender: msg.sender(),
                 message_id: msg.message_id(),
+                exchange: route.exchange,
+                routing_key: route.routing_key,
+                sent_at_ms: route.sent_at_ms,
                 body: msg.body(),
             },
             &mut self.pending,
@@ -149,9 +174,52 @@ impl QueueLog {
         }
     }
 
-    /// Appends the delivery count of `seq`, so a restart keeps counting.
-    pub fn append_delivered(&mut self, seq: u64, count: u32) {
-        encode(&Record::Delivered { seq, count }, &mut self.pending);
+    /// Appends the delivery count of `seq` and when it was delivered, so a
+    /// restart keeps counting and the metadata mirror learns the time.
+    pub fn append_delivered(&mut self, seq: u64, count: u32, delivered_at_ms: u64) {
+        encode(
+            &Record::Delivered {
+                seq,
+                count,
+                delivered_at_ms,
+            },
+            &mut self.pending,
+        );
+    }
+
+    /// When the next job would delete segments: the first sequence number
+    /// that survives them (the ids acked within the dedup window whose
+    /// evidence lies below it must be carried first). `None` while a job is
+    /// in flight or nothing is deletable.
+    pub fn deletion_bound(&self) -> Option<u64> {
+        if self.in_flight {
+            return None;
+        }
+        let n = self.deletable();
+        (n > 0)
+            .then(|| self.segments.get(n).map(|s| s.base))
+            .flatten()
+    }
+
+    /// The base of the segment appends go to.
+    pub fn active_base(&self) -> u64 {
+        self.segments.back().map_or(0, |s| s.base)
+    }
+
+    /// Appends dedup entries carried over from segments about to be deleted.
+    /// The job that deletes them writes and syncs these first.
+    pub fn append_dedup(&mut self, entries: &[(crate::DedupKey, u64)]) {
+        // Chunks well below the record size limit.
+        const PER_RECORD: usize = 1 << 16;
+        let mut packed = Vec::new();
+        for chunk in entries.chunks(PER_RECORD) {
+            packed.clear();
+            let raw: Vec<(u128, u64)> = chunk.iter().map(|(k, at)| (k.0, *at)).collect();
+            DedupEntries::pack(&raw, &mut packed);
+            if let Some(e) = DedupEntries::new(&packed) {
+                encode(&Record::Dedup(e), &mut self.pending);
+            }
+        }
     }
 
     /// Completes `ticket` at the next commit (after everything appended so far).
@@ -160,12 +228,25 @@ impl QueueLog {
     }
 
     fn deletable(&self) -> usize {
-        // Oldest first, never the active segment.
+        // Oldest first, never the active segment, never one the mirror has
+        // not read yet.
         self.segments
             .iter()
             .take(self.segments.len().saturating_sub(1))
-            .take_while(|s| s.live == 0)
+            .take_while(|s| s.live == 0 && self.mirror.as_ref().is_none_or(|m| mirrored(m, s.base)))
             .count()
+    }
+
+    /// Whether a fully acked segment waits only for the mirror.
+    pub fn held_by_mirror(&self) -> bool {
+        let Some(mirror) = &self.mirror else {
+            return false;
+        };
+        self.segments.len() > 1
+            && self
+                .segments
+                .front()
+                .is_some_and(|s| s.live == 0 && !mirrored(mirror, s.base))
     }
 
     /// Whether there is something to commit, even if a job is in flight.
@@ -261,6 +342,15 @@ mod tests {
     }
 
     #[test]
+    fn a_log_made_after_its_first_message_took_its_number_starts_at_it() {
+        let q: Arc<str> = Arc::from("q");
+        let mut log = QueueLog::new(PathBuf::from("/d/q"), 1 << 20, 1);
+        log.append_message(0, &msg("a"));
+        let job = log.take_job(&q, 1).unwrap();
+        assert!(job.path.ends_with("segment-00000000000000000000.log"));
+    }
+
+    #[test]
     fn full_segments_roll_and_are_deleted_once_acked() {
         let q: Arc<str> = Arc::from("q");
         let mut log = QueueLog::new(PathBuf::from("/d/q"), 10, 0);
@@ -278,5 +368,30 @@ mod tests {
             job.delete,
             vec![PathBuf::from("/d/q/segment-00000000000000000000.log")]
         );
+    }
+
+    #[test]
+    fn the_mirror_holds_acked_segments_until_it_has_read_them() {
+        let q: Arc<str> = Arc::from("q");
+        let cell = Arc::new(AtomicU64::new(0));
+        let mut log = QueueLog::new(PathBuf::from("/d/q"), 10, 0);
+        log.set_mirror(cell.clone());
+        log.append_message(0, &msg("a"));
+        let job = log.take_job(&q, 1).unwrap();
+        log.job_done(&job, true, 1);
+        log.append_message(1, &msg("b"));
+        let job = log.take_job(&q, 2).unwrap();
+        log.job_done(&job, true, 2);
+        log.append_ack(0, 1);
+        let job = log.take_job(&q, 2).unwrap();
+        assert!(job.delete.is_empty(), "the mirror has not read segment 0");
+        log.job_done(&job, true, 2);
+        assert!(log.held_by_mirror());
+        assert_eq!(log.deletion_bound(), None);
+        cell.store(1, std::sync::atomic::Ordering::Release);
+        assert!(!log.held_by_mirror() && log.is_dirty());
+        assert_eq!(log.deletion_bound(), Some(1));
+        let job = log.take_job(&q, 2).unwrap();
+        assert_eq!(job.delete.len(), 1);
     }
 }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use crate::log::record::{decode, Decoded, Record};
 use crate::log::segment_base;
-use crate::message::{DedupKey, Message};
+use crate::message::{DedupHasher, DedupKey, Message, Route};
 
 /// A segment found on disk.
 #[derive(Debug, Clone)]
@@ -44,9 +44,10 @@ pub struct RecoveredQueue {
     pub next_seq: u64,
     /// Segments in base order.
     pub segments: Vec<RecoveredSegment>,
-    /// Acked messages still on disk, with their ack time (Unix ms): the dedup
-    /// window outlives a restart for them.
-    pub acked: Vec<(DedupKey, u64)>,
+    /// Acked ids with their ack time (Unix ms) and the sequence number whose
+    /// segment holds that evidence (the message's own, or the segment of a
+    /// carried dedup record): the dedup window outlives a restart.
+    pub acked: Vec<(DedupKey, u64, u64)>,
     /// Damage found: file, offset and what was wrong. Never served.
     pub problems: Vec<String>,
 }
@@ -54,7 +55,7 @@ pub struct RecoveredQueue {
 /// Reads every segment of the queue in `dir`. A torn tail of the last segment
 /// is truncated (it was never acknowledged); corrupt records are reported and
 /// skipped.
-pub fn recover_queue(dir: &Path) -> io::Result<RecoveredQueue> {
+pub fn recover_queue(dir: &Path, hasher: &DedupHasher) -> io::Result<RecoveredQueue> {
     let mut bases: Vec<(u64, PathBuf)> = Vec::new();
     for entry in fs::read_dir(dir)? {
         let entry = entry?;
@@ -80,21 +81,34 @@ pub fn recover_queue(dir: &Path) -> io::Result<RecoveredQueue> {
                             seq,
                             sender,
                             message_id,
+                            exchange,
+                            routing_key,
+                            sent_at_ms,
                             body,
                         } => {
                             let sender = senders
                                 .entry(sender.to_owned())
                                 .or_insert_with(|| Arc::from(sender))
                                 .clone();
-                            live.insert(seq, (Message::new(message_id, body, sender), 0, index));
+                            let route = Route {
+                                exchange,
+                                routing_key,
+                                sent_at_ms,
+                            };
+                            let msg = Message::published(message_id, body, sender, route);
+                            live.insert(seq, (msg, 0, index));
                             out.next_seq = out.next_seq.max(seq + 1);
                         }
                         Record::Ack { seq, acked_at_ms } => {
                             if let Some((msg, _, _)) = live.remove(&seq) {
-                                out.acked.push((msg.dedup_key(), acked_at_ms));
+                                out.acked.push((msg.dedup_key(hasher), acked_at_ms, seq));
                             }
                         }
-                        Record::Delivered { seq, count } => {
+                        Record::Dedup(entries) => {
+                            out.acked
+                                .extend(entries.iter().map(|(key, at)| (DedupKey(key), at, base)));
+                        }
+                        Record::Delivered { seq, count, .. } => {
                             if let Some(entry) = live.get_mut(&seq) {
                                 entry.1 = entry.1.max(count);
                             }
@@ -156,7 +170,7 @@ fn truncate(path: &Path, len: u64) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::log::record::encode;
+    use crate::log::record::{encode, DedupEntries};
     use crate::log::segment_path;
 
     fn msg(seq: u64, id: &str) -> Record<'_> {
@@ -164,6 +178,9 @@ mod tests {
             seq,
             sender: "s1",
             message_id: id,
+            exchange: "e",
+            routing_key: "k",
+            sent_at_ms: 1,
             body: "{}",
         }
     }
@@ -180,12 +197,18 @@ mod tests {
     #[test]
     fn restores_unacked_in_order_with_counts() {
         let dir = tempfile::tempdir().unwrap();
+        let mut carried = Vec::new();
+        DedupEntries::pack(&[(99, 4)], &mut carried);
         write(
             &segment_path(dir.path(), 0),
             &[
                 msg(0, "a"),
                 msg(1, "b"),
-                Record::Delivered { seq: 1, count: 2 },
+                Record::Delivered {
+                    seq: 1,
+                    count: 2,
+                    delivered_at_ms: 3,
+                },
                 Record::Ack {
                     seq: 0,
                     acked_at_ms: 5,
@@ -194,9 +217,17 @@ mod tests {
         );
         write(
             &segment_path(dir.path(), 2),
-            &[msg(2, "c"), Record::Delivered { seq: 2, count: 1 }],
+            &[
+                msg(2, "c"),
+                Record::Delivered {
+                    seq: 2,
+                    count: 1,
+                    delivered_at_ms: 3,
+                },
+                Record::Dedup(DedupEntries::new(&carried).unwrap()),
+            ],
         );
-        let q = recover_queue(dir.path()).unwrap();
+        let q = recover_queue(dir.path(), &DedupHasher::random()).unwrap();
         let got: Vec<_> = q
             .messages
             .iter()
@@ -204,7 +235,13 @@ mod tests {
             .collect();
         assert_eq!(got, [(1, "b".into(), 2), (2, "c".into(), 1)]);
         assert_eq!(q.next_seq, 3);
-        assert_eq!(q.acked.len(), 1);
+        assert_eq!(q.acked.len(), 2);
+        assert_eq!((q.acked[0].1, q.acked[0].2), (5, 0), "acked message 0");
+        assert_eq!(
+            q.acked[1],
+            (DedupKey(99), 4, 2),
+            "carried, held by segment 2"
+        );
         assert_eq!(
             q.segments.iter().map(|s| s.live).collect::<Vec<_>>(),
             [1, 1]
@@ -218,7 +255,7 @@ mod tests {
         let path = segment_path(dir.path(), 0);
         let buf = write(&path, &[msg(0, "a"), msg(1, "b")]);
         fs::write(&path, &buf[..buf.len() - 3]).unwrap();
-        let q = recover_queue(dir.path()).unwrap();
+        let q = recover_queue(dir.path(), &DedupHasher::random()).unwrap();
         assert_eq!(q.messages.len(), 1);
         assert_eq!(q.problems.len(), 1);
         assert!(q.problems[0].contains("torn tail"));
@@ -233,7 +270,7 @@ mod tests {
         let second = buf.len() / 2; // inside the second record
         buf[second] ^= 0x01;
         fs::write(&path, &buf).unwrap();
-        let q = recover_queue(dir.path()).unwrap();
+        let q = recover_queue(dir.path(), &DedupHasher::random()).unwrap();
         let ids: Vec<_> = q
             .messages
             .iter()

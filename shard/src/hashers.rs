@@ -1,0 +1,187 @@
+//! Hash functions for maps whose keys no client chooses.
+//!
+//! std's default, SipHash-1-3 with a random key, resists collision flooding
+//! but costs tens of nanoseconds per lookup, and the delivery path does
+//! several lookups per message. Two kinds of keys do not need that protection:
+//!
+//! - numbers the broker assigns itself (queue sequence numbers, connection
+//!   ids): a client cannot pick them, so it cannot make them collide. They get
+//!   [`IntHasher`], one multiplication.
+//! - keys that already are the output of a keyed hash ([`DedupKey`], a
+//!   SipHash-1-3 of sender and id under a secret key): their bits are uniform
+//!   and unpredictable, so hashing them again adds nothing. They get
+//!   [`PassThroughHasher`], which uses the low 64 bits as they are.
+//!
+//! Maps keyed by bytes a client chooses (queue names, message ids) keep the
+//! std hasher.
+//!
+//! [`DedupKey`]: crate::message::DedupKey
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+/// The 64-bit golden-ratio constant (odd, so multiplying by it is a bijection).
+const GOLDEN: u64 = 0x9e37_79b9_7f4a_7c15;
+
+/// Hashes broker-assigned integers with one multiplication.
+///
+/// The product's low bits are a bijection of the key's low bits, so
+/// consecutive keys land in distinct buckets; its high bits (which the std map
+/// uses as a tag inside a bucket group) depend on every bit of the key.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct IntHasher(u64);
+
+impl Hasher for IntHasher {
+    #[inline]
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    /// Byte strings are folded eight bytes at a time; only integer keys are
+    /// expected here.
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) {
+        let mut chunks = bytes.chunks_exact(8);
+        for chunk in &mut chunks {
+            let mut word = [0u8; 8];
+            word.copy_from_slice(chunk);
+            self.write_u64(u64::from_le_bytes(word));
+        }
+        let rest = chunks.remainder();
+        if !rest.is_empty() {
+            let mut word = [0u8; 8];
+            word[..rest.len()].copy_from_slice(rest);
+            self.write_u64(u64::from_le_bytes(word) ^ ((rest.len() as u64) << 56));
+        }
+    }
+
+    #[inline]
+    fn write_u8(&mut self, n: u8) {
+        self.write_u64(u64::from(n));
+    }
+
+    #[inline]
+    fn write_u16(&mut self, n: u16) {
+        self.write_u64(u64::from(n));
+    }
+
+    #[inline]
+    fn write_u32(&mut self, n: u32) {
+        self.write_u64(u64::from(n));
+    }
+
+    #[inline]
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(GOLDEN);
+    }
+
+    #[inline]
+    fn write_usize(&mut self, n: usize) {
+        self.write_u64(n as u64);
+    }
+}
+
+/// Uses a key that is already a uniformly random hash as its own hash.
+///
+/// Only for such keys: the first `u64` or `u128` written keeps its low 64 bits
+/// as they are. Anything after it, and byte strings, are mixed as by
+/// [`IntHasher`], so a wrong use is slow, never incorrect.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct PassThroughHasher {
+    /// The hash so far.
+    state: IntHasher,
+    /// Something was written: further words are mixed in.
+    written: bool,
+}
+
+impl Hasher for PassThroughHasher {
+    #[inline]
+    fn finish(&self) -> u64 {
+        self.state.finish()
+    }
+
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) {
+        self.written = true;
+        self.state.write(bytes);
+    }
+
+    #[inline]
+    fn write_u64(&mut self, n: u64) {
+        if self.written {
+            self.state.write_u64(n);
+        } else {
+            self.state = IntHasher(n);
+            self.written = true;
+        }
+    }
+
+    #[inline]
+    fn write_u128(&mut self, n: u128) {
+        self.write_u64(n as u64);
+    }
+}
+
+/// Builds [`IntHasher`]s.
+pub type BuildIntHasher = BuildHasherDefault<IntHasher>;
+/// Builds [`PassThroughHasher`]s.
+pub type BuildPassThroughHasher = BuildHasherDefault<PassThroughHasher>;
+/// A map keyed by broker-assigned integers.
+pub type IntMap<K, V> = HashMap<K, V, BuildIntHasher>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+    use std::hash::BuildHasher;
+
+    use crate::message::{DedupHasher, DedupKey};
+
+    #[test]
+    fn consecutive_integers_fill_distinct_buckets_and_tags() {
+        let build = BuildIntHasher::default();
+        let hashes: Vec<u64> = (0..4096u64).map(|n| build.hash_one(n)).collect();
+        let buckets: HashSet<u64> = hashes.iter().map(|h| h & 4095).collect();
+        assert_eq!(buckets.len(), 4096, "low bits are a bijection");
+        let tags: HashSet<u64> = hashes.iter().map(|h| h >> 57).collect();
+        assert!(
+            tags.len() > 100,
+            "high bits vary: {} distinct tags",
+            tags.len()
+        );
+    }
+
+    #[test]
+    fn dedup_keys_pass_through_their_low_bits() {
+        let build = BuildPassThroughHasher::default();
+        let key = DedupHasher::random().key("sender", "m-1");
+        assert_eq!(build.hash_one(key), key.0 as u64);
+        assert_eq!(build.hash_one(DedupKey(0x1234)), 0x1234);
+    }
+
+    #[test]
+    fn maps_work_with_both_hashers() {
+        let mut ints: IntMap<u64, u64> = IntMap::default();
+        for n in 0..10_000 {
+            ints.insert(n * 3, n);
+        }
+        assert_eq!(ints.get(&2_997), Some(&999));
+        assert_eq!(ints.get(&2_998), None);
+
+        let h = DedupHasher::random();
+        let mut keys: HashMap<DedupKey, usize, BuildPassThroughHasher> = HashMap::default();
+        for n in 0..10_000 {
+            keys.insert(h.key("s", &n.to_string()), n);
+        }
+        assert_eq!(keys.get(&h.key("s", "42")), Some(&42));
+        assert_eq!(keys.get(&h.key("t", "42")), None);
+    }
+
+    #[test]
+    fn byte_strings_still_hash_by_content() {
+        let build = BuildIntHasher::default();
+        assert_eq!(build.hash_one("abcdefghij"), build.hash_one("abcdefghij"));
+        assert_ne!(build.hash_one("abcdefghij"), build.hash_one("abcdefghik"));
+        assert_ne!(build.hash_one("a"), build.hash_one("a\0"));
+    }
+}

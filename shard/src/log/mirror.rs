@@ -1,0 +1,73 @@
+//! How the metadata mirror (the Postgres bridge) holds back segment deletion.
+//!
+//! The mirror reads each queue's log behind the shards. A fully acked segment
+//! may only be deleted once the mirror has read it, so every queue has one
+//! shared cell: the base of the segment the mirror is reading. Segments with a
+//! smaller base are done with. The shard loads the cell (one atomic read) when
+//! it considers deleting; the mirror stores it after each committed batch, or
+//! `u64::MAX` to let go when its backlog passes the disk budget.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+/// Per-queue mirror positions, shared by the shards and the mirror.
+#[derive(Debug, Default)]
+pub struct MirrorWatermarks {
+    cells: Mutex<HashMap<Arc<str>, Arc<AtomicU64>>>,
+}
+
+impl MirrorWatermarks {
+    /// An empty registry: every queue starts held at 0 (nothing deletable)
+    /// until the mirror reports on it.
+    pub fn new() -> MirrorWatermarks {
+        MirrorWatermarks::default()
+    }
+
+    /// The cell of `queue`, created at 0 on first use. Callers keep the `Arc`:
+    /// the lock is taken once per queue, not per check.
+    pub fn cell(&self, queue: &str) -> Arc<AtomicU64> {
+        let mut cells = self.cells.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(cell) = cells.get(queue) {
+            return cell.clone();
+        }
+        let cell = Arc::new(AtomicU64::new(0));
+        cells.insert(Arc::from(queue), cell.clone());
+        cell
+    }
+
+    /// Records that the mirror is reading `queue`'s segment at `base`.
+    pub fn set(&self, queue: &str, base: u64) {
+        self.cell(queue).store(base, Ordering::Release);
+    }
+
+    /// Lets every queue delete whatever is fully acked (disk budget exceeded,
+    /// or the mirror stopped).
+    pub fn release_all(&self) {
+        let cells = self.cells.lock().unwrap_or_else(PoisonError::into_inner);
+        for cell in cells.values() {
+            cell.store(u64::MAX, Ordering::Release);
+        }
+    }
+}
+
+/// A segment with base `base` may be deleted under `cell`.
+pub(crate) fn mirrored(cell: &AtomicU64, base: u64) -> bool {
+    base < cell.load(Ordering::Acquire)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_queue_is_held_until_the_mirror_moves_past_a_segment() {
+        let marks = MirrorWatermarks::new();
+        let cell = marks.cell("q");
+        assert!(!mirrored(&cell, 0));
+        marks.set("q", 100);
+        assert!(mirrored(&cell, 0) && mirrored(&cell, 99) && !mirrored(&cell, 100));
+        marks.release_all();
+        assert!(mirrored(&cell, u64::MAX - 1));
+    }
+}
