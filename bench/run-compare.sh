@@ -20,7 +20,9 @@
 #   PUBLISHERS  publisher connections      ("1 4 16")
 #   WINDOW      publish window             (1000)
 #   PORT        CipherMQ port              (5917; must be free)
-#   SECTIONS    any of: throughput latency rss idle  (all)
+#   SECTIONS    any of: throughput latency rss idle pgbridge  (all)
+#   PGDB        database the pgbridge section recreates (ciphermq_bench, on
+#               127.0.0.1:5432 as user postgres)
 #   SKIP_BUILD  1 to use the binaries already in target/release
 #
 # Peers run with their stock settings; RabbitMQ and NATS are reached over
@@ -38,7 +40,8 @@ SIZES=${SIZES:-1024 16384}
 PUBLISHERS=${PUBLISHERS:-1 4 16}
 WINDOW=${WINDOW:-1000}
 PORT=${PORT:-5917}
-SECTIONS=${SECTIONS:-throughput latency rss idle}
+SECTIONS=${SECTIONS:-throughput latency rss idle pgbridge}
+PGDB=${PGDB:-ciphermq_bench}
 if [[ -n "${QUICK:-}" ]]; then
   RUNS=1 DURATION=3s STORAGES=memory SHARDS=1 SIZES=1024 PUBLISHERS=1
 fi
@@ -58,7 +61,17 @@ mkdir -p "$WORK"
 "$BIN/ciphermq-pki" --out "$WORK/certs" --keys "$WORK/keys" >/dev/null
 
 # A broker configuration for one storage mode; paths are relative to it.
+# "postgres" is durable storage plus the Postgres bridge.
 write_config() { # mode
+  local mode=$1 database=""
+  if [[ $mode == postgres ]]; then
+    mode=durable
+    database="[database]
+backend = \"postgres\"
+dbname = \"$PGDB\"
+[encryption]
+aes_key = \"$(head -c 32 /dev/urandom | base64)\""
+  fi
   cat >"$WORK/config-$1.toml" <<EOF
 # Written by bench/run-compare.sh. Everything not set here has its default.
 [server]
@@ -73,13 +86,16 @@ dir = "logs"
 json_files = false
 [storage]
 data_dir = "data-$1"
-mode = "$1"
+mode = "$mode"
 [acl]
 admin_cns = ["admin"]
 sender_cns = ["sender_1", "sender_2"]
 receiver_cns = ["receiver_1", "receiver_2"]
+$database
 EOF
 }
+
+psql_q() { psql -h 127.0.0.1 -U postgres -d "$1" -Atc "$2"; }
 
 BROKER=
 stop_broker() {
@@ -197,6 +213,64 @@ if has idle; then
   [[ -n "${QUICK:-}" ]] && n=500
   "$BIN/ciphermq-bench" idle --addr "$ADDR" --certs "$WORK/certs" --connections "$n" \
     --hold 5s --broker-pid "$BROKER" --json "$OUT/idle.json"
+fi
+
+if has pgbridge; then
+  echo "== Postgres bridge: durable publish with the metadata mirror off vs on, 1 KiB, 1 shard"
+  # Interleaved (off, on, off, on ...) so drift in the machine hits both.
+  for run in $(seq "$RUNS"); do
+    for storage in durable postgres; do
+      if [[ $storage == postgres ]]; then
+        psql_q postgres "DROP DATABASE IF EXISTS $PGDB WITH (FORCE)" >/dev/null
+        psql_q postgres "CREATE DATABASE $PGDB" >/dev/null
+      fi
+      start_broker "$storage" 1
+      RUNS=1 bench "pgbridge-$storage-r$run" "$storage, 1 shard" \
+        --target ciphermq --duration "$DURATION" --size 1024 --publishers 1 --consumers 1
+      if [[ $storage == postgres ]]; then
+        # How long the mirror needs after the load to hold every row acked.
+        t0=$(date +%s.%N)
+        prev=-1
+        while :; do
+          rows=$(psql_q "$PGDB" "SELECT count(*) FILTER (WHERE acknowledged_time IS NOT NULL) || ' ' || count(*) FROM message_metadata")
+          acked=${rows%% *} all=${rows##* }
+          [[ $acked == "$all" && $acked == "$prev" ]] && break
+          prev=$acked
+          sleep 0.5
+        done
+        t1=$(date +%s.%N)
+        span=$(psql_q "$PGDB" "SELECT extract(epoch FROM max(acknowledged_time) - min(sent_time)) FROM message_metadata")
+        echo "rows=$all load_span_s=$span catch_up_after_load_s=$(python3 -c "print(round($t1 - $t0 - 1.0, 2))")" | tee "$OUT/pgbridge-rows-r$run.txt"
+      fi
+    done
+  done
+  echo "== Postgres bridge lag at 50% of the mirrored peak, rows sampled each second"
+  peak=$(python3 -c "
+import json, glob, statistics
+v = [json.load(open(f))['summary']['ciphermq']['publish_msgs_per_sec'] for f in glob.glob('$OUT/pgbridge-postgres-r*.json')]
+print(int(statistics.median(v) / 2) if v else 5000)")
+  psql_q postgres "DROP DATABASE IF EXISTS $PGDB WITH (FORCE)" >/dev/null
+  psql_q postgres "CREATE DATABASE $PGDB" >/dev/null
+  start_broker postgres 1
+  ( while :; do echo "$(date +%s.%N) $(psql_q "$PGDB" "SELECT count(*) FROM message_metadata" 2>/dev/null || echo -)"; sleep 1; done ) >"$OUT/pgbridge-lag-samples.txt" &
+  sampler=$!
+  RUNS=1 bench "pgbridge-lag-$peak" "postgres, 1 shard, $peak msg/s" \
+    --target ciphermq --rate "$peak" --duration "$DURATION" --size 1024 --publishers 1 --consumers 1
+  sleep 3
+  kill "$sampler" 2>/dev/null || true
+  python3 - "$OUT/pgbridge-lag-samples.txt" "$peak" <<'PY' | tee "$OUT/pgbridge-lag.txt"
+import sys
+rows = [(float(t), int(n)) for t, n in (l.split() for l in open(sys.argv[1]) if len(l.split()) == 2) if n.isdigit()]
+rate = int(sys.argv[2])
+start = next((t for t, n in rows if n > 0), None)
+if start is None:
+    print("no rows")
+    sys.exit()
+# Rows a fixed-rate load has stored by time t, minus rows mirrored: the lag.
+final = rows[-1][1]
+lags = [max(0.0, min(rate * (t - start), final) - n) for t, n in rows if t >= start]
+print(f"rate={rate} samples={len(lags)} max_lag_rows={int(max(lags))} max_lag_s={max(lags) / rate:.2f} final_rows={final}")
+PY
 fi
 
 stop_broker

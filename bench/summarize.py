@@ -151,6 +151,41 @@ def memory(out, lines):
     lines.append("")
 
 
+def pgbridge(out, lines):
+    runs = {}
+    for p in sorted(out.glob("pgbridge-*-r*.json")):
+        m = re.match(r"pgbridge-(durable|postgres)-r(\d+)\.json", p.name)
+        if m:
+            s = load(p)["summary"].get("ciphermq")
+            if s:
+                runs.setdefault(m.group(1), []).append(s)
+    if not runs:
+        return
+    med = lambda xs: sorted(xs)[len(xs) // 2]
+    lines.append("### Postgres bridge (durable, 1 KiB, 1 shard, 1 publisher, 1 consumer)\n")
+    lines.append("| metadata mirror | runs | publish msg/s | consume msg/s | publish→ACK p99 ms |")
+    lines.append("|---|---:|---:|---:|---:|")
+    for mode in ("durable", "postgres"):
+        rs = runs.get(mode, [])
+        if rs:
+            lines.append(
+                f"| {'off (embedded)' if mode == 'durable' else 'on (postgres)'} | {len(rs)} "
+                f"| {n(med([r['publish_msgs_per_sec'] for r in rs]))} "
+                f"| {n(med([r['consume_msgs_per_sec'] for r in rs]))} "
+                f"| {ms(med([r['publish_to_ack']['p99_ms'] for r in rs]))} |"
+            )
+    if runs.get("durable") and runs.get("postgres"):
+        on = med([r["publish_msgs_per_sec"] for r in runs["postgres"]])
+        off = med([r["publish_msgs_per_sec"] for r in runs["durable"]])
+        lines.append(f"\nOn ÷ off (publish): {ratio(on, off)}.\n")
+    for p in sorted(out.glob("pgbridge-rows-r*.txt")):
+        lines.append(f"- {p.stem}: `{p.read_text().strip()}`")
+    lag = out / "pgbridge-lag.txt"
+    if lag.exists():
+        lines.append(f"- lag at 50% of peak: `{lag.read_text().strip()}`")
+    lines.append("")
+
+
 def main():
     if len(sys.argv) != 2:
         sys.exit(__doc__)
@@ -162,6 +197,7 @@ def main():
     throughput(out, lines)
     latency(out, lines)
     memory(out, lines)
+    pgbridge(out, lines)
     print("\n".join(lines))
 
 

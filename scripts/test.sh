@@ -14,6 +14,15 @@ if [ "$(ulimit -l)" != "unlimited" ] && [ "$(ulimit -l)" -lt 8192 ]; then
   ulimit -l 65536 2>/dev/null || echo "warning: locked-memory limit is $(ulimit -l) KiB; glommio may fail to start (raise ulimit -l)" >&2
 fi
 
+# PostgreSQL on 127.0.0.1:5432 (user postgres, trust auth) for the Postgres
+# bridge tests: start the machine's cluster if it is down.
+if ! pg_isready -q -h 127.0.0.1 -p 5432; then
+  echo "== starting PostgreSQL"
+  pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -n1)" main start
+  for _ in $(seq 1 30); do pg_isready -q -h 127.0.0.1 -p 5432 && break; sleep 1; done
+  pg_isready -h 127.0.0.1 -p 5432
+fi
+
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy --all-targets -- -D warnings"

@@ -8,10 +8,13 @@ use std::time::Instant;
 use base64::Engine;
 use ciphermq_proto::message::{inspect_batch, inspect_message, MessageError};
 use ciphermq_proto::{is_valid_name, NackReason, Request};
-use ciphermq_shard::{Message, Origin, PublishStatus, QueueInfo};
+use ciphermq_shard::log::unix_ms;
+use ciphermq_shard::{
+    ChangeResult, Message, Origin, PublishStatus, QueueInfo, Route, TopologyChange,
+};
 
 use crate::acl::{Op, Role};
-use crate::connection::Connection;
+use crate::connection::{Connection, PendingReply};
 
 impl Connection {
     /// Executes one request line (without its newline).
@@ -87,20 +90,22 @@ impl Connection {
                     return;
                 }
                 let owner = self.policy.acl.queue_owner(queue).map(str::to_owned);
-                let owner = owner.as_deref().unwrap_or(&self.identity.cn);
-                match self.local.shared.topology.declare_queue(queue, owner) {
-                    Ok(_) => self.replies.line(format!("OK declare_queue {queue}")),
-                    Err(e) => self.replies.line(format!("Error: {e}")),
+                let owner = owner.unwrap_or_else(|| self.identity.cn.to_string());
+                let change = TopologyChange::DeclareQueue {
+                    name: queue.to_owned(),
+                    owner,
                 };
+                self.change_topology(change, format!("OK declare_queue {queue}"));
             }
             Request::DeclareExchange { exchange, kind } => {
                 if !self.check(Op::DeclareExchange) {
                     return;
                 }
-                match self.local.shared.topology.declare_exchange(exchange, kind) {
-                    Ok(()) => self.replies.line(format!("OK declare_exchange {exchange}")),
-                    Err(e) => self.replies.line(format!("Error: {e}")),
+                let change = TopologyChange::DeclareExchange {
+                    name: exchange.to_owned(),
+                    kind,
                 };
+                self.change_topology(change, format!("OK declare_exchange {exchange}"));
             }
             Request::Bind {
                 queue,
@@ -110,17 +115,12 @@ impl Connection {
                 if !self.check(Op::Bind { queue, routing_key }) {
                     return;
                 }
-                match self
-                    .local
-                    .shared
-                    .topology
-                    .bind(queue, exchange, routing_key)
-                {
-                    Ok(()) => self
-                        .replies
-                        .line(format!("OK bind {queue} {exchange} {routing_key}")),
-                    Err(e) => self.replies.line(format!("Error: {e}")),
+                let change = TopologyChange::Bind {
+                    queue: queue.to_owned(),
+                    exchange: exchange.to_owned(),
+                    key: routing_key.to_owned(),
                 };
+                self.change_topology(change, format!("OK bind {queue} {exchange} {routing_key}"));
             }
             Request::Consume { queue, prefetch } => {
                 if !self.check(Op::Consume { queue }) {
@@ -267,12 +267,38 @@ impl Connection {
                 }
             }
         });
+        self.local.stats.settled(ack, owed.len());
         let word = if ack {
             "ACK_CONFIRMED"
         } else {
             "NACK_CONFIRMED"
         };
         self.replies.line(format!("{word} {message_id}"));
+    }
+
+    /// Submits a topology change; `ok` is the reply once it is saved (at
+    /// once in memory mode, else when the saver thread has it on disk).
+    fn change_topology(&mut self, change: TopologyChange, ok: String) {
+        let mut pending = self.local.shared.topology.submit(change);
+        let line = |result: ChangeResult| match result {
+            Ok(()) => ok,
+            Err(e) => format!("Error: {e}"),
+        };
+        match pending.try_take() {
+            Some(result) => {
+                self.replies.line(line(result));
+            }
+            None => self.reply_later(async move { line(pending.await) }),
+        }
+    }
+
+    /// Takes a reply slot that `line` fills once it resolves.
+    fn reply_later(&mut self, line: impl std::future::Future<Output = String> + 'static) {
+        let seq = self.replies.pending();
+        self.pending_replies.push(PendingReply {
+            seq,
+            line: Box::pin(line),
+        });
     }
 
     fn register_key(&mut self, key_b64: &str) {
@@ -285,20 +311,29 @@ impl Connection {
                 return;
             }
         };
-        match self.local.shared.keys.put(&self.identity.cn, key) {
-            Ok(previous) => {
-                if previous.is_some_and(|p| p != key) {
-                    tracing::info!(client_id = %self.identity.cn, "public key rotated");
-                } else if previous.is_none() {
-                    tracing::info!(client_id = %self.identity.cn, "public key registered");
+        // The store writes off the shard; the reply waits in its slot.
+        let registration = self.local.shared.keys.register(&self.identity.cn, key);
+        let cn = self.identity.cn.clone();
+        self.reply_later(async move {
+            match registration.await {
+                Ok(Ok(previous)) => {
+                    match previous {
+                        Some(p) if p != key => tracing::info!(client_id = %cn, "public key rotated"),
+                        Some(_) => {}
+                        None => tracing::info!(client_id = %cn, "public key registered"),
+                    }
+                    "Public key registered".to_owned()
                 }
-                self.replies.line("Public key registered");
+                Ok(Err(e)) => {
+                    tracing::error!(client_id = %cn, error = %e, "public key not stored");
+                    format!("Error: {e}")
+                }
+                Err(_) => {
+                    tracing::error!(client_id = %cn, "public key not stored: the key store stopped");
+                    "Error: key store unavailable".to_owned()
+                }
             }
-            Err(e) => {
-                tracing::error!(client_id = %self.identity.cn, error = %e, "public key not stored");
-                self.replies.line(format!("Error: {e}"));
-            }
-        }
+        });
     }
 
     /// Checks everything but routing; `Err` is the reply.
@@ -351,7 +386,12 @@ impl Connection {
             self.replies.nack(message_id, reason);
             return;
         }
-        let msg = Message::new(message_id, body, self.identity.cn.clone());
+        let route = Route {
+            exchange,
+            routing_key,
+            sent_at_ms: unix_ms(),
+        };
+        let msg = Message::published(message_id, body, self.identity.cn.clone(), route);
         let origin = Origin {
             conn: self.conn,
             seq: self.replies.next_seq(),

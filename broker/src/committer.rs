@@ -9,12 +9,14 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::task::Poll;
+use std::time::Instant;
 
 use ciphermq_shard::CommitJob;
 use futures_util::future::join_all;
 use glommio::io::{BufferedFile, Directory, OpenOptions};
 
 use crate::context::ShardLocal;
+use crate::stats::ShardStats;
 
 /// Open segment files of this shard's queues.
 #[derive(Default)]
@@ -54,7 +56,12 @@ impl Files {
 
 /// Writes a job's bytes (moved in: io_uring owns the buffer while it works)
 /// and makes them durable.
-async fn write(file: &BufferedFile, job: &CommitJob, bytes: Vec<u8>) -> glommio::Result<(), ()> {
+async fn write(
+    file: &BufferedFile,
+    job: &CommitJob,
+    bytes: Vec<u8>,
+    stats: &ShardStats,
+) -> glommio::Result<(), ()> {
     let len = bytes.len();
     if len > 0 {
         let n = file.write_at(bytes, job.offset).await?;
@@ -65,9 +72,14 @@ async fn write(file: &BufferedFile, job: &CommitJob, bytes: Vec<u8>) -> glommio:
     }
     // Only what someone waits for needs the fsync: a job of acks and delivery
     // counts alone may be lost in a crash (the messages are then redelivered,
-    // never lost), and the next fsync of the file covers it anyway.
-    if (len > 0 && !job.waiters.is_empty()) || job.create {
+    // never lost), and the next fsync of the file covers it anyway. A job that
+    // deletes segments carries their dedup entries: those must be on disk
+    // before the segments go.
+    if (len > 0 && (!job.waiters.is_empty() || !job.delete.is_empty())) || job.create {
+        let started = Instant::now();
         file.fdatasync().await?;
+        stats.fsyncs.add(1);
+        stats.fsync_latency.observe(started.elapsed());
     }
     if job.create {
         // The new file's name must survive a crash too.
@@ -102,10 +114,11 @@ pub async fn run(local: Rc<ShardLocal>, busy: Rc<Cell<bool>>) {
             .iter_mut()
             .map(|j| std::mem::take(&mut j.bytes))
             .collect();
+        let stats = &local.stats;
         let outcomes = join_all(jobs.iter().zip(prepared).zip(payloads).map(
             |((job, file), bytes)| async move {
                 match file {
-                    Ok(file) => write(&file, job, bytes).await,
+                    Ok(file) => write(&file, job, bytes, stats).await,
                     Err(e) => Err(e),
                 }
             },
@@ -120,11 +133,19 @@ pub async fn run(local: Rc<ShardLocal>, busy: Rc<Cell<bool>>) {
                 shard.commit_done(job, outcome.is_ok());
             }
         });
+        // `/ready` reports a failing round until a later one succeeds.
+        let failure = jobs.iter().zip(&outcomes).find_map(|(job, outcome)| {
+            let e = outcome.as_ref().err()?;
+            Some(format!("queue {}: {}: {e}", job.queue, job.path.display()))
+        });
+        local.stats.commit_round(failure);
         for (job, outcome) in jobs.drain(..).zip(outcomes) {
             if outcome.is_err() {
+                // Its segments stay on disk (recovery deletes them later).
                 files.forget(&job.path);
+            } else {
+                deletions.extend(job.delete);
             }
-            deletions.extend(job.delete);
         }
         for path in deletions {
             drop(files.forget(&path));

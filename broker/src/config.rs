@@ -325,6 +325,13 @@ pub struct DatabaseConfig {
     /// Longest wait before a partial batch is flushed, in milliseconds, at least 1.
     /// Default 50.
     pub flush_interval_ms: u64,
+    /// Log bytes kept only because the metadata mirror has not read them yet,
+    /// in MiB. Past it, fully acked segments are deleted anyway and the mirror
+    /// says loudly which rows it will miss. Default 1024.
+    pub mirror_disk_budget_mb: u64,
+    /// How long start-up keeps trying to reach PostgreSQL, in seconds, at
+    /// least 1. Default 30.
+    pub connect_timeout_secs: u64,
 }
 
 impl Default for DatabaseConfig {
@@ -339,6 +346,8 @@ impl Default for DatabaseConfig {
             dbname: "ciphermq".to_owned(),
             batch_size: 1000,
             flush_interval_ms: 50,
+            mirror_disk_budget_mb: 1024,
+            connect_timeout_secs: 30,
         }
     }
 }
@@ -356,6 +365,8 @@ impl fmt::Debug for DatabaseConfig {
             .field("dbname", &self.dbname)
             .field("batch_size", &self.batch_size)
             .field("flush_interval_ms", &self.flush_interval_ms)
+            .field("mirror_disk_budget_mb", &self.mirror_disk_budget_mb)
+            .field("connect_timeout_secs", &self.connect_timeout_secs)
             .finish()
     }
 }
@@ -720,6 +731,25 @@ impl Config {
         self.resolve_aes_key().map(|_| ())
     }
 
+    /// The PostgreSQL password: `database.password`, or the trimmed content
+    /// of `database.password_file`, or none (trust or peer authentication).
+    pub fn resolve_db_password(&self) -> Result<Option<String>, ConfigError> {
+        let d = &self.database;
+        if let Some(p) = &d.password {
+            return Ok(Some(p.clone()));
+        }
+        let Some(path) = &d.password_file else {
+            return Ok(None);
+        };
+        match std::fs::read_to_string(path) {
+            Ok(text) => Ok(Some(text.trim().to_owned())),
+            Err(e) => Err(ConfigError::invalid(
+                "database.password_file",
+                format!("cannot read {}: {e}", path.display()),
+            )),
+        }
+    }
+
     /// The AES-256 key sealing stored public keys, from the first source that is
     /// set: `encryption.aes_key`, `encryption.aes_key_file`, then the
     /// `CIPHERMQ_AES_KEY` environment variable. `None` when none is set.
@@ -792,6 +822,12 @@ impl Config {
         if d.flush_interval_ms == 0 {
             return Err(ConfigError::invalid(
                 "database.flush_interval_ms",
+                "must be at least 1",
+            ));
+        }
+        if d.connect_timeout_secs == 0 {
+            return Err(ConfigError::invalid(
+                "database.connect_timeout_secs",
                 "must be at least 1",
             ));
         }
@@ -1419,7 +1455,7 @@ mod tests {
             ("server", 3),
             ("tls", 3),
             ("logging", 5),
-            ("database", 7),
+            ("database", 9),
             ("encryption", 1),
             ("performance", 11),
             ("storage", 4),

@@ -69,6 +69,17 @@ pub struct Connection {
     pub(crate) policy: Arc<Policy>,
     timer: Option<Timer>,
     _slot: Option<ConnectionSlot>,
+    /// Replies decided off the shard (key registrations, saved topology
+    /// changes), with their slots.
+    pub(crate) pending_replies: Vec<PendingReply>,
+}
+
+/// A reply line another thread is deciding.
+pub(crate) struct PendingReply {
+    /// Its reply slot.
+    pub(crate) seq: u64,
+    /// Resolves to the line.
+    pub(crate) line: Pin<Box<dyn Future<Output = String>>>,
 }
 
 /// Why a connection ended, for the log.
@@ -114,6 +125,7 @@ impl Connection {
             policy,
             timer: timeout.map(Timer::new),
             _slot: slot,
+            pending_replies: Vec::new(),
         }
     }
 
@@ -175,6 +187,21 @@ impl Connection {
             .with_shard(|shard| shard.unregister_conn(conn, consumed));
     }
 
+    /// Fills the reply slots whose off-shard work has finished.
+    fn poll_pending_replies(&mut self, cx: &mut Context<'_>) -> bool {
+        let before = self.pending_replies.len();
+        let replies = &mut self.replies;
+        self.pending_replies
+            .retain_mut(|pending| match pending.line.as_mut().poll(cx) {
+                Poll::Ready(line) => {
+                    replies.fill(pending.seq, line);
+                    false
+                }
+                Poll::Pending => true,
+            });
+        self.pending_replies.len() != before
+    }
+
     fn poll_timer(&mut self, cx: &mut Context<'_>) -> bool {
         let Some(limit) = Connection::timeout_for(&self.local, self.identity.role) else {
             return false;
@@ -207,6 +234,7 @@ impl Connection {
         }
         loop {
             let mut progress = self.apply_events();
+            progress |= self.poll_pending_replies(cx);
             if self.mailbox.is_closed() && !self.closing {
                 // Shutdown: execute nothing more, but answer what was accepted.
                 self.closing = true;
@@ -251,6 +279,9 @@ impl Connection {
                 return Poll::Pending;
             }
             if !progress {
+                // Parking idle: keep no large buffers while waiting.
+                self.lines.release_idle();
+                self.tls.release_idle();
                 return Poll::Pending;
             }
         }
@@ -266,8 +297,12 @@ impl Connection {
         max_pending: usize,
     ) -> Result<bool, End> {
         let mut progress = false;
+        // A command decided off the shard (a declare being saved, a key
+        // being stored) holds back the next ones: a pipelined publish after
+        // `bind` must see the binding.
         while !self.closing
             && *budget > 0
+            && self.pending_replies.is_empty()
             && self.replies.len() < max_pending
             && self.tls.outgoing_len() < OUTPUT_HIGH_WATER
         {
@@ -286,9 +321,9 @@ impl Connection {
                     if !lines.wants_input() {
                         break;
                     }
-                    let spare = lines.spare(PLAINTEXT_CHUNK);
+                    let spare = lines.spare(self.tls.plaintext_ready().min(PLAINTEXT_CHUNK));
                     let n = self.tls.read_plaintext(spare);
-                    lines.commit(PLAINTEXT_CHUNK, n);
+                    lines.commit(n);
                     if n > 0 {
                         self.last_activity = Instant::now();
                         progress = true;

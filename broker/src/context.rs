@@ -12,6 +12,7 @@ use ciphermq_shard::{Shard, TopologyStore};
 use crate::config::Config;
 use crate::policy::{Policy, PolicyStore};
 use crate::rate_limit::CnLimiter;
+use crate::stats::{BrokerStats, ShardStats};
 
 /// Connection-level settings taken from the config.
 #[derive(Debug, Clone)]
@@ -79,6 +80,8 @@ pub struct Shared {
     pub topology: Arc<TopologyStore>,
     /// Number of shards.
     pub shards: usize,
+    /// What the shards publish for the admin endpoint.
+    pub stats: BrokerStats,
 }
 
 /// One shard's state, owned by its executor thread.
@@ -90,6 +93,8 @@ pub struct ShardLocal {
     pub limiters: RefCell<(u64, HashMap<Arc<str>, CnLimiter>)>,
     /// Cross-shard services and settings.
     pub shared: Arc<Shared>,
+    /// This shard's counters (written only by this thread).
+    pub stats: Arc<ShardStats>,
     /// Rendered replies on their way into rustls, shared by the shard's
     /// connections (used only inside one synchronous step).
     pub staging: RefCell<Vec<u8>>,

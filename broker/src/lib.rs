@@ -15,6 +15,8 @@
 //! - [`context`]: settings and services a connection reaches.
 //! - [`storage`], [`committer`]: the data directory recovered at start-up, and
 //!   each shard's group committer (io_uring writes, `fdatasync`, then `ACK`s).
+//! - [`stats`], [`admin`]: numbers each shard publishes without waiting, and
+//!   the admin endpoint (HTTP/1.1 over mTLS on its own thread) that reads them.
 //!
 //! Invariants: a shard's state is touched only by its own thread; nothing on a
 //! shard blocks; replies leave in command order; a `RefCell` borrow never spans
@@ -23,6 +25,7 @@
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod acl;
+pub mod admin;
 mod commands;
 pub mod committer;
 pub mod config;
@@ -33,6 +36,7 @@ pub mod policy;
 pub mod rate_limit;
 pub mod replies;
 pub mod server;
+pub mod stats;
 pub mod storage;
 pub mod sys;
 pub mod tls;

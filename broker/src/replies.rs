@@ -36,6 +36,9 @@ enum Slot {
     Fetch { deliveries: Option<Vec<Delivery>> },
     /// A push delivery.
     Delivery(Delivery),
+    /// A line decided off the shard (a key registration waiting for its
+    /// store); `None` until it is.
+    Pending(Option<String>),
 }
 
 impl Slot {
@@ -44,6 +47,7 @@ impl Slot {
             Slot::Publish { waiting, .. } => *waiting == 0,
             Slot::Consume { waiting, .. } => !waiting,
             Slot::Fetch { deliveries } => deliveries.is_some(),
+            Slot::Pending(line) => line.is_some(),
             _ => true,
         }
     }
@@ -131,6 +135,22 @@ impl ReplyQueue {
         self.push(Slot::Fetch { deliveries })
     }
 
+    /// A line to be decided later with [`ReplyQueue::fill`].
+    pub fn pending(&mut self) -> u64 {
+        self.push(Slot::Pending(None))
+    }
+
+    /// Decides the line of a [`ReplyQueue::pending`] slot.
+    pub fn fill(&mut self, seq: u64, line: String) {
+        let Some(index) = seq.checked_sub(self.base) else {
+            return;
+        };
+        if let Some(slot @ Slot::Pending(None)) = self.slots.get_mut(index as usize) {
+            *slot = Slot::Pending(Some(line));
+            self.waiting -= 1;
+        }
+    }
+
     /// A push delivery.
     pub fn delivery(&mut self, delivery: Delivery) {
         self.push(Slot::Delivery(delivery));
@@ -172,12 +192,20 @@ impl ReplyQueue {
     /// `out` reaches `limit` bytes. Returns how many slots were written.
     pub fn render(&mut self, out: &mut Vec<u8>, limit: usize) -> usize {
         let mut written = 0;
+        let mut clock = crate::stats::LazyClock::default();
         while out.len() < limit && self.head_ready() {
             let Some(slot) = self.slots.pop_front() else {
                 break;
             };
             self.base += 1;
             written += 1;
+            match &slot {
+                Slot::Publish { msg, outcome, .. } => {
+                    crate::stats::publish_answered(msg, outcome, &mut clock)
+                }
+                Slot::Nack { .. } => crate::stats::publish_nacked(),
+                _ => {}
+            }
             match slot {
                 Slot::Line(line) => write_line(out, &[&line]),
                 Slot::Publish {
@@ -203,6 +231,7 @@ impl ReplyQueue {
                     out.push(b'\n');
                 }
                 Slot::Delivery(d) => write_delivery_line(out, &d),
+                Slot::Pending(line) => write_line(out, &[line.as_deref().unwrap_or_default()]),
             }
         }
         written
@@ -210,6 +239,7 @@ impl ReplyQueue {
 }
 
 fn write_delivery_line(out: &mut Vec<u8>, d: &Delivery) {
+    crate::stats::delivered(1);
     write_delivery(
         out,
         d.msg.message_id(),
@@ -268,5 +298,20 @@ mod tests {
         q.render(&mut out, usize::MAX);
         assert!(q.complete(0, Completion::Consumed).is_none());
         assert!(q.complete(99, Completion::Consumed).is_none());
+    }
+
+    #[test]
+    fn a_pending_line_holds_back_later_replies_until_filled() {
+        let mut q = ReplyQueue::default();
+        let key = q.pending();
+        q.line("OK heartbeat");
+        let mut out = Vec::new();
+        assert_eq!(q.render(&mut out, usize::MAX), 0);
+        assert_eq!(q.waiting(), 1);
+        q.fill(key, "Public key registered".into());
+        q.fill(key, "filled twice".into());
+        assert_eq!(q.render(&mut out, usize::MAX), 2);
+        assert_eq!(out, b"Public key registered\nOK heartbeat\n");
+        assert_eq!(q.waiting(), 0);
     }
 }

@@ -14,6 +14,8 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use atomic_waker::AtomicWaker;
+use ciphermq_pgbridge::{BridgeStatus, PgBridge};
+use ciphermq_shard::log::MirrorWatermarks;
 use ciphermq_shard::{
     shard_of, Durability, Mesh, MeshInbound, QueueSettings, RecoveredQueue, Shard,
 };
@@ -24,12 +26,14 @@ use glommio::{LocalExecutorBuilder, Placement};
 use rustls::ServerConnection;
 
 use crate::acl::Role;
+use crate::admin::{AdminContext, AdminError, AdminServer};
 use crate::committer;
 use crate::config::Config;
 use crate::connection::{Connection, Identity};
 use crate::context::{Settings, ShardLocal, Shared};
 use crate::policy::PolicyStore;
 use crate::rate_limit::ConnectionSlot;
+use crate::stats::{BrokerStats, Lifecycle};
 use crate::storage::Storage;
 use crate::sys;
 use crate::tls::{peer_common_name, server_config};
@@ -66,6 +70,9 @@ pub enum StartError {
         /// Why.
         reason: String,
     },
+    /// The admin endpoint could not start (names `admin.address`).
+    #[error(transparent)]
+    Admin(#[from] AdminError),
 }
 
 /// A connection on its way to the shard that owns its CN.
@@ -119,6 +126,10 @@ impl ShutdownSignal {
         }
     }
 
+    fn is_triggered(&self) -> bool {
+        self.stop.load(Ordering::Acquire)
+    }
+
     async fn wait(&self, shard: usize) {
         std::future::poll_fn(|cx| {
             if self.stop.load(Ordering::Acquire) {
@@ -142,6 +153,11 @@ pub struct BrokerHandle {
     shared: Arc<Shared>,
     shutdown: Arc<ShutdownSignal>,
     threads: Vec<glommio::ExecutorJoinHandle<()>>,
+    /// The Postgres bridge; stopped after the shards, so it reads their last
+    /// commits. Shared with the admin endpoint, which reads its status.
+    bridge: Option<Arc<PgBridge>>,
+    /// The admin endpoint, with `admin.enabled`.
+    admin: Option<AdminServer>,
 }
 
 impl BrokerHandle {
@@ -155,19 +171,41 @@ impl BrokerHandle {
         self.shards
     }
 
+    /// The admin endpoint's address (the real port when 0 was configured),
+    /// when `admin.enabled`.
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin.as_ref().map(AdminServer::local_addr)
+    }
+
     /// Stops accepting, closes connections and waits for the shards to end.
     pub fn shutdown(self) {
+        self.shared.stats.set_lifecycle(Lifecycle::Stopping);
         self.shutdown.trigger();
         self.join();
     }
 
-    /// Waits for the shards to end (after a shutdown from elsewhere).
+    /// Waits for the shards to end (after a shutdown from elsewhere), then
+    /// stops the Postgres bridge.
     pub fn join(self) {
         for t in self.threads {
             if let Err(e) = t.join() {
                 tracing::error!(error = %e, "shard ended with an error");
             }
         }
+        self.shared.stats.set_lifecycle(Lifecycle::Stopping);
+        if let Some(admin) = self.admin {
+            admin.shutdown();
+        }
+        // The admin thread is gone, so this is the last handle (were it not,
+        // dropping the last one would stop the bridge the same way).
+        if let Some(bridge) = self.bridge.and_then(Arc::into_inner) {
+            bridge.shutdown();
+        }
+    }
+
+    /// The Postgres bridge's state (connection, rows written, lag), if it runs.
+    pub fn bridge_status(&self) -> Option<BridgeStatus> {
+        self.bridge.as_deref().map(PgBridge::status)
     }
 
     /// A function that applies the `[acl]` and `[rate_limit]` of a validated
@@ -181,7 +219,11 @@ impl BrokerHandle {
     /// A function that stops the broker from another thread (signal handlers).
     pub fn stopper(&self) -> impl Fn() + Send + Sync + 'static {
         let signal = self.shutdown.clone();
-        move || signal.trigger()
+        let shared = self.shared.clone();
+        move || {
+            shared.stats.set_lifecycle(Lifecycle::Stopping);
+            signal.trigger()
+        }
     }
 }
 
@@ -217,6 +259,7 @@ pub fn start(config: &Config) -> Result<BrokerHandle, StartError> {
         tls,
         topology: storage.topology.clone(),
         shards,
+        stats: BrokerStats::new(shards, config.admin.enabled),
     });
     let mut recovered = storage.recovered;
     let queue_settings = QueueSettings {
@@ -225,6 +268,7 @@ pub fn start(config: &Config) -> Result<BrokerHandle, StartError> {
         dedup_window: Duration::from_secs(config.performance.dedup_window_secs),
         ack_wait: (config.performance.ack_wait_secs > 0)
             .then(|| Duration::from_secs(config.performance.ack_wait_secs)),
+        dedup_hasher: storage.dedup_hasher,
     };
 
     let mut mesh = Mesh::build(shards);
@@ -251,6 +295,12 @@ pub fn start(config: &Config) -> Result<BrokerHandle, StartError> {
     // on the same port silently take half the connections: make sure the
     // port is free first (a plain bind fails while anyone listens on it).
     probe_port(&config.server.address)?;
+    // Bound before any shard serves, so a taken admin port fails the start.
+    let admin_listener = if config.admin.enabled {
+        Some(AdminServer::bind(&config.admin.address)?)
+    } else {
+        None
+    };
     let mut address = config.server.address.clone();
     let mut threads = Vec::with_capacity(shards);
     let mut bound: Option<SocketAddr> = None;
@@ -281,6 +331,7 @@ pub fn start(config: &Config) -> Result<BrokerHandle, StartError> {
             doorbells: doorbells.clone(),
             shutdown: shutdown.clone(),
             durable: storage.durable.clone(),
+            mirror: storage.mirror.clone(),
             recovered: std::mem::take(&mut recovered[shard]),
         };
         let handle = LocalExecutorBuilder::new(Placement::Fixed(shard % cores))
@@ -321,12 +372,41 @@ pub fn start(config: &Config) -> Result<BrokerHandle, StartError> {
         reason: "no shard bound".into(),
     })?;
     tracing::info!(%addr, shards, "CipherMQ broker listening");
+    let bridge = storage.bridge.map(Arc::new);
+    let admin = match admin_listener {
+        None => None,
+        Some(listener) => {
+            let context = AdminContext {
+                shared: shared.clone(),
+                name: config.server.name.clone(),
+                storage_mode: config.storage.mode.as_str(),
+                data_dir: storage
+                    .durable
+                    .as_ref()
+                    .map(|(dir, _)| dir.display().to_string()),
+                bridge: bridge.clone(),
+            };
+            match AdminServer::start(listener, context) {
+                Ok(admin) => Some(admin),
+                Err(e) => {
+                    shutdown.trigger();
+                    for t in threads {
+                        let _ = t.join();
+                    }
+                    return Err(e.into());
+                }
+            }
+        }
+    };
+    shared.stats.set_lifecycle(Lifecycle::Serving);
     Ok(BrokerHandle {
         addr,
         shards,
         shared,
         shutdown,
         threads,
+        bridge,
+        admin,
     })
 }
 
@@ -376,6 +456,8 @@ struct ShardStart {
     shutdown: Arc<ShutdownSignal>,
     /// `Some(data_dir, segment_bytes)` for durable queues.
     durable: Option<(PathBuf, u64)>,
+    /// With the Postgres bridge: what it has read of each log.
+    mirror: Option<Arc<MirrorWatermarks>>,
     /// This shard's queues as their logs left them.
     recovered: Vec<(Arc<str>, RecoveredQueue)>,
 }
@@ -398,7 +480,7 @@ async fn run_shard(ctx: ShardStart, ready: std::sync::mpsc::Sender<Result<Socket
     let ciphermq_shard::MeshEndpoint { outbound, inbound } = ctx.endpoint;
     let durable = ctx
         .durable
-        .map(|(dir, segment)| Durability::new(dir, segment));
+        .map(|(dir, segment)| Durability::new(dir, segment, ctx.mirror));
     let is_durable = durable.is_some();
     let mut state = Shard::new(
         ctx.queue_settings,
@@ -410,11 +492,14 @@ async fn run_shard(ctx: ShardStart, ready: std::sync::mpsc::Sender<Result<Socket
     for (name, queue) in ctx.recovered {
         state.restore_queue(name, queue, now);
     }
+    let stats = ctx.shared.stats.shard(ctx.shard).clone();
+    crate::stats::enter(stats.clone());
     let local = Rc::new(ShardLocal {
         shard: RefCell::new(state),
         limiters: RefCell::new((0, HashMap::new())),
         staging: RefCell::new(Vec::new()),
         shared: ctx.shared.clone(),
+        stats,
     });
     glommio::spawn_local(drain_mesh(local.clone(), inbound)).detach();
     glommio::spawn_local(adopt_handoffs(
@@ -432,12 +517,25 @@ async fn run_shard(ctx: ShardStart, ready: std::sync::mpsc::Sender<Result<Socket
     let _ = ready.send(Ok(addr));
 
     let shard = ctx.shard;
+    // Handshakes in progress: the shard must not end under them, or their
+    // sockets would never be closed (closing needs the running reactor).
+    let handshaking = Rc::new(Cell::new(0usize));
     let accept_loop = async {
         loop {
             match listener.accept().await {
                 Ok(stream) => {
-                    glommio::spawn_local(handshake(local.clone(), stream, ctx.doorbells.clone()))
-                        .detach();
+                    let guard = InFlight::enter(&handshaking);
+                    let task = handshake(
+                        local.clone(),
+                        stream,
+                        ctx.doorbells.clone(),
+                        ctx.shutdown.clone(),
+                    );
+                    glommio::spawn_local(async move {
+                        task.await;
+                        drop(guard);
+                    })
+                    .detach();
                 }
                 Err(e) => {
                     tracing::warn!(shard, error = %e, "accept failed");
@@ -455,7 +553,7 @@ async fn run_shard(ctx: ShardStart, ready: std::sync::mpsc::Sender<Result<Socket
     // last commit rounds), say goodbye, and go; then the shard ends.
     let deadline = Instant::now() + Duration::from_secs(5);
     while Instant::now() < deadline {
-        let busy = committing.get() || {
+        let busy = committing.get() || handshaking.get() > 0 || {
             let shard = local.shard.borrow();
             shard.has_commit_work() || shard.mailboxes().next().is_some()
         };
@@ -463,6 +561,22 @@ async fn run_shard(ctx: ShardStart, ready: std::sync::mpsc::Sender<Result<Socket
             break;
         }
         glommio::timer::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Counts a task as running until dropped.
+struct InFlight(Rc<Cell<usize>>);
+
+impl InFlight {
+    fn enter(count: &Rc<Cell<usize>>) -> InFlight {
+        count.set(count.get() + 1);
+        InFlight(count.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.set(self.0.get() - 1);
     }
 }
 
@@ -483,6 +597,9 @@ async fn sweep_deliveries(local: Rc<ShardLocal>) {
     loop {
         glommio::timer::sleep(Duration::from_secs(1)).await;
         local.with_shard(|shard| shard.sweep(Instant::now()));
+        if local.shared.stats.collects() {
+            local.stats.refresh(&local.shard.borrow());
+        }
     }
 }
 
@@ -514,6 +631,7 @@ async fn handshake(
     local: Rc<ShardLocal>,
     mut stream: TcpStream,
     doorbells: Arc<Vec<Doorbell<Handoff>>>,
+    shutdown: Arc<ShutdownSignal>,
 ) {
     let peer = match stream.peer_addr() {
         Ok(p) => p,
@@ -538,7 +656,21 @@ async fn handshake(
     })
     .await;
     if let Err(e) = done {
+        local.stats.handshake_failures.add(1);
         tracing::info!(%peer, error = %e, "TLS handshake failed");
+        return;
+    }
+    if shutdown.is_triggered() {
+        // Accepted while the broker stops: say goodbye at the TLS level so
+        // the client reconnects, rather than handing it to a shard that is
+        // ending.
+        session.tls.send_close_notify();
+        let _ = glommio::timer::timeout(Duration::from_secs(1), async {
+            std::future::poll_fn(|cx| session.poll_flush(&mut stream, cx))
+                .await
+                .map_err(glommio::GlommioError::from)
+        })
+        .await;
         return;
     }
     let cn = session.tls.peer_certificates().and_then(peer_common_name);
@@ -547,6 +679,7 @@ async fn handshake(
         .map(|cn| shared.policy.current().acl.role_of(cn))
         .unwrap_or(Role::Unknown);
     let Some(cn) = cn.filter(|_| role != Role::Unknown) else {
+        local.stats.connections_refused.add(1);
         tracing::warn!(%peer, "refused: unknown client");
         refuse(
             &mut stream,
@@ -559,11 +692,13 @@ async fn handshake(
     let slot = match shared.policy.conn_limits.try_acquire(peer.ip(), &cn) {
         Ok(slot) => Some(slot),
         Err(e) => {
+            local.stats.connections_refused.add(1);
             tracing::warn!(%peer, %cn, reason = %e, "refused: connection limit");
             refuse(&mut stream, &mut session, "Error: connection limit reached").await;
             return;
         }
     };
+    local.stats.connections_accepted.add(1);
     let identity = Identity {
         cn: Arc::from(cn.as_str()),
         role,

@@ -5,7 +5,7 @@
 //! [`ServerConnection`] (`read_tls`, `process_new_packets`, `reader`, `writer`,
 //! `write_tls`) with poll functions a connection future can call in any order.
 
-use std::io::{self, Read, Write};
+use std::io::{self, BufRead, Read, Write};
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
@@ -13,23 +13,32 @@ use futures_lite::{AsyncRead, AsyncWrite};
 use glommio::net::TcpStream;
 use rustls::ServerConnection;
 
-/// Size of one socket read: a few TLS records.
+use crate::line_buffer::ReadBuffer;
+pub use crate::line_buffer::IDLE_BUFFER_BYTES;
+
+/// Largest socket read: a few TLS records.
 const READ_CHUNK: usize = 64 * 1024;
-/// Buffers larger than this are freed rather than kept when they empty, so an
-/// idle connection costs little memory.
-pub const IDLE_BUFFER_BYTES: usize = 16 * 1024;
+/// Smallest socket read: a few small records.
+const MIN_READ: usize = 4 * 1024;
+/// First socket read of a session: one full-size TLS record.
+const FIRST_READ: usize = 16 * 1024;
 
 /// A TLS session plus the ciphertext not yet given to rustls or to the socket.
 pub struct TlsSession {
     /// The rustls state machine.
     pub tls: ServerConnection,
-    /// Ciphertext read from the socket; `incoming[incoming_pos..]` is not yet
-    /// consumed by rustls. Freed once consumed, so idle connections hold no
-    /// read buffer.
-    incoming: Vec<u8>,
-    incoming_pos: usize,
+    /// Ciphertext read from the socket and not yet consumed by rustls. Kept
+    /// while the connection is busy, freed by [`TlsSession::release_idle`].
+    incoming: ReadBuffer,
+    /// Room the next socket read asks for, between [`MIN_READ`] and
+    /// [`READ_CHUNK`]: doubled when a read fills it, cut to twice what came
+    /// when a read uses less than a quarter. It outlives the buffer, so a
+    /// connection woken for one small message zeroes a small buffer, not
+    /// [`READ_CHUNK`].
+    read_size: usize,
     /// Ciphertext produced by rustls, not yet written to the socket.
     outgoing: Vec<u8>,
+    /// Bytes of `outgoing` already written.
     outgoing_pos: usize,
     /// The peer closed its side of the socket.
     pub eof: bool,
@@ -43,8 +52,8 @@ impl TlsSession {
         tls.set_buffer_limit(None);
         TlsSession {
             tls,
-            incoming: leftover.to_vec(),
-            incoming_pos: 0,
+            incoming: ReadBuffer::from_slice(leftover),
+            read_size: FIRST_READ,
             outgoing: Vec::new(),
             outgoing_pos: 0,
             eof: false,
@@ -53,13 +62,13 @@ impl TlsSession {
 
     /// Splits the session for a hand-off: rustls state and unconsumed ciphertext.
     pub fn into_parts(self) -> (ServerConnection, Vec<u8>) {
-        let leftover = self.incoming[self.incoming_pos..].to_vec();
+        let leftover = self.incoming.data().to_vec();
         (self.tls, leftover)
     }
 
     /// Whether ciphertext waits to be handed to rustls.
     pub fn has_incoming(&self) -> bool {
-        self.incoming_pos < self.incoming.len()
+        !self.incoming.is_empty()
     }
 
     /// Unsent ciphertext, in bytes.
@@ -72,26 +81,19 @@ impl TlsSession {
     pub fn process_incoming(&mut self) -> Result<bool, rustls::Error> {
         let mut progressed = false;
         while self.has_incoming() && self.tls.wants_read() {
-            let mut slice = &self.incoming[self.incoming_pos..];
+            let mut slice = self.incoming.data();
             let before = slice.len();
             match self.tls.read_tls(&mut slice) {
                 Ok(0) => break,
                 Ok(_) => {}
                 Err(e) => return Err(rustls::Error::General(e.to_string())),
             }
-            self.incoming_pos += before - slice.len();
+            let consumed = before - slice.len();
+            self.incoming.consume(consumed);
             progressed = true;
             let state = self.tls.process_new_packets()?;
             if state.peer_has_closed() {
                 self.eof = true;
-            }
-        }
-        if self.incoming_pos == self.incoming.len() {
-            self.incoming_pos = 0;
-            if self.incoming.capacity() > IDLE_BUFFER_BYTES {
-                self.incoming = Vec::new();
-            } else {
-                self.incoming.clear();
             }
         }
         Ok(progressed)
@@ -103,25 +105,39 @@ impl TlsSession {
         stream: &mut TcpStream,
         cx: &mut Context<'_>,
     ) -> Poll<io::Result<usize>> {
-        if self.incoming_pos > 0 {
-            self.incoming.drain(..self.incoming_pos);
-            self.incoming_pos = 0;
-        }
-        let len = self.incoming.len();
-        self.incoming.resize(len + READ_CHUNK, 0);
-        let result = Pin::new(stream).poll_read(cx, &mut self.incoming[len..]);
-        let n = match result {
-            Poll::Ready(Ok(n)) => n,
-            _ => 0,
-        };
-        self.incoming.truncate(len + n);
-        if n == 0 && self.incoming.is_empty() && self.incoming.capacity() > IDLE_BUFFER_BYTES {
-            self.incoming = Vec::new();
-        }
-        if let Poll::Ready(Ok(0)) = result {
-            self.eof = true;
+        let room = self.incoming.spare(self.read_size);
+        let offered = room.len();
+        let result = Pin::new(stream).poll_read(cx, room);
+        if let Poll::Ready(Ok(n)) = result {
+            self.incoming.commit(n);
+            self.read_size = next_read_size(self.read_size, offered, n);
+            if n == 0 {
+                self.eof = true;
+            }
         }
         result
+    }
+
+    /// Gives buffer memory back before the connection parks idle: ciphertext
+    /// and output buffers with nothing in them are freed, a large one holding
+    /// little is shrunk (see [`ReadBuffer::release_idle`]).
+    pub fn release_idle(&mut self) {
+        self.incoming.release_idle();
+        if self.outgoing_pos == self.outgoing.len() {
+            self.outgoing = Vec::new();
+            self.outgoing_pos = 0;
+        }
+    }
+
+    /// Bytes of buffer memory held outside rustls (for tests and accounting).
+    pub fn buffer_capacity(&self) -> usize {
+        self.incoming.capacity() + self.outgoing.capacity()
+    }
+
+    /// Decrypted bytes the next [`TlsSession::read_plaintext`] can return at
+    /// least (rustls's first buffered record); 0 when none are buffered.
+    pub fn plaintext_ready(&mut self) -> usize {
+        self.tls.reader().fill_buf().map_or(0, |chunk| chunk.len())
     }
 
     /// Copies decrypted bytes into `buf`; 0 when none are buffered.
@@ -145,12 +161,10 @@ impl TlsSession {
     ) -> Poll<io::Result<()>> {
         loop {
             if self.outgoing_pos == self.outgoing.len() {
+                // Kept for the next write; freed when the connection parks.
                 self.outgoing.clear();
                 self.outgoing_pos = 0;
                 if !self.tls.wants_write() {
-                    if self.outgoing.capacity() > IDLE_BUFFER_BYTES {
-                        self.outgoing = Vec::new();
-                    }
                     return Poll::Ready(Ok(()));
                 }
                 while self.tls.wants_write() {
@@ -174,7 +188,15 @@ impl TlsSession {
                 break;
             }
             if !self.has_incoming() {
-                let n = std::future::poll_fn(|cx| self.poll_read_socket(stream, cx)).await?;
+                let n = std::future::poll_fn(|cx| {
+                    let read = self.poll_read_socket(stream, cx);
+                    if read.is_pending() {
+                        // A peer stalling mid-handshake holds no read buffer.
+                        self.release_idle();
+                    }
+                    read
+                })
+                .await?;
                 if n == 0 {
                     return Err(HandshakeError::Closed);
                 }
@@ -202,4 +224,134 @@ pub enum HandshakeError {
     /// TLS refused (bad certificate, wrong CA, protocol error).
     #[error("TLS handshake failed: {0}")]
     Tls(rustls::Error),
+}
+
+/// The next socket read size after a read of `n` bytes into `offered` bytes
+/// of room, when `current` was asked for.
+fn next_read_size(current: usize, offered: usize, n: usize) -> usize {
+    if n > 0 && n == offered {
+        (current * 2).min(READ_CHUNK)
+    } else if n < current / 4 {
+        (2 * n).next_power_of_two().clamp(MIN_READ, READ_CHUNK)
+    } else {
+        current
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn read_size_follows_the_traffic_within_bounds() {
+        let mut size = FIRST_READ;
+        // Reads that fill the room: a burst, so ask for more, up to the cap.
+        for _ in 0..10 {
+            size = next_read_size(size, size, size);
+        }
+        assert_eq!(size, READ_CHUNK);
+        // Room larger than asked for, filled: grow too.
+        assert_eq!(
+            next_read_size(MIN_READ, 3 * MIN_READ, 3 * MIN_READ),
+            2 * MIN_READ
+        );
+        // Typical reads keep the size.
+        assert_eq!(next_read_size(size, size, size / 2), size);
+        // A small message after a burst: back to a small read at once.
+        assert_eq!(next_read_size(size, size, 1100), MIN_READ);
+        assert_eq!(next_read_size(size, size, 5000), 16 * 1024);
+        // End of stream: shrink, never below the floor.
+        assert_eq!(next_read_size(MIN_READ, MIN_READ, 0), MIN_READ);
+    }
+
+    /// Reads plaintext until `want` bytes came; returns the most buffer
+    /// memory the session held meanwhile.
+    async fn receive(session: &mut TlsSession, stream: &mut TcpStream, want: usize) -> usize {
+        let mut plaintext = vec![0u8; 64 * 1024];
+        let (mut got, mut peak) = (0, 0);
+        while got < want {
+            peak = peak.max(session.buffer_capacity());
+            let n = session.read_plaintext(&mut plaintext);
+            if n > 0 {
+                got += n;
+            } else if session.has_incoming() {
+                session.process_incoming().expect("valid records");
+            } else {
+                let n = std::future::poll_fn(|cx| session.poll_read_socket(stream, cx))
+                    .await
+                    .expect("a socket read");
+                assert!(n > 0, "the peer closed early");
+            }
+        }
+        assert_eq!(got, want);
+        peak
+    }
+
+    /// A burst through a real mTLS session, a park, then one small line: the
+    /// parked session holds no buffers, and the burst's buffers stay bounded.
+    #[test]
+    fn a_parked_session_holds_no_buffers() {
+        use std::sync::{mpsc, Arc};
+
+        use ciphermq_clients::connection::TlsClientOptions;
+        use ciphermq_clients::pki::{self, PkiOptions};
+
+        const BURST: usize = 512 * 1024;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let certs = dir.path().join("certs");
+        let mut opts = PkiOptions::new(&certs, dir.path().join("keys"));
+        opts.client_cns = vec!["sender_1".into()];
+        pki::generate(&opts).expect("a test PKI");
+        let server = crate::tls::server_config(
+            &certs.join("server.crt"),
+            &certs.join("server.key"),
+            &certs.join("ca.crt"),
+        )
+        .expect("server TLS config");
+        let client = TlsClientOptions::for_cn(&certs, "sender_1")
+            .client_config()
+            .expect("client TLS config");
+
+        let (addr_tx, addr_rx) = mpsc::channel();
+        let (go_tx, go_rx) = mpsc::channel::<()>();
+        let peer = std::thread::spawn(move || {
+            let addr: std::net::SocketAddr = addr_rx.recv().expect("the address");
+            let socket = std::net::TcpStream::connect(addr).expect("connect");
+            let name = "localhost".try_into().expect("a server name");
+            let conn = rustls::ClientConnection::new(Arc::new(client), name).expect("client");
+            let mut tls = rustls::StreamOwned::new(conn, socket);
+            tls.write_all(&vec![b'x'; BURST]).expect("the burst");
+            tls.flush().expect("flush");
+            go_rx.recv().expect("parked");
+            tls.write_all(b"ping\n").expect("the line");
+            tls.flush().expect("flush");
+            let _ = go_rx.recv();
+        });
+
+        let executor = glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+            .spawn(move || async move {
+                let listener = glommio::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+                addr_tx
+                    .send(listener.local_addr().expect("address"))
+                    .expect("send");
+                let mut stream = listener.accept().await.expect("accept");
+                let tls = ServerConnection::new(server).expect("server session");
+                let mut session = TlsSession::new(tls, &[]);
+                session.handshake(&mut stream).await.expect("handshake");
+
+                let peak = receive(&mut session, &mut stream, BURST).await;
+                assert!(peak > 0 && peak <= 2 * READ_CHUNK, "{peak} bytes held");
+                session.release_idle();
+                assert_eq!(session.buffer_capacity(), 0, "parked: nothing held");
+
+                go_tx.send(()).expect("go");
+                receive(&mut session, &mut stream, 5).await;
+                session.release_idle();
+                assert_eq!(session.buffer_capacity(), 0);
+                let _ = go_tx.send(());
+            })
+            .expect("an executor");
+        executor.join().expect("the server side");
+        peer.join().expect("the client side");
+    }
 }

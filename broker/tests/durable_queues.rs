@@ -157,6 +157,60 @@ async fn dedup_holds_across_a_restart() {
     broker.shutdown();
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dedup_holds_across_a_restart_after_the_acked_segments_are_deleted() {
+    let data = tempfile::tempdir().unwrap();
+    let small_segments = |data: &Path| {
+        let text = config_text(&pki().certs, data, 1, "").replace(
+            r#"mode = "memory""#,
+            "mode = \"durable\"\nsegment_bytes = 4096",
+        );
+        let config = Config::from_toml_str(&text, data).expect("config");
+        ciphermq_broker::start(&config).expect("broker starts")
+    };
+    let ids: Vec<String> = (0..100).map(|i| format!("seg-{i}")).collect();
+    let id_refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+    {
+        let broker = small_segments(data.path());
+        let mut r = connect(&broker, "receiver_1").await;
+        setup_receiver(&mut r, "receiver_1").await;
+        let mut s = connect(&broker, "sender_1").await;
+        publish(&mut s, &id_refs).await;
+        let files = segments(data.path(), "receiver_1_queue");
+        assert!(files.len() > 3, "several segments: {files:?}");
+        let got = drain(&mut r, "receiver_1_queue").await;
+        assert_eq!(got.len(), ids.len());
+        for id in &ids {
+            expect(&mut r, &format!("ack {id}"), &format!("ACK_CONFIRMED {id}")).await;
+        }
+        // One more publish drives a commit round that deletes the acked segments.
+        publish(&mut s, &["seg-last"]).await;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        // All but the active segment hold only acked messages.
+        while segments(data.path(), "receiver_1_queue").len() > 1 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "acked segments deleted"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            publish(&mut s, &["seg-last"]).await;
+        }
+        broker.shutdown();
+    }
+    let broker = small_segments(data.path());
+    let mut s = connect(&broker, "sender_1").await;
+    // Every retry is still within the window: acknowledged, nothing stored.
+    publish(&mut s, &id_refs).await;
+    let mut r = connect(&broker, "receiver_1").await;
+    let got: Vec<String> = drain(&mut r, "receiver_1_queue")
+        .await
+        .into_iter()
+        .map(|(id, _)| id)
+        .collect();
+    assert_eq!(got, ["seg-last"]);
+    broker.shutdown();
+}
+
 fn segments(data: &Path, queue: &str) -> Vec<std::path::PathBuf> {
     let mut files: Vec<_> = std::fs::read_dir(data.join("queues").join(queue))
         .unwrap()

@@ -13,6 +13,7 @@ use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::client::WebPkiServerVerifier;
@@ -24,6 +25,10 @@ use rustls::{
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
+
+/// Longest wait for the TCP connection, the TLS handshake and the broker's
+/// greeting together.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Protocol name and version the broker announces in its greeting.
 pub const PROTOCOL: &str = "ciphermq/1";
@@ -352,8 +357,22 @@ impl Connection {
         connector: &TlsConnector,
         server_name: ServerName<'static>,
     ) -> Result<Connection, ClientError> {
-        let mut reader = LineReader::new(handshake(addr, connector, server_name).await?);
-        let line = reader.read_line().await?.ok_or(ClientError::Closed)?;
+        // A broker that accepts the TCP connection but never greets (it is
+        // going down, or its accept queue is stuck) must not hang a client
+        // that would otherwise retry elsewhere or later.
+        let greeted = tokio::time::timeout(CONNECT_TIMEOUT, async {
+            let mut reader = LineReader::new(handshake(addr, connector, server_name).await?);
+            let line = reader.read_line().await?.ok_or(ClientError::Closed)?;
+            Ok::<_, ClientError>((reader, line))
+        })
+        .await;
+        let (reader, line) = greeted.map_err(|_| ClientError::Connect {
+            addr: addr.to_owned(),
+            error: io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("no greeting within {} s", CONNECT_TIMEOUT.as_secs()),
+            ),
+        })??;
         match Hello::parse(&line) {
             Some(hello) => Ok(Connection {
                 reader,

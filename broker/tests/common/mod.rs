@@ -11,6 +11,8 @@ use ciphermq_clients::connection::{Connection, TlsClientOptions};
 use ciphermq_clients::pki::{self, PkiOptions};
 use ciphermq_shard::shard_of;
 
+pub mod pg;
+
 /// Every CN the test PKI issues a certificate for.
 pub const CNS: &[&str] = &[
     "admin",
@@ -126,6 +128,10 @@ impl TestBroker {
     /// A durable broker over the data directory `data`, listening on `addr`
     /// (`127.0.0.1:0` first; the address it got, to restart it in place).
     pub fn start_durable_at(shards: usize, data: &Path, addr: &str) -> TestBroker {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_test_writer()
+            .try_init();
         let text = config_text(&pki().certs, data, shards, "")
             .replace(r#"mode = "memory""#, r#"mode = "durable""#)
             .replace(

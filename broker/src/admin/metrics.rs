@@ -1,0 +1,455 @@
+//! `/metrics`: the Prometheus text exposition format (version 0.0.4),
+//! written by hand: names start with `ciphermq_`, counters end in `_total`,
+//! latency histograms in `_seconds`, and per-shard series carry a
+//! `shard="N"` label.
+
+use std::fmt::Write;
+
+use ciphermq_pgbridge::BridgeStatus;
+
+use super::{status, AdminContext};
+use crate::stats::{HistogramSnapshot, ShardStats};
+
+/// A metric family's type, as the `# TYPE` line spells it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Counter,
+    Gauge,
+    Histogram,
+}
+
+impl Kind {
+    fn as_str(self) -> &'static str {
+        match self {
+            Kind::Counter => "counter",
+            Kind::Gauge => "gauge",
+            Kind::Histogram => "histogram",
+        }
+    }
+}
+
+/// Builds an exposition text. Writing into a `String` cannot fail, so the
+/// `fmt::Result`s are dropped.
+#[derive(Debug, Default)]
+pub(crate) struct Exposition {
+    out: String,
+}
+
+impl Exposition {
+    /// Starts a family: its `# HELP` and `# TYPE` lines.
+    pub(crate) fn family(&mut self, name: &str, kind: Kind, help: &str) {
+        let _ = writeln!(self.out, "# HELP {name} {}", escape_help(help));
+        let _ = writeln!(self.out, "# TYPE {name} {}", kind.as_str());
+    }
+
+    /// One sample line.
+    pub(crate) fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: f64) {
+        self.out.push_str(name);
+        self.labels(labels, None);
+        let _ = writeln!(self.out, " {}", format_value(value));
+    }
+
+    /// One integer sample line (counters, counts).
+    pub(crate) fn sample_u64(&mut self, name: &str, labels: &[(&str, &str)], value: u64) {
+        self.out.push_str(name);
+        self.labels(labels, None);
+        let _ = writeln!(self.out, " {value}");
+    }
+
+    /// A histogram's `_bucket` (cumulative, with `le`), `_sum` (seconds)
+    /// and `_count` lines.
+    pub(crate) fn histogram(&mut self, name: &str, labels: &[(&str, &str)], h: &HistogramSnapshot) {
+        let mut cumulative = 0u64;
+        for (i, count) in h.counts.iter().enumerate() {
+            cumulative += count;
+            let le = match h.bounds_us.get(i) {
+                Some(&us) => format_value(us as f64 / 1e6),
+                None => "+Inf".to_owned(),
+            };
+            let _ = write!(self.out, "{name}_bucket");
+            self.labels(labels, Some(&le));
+            let _ = writeln!(self.out, " {cumulative}");
+        }
+        let _ = write!(self.out, "{name}_sum");
+        self.labels(labels, None);
+        let _ = writeln!(self.out, " {}", format_value(h.sum_us as f64 / 1e6));
+        let _ = write!(self.out, "{name}_count");
+        self.labels(labels, None);
+        let _ = writeln!(self.out, " {cumulative}");
+    }
+
+    fn labels(&mut self, labels: &[(&str, &str)], le: Option<&str>) {
+        if labels.is_empty() && le.is_none() {
+            return;
+        }
+        self.out.push('{');
+        let mut first = true;
+        for (key, value) in labels.iter().copied().chain(le.map(|le| ("le", le))) {
+            if !first {
+                self.out.push(',');
+            }
+            first = false;
+            let _ = write!(self.out, "{key}=\"{}\"", escape_label(value));
+        }
+        self.out.push('}');
+    }
+
+    /// The finished text.
+    pub(crate) fn finish(self) -> String {
+        self.out
+    }
+}
+
+/// Label values escape `\`, `"` and newlines.
+fn escape_label(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for c in value.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// Help text escapes `\` and newlines.
+fn escape_help(help: &str) -> String {
+    help.replace('\\', "\\\\").replace('\n', "\\n")
+}
+
+/// Numbers as Prometheus reads them (`+Inf`, `-Inf`, `NaN` spelled out).
+fn format_value(v: f64) -> String {
+    if v.is_nan() {
+        "NaN".to_owned()
+    } else if v.is_infinite() {
+        if v > 0.0 { "+Inf" } else { "-Inf" }.to_owned()
+    } else {
+        format!("{v}")
+    }
+}
+
+/// A per-shard counter family.
+fn shard_counter(
+    e: &mut Exposition,
+    shards: &[std::sync::Arc<ShardStats>],
+    name: &str,
+    help: &str,
+    get: impl Fn(&ShardStats) -> u64,
+) {
+    e.family(name, Kind::Counter, help);
+    for s in shards {
+        let shard = s.shard.to_string();
+        e.sample_u64(name, &[("shard", &shard)], get(s));
+    }
+}
+
+/// A per-shard histogram family.
+fn shard_histogram(
+    e: &mut Exposition,
+    shards: &[std::sync::Arc<ShardStats>],
+    name: &str,
+    help: &str,
+    get: impl Fn(&ShardStats) -> HistogramSnapshot,
+) {
+    e.family(name, Kind::Histogram, help);
+    for s in shards {
+        let shard = s.shard.to_string();
+        e.histogram(name, &[("shard", &shard)], &get(s));
+    }
+}
+
+/// A per-queue gauge: name, help, and how to read it from a queue entry.
+type QueueGauge = (&'static str, &'static str, fn(&status::QueueEntry) -> usize);
+
+/// The whole `/metrics` text.
+pub(crate) fn render(ctx: &AdminContext) -> String {
+    let mut e = Exposition::default();
+    let stats = &ctx.shared.stats;
+    let shards = stats.shards();
+    let bridge = ctx.bridge.as_ref().map(|b| b.status());
+    let readiness = status::readiness(&ctx.shared.stats, bridge.as_ref());
+
+    e.family("ciphermq_info", Kind::Gauge, "Broker name and version.");
+    e.sample_u64(
+        "ciphermq_info",
+        &[("name", &ctx.name), ("version", env!("CARGO_PKG_VERSION"))],
+        1,
+    );
+    e.family(
+        "ciphermq_ready",
+        Kind::Gauge,
+        "1 when /ready answers 200: listeners bound, logs recovered, storage writing.",
+    );
+    e.sample_u64("ciphermq_ready", &[], u64::from(readiness.ready));
+    e.family(
+        "ciphermq_uptime_seconds",
+        Kind::Gauge,
+        "Seconds since the broker started.",
+    );
+    e.sample("ciphermq_uptime_seconds", &[], stats.uptime().as_secs_f64());
+    e.family("ciphermq_shards", Kind::Gauge, "Shards (pinned executors).");
+    e.sample_u64("ciphermq_shards", &[], shards.len() as u64);
+
+    shard_counter(
+        &mut e,
+        shards,
+        "ciphermq_publishes_total",
+        "Publishes answered ACK (durable in every target queue).",
+        |s| s.publishes.get(),
+    );
+    shard_counter(
+        &mut e,
+        shards,
+        "ciphermq_publish_nacks_total",
+        "Publishes answered NACK, any reason.",
+        |s| s.publish_nacks.get(),
+    );
+    shard_counter(
+        &mut e,
+        shards,
+        "ciphermq_acks_total",
+        "Deliveries settled by a consumer's ack.",
+        |s| s.acks.get(),
+    );
+    shard_counter(
+        &mut e,
+        shards,
+        "ciphermq_nacks_total",
+        "Deliveries requeued by a consumer's nack.",
+        |s| s.nacks.get(),
+    );
+    shard_counter(
+        &mut e,
+        shards,
+        "ciphermq_deliveries_total",
+        "Deliveries written to consumers (push and fetch, redeliveries included).",
+        |s| s.deliveries.get(),
+    );
+    shard_counter(
+        &mut e,
+        shards,
+        "ciphermq_connections_accepted_total",
+        "Client connections that passed the handshake and the ACL.",
+        |s| s.connections_accepted.get(),
+    );
+    shard_counter(
+        &mut e,
+        shards,
+        "ciphermq_connections_refused_total",
+        "Client connections refused after the handshake (unknown CN, connection caps).",
+        |s| s.connections_refused.get(),
+    );
+    shard_counter(
+        &mut e,
+        shards,
+        "ciphermq_tls_handshake_failures_total",
+        "Client TLS handshakes that failed or timed out.",
+        |s| s.handshake_failures.get(),
+    );
+    shard_counter(
+        &mut e,
+        shards,
+        "ciphermq_fsyncs_total",
+        "fdatasync calls on queue logs.",
+        |s| s.fsyncs.get(),
+    );
+    shard_counter(
+        &mut e,
+        shards,
+        "ciphermq_commit_rounds_total",
+        "Group-commit rounds.",
+        |s| s.commit_rounds.get(),
+    );
+    shard_counter(
+        &mut e,
+        shards,
+        "ciphermq_commit_failures_total",
+        "Group-commit rounds with a failed log write (publishes answered NACK storage).",
+        |s| s.commit_failures.get(),
+    );
+    shard_histogram(
+        &mut e,
+        shards,
+        "ciphermq_publish_ack_seconds",
+        "Time from a publish's acceptance to its ACK being written (1 ms resolution).",
+        |s| s.publish_ack_latency.snapshot(),
+    );
+    shard_histogram(
+        &mut e,
+        shards,
+        "ciphermq_fsync_seconds",
+        "Duration of each fdatasync of a queue log.",
+        |s| s.fsync_latency.snapshot(),
+    );
+
+    e.family(
+        "ciphermq_connections",
+        Kind::Gauge,
+        "Open client connections per shard (refreshed every second).",
+    );
+    for s in shards {
+        let shard = s.shard.to_string();
+        e.sample_u64(
+            "ciphermq_connections",
+            &[("shard", &shard)],
+            s.open_connections(),
+        );
+    }
+    e.family(
+        "ciphermq_storage_healthy",
+        Kind::Gauge,
+        "1 while every shard's last commit round succeeded.",
+    );
+    e.sample_u64(
+        "ciphermq_storage_healthy",
+        &[],
+        u64::from(stats.storage_errors().is_empty()),
+    );
+
+    let queues = status::queues(ctx);
+    let gauges: [QueueGauge; 3] = [
+        (
+            "ciphermq_queue_ready",
+            "Messages waiting in a queue.",
+            |q| q.ready,
+        ),
+        (
+            "ciphermq_queue_unacked",
+            "Deliveries of a queue not yet acked.",
+            |q| q.unacked,
+        ),
+        (
+            "ciphermq_queue_consumers",
+            "Consumers registered on a queue.",
+            |q| q.consumers,
+        ),
+    ];
+    for (name, help, get) in gauges {
+        e.family(name, Kind::Gauge, help);
+        for q in &queues {
+            let shard = q.shard.to_string();
+            e.sample_u64(
+                name,
+                &[("queue", &q.name), ("shard", &shard)],
+                get(q) as u64,
+            );
+        }
+    }
+
+    if let Some(b) = &bridge {
+        bridge_metrics(&mut e, b);
+    }
+    e.finish()
+}
+
+/// The Postgres bridge's gauges and counters.
+fn bridge_metrics(e: &mut Exposition, b: &BridgeStatus) {
+    e.family(
+        "ciphermq_pgbridge_connected",
+        Kind::Gauge,
+        "1 while every connection the Postgres bridge needs is up.",
+    );
+    e.sample_u64("ciphermq_pgbridge_connected", &[], u64::from(b.connected));
+    e.family(
+        "ciphermq_pgbridge_rows_written_total",
+        Kind::Counter,
+        "Metadata rows written in committed transactions.",
+    );
+    e.sample_u64("ciphermq_pgbridge_rows_written_total", &[], b.rows_written);
+    e.family(
+        "ciphermq_pgbridge_lag_bytes",
+        Kind::Gauge,
+        "Log bytes past the metadata mirror's committed watermark.",
+    );
+    e.sample_u64("ciphermq_pgbridge_lag_bytes", &[], b.lag_bytes);
+    e.family(
+        "ciphermq_pgbridge_lag_seconds",
+        Kind::Gauge,
+        "Seconds since the mirror last caught up with every log (0 when caught up).",
+    );
+    e.sample("ciphermq_pgbridge_lag_seconds", &[], b.lag_seconds);
+    e.family(
+        "ciphermq_pgbridge_missed_segments_total",
+        Kind::Counter,
+        "Log segments deleted before the mirror read them (their rows are missing).",
+    );
+    e.sample_u64(
+        "ciphermq_pgbridge_missed_segments_total",
+        &[],
+        b.missed_segments,
+    );
+    e.family(
+        "ciphermq_pgbridge_reconnects_total",
+        Kind::Counter,
+        "Postgres connections re-established after a loss.",
+    );
+    e.sample_u64("ciphermq_pgbridge_reconnects_total", &[], b.reconnects);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn families_samples_and_escaping() {
+        let mut e = Exposition::default();
+        e.family("ciphermq_x_total", Kind::Counter, "Line one\nline \\two.");
+        e.sample_u64("ciphermq_x_total", &[("shard", "0")], 7);
+        e.sample_u64("ciphermq_x_total", &[("queue", "a\"b\\c\nd")], 1);
+        e.family("ciphermq_y", Kind::Gauge, "Y.");
+        e.sample("ciphermq_y", &[], 0.25);
+        e.sample("ciphermq_y", &[], f64::NAN);
+        e.sample("ciphermq_y", &[], f64::INFINITY);
+        assert_eq!(
+            e.finish(),
+            "# HELP ciphermq_x_total Line one\\nline \\\\two.\n\
+             # TYPE ciphermq_x_total counter\n\
+             ciphermq_x_total{shard=\"0\"} 7\n\
+             ciphermq_x_total{queue=\"a\\\"b\\\\c\\nd\"} 1\n\
+             # HELP ciphermq_y Y.\n\
+             # TYPE ciphermq_y gauge\n\
+             ciphermq_y 0.25\n\
+             ciphermq_y NaN\n\
+             ciphermq_y +Inf\n"
+        );
+    }
+
+    #[test]
+    fn histograms_are_cumulative_in_seconds() {
+        let h = HistogramSnapshot {
+            bounds_us: &[100, 2_500, 1_000_000],
+            counts: vec![1, 0, 2, 1],
+            sum_us: 1_502_600,
+        };
+        let mut e = Exposition::default();
+        e.family("ciphermq_fsync_seconds", Kind::Histogram, "Fsyncs.");
+        e.histogram("ciphermq_fsync_seconds", &[("shard", "1")], &h);
+        assert_eq!(
+            e.finish(),
+            "# HELP ciphermq_fsync_seconds Fsyncs.\n\
+             # TYPE ciphermq_fsync_seconds histogram\n\
+             ciphermq_fsync_seconds_bucket{shard=\"1\",le=\"0.0001\"} 1\n\
+             ciphermq_fsync_seconds_bucket{shard=\"1\",le=\"0.0025\"} 1\n\
+             ciphermq_fsync_seconds_bucket{shard=\"1\",le=\"1\"} 3\n\
+             ciphermq_fsync_seconds_bucket{shard=\"1\",le=\"+Inf\"} 4\n\
+             ciphermq_fsync_seconds_sum{shard=\"1\"} 1.5026\n\
+             ciphermq_fsync_seconds_count{shard=\"1\"} 4\n"
+        );
+    }
+
+    #[test]
+    fn every_bucket_bound_prints_as_a_plain_decimal() {
+        for &us in crate::stats::FSYNC_BOUNDS_US
+            .iter()
+            .chain(crate::stats::PUBLISH_ACK_BOUNDS_US)
+        {
+            let text = format_value(us as f64 / 1e6);
+            assert!(
+                !text.contains('e') && text.parse::<f64>().is_ok(),
+                "{us} µs printed as {text}"
+            );
+        }
+    }
+}

@@ -1,0 +1,424 @@
+//! The JSON of `/api/status` and its parts, and the readiness verdict that
+//! `/ready`, the status and the metrics share. Everything here reads
+//! snapshots: a shard's numbers, the topology, the connection counts.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use ciphermq_pgbridge::BridgeStatus;
+use serde::Serialize;
+
+use super::AdminContext;
+use crate::stats::{BrokerStats, Lifecycle};
+
+/// Whether the broker should receive traffic, and why not.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Readiness {
+    /// Listeners bound, logs recovered, storage writing, not shutting down.
+    pub(crate) ready: bool,
+    /// Why it is not ready.
+    pub(crate) reason: Option<String>,
+    /// Problems that do not stop it serving (the metadata mirror).
+    pub(crate) warnings: Vec<String>,
+}
+
+impl Readiness {
+    /// `ok`, `degraded` (serving with warnings) or `not ready`.
+    pub(crate) fn health(&self) -> &'static str {
+        match (self.ready, self.warnings.is_empty()) {
+            (true, true) => "ok",
+            (true, false) => "degraded",
+            (false, _) => "not ready",
+        }
+    }
+}
+
+/// Decides readiness from the lifecycle, the shards' last commit rounds and
+/// the bridge's status.
+pub(crate) fn readiness(stats: &BrokerStats, bridge: Option<&BridgeStatus>) -> Readiness {
+    let reason = match stats.lifecycle() {
+        Lifecycle::Starting => Some("starting: listeners not bound yet".to_owned()),
+        Lifecycle::Stopping => Some("shutting down".to_owned()),
+        Lifecycle::Serving => {
+            let failing = stats.storage_errors();
+            (!failing.is_empty()).then(|| {
+                let shards: Vec<String> = failing
+                    .iter()
+                    .map(|(shard, e)| format!("shard {shard}: {e}"))
+                    .collect();
+                format!(
+                    "storage failing (publishes answered NACK storage): {}",
+                    shards.join("; ")
+                )
+            })
+        }
+    };
+    let mut warnings = Vec::new();
+    if let Some(b) = bridge {
+        if !b.connected {
+            warnings.push(format!(
+                "pgbridge: not connected to PostgreSQL ({}); metadata rows are delayed",
+                b.last_error.as_deref().unwrap_or("no error recorded")
+            ));
+        }
+        if b.missed_segments > 0 {
+            warnings.push(format!(
+                "pgbridge: {} log segments were deleted before the metadata mirror read them; \
+                 their rows are missing from message_metadata (the broker log names them)",
+                b.missed_segments
+            ));
+        }
+    }
+    Readiness {
+        ready: reason.is_none(),
+        reason,
+        warnings,
+    }
+}
+
+/// `server`: who and how this broker is.
+#[derive(Debug, Serialize)]
+pub(crate) struct ServerInfo {
+    name: String,
+    version: &'static str,
+    uptime_secs: u64,
+    health: &'static str,
+    ready: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    warnings: Vec<String>,
+    shards: usize,
+}
+
+/// `counters`: every shard's counters summed.
+#[derive(Debug, Default, Serialize)]
+pub(crate) struct Counters {
+    pub(crate) publishes: u64,
+    pub(crate) publish_nacks: u64,
+    pub(crate) acks: u64,
+    pub(crate) nacks: u64,
+    pub(crate) deliveries: u64,
+    pub(crate) connections_accepted: u64,
+    pub(crate) connections_refused: u64,
+    pub(crate) handshake_failures: u64,
+    pub(crate) fsyncs: u64,
+    pub(crate) commit_rounds: u64,
+    pub(crate) commit_failures: u64,
+}
+
+/// One queue in `queues`.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct QueueEntry {
+    pub(crate) name: String,
+    pub(crate) owner: Option<String>,
+    pub(crate) ready: usize,
+    pub(crate) unacked: usize,
+    pub(crate) consumers: usize,
+    pub(crate) shard: usize,
+}
+
+/// One exchange in `exchanges`.
+#[derive(Debug, Serialize)]
+struct ExchangeEntry {
+    name: String,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    bindings: usize,
+}
+
+/// One binding in `bindings`.
+#[derive(Debug, Serialize)]
+struct BindingEntry {
+    exchange: String,
+    queue: String,
+    routing_key: String,
+}
+
+/// `connections`: open connections counted by IP, by CN and by shard.
+#[derive(Debug, Serialize)]
+pub(crate) struct Connections {
+    total: u64,
+    by_ip: BTreeMap<String, u32>,
+    by_cn: BTreeMap<String, u32>,
+    by_shard: Vec<u64>,
+}
+
+/// `storage`: where messages live and whether writes succeed.
+#[derive(Debug, Serialize)]
+struct StorageState {
+    mode: &'static str,
+    data_dir: Option<String>,
+    healthy: bool,
+    last_error: Option<String>,
+}
+
+/// `pgbridge`: the Postgres bridge's own report.
+#[derive(Debug, Serialize)]
+struct BridgeState {
+    connected: bool,
+    rows_written: u64,
+    lag_bytes: u64,
+    lag_seconds: f64,
+    missed_segments: u64,
+    reconnects: u64,
+    last_error: Option<String>,
+}
+
+impl From<&BridgeStatus> for BridgeState {
+    fn from(b: &BridgeStatus) -> Self {
+        BridgeState {
+            connected: b.connected,
+            rows_written: b.rows_written,
+            lag_bytes: b.lag_bytes,
+            lag_seconds: b.lag_seconds,
+            missed_segments: b.missed_segments,
+            reconnects: b.reconnects,
+            last_error: b.last_error.clone(),
+        }
+    }
+}
+
+/// The whole `/api/status` document.
+#[derive(Debug, Serialize)]
+struct Status {
+    server: ServerInfo,
+    counters: Counters,
+    queues: Vec<QueueEntry>,
+    exchanges: Vec<ExchangeEntry>,
+    bindings: Vec<BindingEntry>,
+    connections: Connections,
+    storage: StorageState,
+    pgbridge: Option<BridgeState>,
+}
+
+/// Every shard's counters summed.
+pub(crate) fn counters(ctx: &AdminContext) -> Counters {
+    let mut c = Counters::default();
+    for s in ctx.shared.stats.shards() {
+        c.publishes += s.publishes.get();
+        c.publish_nacks += s.publish_nacks.get();
+        c.acks += s.acks.get();
+        c.nacks += s.nacks.get();
+        c.deliveries += s.deliveries.get();
+        c.connections_accepted += s.connections_accepted.get();
+        c.connections_refused += s.connections_refused.get();
+        c.handshake_failures += s.handshake_failures.get();
+        c.fsyncs += s.fsyncs.get();
+        c.commit_rounds += s.commit_rounds.get();
+        c.commit_failures += s.commit_failures.get();
+    }
+    c
+}
+
+/// Every queue, sorted by name: the topology's list (so a queue shows up
+/// as soon as it is declared) with the counts its shard last published.
+pub(crate) fn queues(ctx: &AdminContext) -> Vec<QueueEntry> {
+    let mut all: BTreeMap<Arc<str>, QueueEntry> = BTreeMap::new();
+    let topology = ctx.shared.topology.snapshot();
+    for info in topology.queues() {
+        all.insert(
+            info.name.clone(),
+            QueueEntry {
+                name: info.name.to_string(),
+                owner: Some(info.owner.to_string()),
+                ready: 0,
+                unacked: 0,
+                consumers: 0,
+                shard: info.shard as usize,
+            },
+        );
+    }
+    for shard in ctx.shared.stats.shards() {
+        for q in shard.queues().iter() {
+            let entry = all.entry(q.name.clone()).or_insert_with(|| QueueEntry {
+                name: q.name.to_string(),
+                owner: None,
+                ready: 0,
+                unacked: 0,
+                consumers: 0,
+                shard: shard.shard,
+            });
+            entry.ready = q.ready;
+            entry.unacked = q.unacked;
+            entry.consumers = q.consumers;
+            entry.shard = shard.shard;
+        }
+    }
+    all.into_values().collect()
+}
+
+/// Open connections by IP, CN and shard.
+pub(crate) fn connections(ctx: &AdminContext) -> Connections {
+    let (by_ip, by_cn) = ctx.shared.policy.conn_limits.snapshot();
+    Connections {
+        total: by_cn.iter().map(|(_, n)| u64::from(*n)).sum(),
+        by_ip: by_ip
+            .into_iter()
+            .map(|(ip, n)| (ip.to_string(), n))
+            .collect(),
+        by_cn: by_cn.into_iter().collect(),
+        by_shard: ctx
+            .shared
+            .stats
+            .shards()
+            .iter()
+            .map(|s| s.open_connections())
+            .collect(),
+    }
+}
+
+/// Exchanges (sorted by name) and their bindings (sorted by exchange,
+/// queue, key) from the current topology snapshot.
+fn topology(ctx: &AdminContext) -> (Vec<ExchangeEntry>, Vec<BindingEntry>) {
+    let topology = ctx.shared.topology.snapshot();
+    let mut exchanges = Vec::new();
+    let mut bindings = Vec::new();
+    for (name, exchange) in topology.exchanges() {
+        let mut count = 0;
+        for (key, target) in exchange.bindings() {
+            count += 1;
+            bindings.push(BindingEntry {
+                exchange: name.to_owned(),
+                queue: target.queue.to_string(),
+                routing_key: key.to_owned(),
+            });
+        }
+        exchanges.push(ExchangeEntry {
+            name: name.to_owned(),
+            kind: exchange.kind().as_str(),
+            bindings: count,
+        });
+    }
+    exchanges.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+    bindings.sort_unstable_by(|a, b| {
+        (&a.exchange, &a.queue, &a.routing_key).cmp(&(&b.exchange, &b.queue, &b.routing_key))
+    });
+    (exchanges, bindings)
+}
+
+/// The `/api/status` document.
+pub(crate) fn status(ctx: &AdminContext) -> serde_json::Value {
+    let bridge = ctx.bridge.as_ref().map(|b| b.status());
+    let readiness = readiness(&ctx.shared.stats, bridge.as_ref());
+    let storage_errors = ctx.shared.stats.storage_errors();
+    let (exchanges, bindings) = topology(ctx);
+    let status = Status {
+        server: ServerInfo {
+            name: ctx.name.clone(),
+            version: env!("CARGO_PKG_VERSION"),
+            uptime_secs: ctx.shared.stats.uptime().as_secs(),
+            health: readiness.health(),
+            ready: readiness.ready,
+            reason: readiness.reason,
+            warnings: readiness.warnings,
+            shards: ctx.shared.shards,
+        },
+        counters: counters(ctx),
+        queues: queues(ctx),
+        exchanges,
+        bindings,
+        connections: connections(ctx),
+        storage: StorageState {
+            mode: ctx.storage_mode,
+            data_dir: ctx.data_dir.clone(),
+            healthy: storage_errors.is_empty(),
+            last_error: storage_errors
+                .first()
+                .map(|(shard, e)| format!("shard {shard}: {e}")),
+        },
+        pgbridge: bridge.as_ref().map(BridgeState::from),
+    };
+    to_value(&status)
+}
+
+/// `/api/queues`: `{"queues": [...]}`.
+pub(crate) fn queues_document(ctx: &AdminContext) -> serde_json::Value {
+    let mut doc = HashMap::new();
+    doc.insert("queues", to_value(&queues(ctx)));
+    to_value(&doc)
+}
+
+/// `/api/connections`: `{"connections": {...}}`.
+pub(crate) fn connections_document(ctx: &AdminContext) -> serde_json::Value {
+    let mut doc = HashMap::new();
+    doc.insert("connections", to_value(&connections(ctx)));
+    to_value(&doc)
+}
+
+/// Serializes plain data (maps with string keys, numbers, strings), which
+/// cannot fail; a failure would be reported in the document itself.
+fn to_value<T: Serialize>(value: &T) -> serde_json::Value {
+    serde_json::to_value(value)
+        .unwrap_or_else(|e| serde_json::json!({ "error": format!("cannot serialize: {e}") }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ready_only_while_serving_with_every_shard_writing() {
+        let stats = BrokerStats::new(2, true);
+        let r = readiness(&stats, None);
+        assert!(!r.ready);
+        assert_eq!(
+            r.reason.as_deref(),
+            Some("starting: listeners not bound yet")
+        );
+
+        stats.set_lifecycle(Lifecycle::Serving);
+        assert_eq!(
+            readiness(&stats, None),
+            Readiness {
+                ready: true,
+                reason: None,
+                warnings: vec![]
+            }
+        );
+
+        stats.shard(1).commit_round(Some(
+            "queue q: /d/q/segment-0.log: No space left on device".into(),
+        ));
+        let r = readiness(&stats, None);
+        assert!(!r.ready);
+        assert_eq!(r.health(), "not ready");
+        assert_eq!(
+            r.reason.as_deref(),
+            Some(
+                "storage failing (publishes answered NACK storage): \
+                 shard 1: queue q: /d/q/segment-0.log: No space left on device"
+            )
+        );
+        stats.shard(1).commit_round(None);
+        assert!(readiness(&stats, None).ready);
+
+        stats.set_lifecycle(Lifecycle::Stopping);
+        assert_eq!(
+            readiness(&stats, None).reason.as_deref(),
+            Some("shutting down")
+        );
+    }
+
+    #[test]
+    fn a_struggling_mirror_degrades_without_unreadying() {
+        let stats = BrokerStats::new(1, true);
+        stats.set_lifecycle(Lifecycle::Serving);
+        let bridge = BridgeStatus {
+            connected: false,
+            missed_segments: 2,
+            last_error: Some("connection refused".into()),
+            ..BridgeStatus::default()
+        };
+        let r = readiness(&stats, Some(&bridge));
+        assert!(r.ready);
+        assert_eq!(r.health(), "degraded");
+        assert_eq!(r.warnings.len(), 2);
+        assert!(
+            r.warnings[0].contains("connection refused"),
+            "{:?}",
+            r.warnings
+        );
+        assert!(r.warnings[1].contains("2 log segments"), "{:?}", r.warnings);
+    }
+}

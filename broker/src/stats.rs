@@ -1,0 +1,499 @@
+//! The numbers the admin endpoint reports (DESIGN.md §8), published by the
+//! shards without ever waiting for the admin thread.
+//!
+//! Every shard owns one [`ShardStats`]. Its counters and histograms are
+//! written only by that shard's thread, so an update is a relaxed load and
+//! store (no locked instruction, no cache line shared with another shard);
+//! any thread may read them, and the admin thread sums them on a scrape.
+//! Queue statistics are a snapshot the shard swaps in about once a second
+//! from its sweep task (a pointer swap under a lock it only try-locks), and
+//! storage failures are recorded by the committer when a commit round fails
+//! and cleared by the next round that succeeds.
+//!
+//! Code that has no [`crate::context::ShardLocal`] at hand (the reply
+//! renderer) reaches its shard's stats through a thread-local set by
+//! [`enter`] when the shard starts; on other threads those hooks do nothing.
+
+use std::cell::OnceCell;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, TryLockError};
+use std::time::{Duration, Instant};
+
+use ciphermq_shard::log::unix_ms;
+use ciphermq_shard::{Message, QueueStats, Shard};
+
+/// Upper bounds (µs) of the fsync latency buckets: an `fdatasync` takes tens
+/// of microseconds on NVMe and up to seconds on a struggling disk.
+pub const FSYNC_BOUNDS_US: &[u64] = &[
+    50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000,
+    1_000_000, 2_500_000,
+];
+
+/// Upper bounds (µs) of the publish-to-ACK latency buckets. The latency is
+/// measured in whole milliseconds (from the message's acceptance time), so
+/// the first bucket is 1 ms; the `_sum` is still unbiased, because both ends
+/// are truncated the same way.
+pub const PUBLISH_ACK_BOUNDS_US: &[u64] = &[
+    1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000, 1_000_000, 2_500_000,
+    5_000_000, 10_000_000,
+];
+
+/// A monotonically increasing count with one writer thread.
+#[derive(Debug, Default)]
+pub struct Counter(AtomicU64);
+
+impl Counter {
+    /// Adds `n`. Only the owning shard's thread calls this, so a relaxed
+    /// load and store cannot lose an update and costs no locked instruction.
+    #[inline]
+    pub fn add(&self, n: u64) {
+        let v = self.0.load(Ordering::Relaxed);
+        self.0.store(v.wrapping_add(n), Ordering::Relaxed);
+    }
+
+    /// The current value, from any thread.
+    #[inline]
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// A latency histogram with fixed buckets and one writer thread.
+#[derive(Debug)]
+pub struct Histogram {
+    /// Inclusive upper bounds in microseconds, ascending.
+    bounds_us: &'static [u64],
+    /// One count per bound plus the `+Inf` bucket (not cumulative).
+    buckets: Box<[Counter]>,
+    /// Sum of the observations in microseconds.
+    sum_us: Counter,
+}
+
+impl Histogram {
+    /// An empty histogram over `bounds_us` (ascending microseconds).
+    pub fn new(bounds_us: &'static [u64]) -> Histogram {
+        Histogram {
+            bounds_us,
+            buckets: (0..=bounds_us.len()).map(|_| Counter::default()).collect(),
+            sum_us: Counter::default(),
+        }
+    }
+
+    /// Records one observation of `us` microseconds (owning thread only).
+    #[inline]
+    pub fn observe_us(&self, us: u64) {
+        let index = self.bounds_us.partition_point(|&bound| bound < us);
+        if let Some(bucket) = self.buckets.get(index) {
+            bucket.add(1);
+        }
+        self.sum_us.add(us);
+    }
+
+    /// Records one observation of `elapsed` (owning thread only).
+    #[inline]
+    pub fn observe(&self, elapsed: Duration) {
+        self.observe_us(u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX));
+    }
+
+    /// A copy of the counts, from any thread.
+    pub fn snapshot(&self) -> HistogramSnapshot {
+        HistogramSnapshot {
+            bounds_us: self.bounds_us,
+            counts: self.buckets.iter().map(Counter::get).collect(),
+            sum_us: self.sum_us.get(),
+        }
+    }
+}
+
+/// A histogram's counts at one moment, mergeable across shards.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HistogramSnapshot {
+    /// Inclusive upper bounds in microseconds, ascending.
+    pub bounds_us: &'static [u64],
+    /// Per-bucket counts (not cumulative), the last one for `+Inf`.
+    pub counts: Vec<u64>,
+    /// Sum of the observations in microseconds.
+    pub sum_us: u64,
+}
+
+impl HistogramSnapshot {
+    /// Number of observations.
+    pub fn count(&self) -> u64 {
+        self.counts.iter().sum()
+    }
+
+    /// Adds `other` (same bounds) into `self`.
+    pub fn merge(&mut self, other: &HistogramSnapshot) {
+        for (a, b) in self.counts.iter_mut().zip(&other.counts) {
+            *a += b;
+        }
+        self.sum_us += other.sum_us;
+    }
+}
+
+/// One shard's published numbers. Aligned so that two shards' counters never
+/// share a cache line.
+#[derive(Debug)]
+#[repr(align(128))]
+pub struct ShardStats {
+    /// Which shard.
+    pub shard: usize,
+    /// Publishes answered `ACK` (durable in every target queue).
+    pub publishes: Counter,
+    /// Publishes answered `NACK` (any reason).
+    pub publish_nacks: Counter,
+    /// Deliveries settled by `ack`.
+    pub acks: Counter,
+    /// Deliveries requeued by `nack`.
+    pub nacks: Counter,
+    /// `Message:` lines written (push and fetch, redeliveries included).
+    pub deliveries: Counter,
+    /// Connections that passed the handshake and the ACL on this shard.
+    pub connections_accepted: Counter,
+    /// Connections refused after the handshake (unknown CN, connection caps).
+    pub connections_refused: Counter,
+    /// TLS handshakes that failed or timed out.
+    pub handshake_failures: Counter,
+    /// `fdatasync` calls on queue logs.
+    pub fsyncs: Counter,
+    /// Group-commit rounds.
+    pub commit_rounds: Counter,
+    /// Commit rounds with at least one failed log write.
+    pub commit_failures: Counter,
+    /// Time from a publish's acceptance to its `ACK` leaving for the client.
+    pub publish_ack_latency: Histogram,
+    /// Duration of each `fdatasync`.
+    pub fsync_latency: Histogram,
+    /// Open connections served by this shard, as of the last refresh.
+    open_connections: AtomicU64,
+    /// This shard's queues as of the last refresh.
+    queues: Mutex<Arc<Vec<QueueStats>>>,
+    /// Set while the last commit round failed; read on every round, so the
+    /// lock below is taken only when the state changes.
+    storage_failed: AtomicBool,
+    /// What failed, for `/ready` and `/api/status`.
+    storage_error: Mutex<Option<String>>,
+}
+
+impl ShardStats {
+    /// Zeroed numbers for `shard`.
+    pub fn new(shard: usize) -> ShardStats {
+        ShardStats {
+            shard,
+            publishes: Counter::default(),
+            publish_nacks: Counter::default(),
+            acks: Counter::default(),
+            nacks: Counter::default(),
+            deliveries: Counter::default(),
+            connections_accepted: Counter::default(),
+            connections_refused: Counter::default(),
+            handshake_failures: Counter::default(),
+            fsyncs: Counter::default(),
+            commit_rounds: Counter::default(),
+            commit_failures: Counter::default(),
+            publish_ack_latency: Histogram::new(PUBLISH_ACK_BOUNDS_US),
+            fsync_latency: Histogram::new(FSYNC_BOUNDS_US),
+            open_connections: AtomicU64::new(0),
+            queues: Mutex::new(Arc::new(Vec::new())),
+            storage_failed: AtomicBool::new(false),
+            storage_error: Mutex::new(None),
+        }
+    }
+
+    /// Publishes the shard's queue statistics and connection count. Called
+    /// from the shard's periodic sweep; if the admin thread happens to hold
+    /// the lock this refresh is skipped (the next one is a second away).
+    pub fn refresh(&self, shard: &Shard) {
+        self.open_connections
+            .store(shard.mailboxes().count() as u64, Ordering::Relaxed);
+        let fresh = Arc::new(shard.queue_stats());
+        let stale = match self.queues.try_lock() {
+            Ok(mut guard) => std::mem::replace(&mut *guard, fresh),
+            Err(TryLockError::Poisoned(p)) => std::mem::replace(&mut *p.into_inner(), fresh),
+            Err(TryLockError::WouldBlock) => return,
+        };
+        // The old snapshot is freed outside the lock.
+        drop(stale);
+    }
+
+    /// `n` deliveries were settled by `ack` (`ack`) or requeued by `nack`.
+    #[inline]
+    pub fn settled(&self, ack: bool, n: usize) {
+        if ack { &self.acks } else { &self.nacks }.add(n as u64);
+    }
+
+    /// The last published queue statistics.
+    pub fn queues(&self) -> Arc<Vec<QueueStats>> {
+        self.queues
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Open connections as of the last refresh.
+    pub fn open_connections(&self) -> u64 {
+        self.open_connections.load(Ordering::Relaxed)
+    }
+
+    /// Records a commit round: `error` is the first failed write's
+    /// description, `None` when every write succeeded (which clears an
+    /// earlier failure).
+    pub fn commit_round(&self, error: Option<String>) {
+        self.commit_rounds.add(1);
+        match error {
+            Some(e) => {
+                self.commit_failures.add(1);
+                *self
+                    .storage_error
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner) = Some(e);
+                self.storage_failed.store(true, Ordering::Release);
+            }
+            None if self.storage_failed.load(Ordering::Acquire) => {
+                self.storage_failed.store(false, Ordering::Release);
+                *self
+                    .storage_error
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner) = None;
+                tracing::info!(
+                    shard = self.shard,
+                    "log writes succeed again; storage healthy"
+                );
+            }
+            None => {}
+        }
+    }
+
+    /// Why this shard's storage is failing, or `None` when its last commit
+    /// round succeeded.
+    pub fn storage_error(&self) -> Option<String> {
+        if !self.storage_failed.load(Ordering::Acquire) {
+            return None;
+        }
+        self.storage_error
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
+
+/// Where the broker is in its life, for `/ready`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lifecycle {
+    /// Listeners not all bound yet.
+    Starting,
+    /// Serving.
+    Serving,
+    /// Shutting down: no new connections.
+    Stopping,
+}
+
+/// Every shard's numbers plus the broker's lifecycle, shared by all threads.
+#[derive(Debug)]
+pub struct BrokerStats {
+    /// When the broker started.
+    started: Instant,
+    /// One entry per shard, in shard order.
+    shards: Box<[Arc<ShardStats>]>,
+    /// A [`Lifecycle`] as a byte.
+    lifecycle: AtomicU8,
+    /// Whether anyone reads queue snapshots (the admin endpoint runs); when
+    /// not, the shards skip building them.
+    collect: bool,
+}
+
+impl BrokerStats {
+    /// Zeroed numbers for `shards` shards; `collect` when the admin endpoint
+    /// will read them.
+    pub fn new(shards: usize, collect: bool) -> BrokerStats {
+        BrokerStats {
+            started: Instant::now(),
+            shards: (0..shards).map(|s| Arc::new(ShardStats::new(s))).collect(),
+            lifecycle: AtomicU8::new(Lifecycle::Starting as u8),
+            collect,
+        }
+    }
+
+    /// Shard `shard`'s numbers.
+    ///
+    /// # Panics
+    /// If `shard` is not below the shard count (a programming error).
+    pub fn shard(&self, shard: usize) -> &Arc<ShardStats> {
+        &self.shards[shard]
+    }
+
+    /// Every shard's numbers, in shard order.
+    pub fn shards(&self) -> &[Arc<ShardStats>] {
+        &self.shards
+    }
+
+    /// Whether shards should refresh their queue snapshots.
+    pub fn collects(&self) -> bool {
+        self.collect
+    }
+
+    /// Time since start.
+    pub fn uptime(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    /// The current lifecycle stage.
+    pub fn lifecycle(&self) -> Lifecycle {
+        match self.lifecycle.load(Ordering::Acquire) {
+            0 => Lifecycle::Starting,
+            1 => Lifecycle::Serving,
+            _ => Lifecycle::Stopping,
+        }
+    }
+
+    /// Moves to `stage` (never back from `Stopping`).
+    pub fn set_lifecycle(&self, stage: Lifecycle) {
+        let _ = self
+            .lifecycle
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |now| {
+                (now != Lifecycle::Stopping as u8).then_some(stage as u8)
+            });
+    }
+
+    /// Storage failures by shard, as `(shard, what failed)`.
+    pub fn storage_errors(&self) -> Vec<(usize, String)> {
+        self.shards
+            .iter()
+            .filter_map(|s| s.storage_error().map(|e| (s.shard, e)))
+            .collect()
+    }
+}
+
+thread_local! {
+    /// The stats of the shard running on this thread, if any.
+    static CURRENT: OnceCell<Arc<ShardStats>> = const { OnceCell::new() };
+}
+
+/// Makes `stats` the target of this thread's hooks; a shard calls it once
+/// when its executor starts.
+pub fn enter(stats: Arc<ShardStats>) {
+    CURRENT.with(|current| {
+        let _ = current.set(stats);
+    });
+}
+
+#[inline]
+fn with_current(f: impl FnOnce(&ShardStats)) {
+    CURRENT.with(|current| {
+        if let Some(stats) = current.get() {
+            f(stats);
+        }
+    });
+}
+
+/// The wall clock in milliseconds, read at most once per rendering pass:
+/// a pass writes many `ACK`s within microseconds, so they share one reading.
+#[derive(Debug, Default)]
+pub struct LazyClock(Option<u64>);
+
+impl LazyClock {
+    /// Milliseconds since the Unix epoch, as first read by this clock.
+    #[inline]
+    pub fn unix_ms(&mut self) -> u64 {
+        *self.0.get_or_insert_with(unix_ms)
+    }
+}
+
+/// The reply to a publish of `msg` is being written: an `ACK` (`Ok`) is
+/// counted and its latency observed, a `NACK` counted. `clock` lives for one
+/// rendering pass.
+#[inline]
+pub fn publish_answered<E>(msg: &Message, outcome: &Result<(), E>, clock: &mut LazyClock) {
+    if outcome.is_err() {
+        publish_nacked();
+        return;
+    }
+    with_current(|s| {
+        s.publishes.add(1);
+        let accepted_ms = msg.route().sent_at_ms;
+        if accepted_ms != 0 {
+            let waited_ms = clock.unix_ms().saturating_sub(accepted_ms);
+            s.publish_ack_latency
+                .observe_us(waited_ms.saturating_mul(1000));
+        }
+    });
+}
+
+/// A publish `NACK` is being written.
+#[inline]
+pub fn publish_nacked() {
+    with_current(|s| s.publish_nacks.add(1));
+}
+
+/// `n` deliveries are being written.
+#[inline]
+pub fn delivered(n: usize) {
+    with_current(|s| s.deliveries.add(n as u64));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_buckets_are_inclusive_upper_bounds() {
+        let h = Histogram::new(&[10, 100]);
+        h.observe_us(0);
+        h.observe_us(10);
+        h.observe_us(11);
+        h.observe_us(100);
+        h.observe_us(101);
+        let s = h.snapshot();
+        assert_eq!(s.counts, vec![2, 2, 1]);
+        assert_eq!(s.sum_us, 222);
+        assert_eq!(s.count(), 5);
+        let mut total = s.clone();
+        total.merge(&s);
+        assert_eq!(total.counts, vec![4, 4, 2]);
+        assert_eq!(total.sum_us, 444);
+    }
+
+    #[test]
+    fn a_failed_round_is_reported_until_one_succeeds() {
+        let s = ShardStats::new(3);
+        assert_eq!(s.storage_error(), None);
+        s.commit_round(Some("queue q: disk full".into()));
+        assert_eq!(s.storage_error().as_deref(), Some("queue q: disk full"));
+        s.commit_round(None);
+        assert_eq!(s.storage_error(), None);
+        assert_eq!(s.commit_rounds.get(), 2);
+        assert_eq!(s.commit_failures.get(), 1);
+    }
+
+    #[test]
+    fn stopping_is_final() {
+        let b = BrokerStats::new(2, true);
+        assert_eq!(b.lifecycle(), Lifecycle::Starting);
+        b.set_lifecycle(Lifecycle::Serving);
+        assert_eq!(b.lifecycle(), Lifecycle::Serving);
+        b.set_lifecycle(Lifecycle::Stopping);
+        b.set_lifecycle(Lifecycle::Serving);
+        assert_eq!(b.lifecycle(), Lifecycle::Stopping);
+    }
+
+    #[test]
+    fn hooks_do_nothing_off_a_shard_thread() {
+        std::thread::spawn(|| {
+            publish_nacked();
+            delivered(3);
+        })
+        .join()
+        .expect("no panic");
+        let stats = Arc::new(ShardStats::new(0));
+        let s = stats.clone();
+        std::thread::spawn(move || {
+            enter(s);
+            publish_nacked();
+            delivered(3);
+        })
+        .join()
+        .expect("no panic");
+        assert_eq!(stats.publish_nacks.get(), 1);
+        assert_eq!(stats.deliveries.get(), 3);
+    }
+}
