@@ -91,8 +91,17 @@ mode = "$mode"
 admin_cns = ["admin"]
 sender_cns = ["sender_1", "sender_2"]
 receiver_cns = ["receiver_1", "receiver_2"]
+[admin]
+enabled = true
+address = "127.0.0.1:$((PORT + 1))"
 $database
 EOF
+}
+
+# One counter of the broker's /metrics (summed over shards), over mTLS as admin.
+metric_sum() { # name
+  curl -s --cacert "$WORK/certs/ca.crt" --cert "$WORK/certs/admin.crt" --key "$WORK/certs/admin.key" \
+    "https://127.0.0.1:$((PORT + 1))/metrics" | awk -v m="$1" '$1 ~ "^"m"({|$)" {s += $2} END {printf "%d", s}'
 }
 
 psql_q() { psql -h 127.0.0.1 -U postgres -d "$1" -Atc "$2"; }
@@ -225,8 +234,11 @@ if has pgbridge; then
         psql_q postgres "CREATE DATABASE $PGDB" >/dev/null
       fi
       start_broker "$storage" 1
+      f0=$(metric_sum ciphermq_fsyncs_total) t0=$(date +%s.%N)
       RUNS=1 bench "pgbridge-$storage-r$run" "$storage, 1 shard" \
         --target ciphermq --duration "$DURATION" --size 1024 --publishers 1 --consumers 1
+      f1=$(metric_sum ciphermq_fsyncs_total) t1=$(date +%s.%N)
+      echo "fsyncs=$((f1 - f0)) fsyncs_per_s=$(python3 -c "print(round(($f1 - $f0) / ($t1 - $t0)))") (over the whole bench invocation, connect and drain included)" | tee "$OUT/fsyncs-$storage-r$run.txt"
       if [[ $storage == postgres ]]; then
         # How long the mirror needs after the load to hold every row acked.
         t0=$(date +%s.%N)

@@ -11,6 +11,7 @@ use std::rc::Rc;
 use std::task::Poll;
 use std::time::Instant;
 
+use ciphermq_shard::log::dedup_file::DedupWrite;
 use ciphermq_shard::CommitJob;
 use futures_util::future::join_all;
 use glommio::io::{BufferedFile, Directory, OpenOptions};
@@ -72,10 +73,8 @@ async fn write(
     }
     // Only what someone waits for needs the fsync: a job of acks and delivery
     // counts alone may be lost in a crash (the messages are then redelivered,
-    // never lost), and the next fsync of the file covers it anyway. A job that
-    // deletes segments carries their dedup entries: those must be on disk
-    // before the segments go.
-    if (len > 0 && (!job.waiters.is_empty() || !job.delete.is_empty())) || job.create {
+    // never lost), and the next fsync of the file covers it anyway.
+    if (len > 0 && !job.waiters.is_empty()) || job.create {
         let started = Instant::now();
         file.fdatasync().await?;
         stats.fsyncs.add(1);
@@ -84,6 +83,33 @@ async fn write(
     if job.create {
         // The new file's name must survive a crash too.
         Directory::open(&job.dir).await?.sync().await?;
+    }
+    Ok(())
+}
+
+/// Appends carried dedup entries to their file and syncs them: they must be
+/// on disk before the segments they come from are deleted.
+async fn write_dedup(w: &DedupWrite, dir: &Path, stats: &ShardStats) -> glommio::Result<(), ()> {
+    let file = if w.create {
+        BufferedFile::create(&w.path).await?
+    } else {
+        OpenOptions::new()
+            .write(true)
+            .buffered_open(&w.path)
+            .await?
+    };
+    let len = w.bytes.len();
+    let n = file.write_at(w.bytes.clone(), w.offset).await?;
+    if n < len {
+        return Err(std::io::Error::new(std::io::ErrorKind::StorageFull, "short write").into());
+    }
+    let started = Instant::now();
+    file.fdatasync().await?;
+    stats.fsyncs.add(1);
+    stats.fsync_latency.observe(started.elapsed());
+    file.close().await?;
+    if w.create {
+        Directory::open(dir).await?.sync().await?;
     }
     Ok(())
 }
@@ -117,6 +143,9 @@ pub async fn run(local: Rc<ShardLocal>, busy: Rc<Cell<bool>>) {
         let stats = &local.stats;
         let outcomes = join_all(jobs.iter().zip(prepared).zip(payloads).map(
             |((job, file), bytes)| async move {
+                if let Some(w) = &job.dedup_write {
+                    write_dedup(w, &job.dir, stats).await?;
+                }
                 match file {
                     Ok(file) => write(&file, job, bytes, stats).await,
                     Err(e) => Err(e),
@@ -145,6 +174,7 @@ pub async fn run(local: Rc<ShardLocal>, busy: Rc<Cell<bool>>) {
                 files.forget(&job.path);
             } else {
                 deletions.extend(job.delete);
+                deletions.extend(job.dedup_delete);
             }
         }
         for path in deletions {

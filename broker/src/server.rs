@@ -269,6 +269,7 @@ pub fn start(config: &Config) -> Result<BrokerHandle, StartError> {
         ack_wait: (config.performance.ack_wait_secs > 0)
             .then(|| Duration::from_secs(config.performance.ack_wait_secs)),
         dedup_hasher: storage.dedup_hasher,
+        carry_dedup: storage.durable.is_some(),
     };
 
     let mut mesh = Mesh::build(shards);

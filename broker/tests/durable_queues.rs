@@ -195,6 +195,11 @@ async fn dedup_holds_across_a_restart_after_the_acked_segments_are_deleted() {
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
             publish(&mut s, &["seg-last"]).await;
         }
+        assert_eq!(
+            files_named(data.path(), "receiver_1_queue", "dedup-").len(),
+            1,
+            "the acked ids were carried to a dedup file"
+        );
         broker.shutdown();
     }
     let broker = small_segments(data.path());
@@ -212,10 +217,18 @@ async fn dedup_holds_across_a_restart_after_the_acked_segments_are_deleted() {
 }
 
 fn segments(data: &Path, queue: &str) -> Vec<std::path::PathBuf> {
+    files_named(data, queue, "segment-")
+}
+
+fn files_named(data: &Path, queue: &str, prefix: &str) -> Vec<std::path::PathBuf> {
     let mut files: Vec<_> = std::fs::read_dir(data.join("queues").join(queue))
         .unwrap()
         .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "log"))
+        .filter(|p| {
+            p.extension().is_some_and(|e| e == "log")
+                && p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with(prefix))
+        })
         .collect();
     files.sort();
     files

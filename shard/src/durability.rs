@@ -104,14 +104,14 @@ impl Durability {
         })
     }
 
-    /// Marks dirty the logs whose acked segments the mirror has read since
-    /// they were held, so the next round deletes them. Call periodically.
-    pub(crate) fn release_mirrored(&mut self) {
-        if self.mirror.is_none() {
-            return;
-        }
+    /// Marks dirty the logs with deletions due: acked segments the mirror
+    /// has read since they were held, dedup files past the window. Call
+    /// about once a second.
+    pub(crate) fn housekeeping(&mut self, window_ms: u64) {
+        let now_ms = unix_ms();
         let mut woke = false;
-        for (queue, log) in &self.logs {
+        for (queue, log) in self.logs.iter_mut() {
+            log.note_time(now_ms, window_ms);
             if log.is_dirty() && !self.dirty.contains(queue) {
                 self.dirty.push(queue.clone());
                 woke = true;
@@ -184,22 +184,18 @@ impl Durability {
     ) {
         let mut still_dirty = Vec::new();
         let mut carried = Vec::new();
+        let now_ms = unix_ms();
+        let window_ms = settings.dedup_window.as_millis() as u64;
         for queue in std::mem::take(&mut self.dirty) {
             let Some(log) = self.logs.get_mut(&queue) else {
                 continue;
             };
             if let (Some(bound), Some(q)) = (log.deletion_bound(), queues.get_mut(&queue)) {
                 carried.clear();
-                q.carry_dedup(
-                    bound,
-                    log.active_base(),
-                    now,
-                    unix_ms(),
-                    settings,
-                    &mut carried,
-                );
+                q.carry_dedup(bound, now, now_ms, settings, &mut carried);
                 log.append_dedup(&carried);
             }
+            log.note_time(now_ms, window_ms);
             let next_seq = queues.get(&queue).map_or(0, Queue::next_seq);
             match log.take_job(&queue, next_seq) {
                 Some(job) => out.push(job),

@@ -25,6 +25,9 @@ pub struct QueueSettings {
     pub ack_wait: Option<Duration>,
     /// The dedup hash key (kept in the data directory when durable).
     pub dedup_hasher: DedupHasher,
+    /// Durable logs: acked ids are carried out of segments before these are
+    /// deleted, so the dedup window survives restarts.
+    pub carry_dedup: bool,
 }
 
 impl Default for QueueSettings {
@@ -35,6 +38,7 @@ impl Default for QueueSettings {
             dedup_window: Duration::from_secs(120),
             ack_wait: None,
             dedup_hasher: DedupHasher::random(),
+            carry_dedup: false,
         }
     }
 }
@@ -99,8 +103,10 @@ struct Consumer {
 struct Expiring {
     until: Instant,
     key: DedupKey,
-    holder: u64,
 }
+
+/// Stands for "already persisted outside the segments" in restored entries.
+pub const CARRIED: u64 = u64::MAX;
 
 #[derive(Debug, Clone, Copy)]
 enum DedupState {
@@ -121,9 +127,12 @@ pub struct Queue {
     consumers: Vec<Consumer>,
     next_consumer: usize,
     dedup: HashMap<DedupKey, DedupState, crate::hashers::BuildPassThroughHasher>,
-    /// Acked keys in expiry order, with the sequence number whose log
-    /// segment holds the evidence (the message, or a carried dedup record).
+    /// Acked keys in expiry order.
     expiring: VecDeque<Expiring>,
+    /// With durable logs: acked keys whose only evidence is their message's
+    /// log segment, by sequence number, until that segment is deleted and
+    /// they are carried to the dedup file (each key once).
+    uncarried: BTreeMap<u64, (DedupKey, Instant)>,
     /// Delivery deadlines in delivery order (stale entries skipped lazily).
     deadlines: VecDeque<(Instant, u64)>,
 }
@@ -142,6 +151,7 @@ impl Queue {
             next_consumer: 0,
             dedup: HashMap::default(),
             expiring: VecDeque::new(),
+            uncarried: BTreeMap::new(),
             deadlines: VecDeque::new(),
         }
     }
@@ -184,38 +194,34 @@ impl Queue {
         let key = entry.msg.dedup_key(&settings.dedup_hasher);
         let until = now + settings.dedup_window;
         self.dedup.insert(key, DedupState::AckedUntil(until));
-        self.expiring.push_back(Expiring {
-            until,
-            key,
-            holder: entry.seq,
-        });
+        self.expiring.push_back(Expiring { until, key });
+        if settings.carry_dedup {
+            self.uncarried.insert(entry.seq, (key, until));
+        }
     }
 
-    /// Collects the ids acked within the dedup window whose evidence is in
-    /// log segments below sequence number `below` (about to be deleted), as
-    /// (key, Unix ms of the ack), and marks them as now held at `holder` (the
-    /// active segment, where the caller writes them). Linear in the window.
+    /// Takes the ids acked within the dedup window whose evidence is in log
+    /// segments below sequence number `below` (about to be deleted), as
+    /// (key, Unix ms of the ack), for the caller to write to the dedup file.
+    /// Each key is handed out once; cost is in the keys taken.
     pub fn carry_dedup(
         &mut self,
         below: u64,
-        holder: u64,
         now: Instant,
         now_unix_ms: u64,
         settings: &QueueSettings,
         out: &mut Vec<(DedupKey, u64)>,
     ) {
         let window_ms = settings.dedup_window.as_millis() as u64;
-        for e in self.expiring.iter_mut() {
-            if e.holder >= below || e.until <= now {
-                continue;
+        let rest = self.uncarried.split_off(&below);
+        for (_, (key, until)) in std::mem::replace(&mut self.uncarried, rest) {
+            // Expired, or acked again later (then a newer entry counts).
+            let live = until > now
+                && matches!(self.dedup.get(&key), Some(DedupState::AckedUntil(t)) if *t == until);
+            if live {
+                let left_ms = until.saturating_duration_since(now).as_millis() as u64;
+                out.push((key, (now_unix_ms + left_ms).saturating_sub(window_ms)));
             }
-            // A key acked again later has a newer entry; only the live one counts.
-            if !matches!(self.dedup.get(&e.key), Some(DedupState::AckedUntil(t)) if *t == e.until) {
-                continue;
-            }
-            let left_ms = e.until.saturating_duration_since(now).as_millis() as u64;
-            out.push((e.key, (now_unix_ms + left_ms).saturating_sub(window_ms)));
-            e.holder = holder;
         }
     }
 
@@ -293,7 +299,10 @@ impl Queue {
         for (at, key, holder) in recent {
             let until = now + Duration::from_millis(at + window_ms - now_unix_ms);
             q.dedup.insert(key, DedupState::AckedUntil(until));
-            q.expiring.push_back(Expiring { until, key, holder });
+            q.expiring.push_back(Expiring { until, key });
+            if settings.carry_dedup && holder != CARRIED {
+                q.uncarried.insert(holder, (key, until));
+            }
         }
         q
     }
@@ -551,6 +560,7 @@ mod tests {
             dedup_window: Duration::from_secs(10),
             ack_wait: None,
             dedup_hasher: DedupHasher::random(),
+            carry_dedup: true,
         }
     }
 
@@ -612,27 +622,20 @@ mod tests {
         for d in &out {
             assert!(q.ack(d.seq, conn(1), t0, &s));
         }
-        // Segments below seq 2 go: a and b are carried to the segment at 5.
+        // Segments below seq 2 go: a and b are carried.
         let mut carried = Vec::new();
-        q.carry_dedup(2, 5, t0, 1_000_000, &s, &mut carried);
+        q.carry_dedup(2, t0, 1_000_000, &s, &mut carried);
         assert_eq!(carried.len(), 2);
         assert!(carried.iter().all(|(_, at)| *at == 1_000_000));
         carried.clear();
-        q.carry_dedup(2, 5, t0, 1_000_000, &s, &mut carried);
-        assert!(carried.is_empty(), "already held by a surviving segment");
+        q.carry_dedup(2, t0, 1_000_000, &s, &mut carried);
+        assert!(carried.is_empty(), "each key is carried once");
         // Past the window nothing is carried.
-        q.carry_dedup(
-            9,
-            9,
-            t0 + Duration::from_secs(11),
-            1_011_000,
-            &s,
-            &mut carried,
-        );
+        q.carry_dedup(9, t0 + Duration::from_secs(11), 1_011_000, &s, &mut carried);
         assert!(carried.is_empty());
 
         // A restart within the window: a carried id is still a duplicate.
-        let a = (s.dedup_hasher.key("s1", "a"), 1_000_000, 5);
+        let a = (s.dedup_hasher.key("s1", "a"), 1_000_000, CARRIED);
         let mut r = Queue::restore(Arc::from("q"), 0, 3, [], &[a], &s, t0, 1_004_000);
         assert_eq!(r.enqueue(msg("a", "s1"), t0, &s), Ok(Enqueued::Duplicate));
         assert_eq!(r.enqueue(msg("b", "s1"), t0, &s), Ok(Enqueued::Stored(3)));

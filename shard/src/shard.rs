@@ -128,6 +128,7 @@ impl Shard {
                 d.segment_bytes(),
                 recovered.next_seq,
                 &recovered.segments,
+                &recovered.dedup_files,
             );
             d.insert_log(name.clone(), log);
         }
@@ -624,7 +625,7 @@ impl Shard {
     /// a second.
     pub fn sweep(&mut self, now: Instant) {
         if let Some(d) = &mut self.durable {
-            d.release_mirrored();
+            d.housekeeping(self.settings.dedup_window.as_millis() as u64);
         }
         if self.settings.ack_wait.is_none() {
             return;

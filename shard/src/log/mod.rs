@@ -5,6 +5,8 @@
 //! - [`queue_log`]: the write side of one queue's log, without I/O: it encodes
 //!   records into a pending buffer and hands [`CommitJob`]s to the shard's
 //!   committer, which writes them with io_uring, `fdatasync`s, and reports back.
+//! - [`dedup_file`]: ids acked within the dedup window, carried out of
+//!   segments before those are deleted.
 //! - [`mirror`]: how the metadata mirror holds back segment deletion until it
 //!   has read a segment.
 //! - [`recovery`]: reading a queue's segments at start-up: torn tails truncated,
@@ -14,6 +16,7 @@
 //! ack record can only refer to a message in its own or an older segment, so
 //! deleting from the front never resurrects an acked message.
 
+pub mod dedup_file;
 pub mod mirror;
 pub mod queue_log;
 pub mod record;

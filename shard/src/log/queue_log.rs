@@ -11,8 +11,9 @@ use std::path::PathBuf;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
+use crate::log::dedup_file::{DedupFiles, DedupWrite, RecoveredDedupFile};
 use crate::log::mirror::mirrored;
-use crate::log::record::{encode, DedupEntries, Record};
+use crate::log::record::{encode, Record};
 use crate::log::recovery::RecoveredSegment;
 use crate::log::segment_path;
 use crate::message::Message;
@@ -52,6 +53,10 @@ pub struct CommitJob {
     pub message_seqs: Vec<u64>,
     /// Fully acked segments to delete after the write.
     pub delete: Vec<PathBuf>,
+    /// Dedup entries carried out of `delete`: written and synced first.
+    pub dedup_write: Option<DedupWrite>,
+    /// Dedup files entirely past the window, to delete.
+    pub dedup_delete: Vec<PathBuf>,
 }
 
 /// One queue's log.
@@ -71,12 +76,20 @@ pub struct QueueLog {
     /// With the metadata mirror: the segment it is reading. Older ones only
     /// may be deleted.
     mirror: Option<Arc<AtomicU64>>,
+    /// Ids acked within the dedup window, carried out of deleted segments.
+    dedup: DedupFiles,
+    /// The clock and window of the current round, for the dedup files.
+    now_ms: u64,
+    window_ms: u64,
 }
 
 impl QueueLog {
     /// A log for a new queue; nothing is on disk until the first commit.
     pub fn new(dir: PathBuf, segment_bytes: u64, next_seq: u64) -> QueueLog {
         let mut log = QueueLog {
+            dedup: DedupFiles::new(dir.clone(), segment_bytes),
+            now_ms: 0,
+            window_ms: u64::MAX,
             dir,
             dir_exists: false,
             segment_bytes,
@@ -98,8 +111,10 @@ impl QueueLog {
         segment_bytes: u64,
         next_seq: u64,
         found: &[RecoveredSegment],
+        dedup_files: &[RecoveredDedupFile],
     ) -> QueueLog {
         let mut log = QueueLog::new(dir, segment_bytes, next_seq);
+        log.dedup.adopt(dedup_files);
         log.dir_exists = true;
         log.segments.clear();
         for s in found {
@@ -206,20 +221,18 @@ impl QueueLog {
         self.segments.back().map_or(0, |s| s.base)
     }
 
-    /// Appends dedup entries carried over from segments about to be deleted.
-    /// The job that deletes them writes and syncs these first.
+    /// Queues dedup entries carried out of segments about to be deleted; the
+    /// job that deletes them writes and syncs these first.
     pub fn append_dedup(&mut self, entries: &[(crate::DedupKey, u64)]) {
-        // Chunks well below the record size limit.
-        const PER_RECORD: usize = 1 << 16;
-        let mut packed = Vec::new();
-        for chunk in entries.chunks(PER_RECORD) {
-            packed.clear();
-            let raw: Vec<(u128, u64)> = chunk.iter().map(|(k, at)| (k.0, *at)).collect();
-            DedupEntries::pack(&raw, &mut packed);
-            if let Some(e) = DedupEntries::new(&packed) {
-                encode(&Record::Dedup(e), &mut self.pending);
-            }
-        }
+        self.dedup.append(entries);
+    }
+
+    /// Sets the clock for this round's dedup-file upkeep; true when a dedup
+    /// file is past the window and a round should delete it.
+    pub fn note_time(&mut self, now_ms: u64, window_ms: u64) -> bool {
+        self.now_ms = now_ms;
+        self.window_ms = window_ms;
+        self.dedup.has_expired(now_ms, window_ms)
     }
 
     /// Completes `ticket` at the next commit (after everything appended so far).
@@ -251,13 +264,16 @@ impl QueueLog {
 
     /// Whether there is something to commit, even if a job is in flight.
     pub fn is_dirty_or_waiting(&self) -> bool {
-        !self.pending.is_empty() || !self.waiters.is_empty() || self.deletable() > 0
+        !self.pending.is_empty()
+            || !self.waiters.is_empty()
+            || self.deletable() > 0
+            || self.dedup.has_pending()
+            || self.dedup.has_expired(self.now_ms, self.window_ms)
     }
 
     /// Whether a commit round has anything to do here.
     pub fn is_dirty(&self) -> bool {
-        !self.in_flight
-            && (!self.pending.is_empty() || !self.waiters.is_empty() || self.deletable() > 0)
+        !self.in_flight && self.is_dirty_or_waiting()
     }
 
     /// Takes the next job; `next_seq` is the queue's next sequence number, the
@@ -271,6 +287,7 @@ impl QueueLog {
             .filter(|s| s.created)
             .map(|s| s.path)
             .collect();
+        let (dedup_write, dedup_delete) = self.dedup.take(self.now_ms, self.window_ms);
         let active = self.segments.back_mut()?;
         let job = CommitJob {
             queue: queue.clone(),
@@ -283,6 +300,8 @@ impl QueueLog {
             waiters: std::mem::take(&mut self.waiters),
             message_seqs: std::mem::take(&mut self.message_seqs),
             delete,
+            dedup_write,
+            dedup_delete,
         };
         active.created = true;
         self.dir_exists = true;
@@ -297,6 +316,9 @@ impl QueueLog {
     /// The job taken last finished (`ok`: its bytes are durable).
     pub fn job_done(&mut self, job: &CommitJob, ok: bool, next_seq: u64) {
         self.in_flight = false;
+        if job.dedup_write.is_some() {
+            self.dedup.done(ok);
+        }
         if !ok {
             // The file's tail is unknown now: continue in a fresh segment so no
             // later record lands after a hole.

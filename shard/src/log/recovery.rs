@@ -7,9 +7,11 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::log::dedup_file::{dedup_number, RecoveredDedupFile};
 use crate::log::record::{decode, Decoded, Record};
 use crate::log::segment_base;
 use crate::message::{DedupHasher, DedupKey, Message, Route};
+use crate::queue::CARRIED;
 
 /// A segment found on disk.
 #[derive(Debug, Clone)]
@@ -50,6 +52,8 @@ pub struct RecoveredQueue {
     pub acked: Vec<(DedupKey, u64, u64)>,
     /// Damage found: file, offset and what was wrong. Never served.
     pub problems: Vec<String>,
+    /// Dedup files (ids carried out of deleted segments), oldest first.
+    pub dedup_files: Vec<RecoveredDedupFile>,
 }
 
 /// Reads every segment of the queue in `dir`. A torn tail of the last segment
@@ -57,15 +61,60 @@ pub struct RecoveredQueue {
 /// skipped.
 pub fn recover_queue(dir: &Path, hasher: &DedupHasher) -> io::Result<RecoveredQueue> {
     let mut bases: Vec<(u64, PathBuf)> = Vec::new();
+    let mut dedup_files: Vec<(u64, PathBuf)> = Vec::new();
     for entry in fs::read_dir(dir)? {
         let entry = entry?;
         let name = entry.file_name();
         if let Some(base) = name.to_str().and_then(segment_base) {
             bases.push((base, entry.path()));
+        } else if let Some(number) = name.to_str().and_then(dedup_number) {
+            dedup_files.push((number, entry.path()));
         }
     }
     bases.sort();
+    dedup_files.sort();
     let mut out = RecoveredQueue::default();
+    let last_dedup = dedup_files.len().saturating_sub(1);
+    for (index, (number, path)) in dedup_files.into_iter().enumerate() {
+        let data = fs::read(&path)?;
+        let mut offset = 0usize;
+        let mut newest_ms = 0u64;
+        while offset < data.len() {
+            match decode(&data[offset..]) {
+                Decoded::Record(Record::Dedup(entries), n) => {
+                    for (key, at) in entries.iter() {
+                        newest_ms = newest_ms.max(at);
+                        out.acked.push((DedupKey(key), at, CARRIED));
+                    }
+                    offset += n;
+                }
+                Decoded::Record(_, n) | Decoded::Corrupt(n, _) => {
+                    out.problems.push(format!(
+                        "{}: offset {offset}: not a valid dedup record, skipped",
+                        path.display()
+                    ));
+                    offset += n;
+                }
+                Decoded::Torn | Decoded::BadLength => {
+                    out.problems.push(format!(
+                        "{}: offset {offset}: torn tail of {} bytes dropped",
+                        path.display(),
+                        data.len() - offset
+                    ));
+                    if index == last_dedup {
+                        truncate(&path, offset as u64)?;
+                    }
+                    break;
+                }
+            }
+        }
+        out.dedup_files.push(RecoveredDedupFile {
+            number,
+            path,
+            len: offset as u64,
+            newest_ms,
+        });
+    }
     let mut live: BTreeMap<u64, (Arc<Message>, u32, usize)> = BTreeMap::new();
     let mut senders: std::collections::HashMap<String, Arc<str>> = Default::default();
     let last = bases.len().saturating_sub(1);

@@ -1,0 +1,237 @@
+//! Dedup entries carried out of deleted segments, in their own files.
+//!
+//! When fully acked segments are deleted, the ids acked within the dedup
+//! window whose messages were in them must outlive them, or a retry after a
+//! restart would store a second copy. They are appended (once each) to
+//! `{queue_dir}/dedup-{n:020}.log`, in the segment record format (dedup
+//! records only), written and synced before the segments go. A file is
+//! deleted once every entry in it is past the window; a new file starts every
+//! quarter window, so none lives much longer than the window.
+
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+
+use crate::log::record::{encode, DedupEntries, Record};
+use crate::message::DedupKey;
+
+/// A dedup file found by recovery.
+#[derive(Debug, Clone)]
+pub struct RecoveredDedupFile {
+    /// Its number in the name.
+    pub number: u64,
+    /// The file.
+    pub path: PathBuf,
+    /// Its valid length.
+    pub len: u64,
+    /// The newest ack time in it (Unix ms).
+    pub newest_ms: u64,
+}
+
+/// The dedup file of `number` in `dir`.
+pub fn dedup_path(dir: &Path, number: u64) -> PathBuf {
+    dir.join(format!("dedup-{number:020}.log"))
+}
+
+/// The number of a dedup file name, if it is one.
+pub fn dedup_number(file_name: &str) -> Option<u64> {
+    file_name
+        .strip_prefix("dedup-")?
+        .strip_suffix(".log")?
+        .parse()
+        .ok()
+}
+
+/// Bytes to append to a dedup file, as part of a commit job.
+#[derive(Debug)]
+pub struct DedupWrite {
+    /// The file.
+    pub path: PathBuf,
+    /// It is new: create it and sync the directory.
+    pub create: bool,
+    /// Where the bytes go.
+    pub offset: u64,
+    /// Encoded dedup records.
+    pub bytes: Vec<u8>,
+}
+
+#[derive(Debug)]
+struct DedupFile {
+    number: u64,
+    path: PathBuf,
+    len: u64,
+    newest_ms: u64,
+    opened_ms: u64,
+    created: bool,
+}
+
+/// One queue's dedup files, without I/O.
+#[derive(Debug)]
+pub(crate) struct DedupFiles {
+    dir: PathBuf,
+    roll_bytes: u64,
+    /// Oldest first; the last one takes new entries.
+    files: VecDeque<DedupFile>,
+    pending: Vec<u8>,
+    pending_newest_ms: u64,
+    /// The last write failed: the next goes to a new file (no holes).
+    broken: bool,
+}
+
+impl DedupFiles {
+    pub(crate) fn new(dir: PathBuf, roll_bytes: u64) -> DedupFiles {
+        DedupFiles {
+            dir,
+            roll_bytes,
+            files: VecDeque::new(),
+            pending: Vec::new(),
+            pending_newest_ms: 0,
+            broken: false,
+        }
+    }
+
+    /// Continues from the files recovery found (new entries go to a new file).
+    pub(crate) fn adopt(&mut self, found: &[RecoveredDedupFile]) {
+        for f in found {
+            self.files.push_back(DedupFile {
+                number: f.number,
+                path: f.path.clone(),
+                len: f.len,
+                newest_ms: f.newest_ms,
+                opened_ms: 0,
+                created: true,
+            });
+        }
+        self.broken = true;
+    }
+
+    pub(crate) fn append(&mut self, entries: &[(DedupKey, u64)]) {
+        // Chunks well below the record size limit.
+        const PER_RECORD: usize = 1 << 16;
+        let mut packed = Vec::new();
+        for chunk in entries.chunks(PER_RECORD) {
+            packed.clear();
+            let raw: Vec<(u128, u64)> = chunk.iter().map(|(k, at)| (k.0, *at)).collect();
+            DedupEntries::pack(&raw, &mut packed);
+            if let Some(e) = DedupEntries::new(&packed) {
+                encode(&Record::Dedup(e), &mut self.pending);
+            }
+            let newest = chunk.iter().map(|(_, at)| *at).max().unwrap_or(0);
+            self.pending_newest_ms = self.pending_newest_ms.max(newest);
+        }
+    }
+
+    pub(crate) fn has_pending(&self) -> bool {
+        !self.pending.is_empty()
+    }
+
+    /// Whether some file is entirely past the window.
+    pub(crate) fn has_expired(&self, now_ms: u64, window_ms: u64) -> bool {
+        self.files
+            .iter()
+            .any(|f| f.newest_ms.saturating_add(window_ms) < now_ms)
+    }
+
+    /// The write of what is pending (if anything), and the files to delete.
+    pub(crate) fn take(
+        &mut self,
+        now_ms: u64,
+        window_ms: u64,
+    ) -> (Option<DedupWrite>, Vec<PathBuf>) {
+        let writing = !self.pending.is_empty();
+        let mut delete = Vec::new();
+        let keep_last = writing && !self.broken;
+        let n = self.files.len();
+        let mut kept = VecDeque::with_capacity(n);
+        for (i, f) in std::mem::take(&mut self.files).into_iter().enumerate() {
+            let last = i + 1 == n;
+            let expired = f.newest_ms.saturating_add(window_ms) < now_ms;
+            if expired && !(last && keep_last) {
+                if f.created {
+                    delete.push(f.path);
+                }
+            } else {
+                kept.push_back(f);
+            }
+        }
+        self.files = kept;
+        if !writing {
+            return (None, delete);
+        }
+        let roll = self.broken
+            || self.files.back().is_none_or(|f| {
+                f.len >= self.roll_bytes || now_ms.saturating_sub(f.opened_ms) > window_ms / 4
+            });
+        if roll {
+            let number = self.files.back().map_or(0, |f| f.number + 1);
+            self.files.push_back(DedupFile {
+                number,
+                path: dedup_path(&self.dir, number),
+                len: 0,
+                newest_ms: 0,
+                opened_ms: now_ms,
+                created: false,
+            });
+            self.broken = false;
+        }
+        let Some(file) = self.files.back_mut() else {
+            return (None, delete);
+        };
+        let bytes = std::mem::take(&mut self.pending);
+        let write = DedupWrite {
+            path: file.path.clone(),
+            create: !file.created,
+            offset: file.len,
+            bytes,
+        };
+        file.created = true;
+        file.len += write.bytes.len() as u64;
+        file.newest_ms = file.newest_ms.max(self.pending_newest_ms);
+        self.pending_newest_ms = 0;
+        (Some(write), delete)
+    }
+
+    /// The job carrying `write` ended; a failed write moves on to a new file.
+    pub(crate) fn done(&mut self, ok: bool) {
+        if !ok {
+            self.broken = true;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_go_to_files_that_roll_and_expire_after_the_window() {
+        let mut d = DedupFiles::new(PathBuf::from("/q"), 1 << 20);
+        d.append(&[(DedupKey(1), 1_000)]);
+        let (w, del) = d.take(1_000, 40_000);
+        let w = w.unwrap();
+        assert!(w.create && w.offset == 0 && del.is_empty());
+        assert!(w.path.ends_with("dedup-00000000000000000000.log"));
+        d.append(&[(DedupKey(2), 2_000)]);
+        let (w2, _) = d.take(2_000, 40_000);
+        let w2 = w2.unwrap();
+        assert!(!w2.create && w2.offset == w.bytes.len() as u64, "same file");
+        // A quarter window later a new file starts.
+        d.append(&[(DedupKey(3), 12_000)]);
+        let (w3, _) = d.take(12_001, 40_000);
+        assert!(w3.unwrap().path.ends_with("dedup-00000000000000000001.log"));
+        // The first file goes once its newest entry (2,000) is past the window.
+        assert!(!d.has_expired(42_000, 40_000));
+        assert!(d.has_expired(42_001, 40_000));
+        let (none, del) = d.take(42_001, 40_000);
+        assert!(none.is_none());
+        assert_eq!(
+            del,
+            vec![PathBuf::from("/q/dedup-00000000000000000000.log")]
+        );
+    }
+
+    #[test]
+    fn names_round_trip() {
+        assert_eq!(dedup_number("dedup-00000000000000000042.log"), Some(42));
+        assert_eq!(dedup_number("segment-00000000000000000042.log"), None);
+    }
+}
