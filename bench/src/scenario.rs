@@ -126,7 +126,7 @@ fn spawn_pacer(
     rate: f64,
     total: u64,
     publishers: Vec<mpsc::UnboundedSender<u64>>,
-) -> std::thread::JoinHandle<()> {
+) -> std::io::Result<std::thread::JoinHandle<()>> {
     std::thread::Builder::new()
         .name("bench-pacer".into())
         .spawn(move || {
@@ -149,7 +149,6 @@ fn spawn_pacer(
                 }
             }
         })
-        .expect("spawning the pacer thread")
 }
 
 /// What a publisher task is given.
@@ -416,13 +415,10 @@ where
             let (txs, rxs): (Vec<_>, Vec<_>) = (0..args.publishers)
                 .map(|_| mpsc::unbounded_channel())
                 .unzip();
-            pacer = Some(spawn_pacer(
-                clock,
-                t0_us,
-                rate,
-                total.unwrap_or(u64::MAX),
-                txs,
-            ));
+            pacer = Some(
+                spawn_pacer(clock, t0_us, rate, total.unwrap_or(u64::MAX), txs)
+                    .context("cannot start the pacer thread")?,
+            );
             rxs.into_iter().map(Source::Paced).collect()
         }
         None => {
@@ -551,6 +547,7 @@ mod tests {
         let (tx1, mut rx1) = mpsc::unbounded_channel();
         // 100 messages at 100,000 msg/s: due every 10 µs from t = 0.
         spawn_pacer(clock, 0, 100_000.0, 100, vec![tx0, tx1])
+            .unwrap()
             .join()
             .unwrap();
         let mut got = Vec::new();

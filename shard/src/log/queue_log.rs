@@ -216,11 +216,6 @@ impl QueueLog {
             .flatten()
     }
 
-    /// The base of the segment appends go to.
-    pub fn active_base(&self) -> u64 {
-        self.segments.back().map_or(0, |s| s.base)
-    }
-
     /// Queues dedup entries carried out of segments about to be deleted; the
     /// job that deletes them writes and syncs these first.
     pub fn append_dedup(&mut self, entries: &[(crate::DedupKey, u64)]) {
@@ -248,18 +243,6 @@ impl QueueLog {
             .take(self.segments.len().saturating_sub(1))
             .take_while(|s| s.live == 0 && self.mirror.as_ref().is_none_or(|m| mirrored(m, s.base)))
             .count()
-    }
-
-    /// Whether a fully acked segment waits only for the mirror.
-    pub fn held_by_mirror(&self) -> bool {
-        let Some(mirror) = &self.mirror else {
-            return false;
-        };
-        self.segments.len() > 1
-            && self
-                .segments
-                .front()
-                .is_some_and(|s| s.live == 0 && !mirrored(mirror, s.base))
     }
 
     /// Whether there is something to commit, even if a job is in flight.
@@ -408,10 +391,10 @@ mod tests {
         let job = log.take_job(&q, 2).unwrap();
         assert!(job.delete.is_empty(), "the mirror has not read segment 0");
         log.job_done(&job, true, 2);
-        assert!(log.held_by_mirror());
+        assert!(!log.is_dirty());
         assert_eq!(log.deletion_bound(), None);
         cell.store(1, std::sync::atomic::Ordering::Release);
-        assert!(!log.held_by_mirror() && log.is_dirty());
+        assert!(log.is_dirty());
         assert_eq!(log.deletion_bound(), Some(1));
         let job = log.take_job(&q, 2).unwrap();
         assert_eq!(job.delete.len(), 1);
