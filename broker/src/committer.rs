@@ -1,10 +1,17 @@
 //! The group committer of one shard: it takes the appends of a reactor turn
 //! (one job per dirty queue log), writes each at its offset with io_uring,
 //! `fdatasync`s, syncs directories of new files, and only then releases the
-//! `ACK`s waiting for them. While a round is on disk, new appends gather for
-//! the next one, so the fsync cost is shared by every publish of a round.
+//! `ACK`s waiting for them. The fsync cost is shared by every publish of a
+//! round.
+//!
+//! Rounds are pipelined two deep: once a round's bytes are written, its sync
+//! runs in its own task while the next round is taken and written, so the
+//! device is never idle waiting for the shard and the shard never waits for
+//! the device to take more. Rounds still finish in order: a round's sync
+//! starts only after the previous one ended, and a job whose file failed to
+//! sync in the previous round fails too (its bytes may lie after a hole).
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
@@ -15,54 +22,58 @@ use ciphermq_shard::log::dedup_file::DedupWrite;
 use ciphermq_shard::CommitJob;
 use futures_util::future::join_all;
 use glommio::io::{BufferedFile, Directory, OpenOptions};
+use glommio::{GlommioError, Task};
 
 use crate::context::ShardLocal;
 use crate::stats::ShardStats;
 
-/// Open segment files of this shard's queues.
+type IoResult<T> = Result<T, GlommioError<()>>;
+
+/// Open segment files of this shard's queues, shared by the write and sync
+/// stages (borrowed only between awaits).
 #[derive(Default)]
 struct Files {
     open: HashMap<PathBuf, Rc<BufferedFile>>,
 }
 
-impl Files {
-    /// The file of `job`, creating its directory and the file when new.
-    async fn prepare(&mut self, job: &CommitJob) -> glommio::Result<Rc<BufferedFile>, ()> {
-        if let Some(f) = self.open.get(&job.path) {
-            return Ok(f.clone());
-        }
-        if job.create_dir {
-            Directory::create(&job.dir).await?;
-            if let Some(parent) = job.dir.parent() {
-                Directory::open(parent).await?.sync().await?;
-            }
-        }
-        let file = if job.create {
-            BufferedFile::create(&job.path).await?
-        } else {
-            OpenOptions::new()
-                .write(true)
-                .buffered_open(&job.path)
-                .await?
-        };
-        let file = Rc::new(file);
-        self.open.insert(job.path.clone(), file.clone());
-        Ok(file)
+/// The file of `job`, creating its directory and the file when new.
+async fn prepare(files: &RefCell<Files>, job: &CommitJob) -> IoResult<Rc<BufferedFile>> {
+    if let Some(f) = files.borrow().open.get(&job.path) {
+        return Ok(f.clone());
     }
-
-    fn forget(&mut self, path: &Path) -> Option<Rc<BufferedFile>> {
-        self.open.remove(path)
+    if job.create_dir {
+        Directory::create(&job.dir).await?;
+        if let Some(parent) = job.dir.parent() {
+            Directory::open(parent).await?.sync().await?;
+        }
     }
+    let file = if job.create {
+        BufferedFile::create(&job.path).await?
+    } else {
+        OpenOptions::new()
+            .write(true)
+            .buffered_open(&job.path)
+            .await?
+    };
+    let file = Rc::new(file);
+    files
+        .borrow_mut()
+        .open
+        .insert(job.path.clone(), file.clone());
+    Ok(file)
 }
 
-/// Writes a job's bytes (moved in: io_uring owns the buffer while it works)
-/// and makes them durable.
+/// Writes a job's bytes (moved in: io_uring owns the buffer while it works),
+/// after its carried dedup entries.
 async fn write(
-    file: &BufferedFile,
     job: &CommitJob,
+    file: &BufferedFile,
     bytes: Vec<u8>,
     stats: &ShardStats,
-) -> glommio::Result<(), ()> {
+) -> IoResult<()> {
+    if let Some(w) = &job.dedup_write {
+        write_dedup(w, &job.dir, stats).await?;
+    }
     let len = bytes.len();
     if len > 0 {
         let n = file.write_at(bytes, job.offset).await?;
@@ -71,6 +82,16 @@ async fn write(
             return Err(std::io::Error::new(std::io::ErrorKind::StorageFull, "short write").into());
         }
     }
+    Ok(())
+}
+
+/// Makes a written job durable (`len`: how many bytes it wrote).
+async fn sync(
+    job: &CommitJob,
+    file: &BufferedFile,
+    len: usize,
+    stats: &ShardStats,
+) -> IoResult<()> {
     // Only what someone waits for needs the fsync: a job of acks and delivery
     // counts alone may be lost in a crash (the messages are then redelivered,
     // never lost), and the next fsync of the file covers it anyway.
@@ -89,7 +110,7 @@ async fn write(
 
 /// Appends carried dedup entries to their file and syncs them: they must be
 /// on disk before the segments they come from are deleted.
-async fn write_dedup(w: &DedupWrite, dir: &Path, stats: &ShardStats) -> glommio::Result<(), ()> {
+async fn write_dedup(w: &DedupWrite, dir: &Path, stats: &ShardStats) -> IoResult<()> {
     let file = if w.create {
         BufferedFile::create(&w.path).await?
     } else {
@@ -114,11 +135,19 @@ async fn write_dedup(w: &DedupWrite, dir: &Path, stats: &ShardStats) -> glommio:
     Ok(())
 }
 
-/// Runs commit rounds for one shard until the executor ends. `busy` is set
-/// while a round is on disk, so shutdown can wait for it.
-pub async fn run(local: Rc<ShardLocal>, busy: Rc<Cell<bool>>) {
-    let mut files = Files::default();
+/// A round whose bytes are written (or failed to be), waiting for its sync.
+struct WrittenRound {
+    jobs: Vec<CommitJob>,
+    /// Per job: its file and how many bytes went to it.
+    written: Vec<IoResult<(Rc<BufferedFile>, usize)>>,
+}
+
+/// Runs commit rounds for one shard until the executor ends. `busy` counts
+/// rounds not finished yet, so shutdown can wait for them.
+pub async fn run(local: Rc<ShardLocal>, busy: Rc<Cell<usize>>) {
+    let files = Rc::new(RefCell::new(Files::default()));
     let mut jobs: Vec<CommitJob> = Vec::new();
+    let mut syncing: Option<Task<Vec<PathBuf>>> = None;
     loop {
         std::future::poll_fn(|cx| {
             let mut shard = local.shard.borrow_mut();
@@ -130,59 +159,114 @@ pub async fn run(local: Rc<ShardLocal>, busy: Rc<Cell<bool>>) {
             }
         })
         .await;
-        busy.set(true);
+        busy.set(busy.get() + 1);
         local.shard.borrow_mut().take_commit_jobs(&mut jobs);
-        let mut prepared = Vec::with_capacity(jobs.len());
-        for job in &jobs {
-            prepared.push(files.prepare(job).await);
-        }
-        let payloads: Vec<Vec<u8>> = jobs
-            .iter_mut()
-            .map(|j| std::mem::take(&mut j.bytes))
-            .collect();
-        let stats = &local.stats;
-        let outcomes = join_all(jobs.iter().zip(prepared).zip(payloads).map(
-            |((job, file), bytes)| async move {
-                if let Some(w) = &job.dedup_write {
-                    write_dedup(w, &job.dir, stats).await?;
-                }
-                match file {
-                    Ok(file) => write(&file, job, bytes, stats).await,
-                    Err(e) => Err(e),
-                }
-            },
-        ))
-        .await;
-        let mut deletions = Vec::new();
-        local.with_shard(|shard| {
-            for (job, outcome) in jobs.iter().zip(&outcomes) {
-                if let Err(e) = outcome {
-                    tracing::error!(queue = %job.queue, path = %job.path.display(), error = %e, "log write failed; publishes answered NACK storage");
-                }
-                shard.commit_done(job, outcome.is_ok());
-            }
-        });
-        // `/ready` reports a failing round until a later one succeeds.
-        let failure = jobs.iter().zip(&outcomes).find_map(|(job, outcome)| {
-            let e = outcome.as_ref().err()?;
-            Some(format!("queue {}: {}: {e}", job.queue, job.path.display()))
-        });
-        local.stats.commit_round(failure);
-        for (job, outcome) in jobs.drain(..).zip(outcomes) {
-            if outcome.is_err() {
-                // Its segments stay on disk (recovery deletes them later).
-                files.forget(&job.path);
-            } else {
-                deletions.extend(job.delete);
-                deletions.extend(job.dedup_delete);
-            }
-        }
-        for path in deletions {
-            drop(files.forget(&path));
-            if let Err(e) = glommio::io::remove(&path).await {
-                tracing::warn!(path = %path.display(), error = %e, "could not delete an acked segment");
-            }
-        }
-        busy.set(false);
+        let round = write_round(&local, &files, std::mem::take(&mut jobs)).await;
+        // Depth two: this round's sync waits for the previous one, and the
+        // next round is taken only once that one is done.
+        let failed_before = match syncing.take() {
+            Some(previous) => previous.await,
+            None => Vec::new(),
+        };
+        syncing = Some(glommio::spawn_local(sync_round(
+            local.clone(),
+            files.clone(),
+            round,
+            failed_before,
+            busy.clone(),
+        )));
     }
+}
+
+/// Writes every job of a round concurrently; each log may then hand out its
+/// next job.
+async fn write_round(
+    local: &ShardLocal,
+    files: &RefCell<Files>,
+    mut jobs: Vec<CommitJob>,
+) -> WrittenRound {
+    let mut prepared = Vec::with_capacity(jobs.len());
+    for job in &jobs {
+        prepared.push(prepare(files, job).await);
+    }
+    let payloads: Vec<Vec<u8>> = jobs
+        .iter_mut()
+        .map(|j| std::mem::take(&mut j.bytes))
+        .collect();
+    let stats = &local.stats;
+    let written = join_all(jobs.iter().zip(prepared).zip(payloads).map(
+        |((job, file), bytes)| async move {
+            let file = file?;
+            let len = bytes.len();
+            write(job, &file, bytes, stats).await?;
+            Ok((file, len))
+        },
+    ))
+    .await;
+    local.with_shard(|shard| {
+        for (job, outcome) in jobs.iter().zip(&written) {
+            shard.commit_written(job, outcome.is_ok());
+        }
+    });
+    WrittenRound { jobs, written }
+}
+
+/// Syncs a written round, then answers its waiters and deletes what its
+/// jobs free. Returns the files that failed, for the next round.
+async fn sync_round(
+    local: Rc<ShardLocal>,
+    files: Rc<RefCell<Files>>,
+    round: WrittenRound,
+    failed_before: Vec<PathBuf>,
+    busy: Rc<Cell<usize>>,
+) -> Vec<PathBuf> {
+    let WrittenRound { jobs, written } = round;
+    let stats = &local.stats;
+    let failed_before = &failed_before;
+    let outcomes: Vec<IoResult<()>> =
+        join_all(jobs.iter().zip(written).map(|(job, file)| async move {
+            let (file, len) = file?;
+            if failed_before.contains(&job.path) {
+                return Err(std::io::Error::other(
+                    "an earlier write to this segment failed to sync",
+                )
+                .into());
+            }
+            sync(job, &file, len, stats).await
+        }))
+        .await;
+    local.with_shard(|shard| {
+        for (job, outcome) in jobs.iter().zip(&outcomes) {
+            if let Err(e) = outcome {
+                tracing::error!(queue = %job.queue, path = %job.path.display(), error = %e, "log write failed; publishes answered NACK storage");
+            }
+            shard.commit_done(job, outcome.is_ok());
+        }
+    });
+    // `/ready` reports a failing round until a later one succeeds.
+    let failure = jobs.iter().zip(&outcomes).find_map(|(job, outcome)| {
+        let e = outcome.as_ref().err()?;
+        Some(format!("queue {}: {}: {e}", job.queue, job.path.display()))
+    });
+    local.stats.commit_round(failure);
+    let mut failed = Vec::new();
+    let mut deletions = Vec::new();
+    for (job, outcome) in jobs.into_iter().zip(outcomes) {
+        if outcome.is_err() {
+            // Its segments stay on disk (recovery deletes them later).
+            files.borrow_mut().open.remove(&job.path);
+            failed.push(job.path);
+        } else {
+            deletions.extend(job.delete);
+            deletions.extend(job.dedup_delete);
+        }
+    }
+    for path in deletions {
+        drop(files.borrow_mut().open.remove(&path));
+        if let Err(e) = glommio::io::remove(&path).await {
+            tracing::warn!(path = %path.display(), error = %e, "could not delete an acked segment");
+        }
+    }
+    busy.set(busy.get() - 1);
+    failed
 }

@@ -511,7 +511,7 @@ async fn run_shard(ctx: ShardStart, ready: std::sync::mpsc::Sender<Result<Socket
     .detach();
     glommio::spawn_local(watch_policy(local.clone(), ctx.shard)).detach();
     glommio::spawn_local(sweep_deliveries(local.clone())).detach();
-    let committing = Rc::new(Cell::new(false));
+    let committing = Rc::new(Cell::new(0usize));
     if is_durable {
         glommio::spawn_local(committer::run(local.clone(), committing.clone())).detach();
     }
@@ -554,7 +554,7 @@ async fn run_shard(ctx: ShardStart, ready: std::sync::mpsc::Sender<Result<Socket
     // last commit rounds), say goodbye, and go; then the shard ends.
     let deadline = Instant::now() + Duration::from_secs(5);
     while Instant::now() < deadline {
-        let busy = committing.get() || handshaking.get() > 0 || {
+        let busy = committing.get() > 0 || handshaking.get() > 0 || {
             let shard = local.shard.borrow();
             shard.has_commit_work() || shard.mailboxes().next().is_some()
         };

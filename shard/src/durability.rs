@@ -199,12 +199,23 @@ impl Durability {
             let next_seq = queues.get(&queue).map_or(0, Queue::next_seq);
             match log.take_job(&queue, next_seq) {
                 Some(job) => out.push(job),
-                // A job of this log is still in flight: next round.
+                // A job of this log is still being written: next round.
                 None if log.is_dirty_or_waiting() => still_dirty.push(queue),
                 None => {}
             }
         }
         self.dirty = still_dirty;
+    }
+
+    /// Records that a job's bytes are written (or failed to be): its log
+    /// may hand out its next job while this one is synced.
+    pub(crate) fn job_written(&mut self, job: &CommitJob, ok: bool, next_seq: u64) {
+        if let Some(log) = self.logs.get_mut(&job.queue) {
+            log.job_written(job, ok, next_seq);
+            if log.is_dirty() && !self.dirty.contains(&job.queue) {
+                self.dirty.push(job.queue.clone());
+            }
+        }
     }
 
     /// Records the end of a job (the caller releases its tickets).

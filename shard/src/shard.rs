@@ -154,6 +154,16 @@ impl Shard {
         }
     }
 
+    /// A commit job's bytes are written (`ok`) or failed to be; its log may
+    /// hand out the next job while this one is synced. Call before
+    /// [`Shard::commit_done`] of the same job.
+    pub fn commit_written(&mut self, job: &CommitJob, ok: bool) {
+        let next_seq = self.queues.get(&*job.queue).map_or(0, Queue::next_seq);
+        if let Some(d) = &mut self.durable {
+            d.job_written(job, ok, next_seq);
+        }
+    }
+
     /// A commit job finished: `ok` means its records are on disk. Releases what
     /// waited for it (`NACK storage` when it failed).
     pub fn commit_done(&mut self, job: &CommitJob, ok: bool) {

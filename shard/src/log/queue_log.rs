@@ -3,8 +3,10 @@
 //! Appends are encoded into a pending buffer. The shard's committer takes one
 //! [`CommitJob`] per dirty log per round (the appends of a reactor turn), writes
 //! it at its offset, `fdatasync`s, and only then completes the job's waiters:
-//! that is group commit. A log has at most one job in flight, so its file never
-//! has holes and recovery reads it front to back.
+//! that is group commit. A log has at most one job being written, so its file
+//! never has holes and recovery reads it front to back; the next job may be
+//! written while the previous one is still being synced (the committer
+//! pipelines rounds), and jobs finish in the order they were taken.
 
 use std::collections::VecDeque;
 use std::path::PathBuf;
@@ -72,7 +74,10 @@ pub struct QueueLog {
     pending: Vec<u8>,
     waiters: Vec<u64>,
     message_seqs: Vec<u64>,
-    in_flight: bool,
+    /// A job is taken and its bytes are not yet written.
+    writing: bool,
+    /// Jobs written and not yet synced (finished in order).
+    syncing: u32,
     /// With the metadata mirror: the segment it is reading. Older ones only
     /// may be deleted.
     mirror: Option<Arc<AtomicU64>>,
@@ -98,7 +103,8 @@ impl QueueLog {
             pending: Vec::new(),
             waiters: Vec::new(),
             message_seqs: Vec::new(),
-            in_flight: false,
+            writing: false,
+            syncing: 0,
             mirror: None,
         };
         log.open_segment(next_seq);
@@ -205,9 +211,9 @@ impl QueueLog {
     /// When the next job would delete segments: the first sequence number
     /// that survives them (the ids acked within the dedup window whose
     /// evidence lies below it must be carried first). `None` while a job is
-    /// in flight or nothing is deletable.
+    /// being written or nothing is deletable.
     pub fn deletion_bound(&self) -> Option<u64> {
-        if self.in_flight {
+        if self.writing {
             return None;
         }
         let n = self.deletable();
@@ -245,7 +251,7 @@ impl QueueLog {
             .count()
     }
 
-    /// Whether there is something to commit, even if a job is in flight.
+    /// Whether there is something to commit, even if a job is being written.
     pub fn is_dirty_or_waiting(&self) -> bool {
         !self.pending.is_empty()
             || !self.waiters.is_empty()
@@ -256,7 +262,7 @@ impl QueueLog {
 
     /// Whether a commit round has anything to do here.
     pub fn is_dirty(&self) -> bool {
-        !self.in_flight && self.is_dirty_or_waiting()
+        !self.writing && self.is_dirty_or_waiting()
     }
 
     /// Takes the next job; `next_seq` is the queue's next sequence number, the
@@ -292,26 +298,41 @@ impl QueueLog {
         if self.written >= self.segment_bytes && active.base < next_seq {
             self.open_segment(next_seq);
         }
-        self.in_flight = true;
+        self.writing = true;
         Some(job)
     }
 
-    /// The job taken last finished (`ok`: its bytes are durable).
-    pub fn job_done(&mut self, job: &CommitJob, ok: bool, next_seq: u64) {
-        self.in_flight = false;
+    /// The job taken last is written (`ok`) or failed to be; the next job may
+    /// be taken while this one is synced. Its dedup entries, written and
+    /// synced before its records, are done either way.
+    pub fn job_written(&mut self, job: &CommitJob, ok: bool, next_seq: u64) {
+        self.writing = false;
+        self.syncing += 1;
         if job.dedup_write.is_some() {
             self.dedup.done(ok);
         }
         if !ok {
-            // The file's tail is unknown now: continue in a fresh segment so no
-            // later record lands after a hole.
-            if let Some(active) = self.segments.back() {
-                if active.path == job.path && active.base < next_seq {
-                    self.open_segment(next_seq);
-                }
-            }
+            self.abandon_tail(job, next_seq);
             if job.create_dir {
                 self.dir_exists = false;
+            }
+        }
+    }
+
+    /// The oldest job not finished yet is done (`ok`: its bytes are durable).
+    pub fn job_done(&mut self, job: &CommitJob, ok: bool, next_seq: u64) {
+        self.syncing = self.syncing.saturating_sub(1);
+        if !ok {
+            self.abandon_tail(job, next_seq);
+        }
+    }
+
+    /// After a failed write or sync of `job`: the file's tail is unknown now,
+    /// so continue in a fresh segment and no later record lands after a hole.
+    fn abandon_tail(&mut self, job: &CommitJob, next_seq: u64) {
+        if let Some(active) = self.segments.back() {
+            if active.path == job.path && active.base < next_seq {
+                self.open_segment(next_seq);
             }
         }
     }
@@ -323,6 +344,12 @@ mod tests {
 
     fn msg(id: &str) -> Arc<Message> {
         Message::new(id, "{}", Arc::from("s"))
+    }
+
+    /// Writes and syncs `job`.
+    fn finish(log: &mut QueueLog, job: &CommitJob, next_seq: u64) {
+        log.job_written(job, true, next_seq);
+        log.job_done(job, true, next_seq);
     }
 
     #[test]
@@ -338,12 +365,39 @@ mod tests {
             (job.offset, job.waiters.clone(), job.message_seqs.clone()),
             (0, vec![7], vec![0])
         );
-        assert!(log.take_job(&q, 1).is_none(), "one job in flight per log");
+        assert!(
+            log.take_job(&q, 1).is_none(),
+            "one job being written per log"
+        );
         log.append_message(1, &msg("b"));
-        log.job_done(&job, true, 2);
+        log.job_written(&job, true, 2);
+        // The next job is written while the first one is synced.
         let second = log.take_job(&q, 2).unwrap();
         assert!(!second.create && !second.create_dir);
         assert_eq!(second.offset, job.bytes.len() as u64);
+        log.job_done(&job, true, 2);
+        log.job_written(&second, true, 2);
+        log.job_done(&second, true, 2);
+        assert!(!log.is_dirty());
+    }
+
+    #[test]
+    fn a_failed_sync_moves_later_appends_to_a_fresh_segment() {
+        let q: Arc<str> = Arc::from("q");
+        let mut log = QueueLog::new(PathBuf::from("/d/q"), 1 << 20, 0);
+        log.append_message(0, &msg("a"));
+        let first = log.take_job(&q, 1).unwrap();
+        log.job_written(&first, true, 1);
+        log.append_message(1, &msg("b"));
+        let second = log.take_job(&q, 2).unwrap();
+        assert_eq!(second.path, first.path);
+        log.job_written(&second, true, 2);
+        log.job_done(&first, false, 2);
+        log.job_done(&second, false, 2);
+        log.append_message(2, &msg("c"));
+        let third = log.take_job(&q, 3).unwrap();
+        assert!(third.create && third.offset == 0);
+        assert!(third.path.ends_with("segment-00000000000000000002.log"));
     }
 
     #[test]
@@ -361,12 +415,12 @@ mod tests {
         let mut log = QueueLog::new(PathBuf::from("/d/q"), 10, 0);
         log.append_message(0, &msg("a"));
         let job = log.take_job(&q, 1).unwrap();
-        log.job_done(&job, true, 1);
+        finish(&mut log, &job, 1);
         log.append_message(1, &msg("b"));
         let job = log.take_job(&q, 2).unwrap();
         assert!(job.create, "second segment");
         assert!(job.path.ends_with("segment-00000000000000000001.log"));
-        log.job_done(&job, true, 2);
+        finish(&mut log, &job, 2);
         log.append_ack(0, 1);
         let job = log.take_job(&q, 2).unwrap();
         assert_eq!(
@@ -383,14 +437,14 @@ mod tests {
         log.set_mirror(cell.clone());
         log.append_message(0, &msg("a"));
         let job = log.take_job(&q, 1).unwrap();
-        log.job_done(&job, true, 1);
+        finish(&mut log, &job, 1);
         log.append_message(1, &msg("b"));
         let job = log.take_job(&q, 2).unwrap();
-        log.job_done(&job, true, 2);
+        finish(&mut log, &job, 2);
         log.append_ack(0, 1);
         let job = log.take_job(&q, 2).unwrap();
         assert!(job.delete.is_empty(), "the mirror has not read segment 0");
-        log.job_done(&job, true, 2);
+        finish(&mut log, &job, 2);
         assert!(!log.is_dirty());
         assert_eq!(log.deletion_bound(), None);
         cell.store(1, std::sync::atomic::Ordering::Release);
