@@ -300,6 +300,41 @@ fn resumes_from_the_watermark_after_a_restart() {
     second.shutdown();
 }
 
+/// New rows go in with `COPY`, which fails on a row that exists; a batch
+/// whose rows are partly there already (its watermark lost, as when a commit
+/// succeeded but its answer did not arrive) is written again as upserts.
+#[test]
+fn a_replayed_batch_is_written_again_as_upserts() {
+    let db = TestDb::new();
+    let data = tempfile::tempdir().unwrap();
+    let mut w = LogWriter::new(data.path(), "q");
+    let logs = || Some((data.path().to_owned(), Arc::new(MirrorWatermarks::new())));
+    let first = PgBridge::start(db.config(), AES, logs()).unwrap();
+    for seq in 0..1_000 {
+        w.message(seq);
+    }
+    w.flush();
+    wait_until("the first 1000 rows", || count(&db, "true") == 1_000);
+    first.shutdown();
+
+    db.execute("DELETE FROM ciphermq_mirror_watermark");
+    for seq in 1_000..1_500 {
+        w.message(seq);
+    }
+    w.flush();
+    let second = PgBridge::start(db.config(), AES, logs()).unwrap();
+    wait_until("the replayed and the new rows", || {
+        count(&db, "true") == 1_500
+    });
+    assert_every_row_once(&db, "q", 1_500);
+    assert!(
+        second.status().last_error.is_none(),
+        "the replay is not an error: {:?}",
+        second.status().last_error
+    );
+    second.shutdown();
+}
+
 /// A queue never seen before, in a log that starts after segments were
 /// already deleted, is mirrored from its oldest existing segment.
 #[test]
