@@ -466,6 +466,7 @@ async fn the_postgres_bridge_reports_through_status_and_metrics() {
         "connected",
         "rows_written",
         "lag_bytes",
+        "lag_rows",
         "lag_seconds",
         "missed_segments",
         "reconnects",
@@ -486,6 +487,7 @@ async fn the_postgres_bridge_reports_through_status_and_metrics() {
     assert!(samples(&text, "ciphermq_pgbridge_rows_written_total")[0].1 >= 2.0);
     for gauge in [
         "ciphermq_pgbridge_lag_bytes",
+        "ciphermq_pgbridge_lag_rows",
         "ciphermq_pgbridge_lag_seconds",
         "ciphermq_pgbridge_missed_segments_total",
         "ciphermq_pgbridge_reconnects_total",

@@ -104,7 +104,13 @@ async fn publishing_goes_on_through_an_outage_and_the_rows_catch_up() {
     let restart = RestartOnDrop;
     pg_ctl("stop");
     publish(&mut sender, 2 * PHASE..3 * PHASE).await;
-    let during = broker.bridge_status().expect("bridge runs");
+    // Every message of this phase is durable and none can be mirrored: the
+    // lag in rows says so (the bridge measures it each tick).
+    let during = wait_for_status(&broker, |s| s.lag_rows >= PHASE as u64).await;
+    assert!(
+        during.lag_rows >= PHASE as u64,
+        "lag in rows during the outage: {during:?}"
+    );
     drop(restart); // PostgreSQL starts again
     publish(&mut sender, 3 * PHASE..4 * PHASE).await;
     tokio::time::timeout(Duration::from_secs(120), consumer)
@@ -141,5 +147,22 @@ async fn publishing_goes_on_through_an_outage_and_the_rows_catch_up() {
         "the bridge noticed the outage: {during:?}"
     );
     assert!(status.reconnects >= 1 && status.connected, "{status:?}");
+    let after = wait_for_status(&broker, |s| s.lag_rows == 0).await;
+    assert_eq!(after.lag_rows, 0, "caught up: {after:?}");
     broker.shutdown();
+}
+
+/// The bridge's status once `done` holds, or the last one after 30 s.
+async fn wait_for_status(
+    broker: &ciphermq_broker::BrokerHandle,
+    done: impl Fn(&ciphermq_pgbridge::BridgeStatus) -> bool,
+) -> ciphermq_pgbridge::BridgeStatus {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let status = broker.bridge_status().expect("bridge runs");
+        if done(&status) || std::time::Instant::now() > deadline {
+            return status;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

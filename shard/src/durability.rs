@@ -67,9 +67,11 @@ impl Durability {
     }
 
     /// Adopts a log rebuilt by recovery.
-    pub(crate) fn insert_log(&mut self, queue: Arc<str>, mut log: QueueLog) {
+    /// `next_seq`: the queue's next sequence number (what is stored so far).
+    pub(crate) fn insert_log(&mut self, queue: Arc<str>, mut log: QueueLog, next_seq: u64) {
         if let Some(mirror) = &self.mirror {
             log.set_mirror(mirror.cell(&queue));
+            log.track_stored(mirror.stored_cell(&queue), next_seq);
         }
         self.logs.insert(queue, log);
     }
@@ -99,6 +101,8 @@ impl Durability {
             let mut log = QueueLog::new(dir, segment_bytes, next_seq);
             if let Some(mirror) = mirror {
                 log.set_mirror(mirror.cell(queue));
+                // Nothing of a new log is durable yet.
+                log.track_stored(mirror.stored_cell(queue), 0);
             }
             log
         })

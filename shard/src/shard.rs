@@ -130,7 +130,7 @@ impl Shard {
                 &recovered.segments,
                 &recovered.dedup_files,
             );
-            d.insert_log(name.clone(), log);
+            d.insert_log(name.clone(), log, recovered.next_seq);
         }
         self.queues.insert(name, queue);
     }

@@ -365,6 +365,12 @@ fn bridge_metrics(e: &mut Exposition, b: &BridgeStatus) {
     );
     e.sample_u64("ciphermq_pgbridge_lag_bytes", &[], b.lag_bytes);
     e.family(
+        "ciphermq_pgbridge_lag_rows",
+        Kind::Gauge,
+        "Messages durable in the queue logs whose metadata rows are not committed yet.",
+    );
+    e.sample_u64("ciphermq_pgbridge_lag_rows", &[], b.lag_rows);
+    e.family(
         "ciphermq_pgbridge_lag_seconds",
         Kind::Gauge,
         "Seconds since the mirror last caught up with every log (0 when caught up).",

@@ -111,6 +111,8 @@ pub(crate) struct Columns {
     pub(crate) missed: Vec<Missed>,
     /// Metadata rows written (inserts plus updates).
     pub(crate) rows: u64,
+    /// Per queue: one past the last message this batch inserts.
+    pub(crate) next_seqs: HashMap<Arc<str>, u64>,
 }
 
 /// Metadata rows and queue positions collected for one transaction.
@@ -284,9 +286,12 @@ impl Batch {
         let rows = entries.len() as u64;
         let mut inserts = InsertColumns::default();
         let mut updates = UpdateColumns::default();
+        let mut next_seqs: HashMap<Arc<str>, u64> = HashMap::new();
         for ((queue, seq), entry) in entries {
             match entry {
                 Entry::Insert(row) => {
+                    let next = next_seqs.entry(queue.clone()).or_default();
+                    *next = (*next).max(seq + 1);
                     inserts.queue.push(text(&queue));
                     inserts.seq.push(bigint(seq));
                     inserts.message_id.push(row.message_id);
@@ -318,6 +323,7 @@ impl Batch {
             positions: self.positions,
             missed: self.missed,
             rows,
+            next_seqs,
         }
     }
 }

@@ -227,6 +227,9 @@ pub(crate) struct Mirror {
     prepared: Option<(u64, Statements)>,
     /// Committed positions, as in `ciphermq_mirror_watermark`.
     positions: HashMap<Arc<str>, Position>,
+    /// Per queue: one past the last message whose row is committed (known
+    /// once a batch inserted one, or a tick caught up).
+    mirrored_next: HashMap<Arc<str>, u64>,
     budget: Budget,
     reported: Reported,
     /// Which queue a tick starts with, so one busy queue cannot starve others.
@@ -256,6 +259,7 @@ impl Mirror {
             link,
             prepared: None,
             positions,
+            mirrored_next: HashMap::new(),
             reported: Reported::default(),
             rotation: 0,
             caught_up_at: Instant::now(),
@@ -310,6 +314,8 @@ impl Mirror {
     async fn tick(&mut self, limit: Duration) -> bool {
         let mut more = false;
         let mut caught_up = false;
+        // Durable before the read starts: a read to the end covers them.
+        let stored = self.logs.watermarks.stored();
         if self.ready(limit).await {
             let mut batch = Batch::new(self.config.rows_per_batch());
             let (all_read, full) = self.read(&mut batch);
@@ -325,7 +331,7 @@ impl Mirror {
                 }
             }
         }
-        self.measure(caught_up);
+        self.measure(caught_up, &stored);
         more
     }
 
@@ -434,6 +440,10 @@ impl Mirror {
             );
         }
         let released = self.budget.released();
+        for (queue, next) in cols.next_seqs {
+            let known = self.mirrored_next.entry(queue).or_default();
+            *known = (*known).max(next);
+        }
         for (queue, position) in cols.positions {
             if !released {
                 self.logs.watermarks.set(&queue, position.base);
@@ -445,10 +455,26 @@ impl Mirror {
     }
 
     /// Measures the backlog, reports it, and applies the disk budget.
-    fn measure(&mut self, caught_up: bool) {
+    /// `stored`: each queue's durable messages as of the tick's start.
+    fn measure(&mut self, caught_up: bool, stored: &[(Arc<str>, u64)]) {
         if caught_up {
             self.caught_up_at = Instant::now();
+            for (queue, next) in stored {
+                let known = self.mirrored_next.entry(queue.clone()).or_default();
+                *known = (*known).max(*next);
+            }
         }
+        let lag_rows = stored
+            .iter()
+            .map(|(queue, next)| {
+                let mirrored = self
+                    .mirrored_next
+                    .get(queue)
+                    .copied()
+                    .or_else(|| self.positions.get(queue).map(|p| p.base));
+                next.saturating_sub(mirrored.unwrap_or(0))
+            })
+            .sum();
         let lag_seconds = if caught_up {
             0.0
         } else {
@@ -474,7 +500,7 @@ impl Mirror {
                 }
             }
         }
-        self.status.lag(lag_bytes, lag_seconds);
+        self.status.lag(lag_bytes, lag_rows, lag_seconds);
         match self.budget.decide(lag_bytes) {
             Decision::Hold => {}
             Decision::Release { newly } => {

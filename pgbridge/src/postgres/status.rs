@@ -14,6 +14,10 @@ pub struct BridgeStatus {
     /// Log bytes past the mirror's committed watermark, over all queues: what
     /// the disk budget is measured against.
     pub lag_bytes: u64,
+    /// Messages durable in the logs whose rows are not committed yet, over
+    /// all queues. Right after a restart a queue counts from the start of
+    /// the segment the mirror is in, until its first batch or catch-up.
+    pub lag_rows: u64,
     /// 0 when the last tick read every log to its end and committed it;
     /// otherwise seconds since that last happened.
     pub lag_seconds: f64,
@@ -133,9 +137,10 @@ impl StatusCell {
     }
 
     /// The mirror's distance from the logs' ends.
-    pub(crate) fn lag(&self, bytes: u64, seconds: f64) {
+    pub(crate) fn lag(&self, bytes: u64, rows: u64, seconds: f64) {
         self.update(|i| {
             i.status.lag_bytes = bytes;
+            i.status.lag_rows = rows;
             i.status.lag_seconds = seconds;
         });
     }

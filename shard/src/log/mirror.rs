@@ -15,6 +15,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 #[derive(Debug, Default)]
 pub struct MirrorWatermarks {
     cells: Mutex<HashMap<Arc<str>, Arc<AtomicU64>>>,
+    /// Per queue: one past the last message durable in its log, so the
+    /// mirror can tell its lag in rows.
+    stored: Mutex<HashMap<Arc<str>, Arc<AtomicU64>>>,
 }
 
 impl MirrorWatermarks {
@@ -34,6 +37,28 @@ impl MirrorWatermarks {
         let cell = Arc::new(AtomicU64::new(0));
         cells.insert(Arc::from(queue), cell.clone());
         cell
+    }
+
+    /// The cell the shard owning `queue` advances as messages become
+    /// durable (one past the last one's sequence number).
+    pub fn stored_cell(&self, queue: &str) -> Arc<AtomicU64> {
+        let mut cells = self.stored.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(cell) = cells.get(queue) {
+            return cell.clone();
+        }
+        let cell = Arc::new(AtomicU64::new(0));
+        cells.insert(Arc::from(queue), cell.clone());
+        cell
+    }
+
+    /// Every queue with its count of messages stored so far (one past the
+    /// last durable sequence number), for the mirror's lag.
+    pub fn stored(&self) -> Vec<(Arc<str>, u64)> {
+        let cells = self.stored.lock().unwrap_or_else(PoisonError::into_inner);
+        cells
+            .iter()
+            .map(|(q, c)| (q.clone(), c.load(Ordering::Acquire)))
+            .collect()
     }
 
     /// Records that the mirror is reading `queue`'s segment at `base`.

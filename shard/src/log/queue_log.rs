@@ -10,7 +10,7 @@
 
 use std::collections::VecDeque;
 use std::path::PathBuf;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::log::dedup_file::{DedupFiles, DedupWrite, RecoveredDedupFile};
@@ -81,6 +81,8 @@ pub struct QueueLog {
     /// With the metadata mirror: the segment it is reading. Older ones only
     /// may be deleted.
     mirror: Option<Arc<AtomicU64>>,
+    /// With the metadata mirror: one past the last durable message.
+    stored: Option<Arc<AtomicU64>>,
     /// Ids acked within the dedup window, carried out of deleted segments.
     dedup: DedupFiles,
     /// The clock and window of the current round, for the dedup files.
@@ -106,6 +108,7 @@ impl QueueLog {
             writing: false,
             syncing: 0,
             mirror: None,
+            stored: None,
         };
         log.open_segment(next_seq);
         log
@@ -142,6 +145,13 @@ impl QueueLog {
     /// Holds fully acked segments until the metadata mirror has read them.
     pub fn set_mirror(&mut self, cell: Arc<AtomicU64>) {
         self.mirror = Some(cell);
+    }
+
+    /// Tells the metadata mirror how far the log's messages are durable,
+    /// starting from what is already there.
+    pub fn track_stored(&mut self, cell: Arc<AtomicU64>, next_seq: u64) {
+        cell.fetch_max(next_seq, Ordering::Release);
+        self.stored = Some(cell);
     }
 
     fn open_segment(&mut self, base: u64) {
@@ -324,6 +334,10 @@ impl QueueLog {
         self.syncing = self.syncing.saturating_sub(1);
         if !ok {
             self.abandon_tail(job, next_seq);
+            return;
+        }
+        if let (Some(cell), Some(last)) = (&self.stored, job.message_seqs.last()) {
+            cell.fetch_max(last + 1, Ordering::Release);
         }
     }
 
