@@ -94,11 +94,12 @@ impl Durability {
         if let Some(waker) = self.committer.take() {
             waker.wake();
         }
-        let dir = queue_dir(&self.data_dir, queue);
+        // Called per append: the path is built only for a new log.
+        let data_dir = &self.data_dir;
         let segment_bytes = self.segment_bytes;
         let mirror = &self.mirror;
         self.logs.entry(queue.clone()).or_insert_with(|| {
-            let mut log = QueueLog::new(dir, segment_bytes, next_seq);
+            let mut log = QueueLog::new(queue_dir(data_dir, queue), segment_bytes, next_seq);
             if let Some(mirror) = mirror {
                 log.set_mirror(mirror.cell(queue));
                 // Nothing of a new log is durable yet.

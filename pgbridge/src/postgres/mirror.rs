@@ -209,6 +209,12 @@ async fn copy_rows(
     Ok(())
 }
 
+/// Raises `queue`'s entry to at least `next`.
+fn raise(map: &mut HashMap<Arc<str>, u64>, queue: Arc<str>, next: u64) {
+    let known = map.entry(queue).or_default();
+    *known = (*known).max(next);
+}
+
 /// Where the logs are and who else needs to know the mirror's progress.
 pub(crate) struct LogSource {
     /// The broker's data directory (`{data_dir}/queues/…`).
@@ -441,8 +447,7 @@ impl Mirror {
         }
         let released = self.budget.released();
         for (queue, next) in cols.next_seqs {
-            let known = self.mirrored_next.entry(queue).or_default();
-            *known = (*known).max(next);
+            raise(&mut self.mirrored_next, queue, next);
         }
         for (queue, position) in cols.positions {
             if !released {
@@ -460,8 +465,7 @@ impl Mirror {
         if caught_up {
             self.caught_up_at = Instant::now();
             for (queue, next) in stored {
-                let known = self.mirrored_next.entry(queue.clone()).or_default();
-                *known = (*known).max(*next);
+                raise(&mut self.mirrored_next, queue.clone(), *next);
             }
         }
         let lag_rows = stored
