@@ -4,6 +4,9 @@
 //! `ACK`s waiting for them. The fsync cost is shared by every publish of a
 //! round.
 //!
+//! The bytes go through io_uring; the `fdatasync` runs on the shard's
+//! blocking-I/O thread (see [`fdatasync`]).
+//!
 //! Rounds are pipelined two deep: once a round's bytes are written, its sync
 //! runs in its own task while the next round is taken and written, so the
 //! device is never idle waiting for the shard and the shard never waits for
@@ -15,6 +18,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
+use std::sync::Arc;
 use std::task::Poll;
 use std::time::Instant;
 
@@ -29,15 +33,29 @@ use crate::stats::ShardStats;
 
 type IoResult<T> = Result<T, GlommioError<()>>;
 
+/// An open log file: written through io_uring, synced on the shard's
+/// blocking-I/O thread through a second descriptor.
+struct LogFile {
+    file: BufferedFile,
+    sync: Arc<std::fs::File>,
+}
+
+impl LogFile {
+    fn new(file: BufferedFile) -> IoResult<LogFile> {
+        let sync = Arc::new(crate::sys::duplicate_file(&file)?);
+        Ok(LogFile { file, sync })
+    }
+}
+
 /// Open segment files of this shard's queues, shared by the write and sync
 /// stages (borrowed only between awaits).
 #[derive(Default)]
 struct Files {
-    open: HashMap<PathBuf, Rc<BufferedFile>>,
+    open: HashMap<PathBuf, Rc<LogFile>>,
 }
 
 /// The file of `job`, creating its directory and the file when new.
-async fn prepare(files: &RefCell<Files>, job: &CommitJob) -> IoResult<Rc<BufferedFile>> {
+async fn prepare(files: &RefCell<Files>, job: &CommitJob) -> IoResult<Rc<LogFile>> {
     if let Some(f) = files.borrow().open.get(&job.path) {
         return Ok(f.clone());
     }
@@ -55,7 +73,7 @@ async fn prepare(files: &RefCell<Files>, job: &CommitJob) -> IoResult<Rc<Buffere
             .buffered_open(&job.path)
             .await?
     };
-    let file = Rc::new(file);
+    let file = Rc::new(LogFile::new(file)?);
     files
         .borrow_mut()
         .open
@@ -67,7 +85,7 @@ async fn prepare(files: &RefCell<Files>, job: &CommitJob) -> IoResult<Rc<Buffere
 /// after its carried dedup entries.
 async fn write(
     job: &CommitJob,
-    file: &BufferedFile,
+    file: &LogFile,
     bytes: Vec<u8>,
     stats: &ShardStats,
 ) -> IoResult<()> {
@@ -76,7 +94,7 @@ async fn write(
     }
     let len = bytes.len();
     if len > 0 {
-        let n = file.write_at(bytes, job.offset).await?;
+        let n = file.file.write_at(bytes, job.offset).await?;
         if n < len {
             // A short write means the device is full: the tail is not stored.
             return Err(std::io::Error::new(std::io::ErrorKind::StorageFull, "short write").into());
@@ -86,25 +104,33 @@ async fn write(
 }
 
 /// Makes a written job durable (`len`: how many bytes it wrote).
-async fn sync(
-    job: &CommitJob,
-    file: &BufferedFile,
-    len: usize,
-    stats: &ShardStats,
-) -> IoResult<()> {
+async fn sync(job: &CommitJob, file: &LogFile, len: usize, stats: &ShardStats) -> IoResult<()> {
     // Only what someone waits for needs the fsync: a job of acks and delivery
     // counts alone may be lost in a crash (the messages are then redelivered,
     // never lost), and the next fsync of the file covers it anyway.
     if (len > 0 && !job.waiters.is_empty()) || job.create {
-        let started = Instant::now();
-        file.fdatasync().await?;
-        stats.fsyncs.add(1);
-        stats.fsync_latency.observe(started.elapsed());
+        fdatasync(&file.sync, stats).await?;
     }
     if job.create {
         // The new file's name must survive a crash too.
         Directory::open(&job.dir).await?.sync().await?;
     }
+    Ok(())
+}
+
+/// `fdatasync` on the shard's blocking-I/O thread (`server.rs` gives each
+/// shard one, unbound). io_uring has no asynchronous fsync: it hands the call
+/// to a kernel worker bound to the shard's own core, where it waits behind
+/// the busy shard; measured here, that took about twice as long as a thread
+/// free to run on any core, and the shard waits for fsyncs before it ACKs.
+async fn fdatasync(file: &Arc<std::fs::File>, stats: &ShardStats) -> IoResult<()> {
+    let file = file.clone();
+    let started = Instant::now();
+    glommio::executor()
+        .spawn_blocking(move || file.sync_data())
+        .await?;
+    stats.fsyncs.add(1);
+    stats.fsync_latency.observe(started.elapsed());
     Ok(())
 }
 
@@ -124,10 +150,7 @@ async fn write_dedup(w: &DedupWrite, dir: &Path, stats: &ShardStats) -> IoResult
     if n < len {
         return Err(std::io::Error::new(std::io::ErrorKind::StorageFull, "short write").into());
     }
-    let started = Instant::now();
-    file.fdatasync().await?;
-    stats.fsyncs.add(1);
-    stats.fsync_latency.observe(started.elapsed());
+    fdatasync(&Arc::new(crate::sys::duplicate_file(&file)?), stats).await?;
     file.close().await?;
     if w.create {
         Directory::open(dir).await?.sync().await?;
@@ -139,7 +162,7 @@ async fn write_dedup(w: &DedupWrite, dir: &Path, stats: &ShardStats) -> IoResult
 struct WrittenRound {
     jobs: Vec<CommitJob>,
     /// Per job: its file and how many bytes went to it.
-    written: Vec<IoResult<(Rc<BufferedFile>, usize)>>,
+    written: Vec<IoResult<(Rc<LogFile>, usize)>>,
 }
 
 /// Runs commit rounds for one shard until the executor ends. `busy` counts

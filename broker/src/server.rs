@@ -22,7 +22,7 @@ use ciphermq_shard::{
 use crossbeam_channel::{Receiver, Sender, TryRecvError};
 use futures_lite::future;
 use glommio::net::{TcpListener, TcpStream};
-use glommio::{LocalExecutorBuilder, Placement};
+use glommio::{LocalExecutorBuilder, Placement, PoolPlacement};
 use rustls::ServerConnection;
 
 use crate::acl::Role;
@@ -338,6 +338,9 @@ pub fn start(config: &Config) -> Result<BrokerHandle, StartError> {
         let handle = LocalExecutorBuilder::new(Placement::Fixed(shard % cores))
             .name(&format!("shard-{shard}"))
             .io_memory(IO_MEMORY)
+            // The thread that runs the log's fdatasyncs (committer.rs): free to
+            // run on any core while the shard keeps its own.
+            .blocking_thread_pool_placement(PoolPlacement::Unbound(1))
             .spawn(move || run_shard(ctx, ready_tx))
             .map_err(|e| StartError::Shard {
                 shard,
