@@ -105,6 +105,14 @@ struct Expiring {
     key: DedupKey,
 }
 
+/// An acked key whose only evidence is its message's log segment.
+#[derive(Debug)]
+struct Uncarried {
+    seq: u64,
+    key: DedupKey,
+    until: Instant,
+}
+
 /// Stands for "already persisted outside the segments" in restored entries.
 pub const CARRIED: u64 = u64::MAX;
 
@@ -130,9 +138,10 @@ pub struct Queue {
     /// Acked keys in expiry order.
     expiring: VecDeque<Expiring>,
     /// With durable logs: acked keys whose only evidence is their message's
-    /// log segment, by sequence number, until that segment is deleted and
-    /// they are carried to the dedup file (each key once).
-    uncarried: BTreeMap<u64, (DedupKey, Instant)>,
+    /// log segment, in sequence order, until that segment is deleted and
+    /// they are carried to the dedup file (each key once). Acks come nearly
+    /// in order, so nearly every entry is pushed at the back.
+    uncarried: VecDeque<Uncarried>,
     /// Delivery deadlines in delivery order (stale entries skipped lazily).
     deadlines: VecDeque<(Instant, u64)>,
 }
@@ -151,7 +160,7 @@ impl Queue {
             next_consumer: 0,
             dedup: HashMap::default(),
             expiring: VecDeque::new(),
-            uncarried: BTreeMap::new(),
+            uncarried: VecDeque::new(),
             deadlines: VecDeque::new(),
         }
     }
@@ -196,7 +205,18 @@ impl Queue {
         self.dedup.insert(key, DedupState::AckedUntil(until));
         self.expiring.push_back(Expiring { until, key });
         if settings.carry_dedup {
-            self.uncarried.insert(entry.seq, (key, until));
+            self.note_uncarried(entry.seq, key, until);
+        }
+    }
+
+    fn note_uncarried(&mut self, seq: u64, key: DedupKey, until: Instant) {
+        let entry = Uncarried { seq, key, until };
+        match self.uncarried.back() {
+            Some(last) if last.seq > seq => {
+                let at = self.uncarried.partition_point(|u| u.seq < seq);
+                self.uncarried.insert(at, entry);
+            }
+            _ => self.uncarried.push_back(entry),
         }
     }
 
@@ -213,12 +233,14 @@ impl Queue {
         out: &mut Vec<(DedupKey, u64)>,
     ) {
         let window_ms = settings.dedup_window.as_millis() as u64;
-        let rest = self.uncarried.split_off(&below);
-        for (_, (key, until)) in std::mem::replace(&mut self.uncarried, rest) {
-            // Expired, or acked again later (then a newer entry counts).
-            let live = until > now
-                && matches!(self.dedup.get(&key), Some(DedupState::AckedUntil(t)) if *t == until);
-            if live {
+        while self.uncarried.front().is_some_and(|u| u.seq < below) {
+            let Some(Uncarried { key, until, .. }) = self.uncarried.pop_front() else {
+                break;
+            };
+            // Expired ones are dropped. A live one is still the key's newest
+            // ack: while it lasts the key is refused, so it cannot be stored
+            // and acked again.
+            if until > now {
                 let left_ms = until.saturating_duration_since(now).as_millis() as u64;
                 out.push((key, (now_unix_ms + left_ms).saturating_sub(window_ms)));
             }
@@ -301,7 +323,7 @@ impl Queue {
             q.dedup.insert(key, DedupState::AckedUntil(until));
             q.expiring.push_back(Expiring { until, key });
             if settings.carry_dedup && holder != CARRIED {
-                q.uncarried.insert(holder, (key, until));
+                q.note_uncarried(holder, key, until);
             }
         }
         q
@@ -639,6 +661,33 @@ mod tests {
         let mut r = Queue::restore(Arc::from("q"), 0, 3, [], &[a], &s, t0, 1_004_000);
         assert_eq!(r.enqueue(msg("a", "s1"), t0, &s), Ok(Enqueued::Duplicate));
         assert_eq!(r.enqueue(msg("b", "s1"), t0, &s), Ok(Enqueued::Stored(3)));
+    }
+
+    #[test]
+    fn acks_out_of_order_are_carried_by_the_segment_holding_their_message() {
+        let s = QueueSettings {
+            max_len: 100,
+            ..settings()
+        };
+        let t0 = Instant::now();
+        let mut q = Queue::new(Arc::from("q"), 0);
+        for id in ["a", "b", "c", "d"] {
+            q.enqueue(msg(id, "s1"), t0, &s).unwrap();
+        }
+        let mut out = Vec::new();
+        q.fetch(conn(1), 4, &s, t0, &mut out, &mut Vec::new());
+        for i in [3, 0, 2, 1] {
+            assert!(q.ack(out[i].seq, conn(1), t0, &s));
+        }
+        let key = |id: &str| s.dedup_hasher.key("s1", id);
+        let mut carried = Vec::new();
+        q.carry_dedup(2, t0, 1_000_000, &s, &mut carried);
+        let keys: Vec<_> = carried.iter().map(|(k, _)| *k).collect();
+        assert_eq!(keys, [key("a"), key("b")]);
+        carried.clear();
+        q.carry_dedup(4, t0, 1_000_000, &s, &mut carried);
+        let keys: Vec<_> = carried.iter().map(|(k, _)| *k).collect();
+        assert_eq!(keys, [key("c"), key("d")]);
     }
 
     #[test]

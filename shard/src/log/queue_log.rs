@@ -20,6 +20,10 @@ use crate::log::recovery::RecoveredSegment;
 use crate::log::segment_path;
 use crate::message::Message;
 
+/// Upper bound of a pending buffer's initial size (one burst must not make
+/// every later round allocate as much).
+const MAX_PENDING_HINT: usize = 8 << 20;
+
 /// One segment file.
 #[derive(Debug)]
 struct Segment {
@@ -72,6 +76,8 @@ pub struct QueueLog {
     /// Bytes of the active segment already handed to jobs.
     written: u64,
     pending: Vec<u8>,
+    /// Bytes of the last job, to size the next pending buffer up front.
+    pending_hint: usize,
     waiters: Vec<u64>,
     message_seqs: Vec<u64>,
     /// A job is taken and its bytes are not yet written.
@@ -103,6 +109,7 @@ impl QueueLog {
             segments: VecDeque::new(),
             written: 0,
             pending: Vec::new(),
+            pending_hint: 0,
             waiters: Vec::new(),
             message_seqs: Vec::new(),
             writing: false,
@@ -165,6 +172,16 @@ impl QueueLog {
         self.written = 0;
     }
 
+    /// The pending buffer, sized on its first append for a round like the
+    /// last one: grown by doubling instead, it copied each round's bytes once
+    /// more and mapped fresh pages for it.
+    fn pending(&mut self) -> &mut Vec<u8> {
+        if self.pending.capacity() == 0 {
+            self.pending.reserve(self.pending_hint);
+        }
+        &mut self.pending
+    }
+
     /// Appends a stored message.
     pub fn append_message(&mut self, seq: u64, msg: &Message) {
         // A log made just after its first message took its number starts one
@@ -188,7 +205,7 @@ impl QueueLog {
                 sent_at_ms: route.sent_at_ms,
                 body: msg.body(),
             },
-            &mut self.pending,
+            self.pending(),
         );
         if let Some(active) = self.segments.back_mut() {
             active.live += 1;
@@ -198,7 +215,7 @@ impl QueueLog {
 
     /// Appends an ack (or a dead-lettering) of `seq`.
     pub fn append_ack(&mut self, seq: u64, acked_at_ms: u64) {
-        encode(&Record::Ack { seq, acked_at_ms }, &mut self.pending);
+        encode(&Record::Ack { seq, acked_at_ms }, self.pending());
         // The segment holding `seq` is the last one whose base is <= seq.
         if let Some(segment) = self.segments.iter_mut().rev().find(|s| s.base <= seq) {
             segment.live = segment.live.saturating_sub(1);
@@ -214,7 +231,7 @@ impl QueueLog {
                 count,
                 delivered_at_ms,
             },
-            &mut self.pending,
+            self.pending(),
         );
     }
 
@@ -304,6 +321,7 @@ impl QueueLog {
         };
         active.created = true;
         self.dir_exists = true;
+        self.pending_hint = job.bytes.len().min(MAX_PENDING_HINT);
         self.written += job.bytes.len() as u64;
         if self.written >= self.segment_bytes && active.base < next_seq {
             self.open_segment(next_seq);
