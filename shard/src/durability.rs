@@ -40,7 +40,8 @@ pub struct Durability {
     logs: HashMap<Arc<str>, QueueLog>,
     dirty: Vec<Arc<str>>,
     committer: Option<Waker>,
-    pub(crate) tickets: HashMap<u64, Ticket>,
+    /// Broker-assigned numbers: the one-multiplication hasher suffices.
+    pub(crate) tickets: HashMap<u64, Ticket, crate::hashers::BuildIntHasher>,
     next_ticket: u64,
     /// With the Postgres bridge: segments wait for it before deletion.
     mirror: Option<Arc<MirrorWatermarks>>,
@@ -60,7 +61,7 @@ impl Durability {
             logs: HashMap::new(),
             dirty: Vec::new(),
             committer: None,
-            tickets: HashMap::new(),
+            tickets: HashMap::default(),
             next_ticket: 1,
             mirror,
         }

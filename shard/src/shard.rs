@@ -5,6 +5,7 @@
 //! buffered in the outbound mesh; the driver calls [`Shard::flush`] after each
 //! piece of work.
 
+use std::collections::hash_map::Entry as MapEntry;
 use std::collections::HashMap;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -177,25 +178,24 @@ impl Shard {
         d.job_done(job, ok, next_seq);
         let mut finished = Vec::new();
         for id in &job.waiters {
-            if let Some(t) = d.tickets.get_mut(id) {
+            if let MapEntry::Occupied(mut e) = d.tickets.entry(*id) {
+                let t = e.get_mut();
                 t.remaining = t.remaining.saturating_sub(1);
                 if !ok {
                     t.outcome = Err(NackReason::Storage);
                 }
                 if t.remaining == 0 {
-                    finished.push(*id);
+                    finished.push(e.remove());
                 }
             }
         }
-        for id in finished {
-            if let Some(t) = self.durable.as_mut().and_then(|d| d.tickets.remove(&id)) {
-                match t.kind {
-                    TicketKind::Publish => self.complete(t.origin, Completion::Enqueued(t.outcome)),
-                    TicketKind::AckAfter { queue, seq } if t.outcome.is_ok() => {
-                        self.log_ack(&queue, seq)
-                    }
-                    TicketKind::AckAfter { .. } => {}
+        for t in finished {
+            match t.kind {
+                TicketKind::Publish => self.complete(t.origin, Completion::Enqueued(t.outcome)),
+                TicketKind::AckAfter { queue, seq } if t.outcome.is_ok() => {
+                    self.log_ack(&queue, seq)
                 }
+                TicketKind::AckAfter { .. } => {}
             }
         }
     }
