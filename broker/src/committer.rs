@@ -65,15 +65,7 @@ async fn prepare(files: &RefCell<Files>, job: &CommitJob) -> IoResult<Rc<LogFile
             Directory::open(parent).await?.sync().await?;
         }
     }
-    let file = if job.create {
-        BufferedFile::create(&job.path).await?
-    } else {
-        OpenOptions::new()
-            .write(true)
-            .buffered_open(&job.path)
-            .await?
-    };
-    let file = Rc::new(LogFile::new(file)?);
+    let file = Rc::new(LogFile::new(open(&job.path, job.create).await?)?);
     files
         .borrow_mut()
         .open
@@ -92,13 +84,28 @@ async fn write(
     if let Some(w) = &job.dedup_write {
         write_dedup(w, &job.dir, stats).await?;
     }
+    if !bytes.is_empty() {
+        write_all_at(&file.file, bytes, job.offset).await?;
+    }
+    Ok(())
+}
+
+/// Opens a log or dedup file for writing, creating it when `create`.
+async fn open(path: &Path, create: bool) -> IoResult<BufferedFile> {
+    if create {
+        BufferedFile::create(path).await
+    } else {
+        OpenOptions::new().write(true).buffered_open(path).await
+    }
+}
+
+/// Writes all of `bytes` at `offset` (moved in: io_uring owns the buffer
+/// while it works).
+async fn write_all_at(file: &BufferedFile, bytes: Vec<u8>, offset: u64) -> IoResult<()> {
     let len = bytes.len();
-    if len > 0 {
-        let n = file.file.write_at(bytes, job.offset).await?;
-        if n < len {
-            // A short write means the device is full: the tail is not stored.
-            return Err(std::io::Error::new(std::io::ErrorKind::StorageFull, "short write").into());
-        }
+    if file.write_at(bytes, offset).await? < len {
+        // A short write means the device is full: the tail is not stored.
+        return Err(std::io::Error::new(std::io::ErrorKind::StorageFull, "short write").into());
     }
     Ok(())
 }
@@ -137,19 +144,8 @@ async fn fdatasync(file: &Arc<std::fs::File>, stats: &ShardStats) -> IoResult<()
 /// Appends carried dedup entries to their file and syncs them: they must be
 /// on disk before the segments they come from are deleted.
 async fn write_dedup(w: &DedupWrite, dir: &Path, stats: &ShardStats) -> IoResult<()> {
-    let file = if w.create {
-        BufferedFile::create(&w.path).await?
-    } else {
-        OpenOptions::new()
-            .write(true)
-            .buffered_open(&w.path)
-            .await?
-    };
-    let len = w.bytes.len();
-    let n = file.write_at(w.bytes.clone(), w.offset).await?;
-    if n < len {
-        return Err(std::io::Error::new(std::io::ErrorKind::StorageFull, "short write").into());
-    }
+    let file = open(&w.path, w.create).await?;
+    write_all_at(&file, w.bytes.clone(), w.offset).await?;
     fdatasync(&Arc::new(crate::sys::duplicate_file(&file)?), stats).await?;
     file.close().await?;
     if w.create {

@@ -290,8 +290,7 @@ impl Batch {
         for ((queue, seq), entry) in entries {
             match entry {
                 Entry::Insert(row) => {
-                    let next = next_seqs.entry(queue.clone()).or_default();
-                    *next = (*next).max(seq + 1);
+                    raise(&mut next_seqs, queue.clone(), seq + 1);
                     inserts.queue.push(text(&queue));
                     inserts.seq.push(bigint(seq));
                     inserts.message_id.push(row.message_id);
@@ -326,6 +325,12 @@ impl Batch {
             next_seqs,
         }
     }
+}
+
+/// Raises `queue`'s entry to at least `next`.
+pub(crate) fn raise(map: &mut HashMap<Arc<str>, u64>, queue: Arc<str>, next: u64) {
+    let known = map.entry(queue).or_default();
+    *known = (*known).max(next);
 }
 
 #[cfg(test)]

@@ -22,7 +22,7 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, Statement, Transaction};
 
-use super::batch::{Batch, Columns, Position};
+use super::batch::{raise, Batch, Columns, Position};
 use super::budget::{Budget, Decision};
 use super::config::PgConfig;
 use super::link::{describe, Link};
@@ -207,12 +207,6 @@ async fn copy_rows(
     }
     writer.finish().await?;
     Ok(())
-}
-
-/// Raises `queue`'s entry to at least `next`.
-fn raise(map: &mut HashMap<Arc<str>, u64>, queue: Arc<str>, next: u64) {
-    let known = map.entry(queue).or_default();
-    *known = (*known).max(next);
 }
 
 /// Where the logs are and who else needs to know the mirror's progress.

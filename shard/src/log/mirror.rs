@@ -20,6 +20,17 @@ pub struct MirrorWatermarks {
     stored: Mutex<HashMap<Arc<str>, Arc<AtomicU64>>>,
 }
 
+/// The cell of `queue` in `cells`, created at 0 on first use.
+fn cell_of(cells: &Mutex<HashMap<Arc<str>, Arc<AtomicU64>>>, queue: &str) -> Arc<AtomicU64> {
+    let mut cells = cells.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(cell) = cells.get(queue) {
+        return cell.clone();
+    }
+    let cell = Arc::new(AtomicU64::new(0));
+    cells.insert(Arc::from(queue), cell.clone());
+    cell
+}
+
 impl MirrorWatermarks {
     /// An empty registry: every queue starts held at 0 (nothing deletable)
     /// until the mirror reports on it.
@@ -30,25 +41,13 @@ impl MirrorWatermarks {
     /// The cell of `queue`, created at 0 on first use. Callers keep the `Arc`:
     /// the lock is taken once per queue, not per check.
     pub fn cell(&self, queue: &str) -> Arc<AtomicU64> {
-        let mut cells = self.cells.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(cell) = cells.get(queue) {
-            return cell.clone();
-        }
-        let cell = Arc::new(AtomicU64::new(0));
-        cells.insert(Arc::from(queue), cell.clone());
-        cell
+        cell_of(&self.cells, queue)
     }
 
     /// The cell the shard owning `queue` advances as messages become
     /// durable (one past the last one's sequence number).
     pub fn stored_cell(&self, queue: &str) -> Arc<AtomicU64> {
-        let mut cells = self.stored.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(cell) = cells.get(queue) {
-            return cell.clone();
-        }
-        let cell = Arc::new(AtomicU64::new(0));
-        cells.insert(Arc::from(queue), cell.clone());
-        cell
+        cell_of(&self.stored, queue)
     }
 
     /// Every queue with its count of messages stored so far (one past the
