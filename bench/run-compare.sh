@@ -20,7 +20,10 @@
 #   PUBLISHERS  publisher connections      ("1 4 16")
 #   WINDOW      publish window             (1000)
 #   PORT        CipherMQ port              (5917; must be free)
-#   SECTIONS    any of: throughput latency rss idle pgbridge  (all)
+#   SECTIONS    any of: throughput latency durability rss idle pgbridge  (all)
+#               durability: the price of durability as adjacent pairs
+#               (durable run, then in-memory run, RUNS times), 1 KiB, 1 shard,
+#               each PUBLISHERS count; the ratio is taken within each pair
 #   PGDB        database the pgbridge section recreates (ciphermq_bench, on
 #               127.0.0.1:5432 as user postgres)
 #   SKIP_BUILD  1 to use the binaries already in target/release
@@ -40,7 +43,7 @@ SIZES=${SIZES:-1024 16384}
 PUBLISHERS=${PUBLISHERS:-1 4 16}
 WINDOW=${WINDOW:-1000}
 PORT=${PORT:-5917}
-SECTIONS=${SECTIONS:-throughput latency rss idle pgbridge}
+SECTIONS=${SECTIONS:-throughput latency durability rss idle pgbridge}
 PGDB=${PGDB:-ciphermq_bench}
 if [[ -n "${QUICK:-}" ]]; then
   RUNS=1 DURATION=3s STORAGES=memory SHARDS=1 SIZES=1024 PUBLISHERS=1
@@ -198,6 +201,26 @@ print(int(min(s['publish_msgs_per_sec'], s['consume_msgs_per_sec']) / 2) if s el
           --target "$t" --rate "$rate" --duration "$DURATION" --size 1024 --publishers 1 --consumers 1
       done
     fi
+  done
+fi
+
+if has durability; then
+  echo "== price of durability: durable then in-memory, adjacent pairs, 1 KiB, 1 shard, $DURATION per run"
+  # Back-to-back pairs, so drift in a shared machine (which moves absolute
+  # figures by 10-20% within minutes) hits both halves of a ratio alike.
+  for pubs in $PUBLISHERS; do
+    for run in $(seq "$RUNS"); do
+      for storage in durable memory; do
+        start_broker "$storage" 1
+        f0=$(metric_sum ciphermq_fsyncs_total) t0=$(date +%s.%N)
+        RUNS=1 bench "durability-$storage-p$pubs-r$run" "$storage, 1 shard" \
+          --target ciphermq --duration "$DURATION" --size 1024 --publishers "$pubs" --consumers 1
+        f1=$(metric_sum ciphermq_fsyncs_total) t1=$(date +%s.%N)
+        if [[ $storage == durable ]]; then
+          echo "fsyncs=$((f1 - f0)) fsyncs_per_s=$(python3 -c "print(round(($f1 - $f0) / ($t1 - $t0)))") (over the whole bench invocation, connect and drain included)" | tee "$OUT/durability-fsyncs-p$pubs-r$run.txt"
+        fi
+      done
+    done
   done
 fi
 

@@ -186,6 +186,46 @@ def pgbridge(out, lines):
     lines.append("")
 
 
+def durability(out, lines):
+    """Durable ÷ in-memory publish rate within each adjacent pair of runs."""
+    pairs = {}
+    for p in sorted(out.glob("durability-*-p*-r*.json")):
+        m = re.match(r"durability-(durable|memory)-p(\d+)-r(\d+)\.json", p.name)
+        if m:
+            s = load(p)["summary"].get("ciphermq")
+            if s:
+                pairs.setdefault((int(m.group(2)), int(m.group(3))), {})[m.group(1)] = s
+    if not pairs:
+        return
+    med = lambda xs: sorted(xs)[len(xs) // 2]
+    lines.append("### Price of durability (1 KiB, 1 shard, 1 consumer; durable run, then in-memory run)\n")
+    lines.append(
+        "| publishers | pairs | durable ÷ in-memory, median (range) | durable publish/s | in-memory publish/s "
+        "| durable ACK p99 ms | fsyncs/s | all pairs complete |"
+    )
+    lines.append("|---:|---:|---:|---:|---:|---:|---:|---|")
+    for pubs in sorted({k[0] for k in pairs}):
+        runs = [v | {"run": k[1]} for k, v in sorted(pairs.items()) if k[0] == pubs and len(v) == 2]
+        if not runs:
+            continue
+        ratios = [r["durable"]["publish_msgs_per_sec"] / r["memory"]["publish_msgs_per_sec"] for r in runs]
+        fsyncs = []
+        for r in runs:
+            f = out / f"durability-fsyncs-p{pubs}-r{r['run']}.txt"
+            m = re.search(r"fsyncs_per_s=(\d+)", f.read_text()) if f.exists() else None
+            if m:
+                fsyncs.append(int(m.group(1)))
+        complete = all(r[s].get("complete", True) for r in runs for s in ("durable", "memory"))
+        lines.append(
+            f"| {pubs} | {len(runs)} | **{med(ratios):.0%}** ({min(ratios):.0%}–{max(ratios):.0%}) "
+            f"| {n(med([r['durable']['publish_msgs_per_sec'] for r in runs]))} "
+            f"| {n(med([r['memory']['publish_msgs_per_sec'] for r in runs]))} "
+            f"| {ms(med([r['durable']['publish_to_ack']['p99_ms'] for r in runs]))} "
+            f"| {n(med(fsyncs)) if fsyncs else '-'} | {'yes' if complete else 'NO'} |"
+        )
+    lines.append("")
+
+
 def main():
     if len(sys.argv) != 2:
         sys.exit(__doc__)
@@ -196,6 +236,7 @@ def main():
         lines.append("```\n" + machine.read_text().strip() + "\n```\n")
     throughput(out, lines)
     latency(out, lines)
+    durability(out, lines)
     memory(out, lines)
     pgbridge(out, lines)
     print("\n".join(lines))
