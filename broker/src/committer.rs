@@ -1,49 +1,61 @@
 //! The group committer of one shard: it takes the appends of a reactor turn
-//! (one job per dirty queue log), writes each at its offset with io_uring,
-//! `fdatasync`s, syncs directories of new files, and only then releases the
-//! `ACK`s waiting for them. The fsync cost is shared by every publish of a
-//! round.
+//! (one job per dirty queue log), writes each at its offset, `fdatasync`s,
+//! syncs directories of new files, and only then releases the `ACK`s waiting
+//! for them. The fsync cost is shared by every publish of a round.
 //!
-//! The bytes go through io_uring; the `fdatasync` runs on the shard's
-//! blocking-I/O thread (see [`fdatasync`]).
+//! A job's write and its `fdatasync` run as one call on the shard's own
+//! blocking-I/O thread (see [`persist`]); the committer runs in a task queue
+//! that asks glommio for low latency, so the call's completion preempts the
+//! connections (they yield when glommio asks, `connection.rs`) instead of
+//! waiting for the shard to run out of work.
 //!
-//! Rounds are pipelined two deep: once a round's bytes are written, its sync
-//! runs in its own task while the next round is taken and written, so the
-//! device is never idle waiting for the shard and the shard never waits for
-//! the device to take more. Rounds still finish in order: a round's sync
-//! starts only after the previous one ended, and a job whose file failed to
-//! sync in the previous round fails too (its bytes may lie after a hole).
+//! Rounds are pipelined two deep: once a round's bytes are durable, its
+//! directory syncs and answers run in their own task while the next round is
+//! taken and written. Rounds still finish in order, and a job whose file
+//! failed in the previous round fails too (its bytes may lie after a hole).
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::sync::Arc;
 use std::task::Poll;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use ciphermq_shard::log::dedup_file::DedupWrite;
 use ciphermq_shard::CommitJob;
 use futures_util::future::join_all;
-use glommio::io::{BufferedFile, Directory, OpenOptions};
-use glommio::{GlommioError, Task};
+use glommio::io::Directory;
+use glommio::{GlommioError, Latency, Shares, Task};
 
 use crate::context::ShardLocal;
 use crate::stats::ShardStats;
 
 type IoResult<T> = Result<T, GlommioError<()>>;
 
-/// An open log file: written through io_uring, synced on the shard's
-/// blocking-I/O thread through a second descriptor.
-struct LogFile {
-    file: BufferedFile,
-    sync: Arc<std::fs::File>,
-}
+/// How soon a finished write must get the shard's attention: the task queue
+/// the committer runs in asks glommio for this latency.
+pub const COMMIT_LATENCY: Duration = Duration::from_micros(500);
 
-impl LogFile {
-    fn new(file: BufferedFile) -> IoResult<LogFile> {
-        let sync = Arc::new(crate::sys::duplicate_file(&file)?);
-        Ok(LogFile { file, sync })
+/// Starts the committer of this shard in its own latency-sensitive task queue.
+pub fn spawn(local: Rc<ShardLocal>, busy: Rc<Cell<usize>>) {
+    let queue = glommio::executor().create_task_queue(
+        Shares::default(),
+        Latency::Matters(COMMIT_LATENCY),
+        "commit",
+    );
+    match glommio::spawn_local_into(run(local.clone(), busy.clone()), queue) {
+        Ok(task) => {
+            task.detach();
+        }
+        // Only an unknown queue fails, and it was just made: fall back to
+        // the shard's default queue rather than run without a committer.
+        Err(e) => {
+            tracing::warn!(error = %e, "commit task queue unavailable; committing from the default queue");
+            glommio::spawn_local(run(local, busy)).detach();
+        }
     }
 }
 
@@ -51,11 +63,11 @@ impl LogFile {
 /// stages (borrowed only between awaits).
 #[derive(Default)]
 struct Files {
-    open: HashMap<PathBuf, Rc<LogFile>>,
+    open: HashMap<PathBuf, Arc<File>>,
 }
 
 /// The file of `job`, creating its directory and the file when new.
-async fn prepare(files: &RefCell<Files>, job: &CommitJob) -> IoResult<Rc<LogFile>> {
+async fn prepare(files: &RefCell<Files>, job: &CommitJob) -> IoResult<Arc<File>> {
     if let Some(f) = files.borrow().open.get(&job.path) {
         return Ok(f.clone());
     }
@@ -65,7 +77,7 @@ async fn prepare(files: &RefCell<Files>, job: &CommitJob) -> IoResult<Rc<LogFile
             Directory::open(parent).await?.sync().await?;
         }
     }
-    let file = Rc::new(LogFile::new(open(&job.path, job.create).await?)?);
+    let file = open(&job.path, job.create).await?;
     files
         .borrow_mut()
         .open
@@ -73,71 +85,77 @@ async fn prepare(files: &RefCell<Files>, job: &CommitJob) -> IoResult<Rc<LogFile
     Ok(file)
 }
 
-/// Writes a job's bytes (moved in: io_uring owns the buffer while it works),
-/// after its carried dedup entries.
+/// Writes a job's bytes after its carried dedup entries, and makes them
+/// durable when someone waits for them.
 async fn write(
     job: &CommitJob,
-    file: &LogFile,
+    file: &Arc<File>,
     bytes: Vec<u8>,
     stats: &ShardStats,
 ) -> IoResult<()> {
     if let Some(w) = &job.dedup_write {
         write_dedup(w, &job.dir, stats).await?;
     }
-    if !bytes.is_empty() {
-        write_all_at(&file.file, bytes, job.offset).await?;
-    }
-    Ok(())
-}
-
-/// Opens a log or dedup file for writing, creating it when `create`.
-async fn open(path: &Path, create: bool) -> IoResult<BufferedFile> {
-    if create {
-        BufferedFile::create(path).await
-    } else {
-        OpenOptions::new().write(true).buffered_open(path).await
-    }
-}
-
-/// Writes all of `bytes` at `offset` (moved in: io_uring owns the buffer
-/// while it works).
-async fn write_all_at(file: &BufferedFile, bytes: Vec<u8>, offset: u64) -> IoResult<()> {
-    let len = bytes.len();
-    if file.write_at(bytes, offset).await? < len {
-        // A short write means the device is full: the tail is not stored.
-        return Err(std::io::Error::new(std::io::ErrorKind::StorageFull, "short write").into());
-    }
-    Ok(())
-}
-
-/// Makes a written job durable (`len`: how many bytes it wrote).
-async fn sync(job: &CommitJob, file: &LogFile, len: usize, stats: &ShardStats) -> IoResult<()> {
     // Only what someone waits for needs the fsync: a job of acks and delivery
     // counts alone may be lost in a crash (the messages are then redelivered,
-    // never lost), and the next fsync of the file covers it anyway.
-    if (len > 0 && !job.waiters.is_empty()) || job.create {
-        fdatasync(&file.sync, stats).await?;
-    }
-    if job.create {
-        // The new file's name must survive a crash too.
-        Directory::open(&job.dir).await?.sync().await?;
-    }
-    Ok(())
+    // never lost), and the next fsync of the file covers it anyway. A new
+    // file is synced before its name is.
+    let sync = (!bytes.is_empty() && !job.waiters.is_empty()) || job.create;
+    persist(file, bytes, job.offset, sync, stats).await
 }
 
-/// `fdatasync` on the shard's blocking-I/O thread (`server.rs` gives each
-/// shard one, unbound). io_uring has no asynchronous fsync: it hands the call
-/// to a kernel worker bound to the shard's own core, where it waits behind
-/// the busy shard; measured here, that took about twice as long as a thread
-/// free to run on any core, and the shard waits for fsyncs before it ACKs.
-async fn fdatasync(file: &Arc<std::fs::File>, stats: &ShardStats) -> IoResult<()> {
-    let file = file.clone();
-    let started = Instant::now();
-    glommio::executor()
-        .spawn_blocking(move || file.sync_data())
+/// Opens a log or dedup file for writing (creating it when `create`), on the
+/// shard's blocking-I/O thread.
+async fn open(path: &Path, create: bool) -> IoResult<Arc<File>> {
+    let path = path.to_path_buf();
+    let file = glommio::executor()
+        .spawn_blocking(move || {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create(create)
+                .truncate(create)
+                .open(path)
+        })
         .await?;
-    stats.fsyncs.add(1);
-    stats.fsync_latency.observe(started.elapsed());
+    Ok(Arc::new(file))
+}
+
+/// Writes all of `bytes` at `offset` and, when `sync`, `fdatasync`s the
+/// file, as one call on the shard's blocking-I/O thread (`server.rs` gives
+/// each shard one, unbound); the shard awaits it without blocking.
+///
+/// Through io_uring both steps went to a kernel worker bound to the shard's
+/// own core: the page-cache copy and the fsync waited until the busy shard
+/// left the core, and each step needed a turn of the shard's reactor to
+/// notice it was done. Measured on the benchmark machine, one call on a
+/// thread free to run on any core took durable publishing from 66% to 76%
+/// of the in-memory rate (docs/BENCHMARKS.md).
+async fn persist(
+    file: &Arc<File>,
+    bytes: Vec<u8>,
+    offset: u64,
+    sync: bool,
+    stats: &ShardStats,
+) -> IoResult<()> {
+    if bytes.is_empty() && !sync {
+        return Ok(());
+    }
+    let file = file.clone();
+    let synced = glommio::executor()
+        .spawn_blocking(move || -> std::io::Result<Option<Duration>> {
+            file.write_all_at(&bytes, offset)?;
+            if !sync {
+                return Ok(None);
+            }
+            let started = Instant::now();
+            file.sync_data()?;
+            Ok(Some(started.elapsed()))
+        })
+        .await?;
+    if let Some(took) = synced {
+        stats.fsyncs.add(1);
+        stats.fsync_latency.observe(took);
+    }
     Ok(())
 }
 
@@ -145,25 +163,25 @@ async fn fdatasync(file: &Arc<std::fs::File>, stats: &ShardStats) -> IoResult<()
 /// on disk before the segments they come from are deleted.
 async fn write_dedup(w: &DedupWrite, dir: &Path, stats: &ShardStats) -> IoResult<()> {
     let file = open(&w.path, w.create).await?;
-    write_all_at(&file, w.bytes.clone(), w.offset).await?;
-    fdatasync(&Arc::new(crate::sys::duplicate_file(&file)?), stats).await?;
-    file.close().await?;
+    persist(&file, w.bytes.clone(), w.offset, true, stats).await?;
     if w.create {
         Directory::open(dir).await?.sync().await?;
     }
     Ok(())
 }
 
-/// A round whose bytes are written (or failed to be), waiting for its sync.
+/// A round whose bytes are durable (or failed to be), waiting for its
+/// directory syncs and answers.
 struct WrittenRound {
     jobs: Vec<CommitJob>,
-    /// Per job: its file and how many bytes went to it.
-    written: Vec<IoResult<(Rc<LogFile>, usize)>>,
+    /// Per job: its file, its bytes written (and synced when awaited).
+    written: Vec<IoResult<Arc<File>>>,
 }
 
-/// Runs commit rounds for one shard until the executor ends. `busy` counts
-/// rounds not finished yet, so shutdown can wait for them.
-pub async fn run(local: Rc<ShardLocal>, busy: Rc<Cell<usize>>) {
+/// Runs commit rounds for one shard until the executor ends (started by
+/// [`spawn`]). `busy` counts rounds not finished yet, so shutdown can wait
+/// for them.
+async fn run(local: Rc<ShardLocal>, busy: Rc<Cell<usize>>) {
     let files = Rc::new(RefCell::new(Files::default()));
     let mut jobs: Vec<CommitJob> = Vec::new();
     let mut syncing: Option<Task<Vec<PathBuf>>> = None;
@@ -181,7 +199,7 @@ pub async fn run(local: Rc<ShardLocal>, busy: Rc<Cell<usize>>) {
         busy.set(busy.get() + 1);
         local.shard.borrow_mut().take_commit_jobs(&mut jobs);
         let round = write_round(&local, &files, std::mem::take(&mut jobs)).await;
-        // Depth two: this round's sync waits for the previous one, and the
+        // Depth two: this round is finished after the previous one, and the
         // next round is taken only once that one is done.
         let failed_before = match syncing.take() {
             Some(previous) => previous.await,
@@ -216,9 +234,8 @@ async fn write_round(
     let written = join_all(jobs.iter().zip(prepared).zip(payloads).map(
         |((job, file), bytes)| async move {
             let file = file?;
-            let len = bytes.len();
             write(job, &file, bytes, stats).await?;
-            Ok((file, len))
+            Ok(file)
         },
     ))
     .await;
@@ -230,8 +247,9 @@ async fn write_round(
     WrittenRound { jobs, written }
 }
 
-/// Syncs a written round, then answers its waiters and deletes what its
-/// jobs free. Returns the files that failed, for the next round.
+/// Finishes a written round: syncs the directories of new files, then answers
+/// its waiters and deletes what its jobs free. Returns the files that failed,
+/// for the next round.
 async fn sync_round(
     local: Rc<ShardLocal>,
     files: Rc<RefCell<Files>>,
@@ -240,18 +258,20 @@ async fn sync_round(
     busy: Rc<Cell<usize>>,
 ) -> Vec<PathBuf> {
     let WrittenRound { jobs, written } = round;
-    let stats = &local.stats;
     let failed_before = &failed_before;
     let outcomes: Vec<IoResult<()>> =
         join_all(jobs.iter().zip(written).map(|(job, file)| async move {
-            let (file, len) = file?;
+            file?;
             if failed_before.contains(&job.path) {
-                return Err(std::io::Error::other(
-                    "an earlier write to this segment failed to sync",
-                )
-                .into());
+                return Err(
+                    std::io::Error::other("an earlier commit to this segment failed").into(),
+                );
             }
-            sync(job, &file, len, stats).await
+            if job.create {
+                // The new file's name must survive a crash too.
+                Directory::open(&job.dir).await?.sync().await?;
+            }
+            Ok(())
         }))
         .await;
     local.with_shard(|shard| {

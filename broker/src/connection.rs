@@ -30,6 +30,9 @@ use crate::tls_session::TlsSession;
 
 /// Commands executed per poll before yielding to other connections.
 const LINE_BUDGET: usize = 2048;
+/// Commands between two checks whether glommio wants the shard back (a
+/// finished commit waiting to release its ACKs, see committer.rs).
+const PREEMPT_CHECK_EVERY: usize = 64;
 /// Rendered replies staged per encryption call.
 const RENDER_CHUNK: usize = 128 * 1024;
 /// Unsent ciphertext above which the connection stops executing commands.
@@ -311,6 +314,12 @@ impl Connection {
                     self.execute(line);
                     *budget -= 1;
                     progress = true;
+                    if budget.is_multiple_of(PREEMPT_CHECK_EVERY)
+                        && glommio::executor().need_preempt()
+                    {
+                        // Yield now (the poll ends as if the budget were spent).
+                        *budget = 0;
+                    }
                 }
                 Line::TooLong => {
                     self.replies.line("Error: line too long");

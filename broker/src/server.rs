@@ -338,8 +338,8 @@ pub fn start(config: &Config) -> Result<BrokerHandle, StartError> {
         let handle = LocalExecutorBuilder::new(Placement::Fixed(shard % cores))
             .name(&format!("shard-{shard}"))
             .io_memory(IO_MEMORY)
-            // The thread that runs the log's fdatasyncs (committer.rs): free to
-            // run on any core while the shard keeps its own.
+            // The thread that writes and fdatasyncs the logs (committer.rs):
+            // free to run on any core while the shard keeps its own.
             .blocking_thread_pool_placement(PoolPlacement::Unbound(1))
             .spawn(move || run_shard(ctx, ready_tx))
             .map_err(|e| StartError::Shard {
@@ -516,7 +516,7 @@ async fn run_shard(ctx: ShardStart, ready: std::sync::mpsc::Sender<Result<Socket
     glommio::spawn_local(sweep_deliveries(local.clone())).detach();
     let committing = Rc::new(Cell::new(0usize));
     if is_durable {
-        glommio::spawn_local(committer::run(local.clone(), committing.clone())).detach();
+        committer::spawn(local.clone(), committing.clone());
     }
     let _ = ready.send(Ok(addr));
 

@@ -1,5 +1,5 @@
-//! The crate's only `unsafe` code: moving a socket between executors, handing
-//! a log file to the shard's sync thread, and two start-up probes of the kernel.
+//! The crate's only `unsafe` code: moving a socket between executors, and two
+//! start-up probes of the kernel.
 //!
 //! glommio 0.9 streams cannot be sent between executors, so the accepting
 //! shard duplicates the socket's file descriptor into an [`OwnedFd`] (which is
@@ -10,7 +10,6 @@
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd};
 
-use glommio::io::BufferedFile;
 use glommio::net::TcpStream;
 
 /// Duplicates the stream's socket; the stream can then be dropped.
@@ -27,15 +26,6 @@ pub fn adopt(fd: OwnedFd) -> TcpStream {
     // SAFETY: `fd` is an open TCP socket we own exclusively (from `duplicate`);
     // ownership passes to the stream, which closes it on drop.
     unsafe { TcpStream::from_raw_fd(fd.into_raw_fd()) }
-}
-
-/// A second descriptor of `file` as a `std` file, which (unlike the glommio
-/// one) can be moved to another thread to be synced there.
-pub fn duplicate_file(file: &BufferedFile) -> io::Result<std::fs::File> {
-    // SAFETY: the descriptor belongs to `file`, alive for the whole borrow;
-    // `try_clone_to_owned` makes a new descriptor that we own.
-    let borrowed = unsafe { BorrowedFd::borrow_raw(file.as_raw_fd()) };
-    Ok(std::fs::File::from(borrowed.try_clone_to_owned()?))
 }
 
 /// Checks that this process may create an io_uring; the error says what to change.
