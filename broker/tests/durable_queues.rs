@@ -386,3 +386,48 @@ async fn shutdown_answers_what_was_accepted_and_keeps_it() {
     );
     broker.shutdown();
 }
+
+/// A log write that fails is answered `NACK <id> storage`, its message is
+/// dropped (so the retry is stored, not deduplicated), the log continues in a
+/// fresh segment, and what was stored before is still served. The failure is
+/// real: the segment the restarted broker opens next is the full device, so
+/// every write to it fails with ENOSPC.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_log_write_is_nacked_storage_and_the_retry_is_stored() {
+    let data = tempfile::tempdir().unwrap();
+    {
+        let broker = start(data.path(), 1);
+        let mut r = connect(&broker, "receiver_1").await;
+        setup_receiver(&mut r, "receiver_1").await;
+        let mut s = connect(&broker, "sender_1").await;
+        publish(&mut s, &["d1"]).await;
+        broker.shutdown();
+    }
+    let broker = start(data.path(), 1);
+    // After a restart new appends go to a new segment based at the next
+    // sequence number, 1 (docs/PROTOCOL.md, storage layout), created at the
+    // first append. (Made after recovery, which would read it.)
+    let full = data
+        .path()
+        .join("queues")
+        .join("receiver_1_queue")
+        .join(format!("segment-{:020}.log", 1));
+    std::os::unix::fs::symlink("/dev/full", &full).unwrap();
+    let mut s = connect(&broker, "sender_1").await;
+    expect(
+        &mut s,
+        &format!("publish ex receiver_1 {}", body("d2", "receiver_1")),
+        "NACK d2 storage",
+    )
+    .await;
+    publish(&mut s, &["d2", "d3"]).await;
+    let mut r = connect(&broker, "receiver_1").await;
+    let got: Vec<String> = drain(&mut r, "receiver_1_queue")
+        .await
+        .into_iter()
+        .map(|(id, _)| id)
+        .collect();
+    assert_eq!(got, ["d1", "d2", "d3"]);
+    broker.shutdown();
+    std::fs::remove_file(&full).unwrap();
+}
