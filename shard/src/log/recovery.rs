@@ -65,6 +65,18 @@ pub fn recover_queue(dir: &Path, hasher: &DedupHasher) -> io::Result<RecoveredQu
     for entry in fs::read_dir(dir)? {
         let entry = entry?;
         let name = entry.file_name();
+        let is_log = name
+            .to_str()
+            .is_some_and(|n| segment_base(n).is_some() || dedup_number(n).is_some());
+        // Files are read whole, and the log may write to this name again:
+        // something that only looks like a log (a device, a directory) stops
+        // the start instead of being read or written.
+        if is_log && !fs::metadata(entry.path()).is_ok_and(|m| m.is_file()) {
+            return Err(io::Error::other(format!(
+                "{}: not a regular file; move it out of the data directory",
+                entry.path().display()
+            )));
+        }
         if let Some(base) = name.to_str().and_then(segment_base) {
             bases.push((base, entry.path()));
         } else if let Some(number) = name.to_str().and_then(dedup_number) {
@@ -296,6 +308,19 @@ mod tests {
             [1, 1]
         );
         assert!(q.problems.is_empty());
+    }
+
+    #[test]
+    fn a_segment_that_is_not_a_regular_file_stops_recovery_unread() {
+        let dir = tempfile::tempdir().unwrap();
+        write(&segment_path(dir.path(), 0), &[msg(0, "a")]);
+        // Reading this one whole would never end; writing to it would lose data.
+        let odd = segment_path(dir.path(), 1);
+        std::os::unix::fs::symlink("/dev/zero", &odd).unwrap();
+        let err = recover_queue(dir.path(), &DedupHasher::random()).unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("not a regular file"), "{text}");
+        assert!(text.contains(&odd.display().to_string()), "{text}");
     }
 
     #[test]
