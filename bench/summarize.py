@@ -33,6 +33,11 @@ def ms(x):
     return f"{x:.2f}"
 
 
+def med(xs):
+    """The median of the runs (the upper middle one for an even count)."""
+    return sorted(xs)[len(xs) // 2]
+
+
 def ratio(a, b):
     return f"{a / b:.2f}x" if b else "-"
 
@@ -161,7 +166,6 @@ def pgbridge(out, lines):
                 runs.setdefault(m.group(1), []).append(s)
     if not runs:
         return
-    med = lambda xs: sorted(xs)[len(xs) // 2]
     lines.append("### Postgres bridge (durable, 1 KiB, 1 shard, 1 publisher, 1 consumer)\n")
     lines.append("| metadata mirror | runs | publish msg/s | consume msg/s | publish→ACK p99 ms |")
     lines.append("|---|---:|---:|---:|---:|")
@@ -197,7 +201,6 @@ def durability(out, lines):
                 pairs.setdefault((int(m.group(2)), int(m.group(3))), {})[m.group(1)] = s
     if not pairs:
         return
-    med = lambda xs: sorted(xs)[len(xs) // 2]
     lines.append("### Price of durability (1 KiB, 1 shard, 1 consumer; durable run, then in-memory run)\n")
     lines.append(
         "| publishers | pairs | durable ÷ in-memory, median (range) | durable publish/s | in-memory publish/s "
@@ -215,7 +218,7 @@ def durability(out, lines):
             m = re.search(r"fsyncs_per_s=(\d+)", f.read_text()) if f.exists() else None
             if m:
                 fsyncs.append(int(m.group(1)))
-        complete = all(r[s].get("complete", True) for r in runs for s in ("durable", "memory"))
+        complete = all(r[mode]["complete"] for r in runs for mode in ("durable", "memory"))
         lines.append(
             f"| {pubs} | {len(runs)} | **{med(ratios):.0%}** ({min(ratios):.0%}–{max(ratios):.0%}) "
             f"| {n(med([r['durable']['publish_msgs_per_sec'] for r in runs]))} "

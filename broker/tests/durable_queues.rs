@@ -9,6 +9,7 @@ use std::path::Path;
 use ciphermq_broker::{BrokerHandle, Config};
 use ciphermq_clients::connection::{Connection, TlsClientOptions};
 use ciphermq_proto::Reply;
+use ciphermq_shard::log::{queue_dir, segment_path};
 use common::{body, config_text, expect, next, pki, setup_receiver};
 
 fn start(data: &Path, shards: usize) -> BrokerHandle {
@@ -44,6 +45,26 @@ async fn drain(conn: &mut Connection, queue: &str) -> Vec<(String, u32)> {
             return got;
         }
     }
+}
+
+/// Fetches everything: the ids in order.
+async fn drain_ids(conn: &mut Connection, queue: &str) -> Vec<String> {
+    drain(conn, queue)
+        .await
+        .into_iter()
+        .map(|(id, _)| id)
+        .collect()
+}
+
+/// A broker on `data` with receiver_1's queue set up and `ids` published by
+/// `sender`, stopped again.
+async fn stored_and_stopped(data: &Path, shards: usize, sender: &str, ids: &[&str]) {
+    let broker = start(data, shards);
+    let mut r = connect(&broker, "receiver_1").await;
+    setup_receiver(&mut r, "receiver_1").await;
+    let mut s = connect(&broker, sender).await;
+    publish(&mut s, ids).await;
+    broker.shutdown();
 }
 
 async fn publish(sender: &mut Connection, ids: &[&str]) {
@@ -96,14 +117,7 @@ async fn unacked_messages_survive_a_restart_in_order_with_counts() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn topology_and_messages_follow_a_shard_count_change() {
     let data = tempfile::tempdir().unwrap();
-    {
-        let broker = start(data.path(), 2);
-        let mut r = connect(&broker, "receiver_1").await;
-        setup_receiver(&mut r, "receiver_1").await;
-        let mut s = connect(&broker, "sender_2").await;
-        publish(&mut s, &["a1", "a2"]).await;
-        broker.shutdown();
-    }
+    stored_and_stopped(data.path(), 2, "sender_2", &["a1", "a2"]).await;
     {
         let broker = start(data.path(), 1);
         let mut s = connect(&broker, "sender_2").await;
@@ -115,11 +129,7 @@ async fn topology_and_messages_follow_a_shard_count_change() {
     let mut s = connect(&broker, "sender_1").await;
     publish(&mut s, &["a4"]).await;
     let mut r = connect(&broker, "receiver_1").await;
-    let got: Vec<String> = drain(&mut r, "receiver_1_queue")
-        .await
-        .into_iter()
-        .map(|(id, _)| id)
-        .collect();
+    let got = drain_ids(&mut r, "receiver_1_queue").await;
     assert_eq!(got, ["a1", "a2", "a3", "a4"]);
     broker.shutdown();
 }
@@ -148,11 +158,7 @@ async fn dedup_holds_across_a_restart() {
     // Retries of a stored id and of a recently acked id store nothing new.
     publish(&mut s, &["d1", "d2", "d3"]).await;
     let mut r = connect(&broker, "receiver_1").await;
-    let got: Vec<String> = drain(&mut r, "receiver_1_queue")
-        .await
-        .into_iter()
-        .map(|(id, _)| id)
-        .collect();
+    let got = drain_ids(&mut r, "receiver_1_queue").await;
     assert_eq!(got, ["d1", "d3"]);
     broker.shutdown();
 }
@@ -207,11 +213,7 @@ async fn dedup_holds_across_a_restart_after_the_acked_segments_are_deleted() {
     // Every retry is still within the window: acknowledged, nothing stored.
     publish(&mut s, &id_refs).await;
     let mut r = connect(&broker, "receiver_1").await;
-    let got: Vec<String> = drain(&mut r, "receiver_1_queue")
-        .await
-        .into_iter()
-        .map(|(id, _)| id)
-        .collect();
+    let got = drain_ids(&mut r, "receiver_1_queue").await;
     assert_eq!(got, ["seg-last"]);
     broker.shutdown();
 }
@@ -221,7 +223,7 @@ fn segments(data: &Path, queue: &str) -> Vec<std::path::PathBuf> {
 }
 
 fn files_named(data: &Path, queue: &str, prefix: &str) -> Vec<std::path::PathBuf> {
-    let mut files: Vec<_> = std::fs::read_dir(data.join("queues").join(queue))
+    let mut files: Vec<_> = std::fs::read_dir(queue_dir(data, queue))
         .unwrap()
         .map(|e| e.unwrap().path())
         .filter(|p| {
@@ -237,14 +239,7 @@ fn files_named(data: &Path, queue: &str, prefix: &str) -> Vec<std::path::PathBuf
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn damaged_logs_are_reported_and_never_served() {
     let data = tempfile::tempdir().unwrap();
-    {
-        let broker = start(data.path(), 1);
-        let mut r = connect(&broker, "receiver_1").await;
-        setup_receiver(&mut r, "receiver_1").await;
-        let mut s = connect(&broker, "sender_1").await;
-        publish(&mut s, &["x1", "x2", "x3"]).await;
-        broker.shutdown();
-    }
+    stored_and_stopped(data.path(), 1, "sender_1", &["x1", "x2", "x3"]).await;
     let files = segments(data.path(), "receiver_1_queue");
     let last = files.last().expect("a segment");
     let mut bytes = std::fs::read(last).unwrap();
@@ -260,11 +255,7 @@ async fn damaged_logs_are_reported_and_never_served() {
 
     let broker = start(data.path(), 1);
     let mut r = connect(&broker, "receiver_1").await;
-    let got: Vec<String> = drain(&mut r, "receiver_1_queue")
-        .await
-        .into_iter()
-        .map(|(id, _)| id)
-        .collect();
+    let got = drain_ids(&mut r, "receiver_1_queue").await;
     assert_eq!(
         got,
         ["x1", "x3"],
@@ -276,11 +267,7 @@ async fn damaged_logs_are_reported_and_never_served() {
     broker.shutdown();
     let broker = start(data.path(), 1);
     let mut r = connect(&broker, "receiver_1").await;
-    let got: Vec<String> = drain(&mut r, "receiver_1_queue")
-        .await
-        .into_iter()
-        .map(|(id, _)| id)
-        .collect();
+    let got = drain_ids(&mut r, "receiver_1_queue").await;
     assert_eq!(got, ["x1", "x3", "x4"]);
     broker.shutdown();
 }
@@ -373,11 +360,7 @@ async fn shutdown_answers_what_was_accepted_and_keeps_it() {
     }
     let broker = start(data.path(), 2);
     let mut r = connect(&broker, "receiver_1").await;
-    let stored: Vec<String> = drain(&mut r, "receiver_1_queue")
-        .await
-        .into_iter()
-        .map(|(id, _)| id)
-        .collect();
+    let stored = drain_ids(&mut r, "receiver_1_queue").await;
     assert!(stored.len() >= acked.len());
     assert_eq!(
         &stored[..acked.len()],
@@ -395,23 +378,12 @@ async fn shutdown_answers_what_was_accepted_and_keeps_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_log_write_is_nacked_storage_and_the_retry_is_stored() {
     let data = tempfile::tempdir().unwrap();
-    {
-        let broker = start(data.path(), 1);
-        let mut r = connect(&broker, "receiver_1").await;
-        setup_receiver(&mut r, "receiver_1").await;
-        let mut s = connect(&broker, "sender_1").await;
-        publish(&mut s, &["d1"]).await;
-        broker.shutdown();
-    }
+    stored_and_stopped(data.path(), 1, "sender_1", &["d1"]).await;
     let broker = start(data.path(), 1);
     // After a restart new appends go to a new segment based at the next
     // sequence number, 1 (docs/PROTOCOL.md, storage layout), created at the
     // first append. (Made after recovery, which would read it.)
-    let full = data
-        .path()
-        .join("queues")
-        .join("receiver_1_queue")
-        .join(format!("segment-{:020}.log", 1));
+    let full = segment_path(&queue_dir(data.path(), "receiver_1_queue"), 1);
     std::os::unix::fs::symlink("/dev/full", &full).unwrap();
     let mut s = connect(&broker, "sender_1").await;
     expect(
@@ -422,11 +394,7 @@ async fn a_failed_log_write_is_nacked_storage_and_the_retry_is_stored() {
     .await;
     publish(&mut s, &["d2", "d3"]).await;
     let mut r = connect(&broker, "receiver_1").await;
-    let got: Vec<String> = drain(&mut r, "receiver_1_queue")
-        .await
-        .into_iter()
-        .map(|(id, _)| id)
-        .collect();
+    let got = drain_ids(&mut r, "receiver_1_queue").await;
     assert_eq!(got, ["d1", "d2", "d3"]);
     broker.shutdown();
     std::fs::remove_file(&full).unwrap();
