@@ -9,7 +9,7 @@ use std::hint::black_box;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ciphermq_shard::log::record::{decode, encode, Decoded, Record};
+use ciphermq_shard::log::record::{decode, encode, Decoded, Framing, Record};
 use ciphermq_shard::log::QueueLog;
 use ciphermq_shard::{Message, Route};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
@@ -63,7 +63,7 @@ fn log(c: &mut Criterion) {
     let rec = record(&msg);
     let mut encoded = Vec::new();
     encode(&rec, &mut encoded);
-    match decode(&encoded) {
+    match decode(Framing::V2, &encoded) {
         Decoded::Record(back, len) => assert!(back == rec && len == encoded.len()),
         other => panic!("the record does not decode: {other:?}"),
     }
@@ -79,7 +79,7 @@ fn log(c: &mut Criterion) {
         })
     });
     g.bench_function("decode_message_1k", |b| {
-        b.iter(|| match decode(black_box(&encoded)) {
+        b.iter(|| match decode(Framing::V2, black_box(&encoded)) {
             Decoded::Record(_, len) => len,
             _ => 0,
         })
@@ -105,9 +105,10 @@ fn log(c: &mut Criterion) {
                 }
                 timed += start.elapsed();
                 let job = log
-                    .take_job(&queue, seq)
+                    .take_job(&queue, seq, false)
                     .expect("appends make the log dirty");
-                log.job_done(&job, true, seq);
+                log.job_written(&job, true);
+                log.job_done(&job, true);
                 left -= round;
             }
             timed

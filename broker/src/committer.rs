@@ -11,8 +11,12 @@
 //!
 //! Rounds are pipelined two deep: once a round's bytes are durable, its
 //! directory syncs and answers run in their own task while the next round is
-//! taken and written. Rounds still finish in order, and a job whose file
-//! failed in the previous round fails too (its bytes may lie after a hole).
+//! taken and written. Rounds still finish in order. Which jobs count as
+//! failed after a failure (its successors on the same log lie past an
+//! unknown end), and what the next job cuts back, is the queue log's
+//! decision (`QueueLog`); this side only carries it out: files are cut back
+//! before a job writes, new files are never created over existing ones, and
+//! the directory is synced whenever a file may have been created.
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -25,6 +29,8 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use ciphermq_shard::log::dedup_file::DedupWrite;
+use ciphermq_shard::log::segment::{FILE_HEADER, FILE_HEADER_BYTES};
+use ciphermq_shard::log::unix_ms;
 use ciphermq_shard::CommitJob;
 use futures_util::future::join_all;
 use glommio::io::Directory;
@@ -66,23 +72,76 @@ struct Files {
     open: HashMap<PathBuf, Arc<File>>,
 }
 
-/// The file of `job`, creating its directory and the file when new.
+/// The file of `job`, creating its directory and the file when new, after
+/// cutting back what a failed job left (see [`cut`]).
 async fn prepare(files: &RefCell<Files>, job: &CommitJob) -> IoResult<Arc<File>> {
+    if job.create_dir {
+        let dir = job.dir.clone();
+        blocking(move || {
+            std::fs::create_dir_all(&dir)?;
+            sync_parent(&dir)
+        })
+        .await?;
+    }
+    if !job.cuts.is_empty() {
+        for (path, _) in &job.cuts {
+            files.borrow_mut().open.remove(path);
+        }
+        let cuts = job.cuts.clone();
+        let dir = job.dir.clone();
+        blocking(move || {
+            for (path, len) in &cuts {
+                cut(path, *len)?;
+            }
+            // A cut may have made its file anew.
+            sync_dir(&dir)
+        })
+        .await?;
+    }
     if let Some(f) = files.borrow().open.get(&job.path) {
         return Ok(f.clone());
     }
-    if job.create_dir {
-        Directory::create(&job.dir).await?;
-        if let Some(parent) = job.dir.parent() {
-            Directory::open(parent).await?.sync().await?;
-        }
-    }
-    let file = open(&job.path, job.create).await?;
+    let cut_here = job.cuts.iter().any(|(p, _)| *p == job.path);
+    let file = open(&job.path, job.create && !cut_here).await?;
     files
         .borrow_mut()
         .open
         .insert(job.path.clone(), file.clone());
     Ok(file)
+}
+
+/// Runs `f` on the shard's blocking-I/O thread.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> std::io::Result<T> + Send + 'static,
+) -> IoResult<T> {
+    Ok(glommio::executor().spawn_blocking(f).await?)
+}
+
+/// Makes the log file at `path` hold exactly its first `len` bytes, creating
+/// it if a failed job never did; a file cut to its header gets the header
+/// again. The bytes past `len` are a failed job's: never acknowledged.
+fn cut(path: &Path, len: u64) -> std::io::Result<()> {
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)?;
+    file.set_len(len)?;
+    if len == FILE_HEADER_BYTES {
+        file.write_all_at(&FILE_HEADER, 0)?;
+    }
+    file.sync_data()
+}
+
+fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+fn sync_parent(dir: &Path) -> std::io::Result<()> {
+    match dir.parent() {
+        Some(parent) => sync_dir(parent),
+        None => Ok(()),
+    }
 }
 
 /// Writes a job's bytes after its carried dedup entries, and makes them
@@ -104,19 +163,37 @@ async fn write(
     persist(file, bytes, job.offset, sync, stats).await
 }
 
-/// Opens a log or dedup file for writing (creating it when `create`), on the
-/// shard's blocking-I/O thread.
+/// Opens a log or dedup file for writing, on the shard's blocking-I/O
+/// thread. With `create` the file is new: it gets the file header, and it
+/// is never created over an existing file. One found there (left by
+/// something else: the broker names every file it makes) is moved aside to
+/// `{name}.displaced-{unix ms}` and logged, never truncated.
 async fn open(path: &Path, create: bool) -> IoResult<Arc<File>> {
     let path = path.to_path_buf();
-    let file = glommio::executor()
-        .spawn_blocking(move || {
+    let file = blocking(move || {
+        if !create {
+            return std::fs::OpenOptions::new().write(true).open(&path);
+        }
+        let new = || {
             std::fs::OpenOptions::new()
                 .write(true)
-                .create(create)
-                .truncate(create)
-                .open(path)
-        })
-        .await?;
+                .create_new(true)
+                .open(&path)
+        };
+        let file = match new() {
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                let mut aside = path.clone().into_os_string();
+                aside.push(format!(".displaced-{}", unix_ms()));
+                std::fs::rename(&path, &aside)?;
+                tracing::error!(path = %path.display(), moved_to = %std::path::Path::new(&aside).display(), "a log file the broker was about to create already existed; moved it aside instead of overwriting it");
+                new()?
+            }
+            other => other?,
+        };
+        file.write_all_at(&FILE_HEADER, 0)?;
+        Ok(file)
+    })
+    .await?;
     Ok(Arc::new(file))
 }
 
@@ -162,10 +239,15 @@ async fn persist(
 /// Appends carried dedup entries to their file and syncs them: they must be
 /// on disk before the segments they come from are deleted.
 async fn write_dedup(w: &DedupWrite, dir: &Path, stats: &ShardStats) -> IoResult<()> {
-    let file = open(&w.path, w.create).await?;
+    if w.cut {
+        let (path, len) = (w.path.clone(), w.offset);
+        blocking(move || cut(&path, len)).await?;
+    }
+    let file = open(&w.path, w.create && !w.cut).await?;
     persist(&file, w.bytes.clone(), w.offset, true, stats).await?;
-    if w.create {
-        Directory::open(dir).await?.sync().await?;
+    if w.create || w.cut {
+        let dir = dir.to_path_buf();
+        blocking(move || sync_dir(&dir)).await?;
     }
     Ok(())
 }
@@ -184,7 +266,7 @@ struct WrittenRound {
 async fn run(local: Rc<ShardLocal>, busy: Rc<Cell<usize>>) {
     let files = Rc::new(RefCell::new(Files::default()));
     let mut jobs: Vec<CommitJob> = Vec::new();
-    let mut syncing: Option<Task<Vec<PathBuf>>> = None;
+    let mut syncing: Option<Task<()>> = None;
     loop {
         std::future::poll_fn(|cx| {
             let mut shard = local.shard.borrow_mut();
@@ -201,15 +283,13 @@ async fn run(local: Rc<ShardLocal>, busy: Rc<Cell<usize>>) {
         let round = write_round(&local, &files, std::mem::take(&mut jobs)).await;
         // Depth two: this round is finished after the previous one, and the
         // next round is taken only once that one is done.
-        let failed_before = match syncing.take() {
-            Some(previous) => previous.await,
-            None => Vec::new(),
-        };
+        if let Some(previous) = syncing.take() {
+            previous.await;
+        }
         syncing = Some(glommio::spawn_local(sync_round(
             local.clone(),
             files.clone(),
             round,
-            failed_before,
             busy.clone(),
         )));
     }
@@ -248,57 +328,52 @@ async fn write_round(
 }
 
 /// Finishes a written round: syncs the directories of new files, then answers
-/// its waiters and deletes what its jobs free. Returns the files that failed,
-/// for the next round.
+/// its waiters and deletes what its jobs free.
 async fn sync_round(
     local: Rc<ShardLocal>,
     files: Rc<RefCell<Files>>,
     round: WrittenRound,
-    failed_before: Vec<PathBuf>,
     busy: Rc<Cell<usize>>,
-) -> Vec<PathBuf> {
+) {
     let WrittenRound { jobs, written } = round;
-    let failed_before = &failed_before;
-    let outcomes: Vec<IoResult<()>> =
-        join_all(jobs.iter().zip(written).map(|(job, file)| async move {
-            file?;
-            if failed_before.contains(&job.path) {
-                return Err(
-                    std::io::Error::other("an earlier commit to this segment failed").into(),
-                );
-            }
-            if job.create {
-                // The new file's name must survive a crash too.
-                Directory::open(&job.dir).await?.sync().await?;
-            }
-            Ok(())
-        }))
-        .await;
-    local.with_shard(|shard| {
-        for (job, outcome) in jobs.iter().zip(&outcomes) {
-            if let Err(e) = outcome {
-                tracing::error!(queue = %job.queue, path = %job.path.display(), error = %e, "log write failed; publishes answered NACK storage");
-            }
-            shard.commit_done(job, outcome.is_ok());
+    let io: Vec<IoResult<()>> = join_all(jobs.iter().zip(written).map(|(job, file)| async move {
+        file?;
+        if job.create {
+            // The new file's name must survive a crash too.
+            Directory::open(&job.dir).await?.sync().await?;
         }
+        Ok(())
+    }))
+    .await;
+    // The log decides what counts as durable: a job written after a failed
+    // one of its queue fails too, whatever its own I/O said.
+    let durable: Vec<bool> = local.with_shard(|shard| {
+        jobs.iter()
+            .zip(&io)
+            .map(|(job, outcome)| {
+                if let Err(e) = outcome {
+                    tracing::error!(queue = %job.queue, path = %job.path.display(), error = %e, "log write failed; publishes answered NACK storage, the file is cut back and written again");
+                }
+                shard.commit_done(job, outcome.is_ok())
+            })
+            .collect()
     });
     // `/ready` reports a failing round until a later one succeeds.
-    let failure = jobs.iter().zip(&outcomes).find_map(|(job, outcome)| {
+    let failure = jobs.iter().zip(&io).find_map(|(job, outcome)| {
         let e = outcome.as_ref().err()?;
         Some(format!("queue {}: {}: {e}", job.queue, job.path.display()))
     });
     local.stats.commit_round(failure);
-    let mut failed = Vec::new();
+    // Fully acked segments go whatever the write did: on a full disk that is
+    // what frees space (QueueLog::give_back says why it is safe).
     let mut deletions = Vec::new();
-    for (job, outcome) in jobs.into_iter().zip(outcomes) {
-        if outcome.is_err() {
-            // Its segments stay on disk (recovery deletes them later).
+    for (job, durable) in jobs.into_iter().zip(durable) {
+        if !durable {
+            // Reopened (and cut back) by the next job.
             files.borrow_mut().open.remove(&job.path);
-            failed.push(job.path);
-        } else {
-            deletions.extend(job.delete);
-            deletions.extend(job.dedup_delete);
         }
+        deletions.extend(job.delete.into_iter().map(|(_, path)| path));
+        deletions.extend(job.dedup_delete);
     }
     for path in deletions {
         drop(files.borrow_mut().open.remove(&path));
@@ -307,5 +382,4 @@ async fn sync_round(
         }
     }
     busy.set(busy.get() - 1);
-    failed
 }

@@ -41,6 +41,23 @@ pub const MIN_SEGMENT_BYTES: u64 = 4096;
 /// `performance.max_line_bytes` is `max_message_bytes` plus this.
 pub const LINE_OVERHEAD_BYTES: usize = 4096;
 
+/// Upper bound of `performance.max_message_bytes`: the largest body whose
+/// message record the queue log can still read back. A record longer than
+/// [`MAX_RECORD_BYTES`](ciphermq_shard::log::record::MAX_RECORD_BYTES) is
+/// taken for corruption on recovery, so accepting a larger body would store
+/// a message that the next start reports as damage instead of serving.
+///
+/// A message record holds, besides the body: a header (length, CRC, kind;
+/// counted as 16 bytes, more than it takes, so the format can grow a little
+/// without lowering this bound), the sequence number and the time (8 bytes
+/// each), and four fields (sender CN, message id, exchange, routing key),
+/// each a 2-byte length and at most [`MAX_NAME_LEN`](ciphermq_proto::name::MAX_NAME_LEN)
+/// (255) bytes.
+pub const MAX_MESSAGE_BYTES_LIMIT: usize = ciphermq_shard::log::record::MAX_RECORD_BYTES
+    - 16
+    - (8 + 8)
+    - 4 * (2 + ciphermq_proto::name::MAX_NAME_LEN);
+
 /// Everything that can go wrong while loading the configuration. Each variant
 /// names the offending key (or file) and says what is wrong, so the broker can
 /// print it verbatim and exit before binding anything.
@@ -415,7 +432,7 @@ pub struct PerformanceConfig {
     /// `NACK <id> queue_full`. At least 1. Default 1 000 000.
     pub max_queue_size: usize,
     /// Largest message JSON accepted, in bytes; larger is `NACK <id> too_large`.
-    /// At least 1. Default 1 MiB (1 048 576).
+    /// At least 1, at most [`MAX_MESSAGE_BYTES_LIMIT`]. Default 1 MiB (1 048 576).
     pub max_message_bytes: usize,
     /// Longest request line, in bytes; longer is `Error: line too long`. Must be
     /// larger than `max_message_bytes`. Default `max_message_bytes` + 4096.
@@ -558,6 +575,11 @@ pub struct StorageConfig {
     /// Extra microseconds a shard may wait to gather more appends into one
     /// `fdatasync`; 0 = sync at the end of each reactor turn. Default 0.
     pub max_commit_delay_us: u64,
+    /// Free space, in MiB, below which publishes are refused with
+    /// `NACK <id> disk_full` (consumers keep draining, acked segments are
+    /// deleted); publishing resumes above it plus an eighth (1–64 MiB).
+    /// 0 turns the watermark off. Default 256.
+    pub min_free_mb: u64,
 }
 
 impl Default for StorageConfig {
@@ -567,6 +589,7 @@ impl Default for StorageConfig {
             mode: StorageMode::Durable,
             segment_bytes: 64 * 1024 * 1024,
             max_commit_delay_us: 0,
+            min_free_mb: 256,
         }
     }
 }
@@ -905,6 +928,17 @@ impl Config {
                 return Err(ConfigError::invalid(key, "must be at least 1"));
             }
         }
+        if p.max_message_bytes > MAX_MESSAGE_BYTES_LIMIT {
+            return Err(ConfigError::invalid(
+                "performance.max_message_bytes",
+                format!(
+                    "{} is more than {MAX_MESSAGE_BYTES_LIMIT}, the largest body a queue log \
+                     record can hold ({} MiB less the record's header and routing fields)",
+                    p.max_message_bytes,
+                    ciphermq_shard::log::record::MAX_RECORD_BYTES >> 20
+                ),
+            ));
+        }
         if p.max_line_bytes <= p.max_message_bytes {
             return Err(ConfigError::invalid(
                 "performance.max_line_bytes",
@@ -1179,6 +1213,7 @@ mod tests {
         assert_eq!(c.storage.mode, StorageMode::Durable);
         assert_eq!(c.storage.segment_bytes, 67_108_864);
         assert_eq!(c.storage.max_commit_delay_us, 0);
+        assert_eq!(c.storage.min_free_mb, 256);
         assert!(!c.admin.enabled);
         assert_eq!(c.admin.address, "127.0.0.1:9091");
         assert!(!c.rate_limit.enabled);
@@ -1257,6 +1292,26 @@ mod tests {
         assert!(err("[logging]\nlevel = \"loud\"").starts_with("logging.level:"));
         assert!(parse("[logging]\nlevel = \"info,ciphermq_shard=debug\"").is_ok());
         assert!(parse("[logging]\nlevel = \"DEBUG\"").is_ok());
+    }
+
+    #[test]
+    fn max_message_bytes_is_capped_by_the_log_record_size() {
+        // The arithmetic of the doc comment, spelled out.
+        assert_eq!(
+            MAX_MESSAGE_BYTES_LIMIT,
+            64 * 1024 * 1024 - 16 - 16 - 4 * 257
+        );
+        let at_limit = format!("[performance]\nmax_message_bytes = {MAX_MESSAGE_BYTES_LIMIT}\n");
+        let c = parse(&at_limit).unwrap();
+        assert_eq!(c.performance.max_message_bytes, MAX_MESSAGE_BYTES_LIMIT);
+        let over = MAX_MESSAGE_BYTES_LIMIT + 1;
+        let e = err(&format!("[performance]\nmax_message_bytes = {over}\n"));
+        assert!(
+            e.starts_with(&format!(
+                "performance.max_message_bytes: {over} is more than {MAX_MESSAGE_BYTES_LIMIT}"
+            )),
+            "{e}"
+        );
     }
 
     #[test]

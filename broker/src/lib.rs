@@ -31,6 +31,7 @@ pub mod committer;
 pub mod config;
 pub mod connection;
 pub mod context;
+pub mod disk_watch;
 pub mod line_buffer;
 pub mod policy;
 pub mod rate_limit;

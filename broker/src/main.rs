@@ -97,8 +97,12 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    let admin = broker
+        .admin_addr()
+        .map(|a| format!(", admin endpoint on {a}"))
+        .unwrap_or_default();
     println!(
-        "ciphermq-broker listening on {} with {} shard(s)",
+        "ciphermq-broker listening on {} with {} shard(s){admin}",
         broker.local_addr(),
         broker.shards()
     );

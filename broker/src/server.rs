@@ -38,6 +38,7 @@ use crate::storage::Storage;
 use crate::sys;
 use crate::tls::{peer_common_name, server_config};
 use crate::tls_session::TlsSession;
+use ciphermq_shard::durability::DiskSpace;
 
 /// Locked memory each executor asks for (io_uring registered buffers).
 const IO_MEMORY: usize = 512 * 1024;
@@ -261,6 +262,17 @@ pub fn start(config: &Config) -> Result<BrokerHandle, StartError> {
         shards,
         stats: BrokerStats::new(shards, config.admin.enabled),
     });
+    let disk = Arc::new(DiskSpace::new());
+    if let Some((data_dir, _)) = &storage.durable {
+        let min_free = config.storage.min_free_mb.saturating_mul(1 << 20);
+        crate::disk_watch::spawn(data_dir.clone(), min_free, &disk).map_err(|e| {
+            StartError::Storage(format!("cannot start the disk space watcher thread: {e}"))
+        })?;
+        if min_free > 0 {
+            shared.stats.watch_disk(disk.clone(), min_free);
+        }
+        shared.stats.set_findings(storage.findings());
+    }
     let mut recovered = storage.recovered;
     let queue_settings = QueueSettings {
         max_len: config.performance.max_queue_size,
@@ -333,6 +345,7 @@ pub fn start(config: &Config) -> Result<BrokerHandle, StartError> {
             shutdown: shutdown.clone(),
             durable: storage.durable.clone(),
             mirror: storage.mirror.clone(),
+            disk: disk.clone(),
             recovered: std::mem::take(&mut recovered[shard]),
         };
         let handle = LocalExecutorBuilder::new(Placement::Fixed(shard % cores))
@@ -462,6 +475,8 @@ struct ShardStart {
     durable: Option<(PathBuf, u64)>,
     /// With the Postgres bridge: what it has read of each log.
     mirror: Option<Arc<MirrorWatermarks>>,
+    /// Free space on the data directory's filesystem, as last looked at.
+    disk: Arc<DiskSpace>,
     /// This shard's queues as their logs left them.
     recovered: Vec<(Arc<str>, RecoveredQueue)>,
 }
@@ -484,7 +499,7 @@ async fn run_shard(ctx: ShardStart, ready: std::sync::mpsc::Sender<Result<Socket
     let ciphermq_shard::MeshEndpoint { outbound, inbound } = ctx.endpoint;
     let durable = ctx
         .durable
-        .map(|(dir, segment)| Durability::new(dir, segment, ctx.mirror));
+        .map(|(dir, segment)| Durability::new(dir, segment, ctx.mirror, ctx.disk));
     let is_durable = durable.is_some();
     let mut state = Shard::new(
         ctx.queue_settings,

@@ -16,9 +16,10 @@
 
 use std::cell::OnceCell;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, TryLockError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, TryLockError};
 use std::time::{Duration, Instant};
 
+use ciphermq_shard::durability::DiskSpace;
 use ciphermq_shard::log::unix_ms;
 use ciphermq_shard::{Message, QueueStats, Shard};
 
@@ -288,6 +289,33 @@ pub enum Lifecycle {
     Stopping,
 }
 
+/// What the start found wrong in the data directory and worked around:
+/// damaged log bytes moved to quarantine files, torn ends cut, metadata and
+/// key files replaced from a good copy or moved aside. The broker serves on;
+/// an operator should look (DESIGN.md §5).
+#[derive(Debug, Default, Clone)]
+pub struct StorageFindings {
+    /// One line per problem, naming the file and what was done.
+    pub warnings: Vec<String>,
+    /// Log records lost to damage (as near as can be told), moved aside.
+    pub quarantined_records: u64,
+    /// Bytes moved to quarantine files.
+    pub quarantined_bytes: u64,
+    /// Bytes of torn log ends cut off (writes a crash cut short).
+    pub torn_bytes: u64,
+}
+
+/// The disk watermark as the admin endpoint shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DiskState {
+    /// Free bytes at the last look.
+    pub free_bytes: u64,
+    /// `storage.min_free_mb`, in bytes.
+    pub min_free_bytes: u64,
+    /// Publishes are refused (`NACK disk_full`).
+    pub low: bool,
+}
+
 /// Every shard's numbers plus the broker's lifecycle, shared by all threads.
 #[derive(Debug)]
 pub struct BrokerStats {
@@ -300,6 +328,11 @@ pub struct BrokerStats {
     /// Whether anyone reads queue snapshots (the admin endpoint runs); when
     /// not, the shards skip building them.
     collect: bool,
+    /// What the start found in the data directory (durable storage only).
+    findings: OnceLock<StorageFindings>,
+    /// The disk watermark (durable storage only): the watched space and the
+    /// minimum in bytes.
+    disk: OnceLock<(Arc<DiskSpace>, u64)>,
 }
 
 impl BrokerStats {
@@ -311,7 +344,34 @@ impl BrokerStats {
             shards: (0..shards).map(|s| Arc::new(ShardStats::new(s))).collect(),
             lifecycle: AtomicU8::new(Lifecycle::Starting as u8),
             collect,
+            findings: OnceLock::new(),
+            disk: OnceLock::new(),
         }
+    }
+
+    /// Records what the start found in the data directory (once).
+    pub fn set_findings(&self, findings: StorageFindings) {
+        let _ = self.findings.set(findings);
+    }
+
+    /// What the start found in the data directory.
+    pub fn findings(&self) -> Option<&StorageFindings> {
+        self.findings.get()
+    }
+
+    /// Reports on `space`, watched against `min_free_bytes` (once).
+    pub fn watch_disk(&self, space: Arc<DiskSpace>, min_free_bytes: u64) {
+        let _ = self.disk.set((space, min_free_bytes));
+    }
+
+    /// The disk watermark now, when storage is durable.
+    pub fn disk(&self) -> Option<DiskState> {
+        let (space, min_free_bytes) = self.disk.get()?;
+        Some(DiskState {
+            free_bytes: space.free_bytes(),
+            min_free_bytes: *min_free_bytes,
+            low: space.is_low(),
+        })
     }
 
     /// Shard `shard`'s numbers.

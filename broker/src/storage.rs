@@ -1,18 +1,29 @@
-//! Opening the data directory at start-up, before any shard serves: the saved
-//! topology, and every queue's log read back (torn tails truncated, damage
-//! reported). Blocking file I/O is fine here; nothing is being served yet.
+//! Opening the data directory at start-up, before any shard serves: the
+//! directory's lock, the saved topology, and every queue's log read back
+//! (torn tails truncated, damage reported). Blocking file I/O is fine here;
+//! nothing is being served yet.
+//!
+//! What can be worked around is, and is reported: a damaged `topology.json`
+//! (its previous copy is used), a damaged sealed key (set aside; its receiver
+//! registers again), a damaged `dedup.key` (a new one), a queue directory
+//! `topology.json` forgot (adopted by the receiver that owns its name). What
+//! cannot stops the start with the file and what to do: the directory locked
+//! by another broker, a damaged `aes.key`, a queue directory nobody owns.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine;
 use ciphermq_pgbridge::{FileKeyStore, MemoryKeyStore, PgBridge, PgConfig, PublicKeyStore};
 use ciphermq_shard::log::{queue_dir, recover_queue, MirrorWatermarks};
+use ciphermq_shard::topology::data_dir::{self, DataDirLock, StorageWarning};
 use ciphermq_shard::{DedupHasher, RecoveredQueue, TopologyStore};
 
+use crate::acl::Acl;
 use crate::config::{Config, DatabaseBackend, StorageMode};
 use crate::server::StartError;
+use crate::stats::StorageFindings;
 
 /// What the shards start from.
 pub struct Storage {
@@ -31,6 +42,11 @@ pub struct Storage {
     pub mirror: Option<Arc<MirrorWatermarks>>,
     /// The dedup hash key: from the data directory when durable.
     pub dedup_hasher: DedupHasher,
+    /// What was wrong with the data directory and was worked around at start
+    /// (a file set aside, an older copy used, a queue adopted), each already
+    /// logged: for `/ready` and `/api/status`, so an operator sees it after
+    /// the log has rolled over.
+    pub warnings: Vec<StorageWarning>,
 }
 
 impl Storage {
@@ -66,6 +82,7 @@ impl Storage {
                 bridge,
                 mirror: None,
                 dedup_hasher: DedupHasher::random(),
+                warnings: Vec::new(),
             });
         }
         let data_dir = config.storage.data_dir.clone();
@@ -78,9 +95,16 @@ impl Storage {
         std::fs::create_dir_all(data_dir.join("queues")).map_err(|e| err("cannot create", &e))?;
         // io_uring opens files relative to nothing: give it absolute paths.
         let data_dir = std::fs::canonicalize(&data_dir).map_err(|e| err("cannot resolve", &e))?;
-        let topology = TopologyStore::open(data_dir.join("topology.json"), shards)
-            .map_err(|e| err("topology", &e))?;
-        let dedup_hasher = dedup_hasher(&data_dir)?;
+        // Before anything in the directory is read or written.
+        let lock = DataDirLock::acquire(&data_dir)
+            .map_err(|e| StartError::Storage(format!("storage.data_dir: {e}")))?;
+        let (mut topology, mut warnings) =
+            TopologyStore::open(data_dir.join("topology.json"), shards)
+                .map_err(|e| err("topology", &e))?;
+        // The store lives until the last shard has stopped: so does the lock.
+        topology.hold_lock(lock);
+        let dedup_hasher = dedup_hasher(&data_dir, &mut warnings)?;
+        adopt_orphan_queues(config, &data_dir, &topology, &mut warnings)?;
         let snapshot = topology.snapshot();
         let mut total = 0usize;
         for info in snapshot.queues() {
@@ -92,15 +116,6 @@ impl Storage {
                 .map_err(|e| err(&format!("queue {}", info.name), &e))?;
             total += queue.messages.len();
             recovered[info.shard as usize].push((info.name.clone(), queue));
-        }
-        if let Ok(entries) = std::fs::read_dir(data_dir.join("queues")) {
-            for entry in entries.flatten() {
-                let name = entry.file_name();
-                let name = name.to_string_lossy();
-                if snapshot.queue(&name).is_none() {
-                    tracing::warn!(queue = %name, "queue log without a topology entry; left untouched");
-                }
-            }
         }
         tracing::info!(queues = snapshot.queues().count(), messages = total, data_dir = %data_dir.display(), "storage recovered");
         let aes_key = match config
@@ -115,8 +130,9 @@ impl Storage {
             let bridge = start_bridge(config, aes_key, Some((data_dir.clone(), mirror.clone())))?;
             (bridge.key_store(), Some(bridge), Some(mirror))
         } else {
-            let keys = FileKeyStore::open(&data_dir.join("keys"), &aes_key)
+            let (keys, key_warnings) = FileKeyStore::open(&data_dir.join("keys"), &aes_key)
                 .map_err(|e| StartError::Storage(e.to_string()))?;
+            warnings.extend(key_warnings);
             (Arc::new(keys), None, None)
         };
         tracing::info!(keys = keys.len(), "public keys loaded");
@@ -132,7 +148,118 @@ impl Storage {
             bridge,
             mirror,
             dedup_hasher,
+            warnings,
         })
+    }
+}
+
+/// Gives every queue directory that `topology.json` does not list back to
+/// its owner, so its messages are recovered rather than overwritten by a
+/// later `declare_queue` of the same name. The owner is the receiver CN that
+/// owns the name (DESIGN §2, as the ACL decides it); a directory no receiver
+/// owns stops the start, naming every such directory, since guessing an
+/// owner would hand its messages to the wrong receiver.
+fn adopt_orphan_queues(
+    config: &Config,
+    data_dir: &Path,
+    topology: &TopologyStore,
+    warnings: &mut Vec<StorageWarning>,
+) -> Result<(), StartError> {
+    let queues = data_dir.join("queues");
+    let io_err = |path: &Path, e: std::io::Error| {
+        StartError::Storage(format!("storage.data_dir: {}: {e}", path.display()))
+    };
+    let acl = Acl::new(&[], &[], &config.acl.receiver_cns);
+    let snapshot = topology.snapshot();
+    let mut adopt = Vec::new();
+    let mut unowned = Vec::new();
+    for entry in std::fs::read_dir(&queues).map_err(|e| io_err(&queues, e))? {
+        let entry = entry.map_err(|e| io_err(&queues, e))?;
+        let path = entry.path();
+        let name = entry.file_name();
+        if name
+            .to_str()
+            .is_some_and(|name| snapshot.queue(name).is_some())
+        {
+            continue;
+        }
+        let is_dir = entry.file_type().map_err(|e| io_err(&path, e))?.is_dir();
+        if !is_dir {
+            tracing::warn!(path = %path.display(), "not a queue directory; left untouched");
+            continue;
+        }
+        let owner = name.to_str().filter(|n| is_queue_name(n)).and_then(|n| {
+            acl.queue_owner(n)
+                .map(|owner| (n.to_owned(), owner.to_owned()))
+        });
+        match owner {
+            Some(queue) => adopt.push((path, queue)),
+            None => unowned.push(path),
+        }
+    }
+    if !unowned.is_empty() {
+        unowned.sort();
+        let list: Vec<String> = unowned.iter().map(|p| p.display().to_string()).collect();
+        return Err(StartError::Storage(format!(
+            "storage.data_dir: {}: queue director{} with no entry in topology.json, and no \
+             receiver in acl.receiver_cns owns {}: the messages there would be lost to a later \
+             declare_queue. Restore topology.json (or topology.json.prev) from a backup, add the \
+             owning receiver CN to acl.receiver_cns, or move the director{} out of {}",
+            list.join(", "),
+            if list.len() == 1 { "y" } else { "ies" },
+            if list.len() == 1 {
+                "its name"
+            } else {
+                "their names"
+            },
+            if list.len() == 1 { "y" } else { "ies" },
+            queues.display()
+        )));
+    }
+    adopt.sort();
+    for (path, (name, owner)) in adopt {
+        topology
+            .declare_queue(&name, &owner)
+            .map_err(|e| StartError::Storage(format!("storage.data_dir: topology: {e}")))?;
+        let warning = StorageWarning::new(
+            &path,
+            format!(
+                "queue directory with no entry in topology.json: adopted as queue {name} of \
+                 receiver {owner}, so its messages are served again; its bindings were not \
+                 saved, so bind it again"
+            ),
+        );
+        tracing::warn!(path = %path.display(), queue = %name, owner = %owner, "{}", warning.message);
+        warnings.push(warning);
+    }
+    Ok(())
+}
+
+/// Whether a directory under `queues/` is named like a queue the broker
+/// makes: a protocol name, or one followed by `.dlq`.
+fn is_queue_name(name: &str) -> bool {
+    let base = name.strip_suffix(".dlq").unwrap_or(name);
+    ciphermq_proto::is_valid_name(base) && name != "." && name != ".."
+}
+
+impl Storage {
+    /// What the start found wrong and worked around, for the admin endpoint:
+    /// the warnings above, plus every damaged log range moved to quarantine
+    /// (each already logged with its file and offset) and the torn ends cut.
+    pub fn findings(&self) -> StorageFindings {
+        let mut findings = StorageFindings {
+            warnings: self.warnings.iter().map(ToString::to_string).collect(),
+            ..StorageFindings::default()
+        };
+        for (_, queue) in self.recovered.iter().flatten() {
+            for damage in &queue.damage {
+                findings.quarantined_records += damage.records;
+                findings.quarantined_bytes += damage.bytes;
+                findings.warnings.push(damage.to_string());
+            }
+            findings.torn_bytes += queue.torn.iter().map(|(_, _, len)| len).sum::<u64>();
+        }
+        findings
     }
 }
 
@@ -167,66 +294,226 @@ fn start_bridge(
 /// Without `encryption.aes_key`, a key made on first start and kept in
 /// `{data_dir}/aes.key` (mode 0600). It protects keys only as well as the
 /// data directory is protected: configure a key kept elsewhere in production.
-fn generated_aes_key(data_dir: &std::path::Path) -> Result<[u8; 32], StartError> {
-    let (key, created) = data_dir_secret::<32>(&data_dir.join("aes.key"), "encryption")?;
-    if created {
-        tracing::warn!(path = %data_dir.join("aes.key").display(), "no encryption.aes_key configured: generated one beside the data; set encryption.aes_key_file to a key kept elsewhere");
+///
+/// A damaged `aes.key` stops the start: the keys sealed under it cannot be
+/// read without it, and making a new one would orphan them silently. So
+/// does a missing one while sealed keys exist.
+fn generated_aes_key(data_dir: &Path) -> Result<[u8; 32], StartError> {
+    let path = data_dir.join("aes.key");
+    let keys_dir = data_dir.join("keys");
+    const CONFIGURE: &str = "set encryption.aes_key (or encryption.aes_key_file, or \
+                             CIPHERMQ_AES_KEY) to the key it held";
+    match read_secret::<32>(&path) {
+        Ok(Some(key)) => return Ok(key),
+        Ok(None) => {}
+        Err(SecretError::Io(e)) => {
+            return Err(StartError::Storage(format!(
+                "encryption: {}: {e}",
+                path.display()
+            )))
+        }
+        Err(SecretError::Malformed(why)) => {
+            return Err(StartError::Storage(format!(
+                "encryption: {}: not a usable AES key ({why}; it must hold the standard base64 \
+                 of exactly 32 bytes). The public keys sealed in {} cannot be read without it: \
+                 restore this file from a backup, or {CONFIGURE}. To give those keys up instead, \
+                 move aes.key and keys/ out of the data directory; a new key is then made and \
+                 receivers register again.",
+                path.display(),
+                keys_dir.display()
+            )))
+        }
     }
+    if holds_sealed_keys(&keys_dir) {
+        return Err(StartError::Storage(format!(
+            "encryption: {} is missing, but {} holds public keys sealed under it: restore it \
+             from a backup, or {CONFIGURE}. To give those keys up instead, move keys/ out of the \
+             data directory; receivers then register again.",
+            path.display(),
+            keys_dir.display()
+        )));
+    }
+    let key = new_secret::<32>(&path)
+        .map_err(|e| StartError::Storage(format!("encryption: {}: {e}", path.display())))?;
+    tracing::warn!(path = %path.display(), "no encryption.aes_key configured: generated one beside the data; set encryption.aes_key_file to a key kept elsewhere");
     Ok(key)
+}
+
+/// Whether `keys_dir` holds anything sealed under an AES key: a key file or
+/// the store's check file.
+fn holds_sealed_keys(keys_dir: &Path) -> bool {
+    let Ok(entries) = std::fs::read_dir(keys_dir) else {
+        return false;
+    };
+    entries.flatten().any(|entry| {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        name == ciphermq_pgbridge::file_store::CHECK_FILE
+            || (name.ends_with(".key") && !name.starts_with('.'))
+    })
 }
 
 /// The dedup hash key, made on first start and kept in `{data_dir}/dedup.key`
 /// (mode 0600): dedup entries carried in the logs must hash the same after a
 /// restart, and clients must not know it.
-fn dedup_hasher(data_dir: &std::path::Path) -> Result<DedupHasher, StartError> {
-    let (key, _) = data_dir_secret::<16>(&data_dir.join("dedup.key"), "storage")?;
+///
+/// A damaged one is moved aside and replaced rather than stopping the start:
+/// all it costs is the dedup of retries across this restart, which the
+/// warning says.
+fn dedup_hasher(
+    data_dir: &Path,
+    warnings: &mut Vec<StorageWarning>,
+) -> Result<DedupHasher, StartError> {
+    let path = data_dir.join("dedup.key");
+    let fail = |e: &dyn std::fmt::Display| {
+        StartError::Storage(format!("storage: {}: {e}", path.display()))
+    };
+    const WEAKENED: &str = "dedup across this restart is weakened: a retry of a message acked \
+                            before the restart may be stored again";
+    let warning = match read_secret::<16>(&path) {
+        Ok(Some(key)) => return Ok(DedupHasher::from_bytes(key)),
+        Err(SecretError::Io(e)) => return Err(fail(&e)),
+        Ok(None) => {
+            let queues = std::fs::read_dir(data_dir.join("queues"))
+                .map(|mut entries| entries.next().is_some())
+                .unwrap_or(false);
+            // On a fresh directory there is nothing to weaken.
+            queues.then(|| format!("was missing; made a new one, so {WEAKENED}"))
+        }
+        Err(SecretError::Malformed(why)) => {
+            let aside = data_dir::move_aside(&path).map_err(|e| fail(&e))?;
+            Some(format!(
+                "unusable ({why}); kept as {} and replaced by a new key, so {WEAKENED}",
+                aside.display()
+            ))
+        }
+    };
+    let key = new_secret::<16>(&path).map_err(|e| fail(&e))?;
+    if let Some(message) = warning {
+        tracing::warn!(path = %path.display(), "{message}");
+        warnings.push(StorageWarning::new(&path, message));
+    }
     Ok(DedupHasher::from_bytes(key))
 }
 
-/// Reads the base64 secret of `N` bytes at `path`, or makes a random one
-/// there (created: `true`), written and synced before use.
-fn data_dir_secret<const N: usize>(
-    path: &std::path::Path,
-    section: &str,
-) -> Result<([u8; N], bool), StartError> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let err = |e: &dyn std::fmt::Display| {
-        StartError::Storage(format!("{section}: {}: {e}", path.display()))
+/// Why a secret file could not be used.
+enum SecretError {
+    /// It could not be read.
+    Io(std::io::Error),
+    /// It was read, but does not hold the base64 of the expected length.
+    Malformed(String),
+}
+
+/// Reads the base64 secret of `N` bytes at `path`; `None` when there is no
+/// file.
+fn read_secret<const N: usize>(path: &Path) -> Result<Option<[u8; N]>, SecretError> {
+    let text = match std::fs::read(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(SecretError::Io(e)),
     };
-    let b64 = base64::engine::general_purpose::STANDARD;
-    match std::fs::read_to_string(path) {
-        Ok(text) => {
-            let bytes = b64.decode(text.trim()).map_err(|e| err(&e))?;
-            let key = bytes
-                .try_into()
-                .map_err(|_| err(&format!("expected base64 of exactly {N} bytes")))?;
-            return Ok((key, false));
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(err(&e)),
-    }
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(text.trim_ascii())
+        .map_err(|e| SecretError::Malformed(format!("not base64: {e}")))?;
+    let len = bytes.len();
+    bytes
+        .try_into()
+        .map(Some)
+        .map_err(|_| SecretError::Malformed(format!("holds {len} bytes, expected {N}")))
+}
+
+/// Makes a random secret of `N` bytes and writes it to `path` in base64,
+/// atomically and readable by this user only, before it is used.
+fn new_secret<const N: usize>(path: &Path) -> std::io::Result<[u8; N]> {
     let mut key = [0u8; N];
-    getrandom(&mut key).map_err(|e| err(&e))?;
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)
-        .map_err(|e| err(&e))?;
-    file.write_all(b64.encode(key).as_bytes())
-        .and_then(|_| file.sync_all())
-        .map_err(|e| err(&e))?;
-    if let Some(dir) = path.parent() {
-        std::fs::File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(|e| err(&e))?;
-    }
-    Ok((key, true))
+    getrandom(&mut key)?;
+    let text = base64::engine::general_purpose::STANDARD.encode(key);
+    data_dir::write_atomic(path, text.as_bytes(), data_dir::SECRET_MODE)?;
+    Ok(key)
 }
 
 /// Fills `buf` from the kernel's random source.
 fn getrandom(buf: &mut [u8]) -> std::io::Result<()> {
     use std::io::Read;
     std::fs::File::open("/dev/urandom")?.read_exact(buf)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn mode(path: &Path) -> u32 {
+        std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+    }
+
+    #[test]
+    fn secrets_are_made_private_and_read_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut warnings = Vec::new();
+        let first = dedup_hasher(dir.path(), &mut warnings).unwrap();
+        let key = generated_aes_key(dir.path()).unwrap();
+        assert!(warnings.is_empty(), "{warnings:?}");
+        assert_eq!(mode(&dir.path().join("dedup.key")), 0o600);
+        assert_eq!(mode(&dir.path().join("aes.key")), 0o600);
+        assert_eq!(generated_aes_key(dir.path()).unwrap(), key);
+        let again = dedup_hasher(dir.path(), &mut warnings).unwrap();
+        assert!(first == again, "the same dedup key after a restart");
+        assert!(warnings.is_empty(), "{warnings:?}");
+    }
+
+    #[test]
+    fn a_damaged_dedup_key_is_kept_aside_and_replaced_with_a_warning() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("dedup.key");
+        std::fs::write(&path, "not base64!").unwrap();
+        let mut warnings = Vec::new();
+        dedup_hasher(dir.path(), &mut warnings).unwrap();
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert_eq!(warnings[0].path, path);
+        assert!(
+            warnings[0]
+                .message
+                .contains("dedup across this restart is weakened"),
+            "{}",
+            warnings[0]
+        );
+        assert!(matches!(read_secret::<16>(&path), Ok(Some(_))));
+        assert_eq!(mode(&path), 0o600);
+        let aside: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("dedup.key.corrupt-"))
+            .collect();
+        assert_eq!(aside.len(), 1, "{aside:?}");
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join(&aside[0])).unwrap(),
+            "not base64!"
+        );
+    }
+
+    #[test]
+    fn a_damaged_aes_key_stops_the_start_and_is_left_as_it_is() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("aes.key");
+        std::fs::write(&path, "AAAA\n").unwrap();
+        let err = generated_aes_key(dir.path()).unwrap_err().to_string();
+        assert!(
+            err.contains(&*path.to_string_lossy())
+                && err.contains("holds 3 bytes, expected 32")
+                && err.contains("restore this file"),
+            "{err}"
+        );
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "AAAA\n");
+    }
+
+    #[test]
+    fn a_missing_aes_key_is_not_replaced_while_keys_are_sealed_under_it() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("keys")).unwrap();
+        std::fs::write(dir.path().join("keys").join("receiver_1.key"), [0u8; 60]).unwrap();
+        let err = generated_aes_key(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("is missing") && err.contains("keys"), "{err}");
+        assert!(!dir.path().join("aes.key").exists());
+    }
 }

@@ -1,5 +1,6 @@
-//! The crate's only `unsafe` code: moving a socket between executors, and two
-//! start-up probes of the kernel.
+//! The crate's only `unsafe` code: moving a socket between executors, two
+//! start-up probes of the kernel, and the free-space query of the disk
+//! watcher.
 //!
 //! glommio 0.9 streams cannot be sent between executors, so the accepting
 //! shard duplicates the socket's file descriptor into an [`OwnedFd`] (which is
@@ -80,4 +81,23 @@ pub fn raise_memlock_limit() -> u64 {
         }
     }
     limit.rlim_cur
+}
+
+/// Bytes an unprivileged writer may still use on the filesystem holding
+/// `path` (`statvfs`: available blocks times the fragment size).
+pub fn available_bytes(path: &std::path::Path) -> io::Result<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c_path = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path holds a NUL byte"))?;
+    let mut stat = std::mem::MaybeUninit::<libc::statvfs>::zeroed();
+    // SAFETY: `c_path` is a NUL-terminated string alive across the call, and
+    // `stat` is a properly sized buffer the kernel fills; it is read only
+    // when the call succeeded.
+    let stat = unsafe {
+        if libc::statvfs(c_path.as_ptr(), stat.as_mut_ptr()) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        stat.assume_init()
+    };
+    Ok((stat.f_bavail as u64).saturating_mul(stat.f_frsize as u64))
 }

@@ -7,9 +7,8 @@
 //! atomic (temporary file, fsync, rename, directory fsync) and private keys are
 //! created with mode 0600, so a crash never leaves half a key.
 
-use std::fs::{self, File, OpenOptions};
+use std::fs;
 use std::io::{self, Write};
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use zeroize::Zeroizing;
@@ -101,39 +100,33 @@ fn read(path: &Path) -> Result<String, KeyFileError> {
     })
 }
 
-/// Temporary file in the same directory, fsync, rename over `path`, fsync the
-/// directory; the parent directory is created if missing.
+/// Writes a key file atomically with the error naming it; the parent
+/// directory is created if missing.
 fn write_atomic(path: &Path, contents: &[u8], mode: u32) -> Result<(), KeyFileError> {
-    let io_err = |error| KeyFileError::Io {
+    replace_file(path, contents, mode).map_err(|error| KeyFileError::Io {
         path: path.to_owned(),
         error,
-    };
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_owned(),
-        _ => PathBuf::from("."),
-    };
-    fs::create_dir_all(&dir).map_err(io_err)?;
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
-    let _ = fs::remove_file(&tmp);
-    let result = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(mode)
-        .open(&tmp)
-        .and_then(|mut file| {
-            file.write_all(contents)?;
-            file.sync_all()
-        })
-        .and_then(|()| fs::rename(&tmp, path))
-        .and_then(|()| File::open(&dir)?.sync_all());
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
+    })
+}
+
+/// Replaces `path` with `contents` or leaves it as it was, for every file the
+/// client tools write: a temporary file in the same directory, created with
+/// `mode` (a private key is never readable by others, even briefly), written,
+/// fsynced, renamed over `path`, and the directory fsynced. The mode of a
+/// replaced file is not kept, so a key once left readable is tightened.
+pub(crate) fn replace_file(path: &Path, contents: &[u8], mode: u32) -> io::Result<()> {
+    use atomic_write_file::unix::OpenOptionsExt as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        fs::create_dir_all(dir)?;
     }
-    result.map_err(io_err)
+    let mut options = atomic_write_file::OpenOptions::new();
+    options.mode(mode);
+    options.preserve_mode(false);
+    options.preserve_owner(false);
+    let mut file = options.open(path)?;
+    file.write_all(contents)?;
+    file.commit()
 }
 
 #[cfg(test)]

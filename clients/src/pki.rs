@@ -15,10 +15,9 @@
 
 use std::collections::HashSet;
 use std::fmt;
-use std::fs::{self, OpenOptions};
-use std::io::{self, Write};
+use std::fs;
+use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use base64::engine::general_purpose::STANDARD as BASE64;
@@ -654,65 +653,24 @@ fn encode_line(bytes: &[u8]) -> String {
     line
 }
 
-/// Writes `contents` to `path` atomically (temp file, fsync, rename, directory fsync)
-/// with mode 0600 for secrets and 0644 otherwise.
+/// Writes `contents` to `path` atomically (temp file created with its final mode,
+/// fsync, rename, directory fsync) with mode 0600 for secrets and 0644 otherwise.
 fn write_file(path: &Path, contents: &[u8], secret: bool) -> Result<PkiFile, PkiError> {
     let action = if exists(path)? {
         FileAction::Replaced
     } else {
         FileAction::Created
     };
-    let io_err = |path: &Path| {
-        let path = path.to_owned();
-        move |error| PkiError::Io { path, error }
-    };
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = path.with_file_name(format!(".{name}.tmp"));
-    // A temp file left by a crash is stale: remove it so `create_new` gets a fresh
-    // inode with the right mode.
-    match fs::remove_file(&tmp) {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => return Err(io_err(&tmp)(e)),
-    }
     let mode = if secret { SECRET_MODE } else { PUBLIC_MODE };
-    let written = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(mode)
-        .open(&tmp)
-        .and_then(|mut file| {
-            file.write_all(contents)?;
-            file.sync_all()
-        })
-        .and_then(|()| fs::rename(&tmp, path));
-    if let Err(e) = written {
-        let _ = fs::remove_file(&tmp);
-        return Err(io_err(path)(e));
-    }
-    sync_dir(path)?;
+    crate::key_file::replace_file(path, contents, mode).map_err(|error| PkiError::Io {
+        path: path.to_owned(),
+        error,
+    })?;
     Ok(PkiFile {
         path: path.to_owned(),
         action,
         secret,
     })
-}
-
-/// Fsyncs the directory holding `path`, so the rename survives a crash.
-fn sync_dir(path: &Path) -> Result<(), PkiError> {
-    let dir = match path.parent() {
-        Some(dir) if !dir.as_os_str().is_empty() => dir,
-        _ => Path::new("."),
-    };
-    fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|error| PkiError::Io {
-            path: dir.to_owned(),
-            error,
-        })
 }
 
 /// `create_dir_all` with the path in the error.

@@ -12,9 +12,11 @@ fn is_name_byte(b: u8) -> bool {
 }
 
 /// Whether `s` is a valid queue, exchange, client id, message id or routing key.
+/// `.` and `..` are refused although the alphabet allows them: a queue's
+/// name is a directory name in the data directory.
 #[inline]
 pub fn is_valid_name(s: &str) -> bool {
-    !s.is_empty() && s.len() <= MAX_NAME_LEN && s.bytes().all(is_name_byte)
+    !s.is_empty() && s.len() <= MAX_NAME_LEN && s.bytes().all(is_name_byte) && s != "." && s != ".."
 }
 
 /// Whether `s` is a valid binding key: a name that may also use the topic
@@ -29,6 +31,14 @@ pub fn is_valid_routing_pattern(s: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn refuses_names_that_would_leave_a_directory() {
+        assert!(!is_valid_name("."));
+        assert!(!is_valid_name(".."));
+        assert!(is_valid_name("..."));
+        assert!(is_valid_name(".a"));
+    }
 
     #[test]
     fn accepts_the_name_alphabet() {

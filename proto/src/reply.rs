@@ -20,6 +20,9 @@ pub enum NackReason {
     TooLarge,
     /// A target queue holds `performance.max_queue_size` messages.
     QueueFull,
+    /// Free disk space is below `storage.min_free_mb`: nothing new is
+    /// stored until consumers free space; retry later.
+    DiskFull,
     /// The message could not be made durable.
     Storage,
     /// A target shard did not answer in time.
@@ -36,6 +39,7 @@ impl NackReason {
             NackReason::Invalid => "invalid",
             NackReason::TooLarge => "too_large",
             NackReason::QueueFull => "queue_full",
+            NackReason::DiskFull => "disk_full",
             NackReason::Storage => "storage",
             NackReason::Timeout => "timeout",
         }
@@ -50,6 +54,7 @@ impl NackReason {
             "invalid" => NackReason::Invalid,
             "too_large" => NackReason::TooLarge,
             "queue_full" => NackReason::QueueFull,
+            "disk_full" => NackReason::DiskFull,
             "storage" => NackReason::Storage,
             "timeout" => NackReason::Timeout,
             _ => return None,
@@ -62,6 +67,7 @@ impl NackReason {
             self,
             NackReason::RateLimited
                 | NackReason::QueueFull
+                | NackReason::DiskFull
                 | NackReason::Storage
                 | NackReason::Timeout
         )
@@ -277,6 +283,7 @@ mod tests {
             NackReason::Invalid,
             NackReason::TooLarge,
             NackReason::QueueFull,
+            NackReason::DiskFull,
             NackReason::Storage,
             NackReason::Timeout,
         ] {

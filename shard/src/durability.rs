@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::Waker;
 use std::time::Instant;
@@ -32,6 +33,41 @@ pub(crate) struct Ticket {
     pub(crate) outcome: Result<(), NackReason>,
 }
 
+/// Free space on the data directory's filesystem, as a watcher thread last
+/// saw it; every shard reads it (one relaxed load per publish).
+#[derive(Debug, Default)]
+pub struct DiskSpace {
+    /// Below the configured minimum (with hysteresis): publishes are refused
+    /// with `NACK disk_full` and spent segments are closed to be deleted.
+    low: AtomicBool,
+    /// Free bytes at the last look.
+    free_bytes: AtomicU64,
+}
+
+impl DiskSpace {
+    /// Space not known yet: treated as plenty.
+    pub fn new() -> DiskSpace {
+        DiskSpace::default()
+    }
+
+    /// Whether publishes are refused for lack of space.
+    pub fn is_low(&self) -> bool {
+        self.low.load(Ordering::Relaxed)
+    }
+
+    /// Free bytes at the last look.
+    pub fn free_bytes(&self) -> u64 {
+        self.free_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Records a look: `free` bytes, and whether that is too little.
+    /// Returns whether `low` changed.
+    pub fn set(&self, free: u64, low: bool) -> bool {
+        self.free_bytes.store(free, Ordering::Relaxed);
+        self.low.swap(low, Ordering::Relaxed) != low
+    }
+}
+
 /// Logs and commit bookkeeping of one shard (`storage.mode = "durable"`).
 #[derive(Debug)]
 pub struct Durability {
@@ -45,15 +81,20 @@ pub struct Durability {
     next_ticket: u64,
     /// With the Postgres bridge: segments wait for it before deletion.
     mirror: Option<Arc<MirrorWatermarks>>,
+    /// Free space on the data directory's filesystem.
+    disk: Arc<DiskSpace>,
 }
 
 impl Durability {
     /// Logs under `data_dir/queues`, rolling segments at `segment_bytes`;
     /// with `mirror`, fully acked segments wait for the metadata mirror.
+    /// `disk` is watched by someone else: while it is low, publishes are
+    /// refused and spent segments closed so they can be deleted.
     pub fn new(
         data_dir: PathBuf,
         segment_bytes: u64,
         mirror: Option<Arc<MirrorWatermarks>>,
+        disk: Arc<DiskSpace>,
     ) -> Durability {
         Durability {
             data_dir,
@@ -64,7 +105,13 @@ impl Durability {
             tickets: HashMap::default(),
             next_ticket: 1,
             mirror,
+            disk,
         }
+    }
+
+    /// Whether publishes must be refused for lack of disk space.
+    pub(crate) fn disk_low(&self) -> bool {
+        self.disk.is_low()
     }
 
     /// Adopts a log rebuilt by recovery.
@@ -116,9 +163,10 @@ impl Durability {
     pub(crate) fn housekeeping(&mut self, window_ms: u64) {
         let now_ms = unix_ms();
         let mut woke = false;
+        let reclaim = self.disk.is_low();
         for (queue, log) in self.logs.iter_mut() {
             log.note_time(now_ms, window_ms);
-            if log.is_dirty() && !self.dirty.contains(queue) {
+            if (log.is_dirty() || (reclaim && log.is_spent())) && !self.dirty.contains(queue) {
                 self.dirty.push(queue.clone());
                 woke = true;
             }
@@ -192,6 +240,7 @@ impl Durability {
         let mut carried = Vec::new();
         let now_ms = unix_ms();
         let window_ms = settings.dedup_window.as_millis() as u64;
+        let reclaim = self.disk.is_low();
         for queue in std::mem::take(&mut self.dirty) {
             let Some(log) = self.logs.get_mut(&queue) else {
                 continue;
@@ -203,7 +252,7 @@ impl Durability {
             }
             log.note_time(now_ms, window_ms);
             let next_seq = queues.get(&queue).map_or(0, Queue::next_seq);
-            match log.take_job(&queue, next_seq) {
+            match log.take_job(&queue, next_seq, reclaim) {
                 Some(job) => out.push(job),
                 // A job of this log is still being written: next round.
                 None if log.is_dirty_or_waiting() => still_dirty.push(queue),
@@ -215,21 +264,34 @@ impl Durability {
 
     /// Records that a job's bytes are written (or failed to be): its log
     /// may hand out its next job while this one is synced.
-    pub(crate) fn job_written(&mut self, job: &CommitJob, ok: bool, next_seq: u64) {
+    pub(crate) fn job_written(&mut self, job: &CommitJob, ok: bool) {
         if let Some(log) = self.logs.get_mut(&job.queue) {
-            log.job_written(job, ok, next_seq);
+            log.job_written(job, ok);
             if log.is_dirty() && !self.dirty.contains(&job.queue) {
                 self.dirty.push(job.queue.clone());
             }
         }
     }
 
-    /// Records the end of a job (the caller releases its tickets).
-    pub(crate) fn job_done(&mut self, job: &CommitJob, ok: bool, next_seq: u64) {
-        if let Some(log) = self.logs.get_mut(&job.queue) {
-            log.job_done(job, ok, next_seq);
-            if log.is_dirty() && !self.dirty.contains(&job.queue) {
-                self.dirty.push(job.queue.clone());
+    /// Records the end of a job (the caller releases its tickets); returns
+    /// whether its records are durable (see [`QueueLog::job_done`]).
+    pub(crate) fn job_done(&mut self, job: &CommitJob, io_ok: bool) -> bool {
+        let Some(log) = self.logs.get_mut(&job.queue) else {
+            return false;
+        };
+        let ok = log.job_done(job, io_ok);
+        if log.is_dirty() && !self.dirty.contains(&job.queue) {
+            self.dirty.push(job.queue.clone());
+        }
+        ok
+    }
+
+    /// Messages of a failed job that left their queue: their segments stop
+    /// holding them.
+    pub(crate) fn forget_messages(&mut self, queue: &str, seqs: &[u64]) {
+        if let Some(log) = self.logs.get_mut(queue) {
+            for seq in seqs {
+                log.forget_message(*seq);
             }
         }
     }

@@ -329,16 +329,35 @@ impl Queue {
         q
     }
 
-    /// Drops messages whose log write failed (they were refused with
-    /// `storage`), so a retry stores them again instead of being deduplicated.
-    pub fn discard_unwritten(&mut self, seqs: &[u64], settings: &QueueSettings) {
-        for seq in seqs {
-            if let Some(i) = self.ready.iter().position(|e| e.seq == *seq) {
-                if let Some(e) = self.ready.remove(i) {
-                    self.dedup.remove(&e.msg.dedup_key(&settings.dedup_hasher));
-                }
+    /// Takes back the messages `seqs` whose records a failed commit could
+    /// not make durable (their publishers were answered `NACK storage`).
+    /// Those still waiting leave the queue; returns their seqs. One already
+    /// delivered stays owed to its consumer until acked, but its id is
+    /// forgotten: the publisher's retry is stored again instead of being
+    /// answered `ACK` as a duplicate of a message that is not on disk.
+    pub fn discard_unwritten(&mut self, seqs: &[u64], settings: &QueueSettings) -> Vec<u64> {
+        let mut gone = Vec::new();
+        for &seq in seqs {
+            // `ready` is in sequence order.
+            let entry = match self.ready.binary_search_by_key(&seq, |e| e.seq) {
+                Ok(i) => self.ready.remove(i),
+                Err(_) => self.requeued.remove(&seq),
+            };
+            let key = match &entry {
+                Some(e) => e.msg.dedup_key(&settings.dedup_hasher),
+                None => match self.unacked.get(&seq) {
+                    Some(inflight) => inflight.entry.msg.dedup_key(&settings.dedup_hasher),
+                    None => continue,
+                },
+            };
+            if matches!(self.dedup.get(&key), Some(DedupState::Stored)) {
+                self.dedup.remove(&key);
+            }
+            if entry.is_some() {
+                gone.push(seq);
             }
         }
+        gone
     }
 
     /// The next message to deliver, with dead letters split off.
@@ -605,6 +624,29 @@ mod tests {
         }
         assert_eq!(q.enqueue(msg("m3", "s"), now, &s), Err(QueueFull));
         assert_eq!(q.ready_len(), 3);
+    }
+
+    #[test]
+    fn an_unwritten_message_leaves_or_loses_its_id_so_a_retry_is_stored() {
+        let s = QueueSettings {
+            max_len: 10,
+            ..settings()
+        };
+        let now = Instant::now();
+        let mut q = Queue::new(Arc::from("q"), 0);
+        for id in ["a", "b", "c"] {
+            q.enqueue(msg(id, "s"), now, &s).unwrap();
+        }
+        // "a" was delivered before its write failed; "b" waits; "c" was fine.
+        let mut out = Vec::new();
+        q.fetch(conn(1), 1, &s, now, &mut out, &mut Vec::new());
+        assert_eq!(q.discard_unwritten(&[0, 1], &s), [1], "only b leaves");
+        assert_eq!(q.ready_len(), 1);
+        assert_eq!(q.unacked_len(), 1, "a stays owed to its consumer");
+        // Both retries are stored again, not answered as duplicates.
+        assert_eq!(q.enqueue(msg("a", "s"), now, &s), Ok(Enqueued::Stored(3)));
+        assert_eq!(q.enqueue(msg("b", "s"), now, &s), Ok(Enqueued::Stored(4)));
+        assert_eq!(q.enqueue(msg("c", "s"), now, &s), Ok(Enqueued::Duplicate));
     }
 
     #[test]

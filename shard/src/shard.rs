@@ -104,9 +104,6 @@ impl Shard {
 
     /// Rebuilds a queue this shard owns from its recovered log.
     pub fn restore_queue(&mut self, name: Arc<str>, recovered: RecoveredQueue, now: Instant) {
-        for problem in &recovered.problems {
-            tracing::error!(queue = %name, "{problem}");
-        }
         let entries = recovered.messages.into_iter().map(|m| Entry {
             seq: m.seq,
             msg: m.msg,
@@ -159,23 +156,26 @@ impl Shard {
     /// hand out the next job while this one is synced. Call before
     /// [`Shard::commit_done`] of the same job.
     pub fn commit_written(&mut self, job: &CommitJob, ok: bool) {
-        let next_seq = self.queues.get(&*job.queue).map_or(0, Queue::next_seq);
         if let Some(d) = &mut self.durable {
-            d.job_written(job, ok, next_seq);
+            d.job_written(job, ok);
         }
     }
 
-    /// A commit job finished: `ok` means its records are on disk. Releases what
-    /// waited for it (`NACK storage` when it failed).
-    pub fn commit_done(&mut self, job: &CommitJob, ok: bool) {
-        let next_seq = self.queues.get(&*job.queue).map_or(0, Queue::next_seq);
+    /// A commit job finished: `io_ok` means its I/O succeeded. Releases what
+    /// waited for it (`NACK storage` when it failed) and returns whether its
+    /// records are durable: not when an earlier job of its log failed after
+    /// it was taken (its bytes lie past an unknown end, and are cut off).
+    pub fn commit_done(&mut self, job: &CommitJob, io_ok: bool) -> bool {
+        let Some(d) = &mut self.durable else {
+            return false;
+        };
+        let ok = d.job_done(job, io_ok);
         if !ok {
             if let Some(q) = self.queues.get_mut(&*job.queue) {
-                q.discard_unwritten(&job.message_seqs, &self.settings);
+                let gone = q.discard_unwritten(&job.message_seqs, &self.settings);
+                d.forget_messages(&job.queue, &gone);
             }
         }
-        let Some(d) = &mut self.durable else { return };
-        d.job_done(job, ok, next_seq);
         let mut finished = Vec::new();
         for id in &job.waiters {
             if let MapEntry::Occupied(mut e) = d.tickets.entry(*id) {
@@ -198,6 +198,7 @@ impl Shard {
                 TicketKind::AckAfter { .. } => {}
             }
         }
+        ok
     }
 
     fn log_ack(&mut self, queue: &Arc<str>, seq: u64) {
@@ -343,6 +344,9 @@ impl Shard {
         ticket: &mut Option<u64>,
     ) -> Result<(), NackReason> {
         let settings = self.settings.clone();
+        if self.durable.as_ref().is_some_and(Durability::disk_low) {
+            return Err(NackReason::DiskFull);
+        }
         let Some(name) = self.queue_mut(queue).map(|q| q.name().clone()) else {
             return Err(NackReason::NoRoute);
         };

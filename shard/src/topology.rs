@@ -12,6 +12,14 @@
 //! that queued up meanwhile), and only then publishes the snapshot and
 //! answers, so no shard waits on the disk and nothing routes through a
 //! binding a crash could forget.
+//!
+//! Each save keeps the version it replaces as `topology.json.prev`, so a
+//! damaged or lost `topology.json` costs at most the last change, not every
+//! queue: [`TopologyStore::open`] falls back to it and says so.
+
+pub mod data_dir;
+
+pub use data_dir::{DataDirLock, LockError, StorageWarning};
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -104,6 +112,26 @@ pub enum TopologyError {
     /// `topology.json` could not be written or read.
     #[error("storage: {0}")]
     Storage(String),
+    /// At start, neither `topology.json` nor its previous copy could be used:
+    /// starting empty would silently drop every queue, so the start stops.
+    #[error(
+        "{}: {current}; {}: {previous}. Restore either file from a backup; or, to start \
+         with an empty topology, move both out of the data directory (queue directories are \
+         then adopted by the receiver CN that owns their name, and the start stops on any \
+         other)",
+        .path.display(),
+        .prev_path.display()
+    )]
+    NoUsableCopy {
+        /// `topology.json`.
+        path: PathBuf,
+        /// What is wrong with it.
+        current: String,
+        /// `topology.json.prev`.
+        prev_path: PathBuf,
+        /// What is wrong with that one.
+        previous: String,
+    },
 }
 
 /// The single writer of the topology, shared by every shard.
@@ -117,6 +145,9 @@ pub struct TopologyStore {
     version: AtomicU64,
     /// Jobs for the saver thread, once started.
     saver: OnceLock<crossbeam_channel::Sender<SaveJob>>,
+    /// The data directory's lock, held for as long as anything may write
+    /// there: the store outlives every shard, so the lock does too.
+    lock: Option<DataDirLock>,
 }
 
 /// A change a client asked for.
@@ -169,6 +200,7 @@ impl TopologyStore {
             current: RwLock::new(Arc::new(Topology::default())),
             version: AtomicU64::new(0),
             saver: OnceLock::new(),
+            lock: None,
         }
     }
 
@@ -216,60 +248,104 @@ impl TopologyStore {
         Ok(value)
     }
 
-    /// Opens the topology saved at `path` (empty if the file does not exist)
-    /// and keeps saving there. Queue placement is recomputed for `shards`, so
-    /// a changed shard count moves queues with their owners.
-    pub fn open(path: PathBuf, shards: usize) -> Result<TopologyStore, TopologyError> {
+    /// Opens the topology saved at `path` (empty if neither it nor its
+    /// previous copy exists) and keeps saving there. Queue placement is
+    /// recomputed for `shards`, so a changed shard count moves queues with
+    /// their owners.
+    ///
+    /// A missing or damaged `topology.json` is not fatal while
+    /// `topology.json.prev` is good: the store starts from that copy, restores
+    /// `topology.json` from it, keeps the damaged file as
+    /// `topology.json.corrupt-<unix-ms>`, and returns a warning saying so
+    /// (also logged). When neither can be used the start stops with
+    /// [`TopologyError::NoUsableCopy`], naming both files.
+    pub fn open(
+        path: PathBuf,
+        shards: usize,
+    ) -> Result<(TopologyStore, Vec<StorageWarning>), TopologyError> {
         let mut store = TopologyStore::new(shards);
         let shards = store.shards;
-        match std::fs::read(&path) {
-            Ok(bytes) => {
-                let saved: SavedTopology = serde_json::from_slice(&bytes).map_err(|e| {
-                    TopologyError::Storage(format!("{}: unreadable: {e}", path.display()))
-                })?;
-                let mut t = Topology {
-                    version: 1,
-                    ..Topology::default()
-                };
-                for q in saved.queues {
-                    let info = QueueInfo {
-                        name: Arc::from(q.name.as_str()),
-                        owner: Arc::from(q.owner.as_str()),
-                        shard: shard_of(&q.owner, shards),
-                    };
-                    t.queues.insert(info.name.clone(), info);
+        let prev_path = prev_path(&path);
+        let fatal =
+            |p: &Path, e: std::io::Error| TopologyError::Storage(format!("{}: {e}", p.display()));
+        let no_usable = |current: String, previous: String| TopologyError::NoUsableCopy {
+            path: path.clone(),
+            current,
+            prev_path: prev_path.clone(),
+            previous,
+        };
+        let mut warnings = Vec::new();
+        // What a crash during a save may have left; never read.
+        data_dir::remove_temporaries(&path);
+        data_dir::remove_temporaries(&prev_path);
+        let loaded = match load(&path, shards) {
+            Ok(Some((t, _))) => Some(t),
+            Ok(None) => match load(&prev_path, shards) {
+                Ok(None) => None,
+                Ok(Some((t, bytes))) => {
+                    data_dir::write_atomic(&path, &bytes, data_dir::PUBLIC_MODE)
+                        .map_err(|e| fatal(&path, e))?;
+                    warnings.push(StorageWarning::new(
+                        &path,
+                        format!(
+                            "was missing; started from {} and restored it from there (the last \
+                             topology change saved before the file was lost may be missing: \
+                             declare it again)",
+                            prev_path.display()
+                        ),
+                    ));
+                    Some(t)
                 }
-                for e in saved.exchanges {
-                    let kind = ExchangeKind::parse(&e.kind).ok_or_else(|| {
-                        TopologyError::Storage(format!(
-                            "{}: exchange {} has unknown type {}",
-                            path.display(),
-                            e.name,
-                            e.kind
-                        ))
-                    })?;
-                    let mut ex = Exchange::new(kind);
-                    for b in e.bindings {
-                        if let Some(info) = t.queues.get(b.queue.as_str()) {
-                            ex.bind(
-                                &b.key,
-                                Target {
-                                    queue: info.name.clone(),
-                                    shard: info.shard,
-                                },
-                            );
-                        }
-                    }
-                    t.exchanges.insert(Arc::from(e.name.as_str()), Arc::new(ex));
+                Err(Load::Damaged(why)) => {
+                    return Err(no_usable("missing".into(), format!("unusable: {why}")))
                 }
-                store.version.store(1, Ordering::Release);
-                store.current = RwLock::new(Arc::new(t));
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(TopologyError::Storage(format!("{}: {e}", path.display()))),
+                Err(Load::Io(e)) => return Err(fatal(&prev_path, e)),
+            },
+            Err(Load::Damaged(why)) => match load(&prev_path, shards) {
+                Ok(Some((t, bytes))) => {
+                    let aside = data_dir::move_aside(&path).map_err(|e| fatal(&path, e))?;
+                    data_dir::write_atomic(&path, &bytes, data_dir::PUBLIC_MODE)
+                        .map_err(|e| fatal(&path, e))?;
+                    warnings.push(StorageWarning::new(
+                        &path,
+                        format!(
+                            "unusable ({why}); kept as {} and started from {} (the last \
+                             topology change saved before the damage may be missing: declare \
+                             it again)",
+                            aside.display(),
+                            prev_path.display()
+                        ),
+                    ));
+                    Some(t)
+                }
+                Ok(None) => return Err(no_usable(format!("unusable: {why}"), "missing".into())),
+                Err(Load::Damaged(prev_why)) => {
+                    return Err(no_usable(
+                        format!("unusable: {why}"),
+                        format!("unusable: {prev_why}"),
+                    ))
+                }
+                Err(Load::Io(e)) => return Err(fatal(&prev_path, e)),
+            },
+            Err(Load::Io(e)) => return Err(fatal(&path, e)),
+        };
+        if let Some(t) = loaded {
+            store.version.store(t.version, Ordering::Release);
+            store.current = RwLock::new(Arc::new(t));
+        }
+        for w in &warnings {
+            tracing::warn!(path = %w.path.display(), "{}", w.message);
         }
         store.persist = Some(path);
-        Ok(store)
+        Ok((store, warnings))
+    }
+
+    /// Keeps the data directory's lock for as long as this store lives. The
+    /// store is the one piece of a broker's storage that every shard holds
+    /// until the last one stops, so that is how long the directory stays
+    /// locked.
+    pub fn hold_lock(&mut self, lock: DataDirLock) {
+        self.lock = Some(lock);
     }
 
     /// Starts the thread that saves clients' changes, when the topology is
@@ -521,9 +597,104 @@ struct SavedBinding {
     key: String,
 }
 
-/// Writes `t` to `path` atomically: temp file, fsync, rename, directory fsync.
+/// `topology.json.prev`, beside `path`.
+fn prev_path(path: &Path) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(".prev");
+    PathBuf::from(name)
+}
+
+/// Why a saved topology could not be loaded.
+enum Load {
+    /// The file could not be read (permissions, I/O): not something to work
+    /// around by starting from another copy.
+    Io(std::io::Error),
+    /// The file was read but is not a topology this broker wrote.
+    Damaged(String),
+}
+
+/// Reads and validates the topology at `path`: `None` when there is no file,
+/// else the topology with the bytes it came from.
+fn load(path: &Path, shards: usize) -> Result<Option<(Topology, Vec<u8>)>, Load> {
+    let bytes = match std::fs::read(path) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(Load::Io(e)),
+    };
+    let saved: SavedTopology = serde_json::from_slice(&bytes)
+        .map_err(|e| Load::Damaged(format!("not a saved topology: {e}")))?;
+    let t = validate(saved, shards).map_err(Load::Damaged)?;
+    Ok(Some((t, bytes)))
+}
+
+/// Whether `name` can be a queue's directory under `queues/`: one plain path
+/// component, so a damaged file cannot point recovery outside the data
+/// directory.
+fn is_queue_dir_name(name: &str) -> bool {
+    !name.is_empty() && name != "." && name != ".." && !name.contains(['/', '\0'])
+}
+
+/// Builds the topology a saved file describes, refusing what the broker
+/// never writes (a name that is not a plain file name, an empty owner, a
+/// name twice, an unknown exchange type).
+fn validate(saved: SavedTopology, shards: usize) -> Result<Topology, String> {
+    let mut t = Topology {
+        version: 1,
+        ..Topology::default()
+    };
+    for q in saved.queues {
+        if !is_queue_dir_name(&q.name) {
+            return Err(format!("queue name {:?} is not a valid name", q.name));
+        }
+        if q.owner.is_empty() {
+            return Err(format!("queue {} has no owner", q.name));
+        }
+        let info = QueueInfo {
+            name: Arc::from(q.name.as_str()),
+            owner: Arc::from(q.owner.as_str()),
+            shard: shard_of(&q.owner, shards),
+        };
+        if t.queues.insert(info.name.clone(), info).is_some() {
+            return Err(format!("queue {} is listed twice", q.name));
+        }
+    }
+    for e in saved.exchanges {
+        if e.name.is_empty() {
+            return Err("an exchange has an empty name".into());
+        }
+        let kind = ExchangeKind::parse(&e.kind)
+            .ok_or_else(|| format!("exchange {} has unknown type {}", e.name, e.kind))?;
+        let mut ex = Exchange::new(kind);
+        for b in e.bindings {
+            if let Some(info) = t.queues.get(b.queue.as_str()) {
+                ex.bind(
+                    &b.key,
+                    Target {
+                        queue: info.name.clone(),
+                        shard: info.shard,
+                    },
+                );
+            }
+        }
+        if t.exchanges
+            .insert(Arc::from(e.name.as_str()), Arc::new(ex))
+            .is_some()
+        {
+            return Err(format!("exchange {} is listed twice", e.name));
+        }
+    }
+    Ok(t)
+}
+
+/// Writes `t` to `path` atomically (see [`data_dir::write_atomic`]), first
+/// keeping the version it replaces as `topology.json.prev`.
+///
+/// The previous version is kept by a hard link, so it costs no copy: it is
+/// the file this store last wrote durably (or validated at open). The link
+/// is renamed into place before the new file is, and the directory fsync
+/// that makes the new file durable covers both renames; whatever a crash
+/// keeps, both names hold a good topology.
 fn save(path: &Path, t: &Topology) -> std::io::Result<()> {
-    use std::io::Write;
     let mut queues: Vec<SavedQueue> = t
         .queues
         .values()
@@ -551,13 +722,31 @@ fn save(path: &Path, t: &Topology) -> std::io::Result<()> {
     exchanges.sort_by(|a, b| a.name.cmp(&b.name));
     let bytes = serde_json::to_vec_pretty(&SavedTopology { queues, exchanges })
         .map_err(std::io::Error::other)?;
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let tmp = dir.join(".topology.json.tmp");
-    let mut file = std::fs::File::create(&tmp)?;
-    file.write_all(&bytes)?;
-    file.sync_all()?;
-    std::fs::rename(&tmp, path)?;
-    std::fs::File::open(dir)?.sync_all()
+    keep_previous(path)?;
+    data_dir::write_atomic(path, &bytes, data_dir::PUBLIC_MODE)
+}
+
+/// Makes `topology.json.prev` the current `topology.json` (if there is one):
+/// a hard link under a temporary name, renamed over the old `.prev`. Where
+/// the file system has no hard links, a copy written atomically instead.
+fn keep_previous(path: &Path) -> std::io::Result<()> {
+    let prev = prev_path(path);
+    let dir = data_dir::parent_dir(path);
+    let tmp = dir.join(".topology.json.prev.tmp");
+    match std::fs::remove_file(&tmp) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    match std::fs::hard_link(path, &tmp) {
+        Ok(()) => std::fs::rename(&tmp, &prev),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(_) => match std::fs::read(path) {
+            Ok(bytes) => data_dir::write_atomic(&prev, &bytes, data_dir::PUBLIC_MODE),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(e),
+        },
+    }
 }
 
 #[cfg(test)]
@@ -590,7 +779,7 @@ mod tests {
     fn submitted_changes_are_saved_off_the_caller_then_visible() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("topology.json");
-        let store = Arc::new(TopologyStore::open(path.clone(), 1).unwrap());
+        let store = Arc::new(TopologyStore::open(path.clone(), 1).unwrap().0);
         store.start_saver().unwrap();
         let q = TopologyChange::DeclareQueue {
             name: "q".into(),
@@ -630,7 +819,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("topology.json");
         {
-            let store = TopologyStore::open(path.clone(), 2).unwrap();
+            let store = TopologyStore::open(path.clone(), 2).unwrap().0;
             store
                 .declare_queue("receiver_1_queue", "receiver_1")
                 .unwrap();
@@ -639,7 +828,8 @@ mod tests {
                 .bind("receiver_1_queue", "ex", "receiver_1.#")
                 .unwrap();
         }
-        let store = TopologyStore::open(path, 3).unwrap();
+        let (store, warnings) = TopologyStore::open(path, 3).unwrap();
+        assert!(warnings.is_empty(), "{warnings:?}");
         let t = store.snapshot();
         assert_eq!(
             t.queue("receiver_1_queue").unwrap().shard,
@@ -684,5 +874,143 @@ mod tests {
         assert!(view.current().route("ex", "k", &mut out));
         assert_eq!(&*out[0].queue, "q");
         assert!(!view.current().route("nope", "k", &mut out));
+    }
+
+    /// A store at `dir/topology.json` with two saves: queue `q1`, then `q2`.
+    fn two_saves(dir: &Path) -> PathBuf {
+        let path = dir.join("topology.json");
+        let (store, _) = TopologyStore::open(path.clone(), 1).unwrap();
+        store.declare_queue("q1", "r").unwrap();
+        store.declare_queue("q2", "r").unwrap();
+        path
+    }
+
+    fn queue_names(store: &TopologyStore) -> Vec<String> {
+        let mut names: Vec<String> = store
+            .snapshot()
+            .queues()
+            .map(|q| q.name.to_string())
+            .collect();
+        names.sort();
+        names
+    }
+
+    fn corrupt_copies(dir: &Path) -> Vec<PathBuf> {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.to_string_lossy().contains("topology.json.corrupt-"))
+            .collect()
+    }
+
+    #[test]
+    fn each_save_keeps_the_version_it_replaces() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = two_saves(dir.path());
+        let current = std::fs::read_to_string(&path).unwrap();
+        let prev = std::fs::read_to_string(prev_path(&path)).unwrap();
+        assert!(current.contains("\"q2\""), "{current}");
+        assert!(
+            prev.contains("\"q1\"") && !prev.contains("\"q2\""),
+            "{prev}"
+        );
+        // No temporary name is left behind.
+        let mut names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["topology.json", "topology.json.prev"]);
+    }
+
+    #[test]
+    fn a_damaged_file_falls_back_to_the_previous_copy_and_is_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = two_saves(dir.path());
+        std::fs::write(&path, b"{\"queues\": [{\"name\": \"q1\"").unwrap();
+        let (store, warnings) = TopologyStore::open(path.clone(), 1).unwrap();
+        assert_eq!(queue_names(&store), ["q1"]);
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert_eq!(warnings[0].path, path);
+        assert!(
+            warnings[0].message.contains("topology.json.prev"),
+            "{}",
+            warnings[0]
+        );
+        let aside = corrupt_copies(dir.path());
+        assert_eq!(aside.len(), 1);
+        assert!(warnings[0].message.contains(&*aside[0].to_string_lossy()));
+        assert_eq!(
+            std::fs::read(&aside[0]).unwrap(),
+            b"{\"queues\": [{\"name\": \"q1\""
+        );
+        // topology.json is good again: the next open has nothing to say.
+        drop(store);
+        let (store, warnings) = TopologyStore::open(path, 1).unwrap();
+        assert!(warnings.is_empty(), "{warnings:?}");
+        assert_eq!(queue_names(&store), ["q1"]);
+    }
+
+    #[test]
+    fn a_missing_file_is_restored_from_the_previous_copy() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = two_saves(dir.path());
+        std::fs::remove_file(&path).unwrap();
+        let (store, warnings) = TopologyStore::open(path.clone(), 1).unwrap();
+        assert_eq!(queue_names(&store), ["q1"]);
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(warnings[0].message.contains("missing"), "{}", warnings[0]);
+        assert!(path.exists());
+    }
+
+    #[test]
+    fn a_name_that_would_leave_the_queues_directory_is_damage() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = two_saves(dir.path());
+        let bad = std::fs::read_to_string(&path)
+            .unwrap()
+            .replace("\"q2\"", "\"..\"");
+        std::fs::write(&path, bad).unwrap();
+        let (store, warnings) = TopologyStore::open(path, 1).unwrap();
+        assert_eq!(queue_names(&store), ["q1"]);
+        assert!(
+            warnings[0].message.contains("not a valid name"),
+            "{}",
+            warnings[0]
+        );
+    }
+
+    #[test]
+    fn with_no_usable_copy_the_start_stops_naming_both_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = two_saves(dir.path());
+        std::fs::write(&path, b"garbage").unwrap();
+        std::fs::write(prev_path(&path), b"{}").unwrap();
+        let err = TopologyStore::open(path.clone(), 1).unwrap_err();
+        assert!(matches!(err, TopologyError::NoUsableCopy { .. }), "{err:?}");
+        let shown = err.to_string();
+        assert!(
+            shown.contains(&*path.to_string_lossy())
+                && shown.contains(&*prev_path(&path).to_string_lossy())
+                && shown.contains("Restore"),
+            "{shown}"
+        );
+        // Nothing was moved or rewritten.
+        assert_eq!(std::fs::read(&path).unwrap(), b"garbage");
+        assert!(corrupt_copies(dir.path()).is_empty());
+        // A missing file and a damaged copy stop the start too.
+        std::fs::remove_file(&path).unwrap();
+        assert!(matches!(
+            TopologyStore::open(path, 1),
+            Err(TopologyError::NoUsableCopy { .. })
+        ));
+    }
+
+    #[test]
+    fn nothing_saved_is_an_empty_topology_without_warnings() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, warnings) = TopologyStore::open(dir.path().join("topology.json"), 1).unwrap();
+        assert!(warnings.is_empty());
+        assert_eq!(store.snapshot().queues().count(), 0);
     }
 }

@@ -307,6 +307,47 @@ pub(crate) fn render(ctx: &AdminContext) -> String {
         &[],
         u64::from(stats.storage_errors().is_empty()),
     );
+    let findings = stats.findings().cloned().unwrap_or_default();
+    for (name, help, value) in [
+        (
+            "ciphermq_storage_quarantined_records_total",
+            "Log records found damaged at start and moved to quarantine files (never served).",
+            findings.quarantined_records,
+        ),
+        (
+            "ciphermq_storage_quarantined_bytes_total",
+            "Bytes of damaged log data moved to quarantine files at start.",
+            findings.quarantined_bytes,
+        ),
+        (
+            "ciphermq_storage_torn_tail_bytes_total",
+            "Bytes of torn log ends (writes cut short by a crash, never acknowledged) cut at start.",
+            findings.torn_bytes,
+        ),
+    ] {
+        e.family(name, Kind::Counter, help);
+        e.sample_u64(name, &[], value);
+    }
+    if let Some(disk) = stats.disk() {
+        e.family(
+            "ciphermq_disk_free_bytes",
+            Kind::Gauge,
+            "Free bytes on the data directory's filesystem (looked at every 100 ms).",
+        );
+        e.sample_u64("ciphermq_disk_free_bytes", &[], disk.free_bytes);
+        e.family(
+            "ciphermq_disk_min_free_bytes",
+            Kind::Gauge,
+            "storage.min_free_mb in bytes: below it publishes are answered NACK disk_full.",
+        );
+        e.sample_u64("ciphermq_disk_min_free_bytes", &[], disk.min_free_bytes);
+        e.family(
+            "ciphermq_disk_low",
+            Kind::Gauge,
+            "1 while free space is below the minimum and publishes are refused.",
+        );
+        e.sample_u64("ciphermq_disk_low", &[], u64::from(disk.low));
+    }
 
     let queues = status::queues(ctx);
     let gauges: [QueueGauge; 3] = [

@@ -54,6 +54,18 @@ pub(crate) fn readiness(stats: &BrokerStats, bridge: Option<&BridgeStatus>) -> R
         }
     };
     let mut warnings = Vec::new();
+    if let Some(disk) = stats.disk().filter(|d| d.low) {
+        warnings.push(format!(
+            "disk space low: {} MiB free, below storage.min_free_mb = {}; publishes are answered \
+             NACK disk_full until {} MiB are free (consumers keep draining; acked segments are deleted)",
+            disk.free_bytes >> 20,
+            disk.min_free_bytes >> 20,
+            crate::disk_watch::resume_at(disk.min_free_bytes) >> 20
+        ));
+    }
+    if let Some(findings) = stats.findings() {
+        warnings.extend(findings.warnings.iter().cloned());
+    }
     if let Some(b) = bridge {
         if !b.connected {
             warnings.push(format!(
@@ -151,6 +163,17 @@ struct StorageState {
     data_dir: Option<String>,
     healthy: bool,
     last_error: Option<String>,
+    /// Free bytes on the data directory's filesystem (durable storage).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    disk_free_bytes: Option<u64>,
+    /// `storage.min_free_mb` in bytes (durable storage).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    min_free_bytes: Option<u64>,
+    /// Publishes refused for lack of space.
+    disk_low: bool,
+    /// Log records and bytes moved to quarantine files at start.
+    quarantined_records: u64,
+    quarantined_bytes: u64,
 }
 
 /// `pgbridge`: the Postgres bridge's own report.
@@ -304,6 +327,8 @@ pub(crate) fn status(ctx: &AdminContext) -> serde_json::Value {
     let bridge = ctx.bridge.as_ref().map(|b| b.status());
     let readiness = readiness(&ctx.shared.stats, bridge.as_ref());
     let storage_errors = ctx.shared.stats.storage_errors();
+    let disk = ctx.shared.stats.disk();
+    let findings = ctx.shared.stats.findings();
     let (exchanges, bindings) = topology(ctx);
     let status = Status {
         server: ServerInfo {
@@ -328,6 +353,11 @@ pub(crate) fn status(ctx: &AdminContext) -> serde_json::Value {
             last_error: storage_errors
                 .first()
                 .map(|(shard, e)| format!("shard {shard}: {e}")),
+            disk_free_bytes: disk.map(|d| d.free_bytes),
+            min_free_bytes: disk.map(|d| d.min_free_bytes),
+            disk_low: disk.is_some_and(|d| d.low),
+            quarantined_records: findings.map_or(0, |f| f.quarantined_records),
+            quarantined_bytes: findings.map_or(0, |f| f.quarantined_bytes),
         },
         pgbridge: bridge.as_ref().map(BridgeState::from),
     };

@@ -12,6 +12,7 @@ use ciphermq_clients::pki::{self, PkiOptions};
 use ciphermq_shard::shard_of;
 
 pub mod pg;
+pub mod process;
 
 /// Every CN the test PKI issues a certificate for.
 pub const CNS: &[&str] = &[
@@ -68,6 +69,10 @@ impl Drop for TestBroker {
     }
 }
 
+/// The disk watermark of test brokers: low, so a machine short of space
+/// still runs the suite (the watermark's own tests set theirs).
+pub const TEST_MIN_FREE: &str = "min_free_mb = 16";
+
 /// The TOML of a test broker; `extra` is appended (whole sections).
 pub fn config_text(certs: &Path, data: &Path, shards: usize, extra: &str) -> String {
     format!(
@@ -88,6 +93,7 @@ json_files = false
 [storage]
 data_dir = "{data}"
 mode = "memory"
+{min_free}
 
 [acl]
 admin_cns = ["admin"]
@@ -97,6 +103,7 @@ receiver_cns = ["receiver_1", "receiver_2", "receiver_1_2"]
 "#,
         certs = certs.display(),
         data = data.display(),
+        min_free = TEST_MIN_FREE,
     )
 }
 

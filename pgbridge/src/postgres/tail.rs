@@ -1,12 +1,15 @@
 //! Reading the queues' logs behind the broker, into a [`Batch`].
 //!
 //! The broker appends to `{data_dir}/queues/{queue}/segment-{base:020}.log`
-//! while this reads, and deletes whole old segments. Each queue's segment
-//! list is taken *before* reading, so a segment that is not the newest in
-//! that list is complete (the broker opens a new segment only after its last
-//! write to the old one): its end is final. At the end of the newest segment
-//! a torn record is a write in progress: reading stops there and resumes on
-//! the next tick. Reads are chunked ([`CHUNK_BYTES`]), so memory stays small.
+//! while this reads, and deletes whole old segments. The file format, the
+//! record walk and the rule of which segments are finished are the shard
+//! crate's (`ciphermq_shard::log::segment`), shared with recovery. Each
+//! queue's listing is taken *before* reading, so a segment that is not the
+//! newest in it is complete: its end is final. At the end of the newest
+//! segment an incomplete record is a write in progress: reading stops there
+//! and resumes on the next tick. Reads are chunked ([`CHUNK_BYTES`]) and grow
+//! only while a record or a damaged range is not decided, so memory stays
+//! small.
 
 use std::collections::HashSet;
 use std::fs::{self, File};
@@ -14,8 +17,8 @@ use std::io::{self, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use ciphermq_shard::log::record::{decode, Decoded, HEADER_BYTES, MAX_RECORD_BYTES};
-use ciphermq_shard::log::{segment_base, segment_path};
+use ciphermq_shard::log::segment::{self, End, Layout, Step, FILE_HEADER};
+use ciphermq_shard::log::segment_path;
 
 use super::batch::{Batch, Position};
 
@@ -67,20 +70,8 @@ pub(crate) fn list_queues(data_dir: &Path) -> Result<Vec<String>, TailError> {
 
 /// The segment bases in a queue's directory, oldest first.
 pub(crate) fn list_segments(dir: &Path) -> Result<Vec<u64>, TailError> {
-    let entries = match fs::read_dir(dir) {
-        Ok(entries) => entries,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(at(dir)(e)),
-    };
-    let mut bases = Vec::new();
-    for entry in entries {
-        let name = entry.map_err(at(dir))?.file_name();
-        if let Some(base) = name.to_str().and_then(segment_base) {
-            bases.push(base);
-        }
-    }
-    bases.sort_unstable();
-    Ok(bases)
+    let listing = segment::list(dir).map_err(at(dir))?;
+    Ok(listing.bases().collect())
 }
 
 /// Stalls already logged (queue, segment, offset), so a damaged tail is
@@ -113,23 +104,6 @@ enum SegmentEnd {
     Tail,
     /// An older segment, finished: go on with the next one.
     Done,
-}
-
-/// Why decoding a chunk stopped.
-enum Stop {
-    /// Consumed the whole chunk.
-    End,
-    /// The batch is full.
-    Full,
-    /// A record runs past the chunk.
-    Torn,
-    /// A corrupt record ends exactly at the chunk's end: whether later bytes
-    /// exist decides between "skip it" and "maybe still being written".
-    Recheck(usize),
-    /// A corrupt record at the very end of the newest segment.
-    CorruptTail(&'static str),
-    /// An impossible record length: the rest of the segment is unreadable.
-    BadLength,
 }
 
 /// The next segment base after `base` in `bases`.
@@ -211,15 +185,22 @@ pub(crate) fn read_queue(
     }
 }
 
-/// How many bytes a torn record at the start of `rest` needs in all.
-fn record_bytes(rest: &[u8]) -> usize {
-    match rest.get(..4) {
-        Some(len) => {
-            let len = u32::from_le_bytes([len[0], len[1], len[2], len[3]]) as usize;
-            8 + len.min(MAX_RECORD_BYTES)
-        }
-        None => HEADER_BYTES,
+/// How the file at hand lays out its records, from its first bytes.
+fn layout_of(file: &mut File) -> io::Result<Layout> {
+    let mut head = Vec::with_capacity(FILE_HEADER.len());
+    file.seek(SeekFrom::Start(0))?;
+    (&mut *file)
+        .take(FILE_HEADER.len() as u64)
+        .read_to_end(&mut head)?;
+    if head.len() == FILE_HEADER.len() && head != FILE_HEADER {
+        // An earlier version's file, or a damaged header: decided on more.
+        head.clear();
+        file.seek(SeekFrom::Start(0))?;
+        (&mut *file)
+            .take(FIRST_CHUNK_BYTES as u64)
+            .read_to_end(&mut head)?;
     }
+    Ok(segment::layout(&head))
 }
 
 /// Reads one segment from `start` until its end, a stall, or a full batch;
@@ -233,91 +214,69 @@ fn read_segment(
     batch: &mut Batch,
     reported: &mut Reported,
 ) -> io::Result<(SegmentEnd, u64)> {
-    let mut offset = start.offset;
+    let layout = layout_of(file)?;
+    let mut offset = start.offset.max(layout.start as u64);
     let mut want = FIRST_CHUNK_BYTES;
     let mut buf = Vec::new();
     loop {
         buf.clear();
         file.seek(SeekFrom::Start(offset))?;
         (&mut *file).take(want as u64).read_to_end(&mut buf)?;
-        // A full read may have stopped short of the file's end.
-        let maybe_more = buf.len() == want;
+        // A short read is the end of the file (as of now).
+        let at_eof = buf.len() < want;
         let mut i = 0;
-        let mut stop = Stop::End;
-        while i < buf.len() {
-            match decode(&buf[i..]) {
-                Decoded::Record(record, n) => {
+        let end = loop {
+            match segment::step(&buf, i, layout.framing, at_eof) {
+                Step::Record(record, n) => {
                     if !batch.add(queue, &record) {
-                        stop = Stop::Full;
-                        break;
+                        break Some(SegmentEnd::Full);
                     }
                     i += n;
                 }
-                Decoded::Corrupt(n, why) => {
-                    let later_bytes = i + n < buf.len();
-                    if !later_bytes && maybe_more {
-                        stop = Stop::Recheck(n);
-                        break;
+                Step::Damaged { len, why } => {
+                    tracing::error!(file = %path.display(), offset = offset + i as u64, bytes = len, why, "damaged log bytes skipped by the metadata mirror; if they held a message, that row is missing");
+                    i += len;
+                }
+                Step::NeedMore | Step::End(End::Clean) if !at_eof => break None,
+                Step::NeedMore | Step::End(End::Clean) => {
+                    break Some(if is_newest {
+                        SegmentEnd::Tail
+                    } else {
+                        SegmentEnd::Done
+                    })
+                }
+                // The newest segment's end may be a write in progress.
+                Step::End(End::Torn { .. }) if is_newest => break Some(SegmentEnd::Tail),
+                Step::End(End::Damaged { why, .. }) if is_newest => {
+                    if reported.first(queue, start.base, offset + i as u64) {
+                        tracing::warn!(file = %path.display(), offset = offset + i as u64, why, "bytes at the end of the active segment do not check; the metadata mirror waits for the broker to move past them");
                     }
-                    if !later_bytes && is_newest {
-                        stop = Stop::CorruptTail(why);
-                        break;
-                    }
-                    tracing::error!(file = %path.display(), offset = offset + i as u64, why, "corrupt log record skipped by the metadata mirror; if it held a message, that row is missing");
-                    i += n;
+                    break Some(SegmentEnd::Tail);
                 }
-                Decoded::Torn => {
-                    stop = Stop::Torn;
-                    break;
+                Step::End(End::Torn { len }) => {
+                    // A write that failed before the broker moved on.
+                    tracing::warn!(file = %path.display(), offset = offset + i as u64, bytes = len, "incomplete record at the end of a finished segment skipped by the metadata mirror");
+                    break Some(SegmentEnd::Done);
                 }
-                Decoded::BadLength => {
-                    stop = Stop::BadLength;
-                    break;
-                }
-            }
-        }
-        let rest = buf.len() - i;
-        let torn_need = record_bytes(&buf[i..]);
-        offset += i as u64;
-        let end = match stop {
-            Stop::Full => SegmentEnd::Full,
-            Stop::End if maybe_more => {
-                want = (want * 2).min(CHUNK_BYTES);
-                continue;
-            }
-            Stop::Torn if maybe_more => {
-                want = torn_need.max((want * 2).min(CHUNK_BYTES));
-                continue;
-            }
-            Stop::End | Stop::Torn if is_newest => SegmentEnd::Tail,
-            Stop::End => SegmentEnd::Done,
-            Stop::Torn => {
-                // A write that failed before the broker moved to a new segment.
-                tracing::warn!(file = %path.display(), offset, bytes = rest, "incomplete record at the end of a finished segment skipped by the metadata mirror");
-                SegmentEnd::Done
-            }
-            Stop::Recheck(n) => {
-                want = n + FIRST_CHUNK_BYTES;
-                continue;
-            }
-            Stop::CorruptTail(why) => {
-                if reported.first(queue, start.base, offset) {
-                    tracing::warn!(file = %path.display(), offset, why, "record at the end of the active segment does not check; the metadata mirror waits for more bytes before skipping it");
-                }
-                SegmentEnd::Tail
-            }
-            Stop::BadLength => {
-                if reported.first(queue, start.base, offset) {
-                    tracing::error!(file = %path.display(), offset, "impossible record length; the metadata mirror skips the rest of this segment once a newer one exists, and those rows will be missing");
-                }
-                if is_newest {
-                    SegmentEnd::Tail
-                } else {
-                    SegmentEnd::Done
+                Step::End(End::Damaged { len, why }) => {
+                    tracing::error!(file = %path.display(), offset = offset + i as u64, bytes = len, why, "damaged bytes at the end of a finished segment skipped by the metadata mirror; if they held messages, those rows are missing");
+                    break Some(SegmentEnd::Done);
                 }
             }
         };
-        return Ok((end, offset));
+        offset += i as u64;
+        match end {
+            Some(end) => return Ok((end, offset)),
+            // Undecided: read on from the last decided byte, in a larger
+            // chunk when nothing in this one could be decided.
+            None => {
+                want = if i == 0 {
+                    want.saturating_mul(2)
+                } else {
+                    want.max(CHUNK_BYTES.min(want * 2))
+                };
+            }
+        }
     }
 }
 
@@ -346,10 +305,12 @@ pub(crate) fn queue_lag(dir: &Path, position: Option<Position>) -> Result<QueueL
             Err(e) if e.kind() == io::ErrorKind::NotFound => 0,
             Err(e) => return Err(at(&path)(e)),
         };
-        bytes += match position {
-            Some(p) if p.base == base => len.saturating_sub(p.offset),
-            _ => len,
+        // The file header is no backlog.
+        let from = match position {
+            Some(p) if p.base == base => p.offset,
+            _ => 0,
         };
+        bytes += len.saturating_sub(from.max(FILE_HEADER.len() as u64));
     }
     Ok(QueueLag {
         bytes,
@@ -362,6 +323,9 @@ mod tests {
     use super::*;
     use ciphermq_shard::log::record::{encode, Record};
     use std::io::Write;
+
+    /// Where a segment's first record starts.
+    const H: u64 = FILE_HEADER.len() as u64;
 
     fn message(seq: u64) -> Record<'static> {
         Record::Message {
@@ -383,13 +347,19 @@ mod tests {
         out
     }
 
+    /// Appends `data` to a segment, starting a new file with its header.
     fn append(dir: &Path, base: u64, data: &[u8]) {
         fs::create_dir_all(dir).unwrap();
+        let path = segment_path(dir, base);
+        let new = !path.exists();
         let mut file = fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(segment_path(dir, base))
+            .open(path)
             .unwrap();
+        if new {
+            file.write_all(&FILE_HEADER).unwrap();
+        }
         file.write_all(data).unwrap();
     }
 
@@ -423,7 +393,7 @@ mod tests {
             pos,
             Position {
                 base: 2,
-                offset: second.len() as u64
+                offset: H + second.len() as u64
             }
         );
 
@@ -434,7 +404,7 @@ mod tests {
         assert_eq!(cols.inserts.seq, [3]);
         assert_eq!(
             cols.positions["q"].offset,
-            (second.len() + half.len()) as u64
+            H + (second.len() + half.len()) as u64
         );
     }
 
@@ -451,7 +421,7 @@ mod tests {
             pos,
             Position {
                 base: 0,
-                offset: one.len() as u64
+                offset: H + one.len() as u64
             }
         );
         let (end, batch) = read(&dir, Some(pos), 5);
@@ -471,7 +441,7 @@ mod tests {
         let (_, batch) = read(&dir, None, 10);
         let cols = batch.into_columns();
         assert_eq!(cols.inserts.seq, [0]);
-        assert_eq!(cols.positions["q"].offset, first_len as u64);
+        assert_eq!(cols.positions["q"].offset, H + first_len as u64);
         // Once a later record exists, it is skipped.
         append(&dir, 0, &bytes(&[message(2)]));
         let (_, batch) = read(&dir, None, 10);
@@ -501,7 +471,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("q");
         let mut data = bytes(&[message(0)]);
-        let good = data.len() as u64;
+        let good = H + data.len() as u64;
         data.extend_from_slice(&[0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0, 9, 9]);
         append(&dir, 0, &data);
         let (_, batch) = read(&dir, None, 10);
@@ -577,7 +547,7 @@ mod tests {
         assert_eq!(end, QueueEnd::CaughtUp);
         let cols = batch.into_columns();
         assert_eq!(cols.rows, 100_000);
-        assert_eq!(cols.positions["q"].offset, data.len() as u64);
+        assert_eq!(cols.positions["q"].offset, H + data.len() as u64);
     }
 
     #[test]
@@ -598,7 +568,7 @@ mod tests {
             &dir,
             Some(Position {
                 base: 0,
-                offset: 40,
+                offset: H + 40,
             }),
         )
         .unwrap();
@@ -607,7 +577,7 @@ mod tests {
             &dir,
             Some(Position {
                 base: 10,
-                offset: 50,
+                offset: H + 50,
             }),
         )
         .unwrap();

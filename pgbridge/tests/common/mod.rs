@@ -12,7 +12,8 @@ use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use ciphermq_pgbridge::PgConfig;
-use ciphermq_shard::log::record::{decode, encode, Decoded, Record};
+use ciphermq_shard::log::record::{encode, Record};
+use ciphermq_shard::log::segment::{self, Step, FILE_HEADER};
 use ciphermq_shard::log::{queue_dir, segment_path};
 use tokio::runtime::Runtime;
 use tokio_postgres::types::ToSql;
@@ -137,11 +138,12 @@ impl TestDb {
     /// Message records in `path` before byte `offset`.
     pub fn messages_before(path: &Path, offset: u64) -> u64 {
         let data = fs::read(path).unwrap();
-        let mut at = 0usize;
+        let layout = segment::layout(&data);
+        let mut at = layout.start;
         let mut n = 0;
         while at < offset as usize {
-            match decode(&data[at..]) {
-                Decoded::Record(record, len) => {
+            match segment::step(&data, at, layout.framing, true) {
+                Step::Record(record, len) => {
                     n += matches!(record, Record::Message { .. }) as u64;
                     at += len;
                 }
@@ -263,13 +265,19 @@ impl LogWriter {
         self
     }
 
-    /// Writes what is pending to the active segment in one write.
+    /// Writes what is pending to the active segment in one write (a new
+    /// segment starts with the file header).
     pub fn flush(&mut self) {
+        let path = self.path();
+        let new = !path.exists();
         let mut file = OpenOptions::new()
             .create(true)
             .append(true)
-            .open(self.path())
+            .open(path)
             .unwrap();
+        if new {
+            file.write_all(&FILE_HEADER).unwrap();
+        }
         file.write_all(&self.pending).unwrap();
         self.pending.clear();
     }

@@ -12,6 +12,7 @@ use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 
 use crate::log::record::{encode, DedupEntries, Record};
+use crate::log::segment::FILE_HEADER_BYTES;
 use crate::message::DedupKey;
 
 /// A dedup file found by recovery.
@@ -46,8 +47,12 @@ pub fn dedup_number(file_name: &str) -> Option<u64> {
 pub struct DedupWrite {
     /// The file.
     pub path: PathBuf,
-    /// It is new: create it and sync the directory.
+    /// It is new: create it (never over an existing file), write the file
+    /// header, and sync the directory.
     pub create: bool,
+    /// The last write to it failed: cut it back to `offset` first (it may
+    /// not even exist), then sync the directory too.
+    pub cut: bool,
     /// Where the bytes go.
     pub offset: u64,
     /// Encoded dedup records.
@@ -73,8 +78,11 @@ pub(crate) struct DedupFiles {
     files: VecDeque<DedupFile>,
     pending: Vec<u8>,
     pending_newest_ms: u64,
-    /// The last write failed: the next goes to a new file (no holes).
-    broken: bool,
+    /// Files of an earlier run: new entries go to a new file.
+    adopted: bool,
+    /// The last write failed: the next cuts the file back first (no holes,
+    /// and no new file per failure).
+    cut: bool,
 }
 
 impl DedupFiles {
@@ -85,7 +93,8 @@ impl DedupFiles {
             files: VecDeque::new(),
             pending: Vec::new(),
             pending_newest_ms: 0,
-            broken: false,
+            adopted: false,
+            cut: false,
         }
     }
 
@@ -101,7 +110,7 @@ impl DedupFiles {
                 created: true,
             });
         }
-        self.broken = true;
+        self.adopted = true;
     }
 
     pub(crate) fn append(&mut self, entries: &[(DedupKey, u64)]) {
@@ -139,7 +148,7 @@ impl DedupFiles {
     ) -> (Option<DedupWrite>, Vec<PathBuf>) {
         let writing = !self.pending.is_empty();
         let mut delete = Vec::new();
-        let keep_last = writing && !self.broken;
+        let keep_last = writing && !self.adopted;
         let n = self.files.len();
         let mut kept = VecDeque::with_capacity(n);
         for (i, f) in std::mem::take(&mut self.files).into_iter().enumerate() {
@@ -157,21 +166,23 @@ impl DedupFiles {
         if !writing {
             return (None, delete);
         }
-        let roll = self.broken
-            || self.files.back().is_none_or(|f| {
-                f.len >= self.roll_bytes || now_ms.saturating_sub(f.opened_ms) > window_ms / 4
-            });
+        let roll = self.adopted
+            || (!self.cut
+                && self.files.back().is_none_or(|f| {
+                    f.len >= self.roll_bytes || now_ms.saturating_sub(f.opened_ms) > window_ms / 4
+                }));
         if roll {
             let number = self.files.back().map_or(0, |f| f.number + 1);
             self.files.push_back(DedupFile {
                 number,
                 path: dedup_path(&self.dir, number),
-                len: 0,
+                len: FILE_HEADER_BYTES,
                 newest_ms: 0,
                 opened_ms: now_ms,
                 created: false,
             });
-            self.broken = false;
+            self.adopted = false;
+            self.cut = false;
         }
         let Some(file) = self.files.back_mut() else {
             return (None, delete);
@@ -180,6 +191,7 @@ impl DedupFiles {
         let write = DedupWrite {
             path: file.path.clone(),
             create: !file.created,
+            cut: std::mem::take(&mut self.cut),
             offset: file.len,
             bytes,
         };
@@ -190,11 +202,20 @@ impl DedupFiles {
         (Some(write), delete)
     }
 
-    /// The job carrying `write` ended; a failed write moves on to a new file.
-    pub(crate) fn done(&mut self, ok: bool) {
-        if !ok {
-            self.broken = true;
+    /// The job carrying `write` ended. A failed write is taken back: the
+    /// file is cut back to where it began, and its entries go out again with
+    /// the next write.
+    pub(crate) fn done(&mut self, write: &DedupWrite, ok: bool) {
+        if ok {
+            return;
         }
+        if let Some(file) = self.files.iter_mut().find(|f| f.path == write.path) {
+            file.len = write.offset;
+            self.cut = true;
+        }
+        let mut pending = write.bytes.clone();
+        pending.append(&mut self.pending);
+        self.pending = pending;
     }
 }
 
@@ -208,12 +229,15 @@ mod tests {
         d.append(&[(DedupKey(1), 1_000)]);
         let (w, del) = d.take(1_000, 40_000);
         let w = w.unwrap();
-        assert!(w.create && w.offset == 0 && del.is_empty());
+        assert!(w.create && w.offset == FILE_HEADER_BYTES && del.is_empty());
         assert!(w.path.ends_with("dedup-00000000000000000000.log"));
         d.append(&[(DedupKey(2), 2_000)]);
         let (w2, _) = d.take(2_000, 40_000);
         let w2 = w2.unwrap();
-        assert!(!w2.create && w2.offset == w.bytes.len() as u64, "same file");
+        assert!(
+            !w2.create && w2.offset == FILE_HEADER_BYTES + w.bytes.len() as u64,
+            "same file"
+        );
         // A quarter window later a new file starts.
         d.append(&[(DedupKey(3), 12_000)]);
         let (w3, _) = d.take(12_001, 40_000);
@@ -227,6 +251,25 @@ mod tests {
             del,
             vec![PathBuf::from("/q/dedup-00000000000000000000.log")]
         );
+    }
+
+    #[test]
+    fn a_failed_write_is_cut_back_and_retried_in_the_same_file() {
+        let mut d = DedupFiles::new(PathBuf::from("/q"), 1 << 20);
+        d.append(&[(DedupKey(1), 1_000)]);
+        let (w, _) = d.take(1_000, 40_000);
+        let w = w.unwrap();
+        d.done(&w, false);
+        assert!(d.has_pending(), "the entries go out again");
+        let (again, _) = d.take(1_001, 40_000);
+        let again = again.unwrap();
+        assert_eq!(again.path, w.path, "no new file per failure");
+        assert!(again.cut && again.offset == w.offset && again.bytes == w.bytes);
+        d.done(&again, true);
+        d.append(&[(DedupKey(2), 1_002)]);
+        let (next, _) = d.take(1_002, 40_000);
+        let next = next.unwrap();
+        assert!(!next.cut && next.offset == w.offset + w.bytes.len() as u64);
     }
 
     #[test]

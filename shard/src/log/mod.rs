@@ -1,7 +1,10 @@
 //! Durable per-queue logs: `{data_dir}/queues/{queue}/segment-{base}.log`.
 //!
 //! Map:
-//! - [`record`]: the record format (length, CRC-32C, kind, payload).
+//! - [`record`]: the record format (sync marker, length, CRC-32C, kind,
+//!   payload).
+//! - [`segment`]: log files on disk: the file header, walking a file record
+//!   by record, damage told from a torn end, listing a queue's files.
 //! - [`queue_log`]: the write side of one queue's log, without I/O: it encodes
 //!   records into a pending buffer and hands [`CommitJob`]s to the shard's
 //!   committer, which writes them with io_uring, `fdatasync`s, and reports back.
@@ -9,8 +12,9 @@
 //!   segments before those are deleted.
 //! - [`mirror`]: how the metadata mirror holds back segment deletion until it
 //!   has read a segment.
-//! - [`recovery`]: reading a queue's segments at start-up: torn tails truncated,
-//!   corrupt records reported with file and offset and never served.
+//! - [`recovery`]: reading a queue's files at start-up: torn tails truncated,
+//!   damaged bytes moved to quarantine files and reported with file and
+//!   offset, never served; every record after them still read.
 //!
 //! Segments are deleted oldest first, once every message in them is acked: an
 //! ack record can only refer to a message in its own or an older segment, so
@@ -21,30 +25,18 @@ pub mod mirror;
 pub mod queue_log;
 pub mod record;
 pub mod recovery;
+pub mod segment;
 
 pub use mirror::MirrorWatermarks;
 pub use queue_log::{CommitJob, QueueLog};
-pub use recovery::{recover_queue, RecoveredQueue};
+pub use recovery::{recover_queue, Damage, RecoveredQueue};
+pub use segment::{segment_base, segment_path};
 
 use std::path::{Path, PathBuf};
 
 /// The directory of one queue's log.
 pub fn queue_dir(data_dir: &Path, queue: &str) -> PathBuf {
     data_dir.join("queues").join(queue)
-}
-
-/// The file of the segment starting at `base`.
-pub fn segment_path(dir: &Path, base: u64) -> PathBuf {
-    dir.join(format!("segment-{base:020}.log"))
-}
-
-/// The base of a segment file name, if it is one.
-pub fn segment_base(file_name: &str) -> Option<u64> {
-    file_name
-        .strip_prefix("segment-")?
-        .strip_suffix(".log")?
-        .parse()
-        .ok()
 }
 
 /// Milliseconds since the Unix epoch, for ack times.

@@ -7,6 +7,16 @@
 //! never has holes and recovery reads it front to back; the next job may be
 //! written while the previous one is still being synced (the committer
 //! pipelines rounds), and jobs finish in the order they were taken.
+//!
+//! A failed job leaves its file's end unknown. Every job taken before the
+//! failure and not finished yet lies after that unknown end, so it fails
+//! too, whatever its own I/O said (each failure starts a new *epoch*; a job
+//! of an older epoch cannot succeed). The next job cuts the files back to
+//! where the failed job began and writes from there: no acknowledged record
+//! ever lies after a hole, no message that was answered `NACK` comes back
+//! after a restart, and no new file is made per failure. What a failed job
+//! carried that is not a message (acks, carried dedup entries) is queued
+//! again; fully acked segments it was to delete are deleted all the same.
 
 use std::collections::VecDeque;
 use std::path::PathBuf;
@@ -17,7 +27,7 @@ use crate::log::dedup_file::{DedupFiles, DedupWrite, RecoveredDedupFile};
 use crate::log::mirror::mirrored;
 use crate::log::record::{encode, Record};
 use crate::log::recovery::RecoveredSegment;
-use crate::log::segment_path;
+use crate::log::segment::{segment_path, FILE_HEADER_BYTES};
 use crate::message::Message;
 
 /// Upper bound of a pending buffer's initial size (one burst must not make
@@ -46,8 +56,13 @@ pub struct CommitJob {
     pub create_dir: bool,
     /// The segment file to write.
     pub path: PathBuf,
-    /// The file is new: create it, and sync the directory after the data.
+    /// The file is new: create it (never over an existing file), write the
+    /// file header, and sync the directory after the data.
     pub create: bool,
+    /// Files to cut back to a length before writing (after a failed job:
+    /// their ends are unknown past it). The file at `path` may be among
+    /// them, and may not exist yet if its creation failed.
+    pub cuts: Vec<(PathBuf, u64)>,
     /// Where the bytes go.
     pub offset: u64,
     /// The encoded records (possibly empty when only waiters or deletions wait).
@@ -57,12 +72,17 @@ pub struct CommitJob {
     /// Sequence numbers of messages whose records are in `bytes`: if the write
     /// fails they must not stay in the queue as if stored.
     pub message_seqs: Vec<u64>,
-    /// Fully acked segments to delete after the write.
-    pub delete: Vec<PathBuf>,
+    /// Acks in `bytes` (seq, Unix ms): appended again if the job fails.
+    pub acks: Vec<(u64, u64)>,
+    /// Fully acked segments to delete after the write: (base, file).
+    pub delete: Vec<(u64, PathBuf)>,
     /// Dedup entries carried out of `delete`: written and synced first.
     pub dedup_write: Option<DedupWrite>,
     /// Dedup files entirely past the window, to delete.
     pub dedup_delete: Vec<PathBuf>,
+    /// The log's failure count when taken: a job older than the latest
+    /// failure lies past an unknown end and cannot succeed.
+    pub epoch: u64,
 }
 
 /// One queue's log.
@@ -80,6 +100,11 @@ pub struct QueueLog {
     pending_hint: usize,
     waiters: Vec<u64>,
     message_seqs: Vec<u64>,
+    acks: Vec<(u64, u64)>,
+    /// Files the next job cuts back before writing (see [`CommitJob::cuts`]).
+    cuts: Vec<(PathBuf, u64)>,
+    /// Failures so far (see the module doc).
+    epoch: u64,
     /// A job is taken and its bytes are not yet written.
     writing: bool,
     /// Jobs written and not yet synced (finished in order).
@@ -107,11 +132,14 @@ impl QueueLog {
             dir_exists: false,
             segment_bytes,
             segments: VecDeque::new(),
-            written: 0,
+            written: FILE_HEADER_BYTES,
             pending: Vec::new(),
             pending_hint: 0,
             waiters: Vec::new(),
             message_seqs: Vec::new(),
+            acks: Vec::new(),
+            cuts: Vec::new(),
+            epoch: 0,
             writing: false,
             syncing: 0,
             mirror: None,
@@ -121,7 +149,8 @@ impl QueueLog {
         log
     }
 
-    /// A log continuing what recovery found; new appends go to a new segment.
+    /// A log continuing what recovery found; new appends go to a new segment
+    /// unless the newest one holds no message yet and is of this version.
     pub fn recovered(
         dir: PathBuf,
         segment_bytes: u64,
@@ -142,8 +171,7 @@ impl QueueLog {
             });
         }
         match found.last() {
-            // An empty last segment starting at `next_seq`: keep appending to it.
-            Some(last) if last.base == next_seq => log.written = last.len,
+            Some(last) if last.base == next_seq && last.appendable => log.written = last.len,
             _ => log.open_segment(next_seq),
         }
         log
@@ -169,7 +197,7 @@ impl QueueLog {
             live: 0,
             created: false,
         });
-        self.written = 0;
+        self.written = FILE_HEADER_BYTES;
     }
 
     /// The pending buffer, sized on its first append for a round like the
@@ -188,7 +216,10 @@ impl QueueLog {
         // too high: a segment's base must not exceed the messages it holds,
         // or acks would not find it and it would never be deleted.
         if let Some(active) = self.segments.back_mut() {
-            if seq < active.base && !active.created && self.written == 0 && self.pending.is_empty()
+            if seq < active.base
+                && !active.created
+                && self.written == FILE_HEADER_BYTES
+                && self.pending.is_empty()
             {
                 active.base = seq;
                 active.path = segment_path(&self.dir, seq);
@@ -213,11 +244,24 @@ impl QueueLog {
         self.message_seqs.push(seq);
     }
 
+    /// The segment holding `seq`: the last one whose base is <= seq.
+    fn segment_of(&mut self, seq: u64) -> Option<&mut Segment> {
+        self.segments.iter_mut().rev().find(|s| s.base <= seq)
+    }
+
     /// Appends an ack (or a dead-lettering) of `seq`.
     pub fn append_ack(&mut self, seq: u64, acked_at_ms: u64) {
         encode(&Record::Ack { seq, acked_at_ms }, self.pending());
-        // The segment holding `seq` is the last one whose base is <= seq.
-        if let Some(segment) = self.segments.iter_mut().rev().find(|s| s.base <= seq) {
+        self.acks.push((seq, acked_at_ms));
+        if let Some(segment) = self.segment_of(seq) {
+            segment.live = segment.live.saturating_sub(1);
+        }
+    }
+
+    /// `seq`'s message left the queue without an ack: its record was in a
+    /// failed job and is cut from the file, so its segment stops holding it.
+    pub fn forget_message(&mut self, seq: u64) {
+        if let Some(segment) = self.segment_of(seq) {
             segment.live = segment.live.saturating_sub(1);
         }
     }
@@ -292,16 +336,38 @@ impl QueueLog {
         !self.writing && self.is_dirty_or_waiting()
     }
 
+    /// Whether the active segment holds records but no message waiting for
+    /// an ack, so rolling past it lets it be deleted (done when disk space
+    /// runs low: see [`QueueLog::take_job`]).
+    pub fn is_spent(&self) -> bool {
+        self.segments
+            .back()
+            .is_some_and(|s| s.created && s.live == 0 && self.written > FILE_HEADER_BYTES)
+    }
+
     /// Takes the next job; `next_seq` is the queue's next sequence number, the
-    /// base of a new segment if this one is full.
-    pub fn take_job(&mut self, queue: &Arc<str>, next_seq: u64) -> Option<CommitJob> {
+    /// base of a new segment if this one is full. `reclaim`: disk space is
+    /// low, so a spent active segment is closed too, to be deleted.
+    pub fn take_job(
+        &mut self,
+        queue: &Arc<str>,
+        next_seq: u64,
+        reclaim: bool,
+    ) -> Option<CommitJob> {
+        if reclaim && self.is_spent() && self.pending.is_empty() {
+            if let Some(base) = self.segments.back().map(|s| s.base) {
+                if base < next_seq {
+                    self.open_segment(next_seq);
+                }
+            }
+        }
         if !self.is_dirty() {
             return None;
         }
-        let delete: Vec<PathBuf> = (0..self.deletable())
+        let delete: Vec<(u64, PathBuf)> = (0..self.deletable())
             .filter_map(|_| self.segments.pop_front())
             .filter(|s| s.created)
-            .map(|s| s.path)
+            .map(|s| (s.base, s.path))
             .collect();
         let (dedup_write, dedup_delete) = self.dedup.take(self.now_ms, self.window_ms);
         let active = self.segments.back_mut()?;
@@ -311,13 +377,16 @@ impl QueueLog {
             create_dir: !self.dir_exists,
             path: active.path.clone(),
             create: !active.created,
+            cuts: std::mem::take(&mut self.cuts),
             offset: self.written,
             bytes: std::mem::take(&mut self.pending),
             waiters: std::mem::take(&mut self.waiters),
             message_seqs: std::mem::take(&mut self.message_seqs),
+            acks: std::mem::take(&mut self.acks),
             delete,
             dedup_write,
             dedup_delete,
+            epoch: self.epoch,
         };
         active.created = true;
         self.dir_exists = true;
@@ -333,39 +402,83 @@ impl QueueLog {
     /// The job taken last is written (`ok`) or failed to be; the next job may
     /// be taken while this one is synced. Its dedup entries, written and
     /// synced before its records, are done either way.
-    pub fn job_written(&mut self, job: &CommitJob, ok: bool, next_seq: u64) {
+    pub fn job_written(&mut self, job: &CommitJob, ok: bool) {
         self.writing = false;
         self.syncing += 1;
-        if job.dedup_write.is_some() {
-            self.dedup.done(ok);
+        if let Some(write) = &job.dedup_write {
+            self.dedup.done(write, ok);
         }
         if !ok {
-            self.abandon_tail(job, next_seq);
+            self.cut_back(job);
+        }
+    }
+
+    /// The oldest job not finished yet is done. Returns whether its records
+    /// are durable: `io_ok`, unless an earlier job failed since it was taken
+    /// (its bytes then lie past an unknown end).
+    pub fn job_done(&mut self, job: &CommitJob, io_ok: bool) -> bool {
+        self.syncing = self.syncing.saturating_sub(1);
+        if !io_ok || job.epoch != self.epoch {
+            self.cut_back(job);
+            self.give_back(job);
+            return false;
+        }
+        if let (Some(cell), Some(last)) = (&self.stored, job.message_seqs.last()) {
+            cell.fetch_max(last + 1, Ordering::Release);
+        }
+        true
+    }
+
+    /// After `job` failed (see the module doc): the first failure of an
+    /// epoch cuts its file back to where the job began and every newer
+    /// segment back to its header. Later calls for jobs of that epoch do
+    /// nothing.
+    fn cut_back(&mut self, job: &CommitJob) {
+        if job.epoch == self.epoch {
+            self.epoch += 1;
+            self.cuts.push((job.path.clone(), job.offset));
+            // Segments opened after the job was taken hold only jobs of this
+            // epoch. (If the job's own segment is not listed, a doomed job
+            // took it for deletion: every listed one is newer.)
+            let newer_from = self
+                .segments
+                .iter()
+                .position(|s| s.path == job.path)
+                .map_or(0, |i| i + 1);
+            for segment in self.segments.iter().skip(newer_from) {
+                if segment.created {
+                    self.cuts.push((segment.path.clone(), FILE_HEADER_BYTES));
+                }
+            }
+            let active_is_jobs = self.segments.back().is_some_and(|s| s.path == job.path);
+            self.written = if active_is_jobs {
+                job.offset
+            } else {
+                FILE_HEADER_BYTES
+            };
+            // The directory's creation may be what failed.
             if job.create_dir {
                 self.dir_exists = false;
             }
         }
     }
 
-    /// The oldest job not finished yet is done (`ok`: its bytes are durable).
-    pub fn job_done(&mut self, job: &CommitJob, ok: bool, next_seq: u64) {
-        self.syncing = self.syncing.saturating_sub(1);
-        if !ok {
-            self.abandon_tail(job, next_seq);
-            return;
-        }
-        if let (Some(cell), Some(last)) = (&self.stored, job.message_seqs.last()) {
-            cell.fetch_max(last + 1, Ordering::Release);
-        }
-    }
-
-    /// After a failed write or sync of `job`: the file's tail is unknown now,
-    /// so continue in a fresh segment and no later record lands after a hole.
-    fn abandon_tail(&mut self, job: &CommitJob, next_seq: u64) {
-        if let Some(active) = self.segments.back() {
-            if active.path == job.path && active.base < next_seq {
-                self.open_segment(next_seq);
-            }
+    /// Queues again the acks of a failed job, once, when it finishes (their
+    /// position among records is free). Its messages are the shard's to
+    /// discard ([`QueueLog::forget_message`]). The segments it was to delete
+    /// go all the same: every message in them is acked, in memory, and on a
+    /// full disk deleting them is what frees space (their carried dedup
+    /// entries, if not written, go out with the next job).
+    fn give_back(&mut self, job: &CommitJob) {
+        for &(seq, at) in &job.acks {
+            encode(
+                &Record::Ack {
+                    seq,
+                    acked_at_ms: at,
+                },
+                &mut self.pending,
+            );
+            self.acks.push((seq, at));
         }
     }
 }
@@ -379,110 +492,207 @@ mod tests {
     }
 
     /// Writes and syncs `job`.
-    fn finish(log: &mut QueueLog, job: &CommitJob, next_seq: u64) {
-        log.job_written(job, true, next_seq);
-        log.job_done(job, true, next_seq);
+    fn finish(log: &mut QueueLog, job: &CommitJob) {
+        log.job_written(job, true);
+        assert!(log.job_done(job, true));
     }
+
+    fn take(log: &mut QueueLog, next_seq: u64) -> CommitJob {
+        log.take_job(&Arc::from("q"), next_seq, false).unwrap()
+    }
+
+    const H: u64 = FILE_HEADER_BYTES;
 
     #[test]
     fn jobs_carry_appends_waiters_and_offsets() {
-        let q: Arc<str> = Arc::from("q");
         let mut log = QueueLog::new(PathBuf::from("/d/q"), 1 << 20, 0);
         assert!(!log.is_dirty());
         log.append_message(0, &msg("a"));
         log.add_waiter(7);
-        let job = log.take_job(&q, 1).unwrap();
-        assert!(job.create && job.create_dir);
+        let job = take(&mut log, 1);
+        assert!(job.create && job.create_dir && job.cuts.is_empty());
         assert_eq!(
             (job.offset, job.waiters.clone(), job.message_seqs.clone()),
-            (0, vec![7], vec![0])
+            (H, vec![7], vec![0])
         );
         assert!(
-            log.take_job(&q, 1).is_none(),
+            log.take_job(&Arc::from("q"), 1, false).is_none(),
             "one job being written per log"
         );
         log.append_message(1, &msg("b"));
-        log.job_written(&job, true, 2);
+        log.job_written(&job, true);
         // The next job is written while the first one is synced.
-        let second = log.take_job(&q, 2).unwrap();
+        let second = take(&mut log, 2);
         assert!(!second.create && !second.create_dir);
-        assert_eq!(second.offset, job.bytes.len() as u64);
-        log.job_done(&job, true, 2);
-        log.job_written(&second, true, 2);
-        log.job_done(&second, true, 2);
+        assert_eq!(second.offset, H + job.bytes.len() as u64);
+        assert!(log.job_done(&job, true));
+        log.job_written(&second, true);
+        assert!(log.job_done(&second, true));
         assert!(!log.is_dirty());
     }
 
     #[test]
-    fn a_failed_sync_moves_later_appends_to_a_fresh_segment() {
-        let q: Arc<str> = Arc::from("q");
+    fn a_failed_sync_fails_later_jobs_and_the_file_is_cut_back_not_replaced() {
         let mut log = QueueLog::new(PathBuf::from("/d/q"), 1 << 20, 0);
         log.append_message(0, &msg("a"));
-        let first = log.take_job(&q, 1).unwrap();
-        log.job_written(&first, true, 1);
+        let first = take(&mut log, 1);
+        finish(&mut log, &first);
         log.append_message(1, &msg("b"));
-        let second = log.take_job(&q, 2).unwrap();
-        assert_eq!(second.path, first.path);
-        log.job_written(&second, true, 2);
-        log.job_done(&first, false, 2);
-        log.job_done(&second, false, 2);
+        log.append_ack(0, 9);
+        let second = take(&mut log, 2);
+        log.job_written(&second, true);
         log.append_message(2, &msg("c"));
-        let third = log.take_job(&q, 3).unwrap();
-        assert!(third.create && third.offset == 0);
-        assert!(third.path.ends_with("segment-00000000000000000002.log"));
+        let third = take(&mut log, 3);
+        log.job_written(&third, true);
+        // The second's sync fails: the third lies after it, whatever its I/O.
+        assert!(!log.job_done(&second, false));
+        assert!(!log.job_done(&third, true), "written past an unknown end");
+        log.forget_message(1);
+        log.forget_message(2);
+        log.append_message(3, &msg("d"));
+        let retry = take(&mut log, 4);
+        assert_eq!(retry.path, first.path, "the same file, no new one");
+        assert_eq!(retry.cuts, vec![(first.path.clone(), second.offset)]);
+        assert_eq!(retry.offset, second.offset);
+        assert_eq!(retry.acks, vec![(0, 9)], "the ack goes out again");
+        finish(&mut log, &retry);
+        assert_eq!(log.segments[0].live, 1, "only d is held");
+    }
+
+    #[test]
+    fn a_failed_write_that_created_a_file_is_retried_into_it() {
+        let mut log = QueueLog::new(PathBuf::from("/d/q"), 1 << 20, 0);
+        log.append_message(0, &msg("a"));
+        let first = take(&mut log, 1);
+        log.job_written(&first, false);
+        assert!(!log.job_done(&first, false));
+        log.forget_message(0);
+        log.append_message(1, &msg("b"));
+        let retry = take(&mut log, 2);
+        assert!(retry.create_dir, "the directory may be what failed");
+        assert_eq!(retry.cuts, vec![(first.path.clone(), H)]);
+        assert_eq!((retry.path, retry.offset), (first.path, H));
+    }
+
+    #[test]
+    fn a_failure_after_a_roll_empties_the_newer_segment() {
+        let mut log = QueueLog::new(PathBuf::from("/d/q"), 10, 0);
+        log.append_message(0, &msg("a"));
+        let first = take(&mut log, 1);
+        log.job_written(&first, true);
+        log.append_message(1, &msg("b"));
+        let second = take(&mut log, 2);
+        assert!(second.create, "rolled");
+        log.job_written(&second, true);
+        assert!(!log.job_done(&first, false));
+        assert!(!log.job_done(&second, true));
+        log.forget_message(0);
+        log.forget_message(1);
+        log.append_message(2, &msg("c"));
+        let retry = take(&mut log, 3);
+        assert_eq!(
+            retry.cuts,
+            vec![(first.path.clone(), H), (second.path.clone(), H)]
+        );
+        assert!(retry.create && retry.offset == H);
+        assert!(retry.path.ends_with("segment-00000000000000000002.log"));
+        // Both emptied segments hold nothing now: deleted after the cuts.
+        assert_eq!(
+            retry.delete,
+            vec![(0, first.path.clone()), (1, second.path.clone())]
+        );
+    }
+
+    #[test]
+    fn a_failed_job_does_not_hold_back_its_deletions() {
+        let mut log = QueueLog::new(PathBuf::from("/d/q"), 10, 0);
+        log.append_message(0, &msg("a"));
+        let job = take(&mut log, 1);
+        finish(&mut log, &job);
+        log.append_message(1, &msg("b"));
+        let job = take(&mut log, 2);
+        finish(&mut log, &job);
+        log.append_ack(0, 1);
+        let deleting = take(&mut log, 2);
+        assert_eq!(deleting.delete.len(), 1);
+        log.job_written(&deleting, false);
+        assert!(!log.job_done(&deleting, false));
+        assert!(
+            log.segments.iter().all(|s| s.base != 0),
+            "the spent segment is not listed again"
+        );
+        let again = take(&mut log, 2);
+        assert!(again.delete.is_empty());
+        assert_eq!(again.acks, vec![(0, 1)], "its ack is written again");
     }
 
     #[test]
     fn a_log_made_after_its_first_message_took_its_number_starts_at_it() {
-        let q: Arc<str> = Arc::from("q");
         let mut log = QueueLog::new(PathBuf::from("/d/q"), 1 << 20, 1);
         log.append_message(0, &msg("a"));
-        let job = log.take_job(&q, 1).unwrap();
+        let job = take(&mut log, 1);
         assert!(job.path.ends_with("segment-00000000000000000000.log"));
     }
 
     #[test]
     fn full_segments_roll_and_are_deleted_once_acked() {
-        let q: Arc<str> = Arc::from("q");
         let mut log = QueueLog::new(PathBuf::from("/d/q"), 10, 0);
         log.append_message(0, &msg("a"));
-        let job = log.take_job(&q, 1).unwrap();
-        finish(&mut log, &job, 1);
+        let job = take(&mut log, 1);
+        finish(&mut log, &job);
         log.append_message(1, &msg("b"));
-        let job = log.take_job(&q, 2).unwrap();
+        let job = take(&mut log, 2);
         assert!(job.create, "second segment");
         assert!(job.path.ends_with("segment-00000000000000000001.log"));
-        finish(&mut log, &job, 2);
+        finish(&mut log, &job);
         log.append_ack(0, 1);
-        let job = log.take_job(&q, 2).unwrap();
+        let job = take(&mut log, 2);
         assert_eq!(
             job.delete,
-            vec![PathBuf::from("/d/q/segment-00000000000000000000.log")]
+            vec![(0, PathBuf::from("/d/q/segment-00000000000000000000.log"))]
         );
     }
 
     #[test]
+    fn low_disk_closes_a_spent_active_segment_so_it_can_go() {
+        let mut log = QueueLog::new(PathBuf::from("/d/q"), 1 << 20, 0);
+        log.append_message(0, &msg("a"));
+        let job = take(&mut log, 1);
+        finish(&mut log, &job);
+        log.append_ack(0, 1);
+        let job = take(&mut log, 1);
+        finish(&mut log, &job);
+        assert!(log.is_spent() && !log.is_dirty());
+        assert!(log.take_job(&Arc::from("q"), 1, false).is_none());
+        let job = log.take_job(&Arc::from("q"), 1, true).unwrap();
+        assert_eq!(
+            job.delete,
+            vec![(0, PathBuf::from("/d/q/segment-00000000000000000000.log"))]
+        );
+        assert!(job.create && job.path.ends_with("segment-00000000000000000001.log"));
+    }
+
+    #[test]
     fn the_mirror_holds_acked_segments_until_it_has_read_them() {
-        let q: Arc<str> = Arc::from("q");
         let cell = Arc::new(AtomicU64::new(0));
         let mut log = QueueLog::new(PathBuf::from("/d/q"), 10, 0);
         log.set_mirror(cell.clone());
         log.append_message(0, &msg("a"));
-        let job = log.take_job(&q, 1).unwrap();
-        finish(&mut log, &job, 1);
+        let job = take(&mut log, 1);
+        finish(&mut log, &job);
         log.append_message(1, &msg("b"));
-        let job = log.take_job(&q, 2).unwrap();
-        finish(&mut log, &job, 2);
+        let job = take(&mut log, 2);
+        finish(&mut log, &job);
         log.append_ack(0, 1);
-        let job = log.take_job(&q, 2).unwrap();
+        let job = take(&mut log, 2);
         assert!(job.delete.is_empty(), "the mirror has not read segment 0");
-        finish(&mut log, &job, 2);
+        finish(&mut log, &job);
         assert!(!log.is_dirty());
         assert_eq!(log.deletion_bound(), None);
         cell.store(1, std::sync::atomic::Ordering::Release);
         assert!(log.is_dirty());
         assert_eq!(log.deletion_bound(), Some(1));
-        let job = log.take_job(&q, 2).unwrap();
+        let job = take(&mut log, 2);
         assert_eq!(job.delete.len(), 1);
     }
 }

@@ -1,31 +1,45 @@
-//! The on-disk record format of a queue log.
+//! The records of a queue log and their framing.
 //!
 //! ```text
-//! record  = len:u32 crc:u32 kind:u8 payload      (little-endian)
-//! len     = 1 + payload length
-//! crc     = CRC-32C over kind and payload
+//! frame v2 = sync:[FF 43 4D FE] len:u32 crc:u32 kind:u8 payload   (little-endian)
+//! frame v1 = len:u32 crc:u32 kind:u8 payload                       (read only)
+//! len      = 1 + payload length
+//! crc v2   = CRC-32C over len (4 bytes), kind and payload
+//! crc v1   = CRC-32C over kind and payload
 //! kind 4  Message   seq:u64 sent_at_ms:u64 sender_len:u16 sender id_len:u16 id
 //!                   exchange_len:u16 exchange key_len:u16 routing_key body…
 //! kind 2  Ack       seq:u64 acked_at_ms:u64
 //! kind 5  Delivered seq:u64 count:u32 delivered_at_ms:u64
 //! kind 6  Dedup     (key:u128 acked_at_ms:u64)…   ids acked within the dedup
 //!                   window, carried over from segments about to be deleted
+//! kind 7  Padding   zeros: stands where recovery moved damaged bytes out
 //! kind 1  Message without route or time (written by earlier versions; read only)
 //! kind 3  Delivered without time (written by earlier versions; read only)
 //! ```
 //!
+//! The sync marker holds `FF` and `FE`, bytes that never occur in UTF-8, so it
+//! cannot appear inside the text fields and bodies that make up nearly all of
+//! a log: after damage, the next frame is found by searching for it and
+//! checking the CRC there ([`super::segment`] does the scanning). Covering
+//! the length by the CRC means a damaged length is caught, not trusted.
+//!
 //! Times are Unix milliseconds: the metadata mirror reads them back from the
 //! log, so a Postgres outage never needs a memory buffer.
-//!
-//! Decoding tells a torn tail (the record runs past the end of the data: a
-//! crash during a write) from a corrupt record (its CRC does not match while
-//! its length fits): the first is truncated on open, the second reported and
-//! skipped, never served.
 
-/// Bytes before the payload: length, CRC, kind.
-pub const HEADER_BYTES: usize = 9;
-/// Largest record accepted when reading (a length above it is corruption).
+/// Bytes before the payload of a v2 frame: sync, length, CRC, kind.
+pub const HEADER_BYTES: usize = 13;
+/// Bytes before the payload of a v1 frame: length, CRC, kind.
+pub const V1_HEADER_BYTES: usize = 9;
+/// The marker every v2 frame starts with.
+pub const SYNC: [u8; 4] = [0xFF, 0x43, 0x4D, 0xFE];
+/// Largest record accepted when reading (a length above it is damage).
 pub const MAX_RECORD_BYTES: usize = 64 * 1024 * 1024;
+/// Bytes a message record's length counts besides its body, at most: the
+/// kind, seq and time, and four names of at most 255 bytes behind u16
+/// lengths.
+pub const MESSAGE_OVERHEAD_BYTES: usize = 1 + 16 + 4 * (2 + 255);
+/// The largest body a message record can hold.
+pub const MAX_BODY_BYTES: usize = MAX_RECORD_BYTES - MESSAGE_OVERHEAD_BYTES;
 
 const KIND_MESSAGE_V1: u8 = 1;
 const KIND_ACK: u8 = 2;
@@ -33,6 +47,7 @@ const KIND_DELIVERED_V1: u8 = 3;
 const KIND_MESSAGE: u8 = 4;
 const KIND_DELIVERED: u8 = 5;
 const KIND_DEDUP: u8 = 6;
+const KIND_PADDING: u8 = 7;
 /// Bytes of one entry of a dedup record.
 pub const DEDUP_ENTRY_BYTES: usize = 24;
 
@@ -75,6 +90,8 @@ pub enum Record<'a> {
     /// Dedup entries (sender/id hash, ack time) whose messages' segments are
     /// deleted: the dedup window outlives the segments.
     Dedup(DedupEntries<'a>),
+    /// Filler where damaged bytes were moved out: nothing to read.
+    Padding,
 }
 
 /// The packed entries of a dedup record.
@@ -120,18 +137,39 @@ impl<'a> DedupEntries<'a> {
     }
 }
 
+/// Which framing a file uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Framing {
+    /// Sync marker, and a CRC covering the length (files with the v2 header).
+    V2,
+    /// Length and CRC only (files of earlier versions, read only).
+    V1,
+}
+
+impl Framing {
+    /// Bytes before the payload.
+    pub fn header_bytes(self) -> usize {
+        match self {
+            Framing::V2 => HEADER_BYTES,
+            Framing::V1 => V1_HEADER_BYTES,
+        }
+    }
+}
+
 /// What [`decode`] found at the start of a buffer.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Decoded<'a> {
     /// A valid record of `len` bytes.
     Record(Record<'a>, usize),
-    /// The buffer ends inside a record (or is empty).
-    Torn,
-    /// `len` bytes that are not a valid record (bad CRC, unknown kind, bad
-    /// fields); reading may continue after them.
-    Corrupt(usize, &'static str),
-    /// The header's length is impossible: nothing after it can be trusted.
-    BadLength,
+    /// A frame whose CRC checks but whose fields do not (written wrong, not
+    /// damaged on disk): exactly `len` bytes to skip.
+    Malformed(usize, &'static str),
+    /// The buffer ends inside a frame that is otherwise plausible so far (or
+    /// is shorter than a header).
+    Incomplete,
+    /// Not a frame here: no sync marker, an impossible length, or a CRC
+    /// mismatch. Where the next frame starts is for the scanner to find.
+    Damaged(&'static str),
 }
 
 fn put_u16(out: &mut Vec<u8>, v: u16) {
@@ -147,6 +185,7 @@ fn put_u64(out: &mut Vec<u8>, v: u64) {
 /// Appends `record` to `out`.
 pub fn encode(record: &Record<'_>, out: &mut Vec<u8>) {
     let start = out.len();
+    out.extend_from_slice(&SYNC);
     out.extend_from_slice(&[0u8; 8]);
     match record {
         Record::Message {
@@ -186,11 +225,44 @@ pub fn encode(record: &Record<'_>, out: &mut Vec<u8>) {
             out.push(KIND_DEDUP);
             out.extend_from_slice(entries.0);
         }
+        Record::Padding => out.push(KIND_PADDING),
     }
-    let len = (out.len() - start - 8) as u32;
-    let crc = crc32c::crc32c(&out[start + 8..]);
-    out[start..start + 4].copy_from_slice(&len.to_le_bytes());
-    out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
+    seal(out, start);
+}
+
+/// Fills in the length and CRC of the v2 frame that starts at `start` and
+/// runs to the end of `out`.
+fn seal(out: &mut [u8], start: usize) {
+    let len = ((out.len() - start - 12) as u32).to_le_bytes();
+    out[start + 4..start + 8].copy_from_slice(&len);
+    let crc = crc32c::crc32c_append(crc32c::crc32c(&len), &out[start + 12..]);
+    out[start + 8..start + 12].copy_from_slice(&crc.to_le_bytes());
+}
+
+/// A padding frame of exactly `total` bytes (at least [`HEADER_BYTES`]) in
+/// `framing`: written over a damaged range once its bytes are quarantined,
+/// so later reads pass it quietly.
+pub fn padding(framing: Framing, total: usize) -> Option<Vec<u8>> {
+    let header = framing.header_bytes();
+    if total < header || total - header + 1 > MAX_RECORD_BYTES {
+        return None;
+    }
+    let mut out = vec![0u8; total];
+    match framing {
+        Framing::V2 => {
+            out[..4].copy_from_slice(&SYNC);
+            out[12] = KIND_PADDING;
+            seal(&mut out, 0);
+        }
+        Framing::V1 => {
+            out[8] = KIND_PADDING;
+            let len = (total - 8) as u32;
+            out[..4].copy_from_slice(&len.to_le_bytes());
+            let crc = crc32c::crc32c(&out[8..]);
+            out[4..8].copy_from_slice(&crc.to_le_bytes());
+        }
+    }
+    Some(out)
 }
 
 struct Cursor<'a> {
@@ -278,6 +350,10 @@ fn fields(kind: u8, payload: &[u8]) -> Option<Record<'_>> {
             delivered_at_ms: c.u64()?,
         },
         KIND_DEDUP => Record::Dedup(DedupEntries::new(c.rest_bytes())?),
+        KIND_PADDING => {
+            c.rest_bytes();
+            Record::Padding
+        }
         KIND_DELIVERED_V1 => Record::Delivered {
             seq: c.u64()?,
             count: c.u32()?,
@@ -288,27 +364,64 @@ fn fields(kind: u8, payload: &[u8]) -> Option<Record<'_>> {
     c.buf.is_empty().then_some(record)
 }
 
-/// Decodes the record at the start of `buf`.
-pub fn decode(buf: &[u8]) -> Decoded<'_> {
-    if buf.len() < HEADER_BYTES {
-        return Decoded::Torn;
+/// Decodes the frame at the start of `buf`.
+pub fn decode(framing: Framing, buf: &[u8]) -> Decoded<'_> {
+    match framing {
+        Framing::V2 => decode_v2(buf),
+        Framing::V1 => decode_v1(buf),
     }
-    let len = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
+}
+
+fn read_u32(buf: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes([buf[at], buf[at + 1], buf[at + 2], buf[at + 3]])
+}
+
+fn decode_v2(buf: &[u8]) -> Decoded<'_> {
+    let sync_seen = buf.len().min(SYNC.len());
+    if buf[..sync_seen] != SYNC[..sync_seen] {
+        return Decoded::Damaged("no sync marker");
+    }
+    if buf.len() < HEADER_BYTES {
+        return Decoded::Incomplete;
+    }
+    let len = read_u32(buf, 4) as usize;
     if len == 0 || len > MAX_RECORD_BYTES {
-        return Decoded::BadLength;
+        return Decoded::Damaged("impossible length");
+    }
+    let total = 12 + len;
+    if buf.len() < total {
+        return Decoded::Incomplete;
+    }
+    let crc = crc32c::crc32c_append(crc32c::crc32c(&buf[4..8]), &buf[12..total]);
+    if crc != read_u32(buf, 8) {
+        return Decoded::Damaged("CRC mismatch");
+    }
+    fields_of(&buf[12..total], total)
+}
+
+fn decode_v1(buf: &[u8]) -> Decoded<'_> {
+    if buf.len() < V1_HEADER_BYTES {
+        return Decoded::Incomplete;
+    }
+    let len = read_u32(buf, 0) as usize;
+    if len == 0 || len > MAX_RECORD_BYTES {
+        return Decoded::Damaged("impossible length");
     }
     let total = 8 + len;
     if buf.len() < total {
-        return Decoded::Torn;
+        return Decoded::Incomplete;
     }
-    let crc = u32::from_le_bytes([buf[4], buf[5], buf[6], buf[7]]);
-    let body = &buf[8..total];
-    if crc32c::crc32c(body) != crc {
-        return Decoded::Corrupt(total, "CRC mismatch");
+    if crc32c::crc32c(&buf[8..total]) != read_u32(buf, 4) {
+        return Decoded::Damaged("CRC mismatch");
     }
+    fields_of(&buf[8..total], total)
+}
+
+/// The record in a frame body (kind and payload) whose CRC checked.
+fn fields_of(body: &[u8], total: usize) -> Decoded<'_> {
     match fields(body[0], &body[1..]) {
         Some(record) => Decoded::Record(record, total),
-        None => Decoded::Corrupt(total, "malformed fields"),
+        None => Decoded::Malformed(total, "malformed fields"),
     }
 }
 
@@ -387,7 +500,10 @@ mod tests {
             sent_at_ms: 0,
             body: "{}",
         };
-        assert_eq!(decode(&buf), Decoded::Record(expected, buf.len()));
+        assert_eq!(
+            decode(Framing::V1, &buf),
+            Decoded::Record(expected, buf.len())
+        );
         let mut payload = 9u64.to_le_bytes().to_vec();
         payload.extend_from_slice(&4u32.to_le_bytes());
         let buf = legacy(KIND_DELIVERED_V1, &payload);
@@ -396,7 +512,10 @@ mod tests {
             count: 4,
             delivered_at_ms: 0,
         };
-        assert_eq!(decode(&buf), Decoded::Record(expected, buf.len()));
+        assert_eq!(
+            decode(Framing::V1, &buf),
+            Decoded::Record(expected, buf.len())
+        );
     }
 
     #[test]
@@ -407,7 +526,7 @@ mod tests {
         }
         let mut rest = &buf[..];
         for expected in samples() {
-            match decode(rest) {
+            match decode(Framing::V2, rest) {
                 Decoded::Record(r, n) => {
                     assert_eq!(r, expected);
                     rest = &rest[n..];
@@ -415,33 +534,71 @@ mod tests {
                 other => panic!("expected a record, got {other:?}"),
             }
         }
-        assert_eq!(decode(rest), Decoded::Torn);
+        assert_eq!(decode(Framing::V2, rest), Decoded::Incomplete);
     }
 
     #[test]
-    fn a_cut_record_is_torn() {
+    fn a_cut_frame_is_incomplete() {
         let mut buf = Vec::new();
         encode(&samples()[0], &mut buf);
         for cut in 0..buf.len() {
-            assert_eq!(decode(&buf[..cut]), Decoded::Torn, "cut at {cut}");
+            assert_eq!(
+                decode(Framing::V2, &buf[..cut]),
+                Decoded::Incomplete,
+                "cut at {cut}"
+            );
         }
     }
 
     #[test]
-    fn a_flipped_bit_is_corrupt_not_served() {
+    fn every_flipped_bit_is_damage_never_a_record() {
         let mut buf = Vec::new();
         encode(&samples()[0], &mut buf);
-        let total = buf.len();
-        for byte in 8..total {
-            let mut bad = buf.clone();
-            bad[byte] ^= 0x10;
-            assert!(
-                matches!(decode(&bad), Decoded::Corrupt(n, _) if n == total),
-                "byte {byte}"
-            );
+        for byte in 0..buf.len() {
+            for bit in 0..8 {
+                let mut bad = buf.clone();
+                bad[byte] ^= 1 << bit;
+                match decode(Framing::V2, &bad) {
+                    Decoded::Damaged(_) | Decoded::Incomplete => {}
+                    other => panic!("byte {byte} bit {bit}: {other:?}"),
+                }
+            }
         }
-        let mut bad_len = buf.clone();
-        bad_len[3] = 0xff;
-        assert_eq!(decode(&bad_len), Decoded::BadLength);
+    }
+
+    #[test]
+    fn padding_is_a_valid_frame_of_the_asked_size() {
+        for framing in [Framing::V1, Framing::V2] {
+            for total in [framing.header_bytes(), 100, 4096] {
+                let pad = padding(framing, total).unwrap();
+                assert_eq!(pad.len(), total);
+                assert_eq!(
+                    decode(framing, &pad),
+                    Decoded::Record(Record::Padding, total)
+                );
+            }
+            assert!(padding(framing, framing.header_bytes() - 1).is_none());
+        }
+    }
+
+    #[test]
+    fn the_largest_body_fits_a_record() {
+        let body = "x".repeat(MAX_BODY_BYTES);
+        let name = "n".repeat(255);
+        let mut buf = Vec::new();
+        encode(
+            &Record::Message {
+                seq: u64::MAX,
+                sender: &name,
+                message_id: &name,
+                exchange: &name,
+                routing_key: &name,
+                sent_at_ms: 1,
+                body: &body,
+            },
+            &mut buf,
+        );
+        assert_eq!(buf.len(), MAX_RECORD_BYTES + 12);
+        assert!(matches!(decode(Framing::V2, &buf), Decoded::Record(..)));
     }
 }

@@ -1,15 +1,24 @@
 //! Reading one queue's log at start-up (before the shards serve, so plain
 //! blocking file I/O is fine here).
+//!
+//! Every file is walked with [`segment::step`]: records are replayed, a torn
+//! end is cut off, and damaged bytes are moved out: copied to a quarantine
+//! file beside their file (synced), then replaced in place by a padding
+//! frame of the same length (or cut off, at the end of the file), so the
+//! next start and the metadata mirror read the file clean. Each damaged
+//! range is returned as a [`Damage`] for the log, the metrics and `/ready`.
 
 use std::collections::BTreeMap;
+use std::fmt;
 use std::fs;
 use std::io;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::log::dedup_file::{dedup_number, RecoveredDedupFile};
-use crate::log::record::{decode, Decoded, Record};
-use crate::log::segment_base;
+use crate::log::dedup_file::RecoveredDedupFile;
+use crate::log::record::{padding, Framing, Record, SYNC};
+use crate::log::segment::{self, End, Step, FILE_HEADER};
 use crate::message::{DedupHasher, DedupKey, Message, Route};
 use crate::queue::CARRIED;
 
@@ -20,10 +29,14 @@ pub struct RecoveredSegment {
     pub base: u64,
     /// Its file.
     pub path: PathBuf,
-    /// Its valid length in bytes (after truncating a torn tail).
+    /// Its valid length in bytes (after truncating a torn tail): where an
+    /// append would go.
     pub len: u64,
     /// Messages in it not yet acked.
     pub live: u64,
+    /// Written by this version (v2 frames): new records may follow. Files of
+    /// earlier versions are read, never appended to.
+    pub appendable: bool,
 }
 
 /// An unacked message and how often it was delivered.
@@ -35,6 +48,42 @@ pub struct RecoveredMessage {
     pub msg: Arc<Message>,
     /// Deliveries before the restart.
     pub deliveries: u32,
+}
+
+/// Damaged bytes found in a log file, moved out of it and never served.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Damage {
+    /// The log file.
+    pub file: PathBuf,
+    /// Where the damaged range starts.
+    pub offset: u64,
+    /// Its length.
+    pub bytes: u64,
+    /// Frames that started in it (sync markers seen; at least one): the
+    /// records lost, as near as can be told.
+    pub records: u64,
+    /// What was wrong at its start.
+    pub why: &'static str,
+    /// Where its bytes were saved, or why they could not be.
+    pub quarantine: Result<PathBuf, String>,
+}
+
+impl fmt::Display for Damage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}: offset {}: {} damaged bytes (about {} records; {}) skipped, ",
+            self.file.display(),
+            self.offset,
+            self.bytes,
+            self.records,
+            self.why
+        )?;
+        match &self.quarantine {
+            Ok(path) => write!(f, "saved to {}", path.display()),
+            Err(e) => write!(f, "not saved: {e}"),
+        }
+    }
 }
 
 /// What a queue's log held.
@@ -50,166 +99,211 @@ pub struct RecoveredQueue {
     /// segment holds that evidence (the message's own, or the segment of a
     /// carried dedup record): the dedup window outlives a restart.
     pub acked: Vec<(DedupKey, u64, u64)>,
-    /// Damage found: file, offset and what was wrong. Never served.
-    pub problems: Vec<String>,
+    /// Damaged ranges found, each moved to a quarantine file.
+    pub damage: Vec<Damage>,
+    /// Torn ends cut off: (file, offset, bytes). A crash during a write
+    /// leaves one; it was never acknowledged.
+    pub torn: Vec<(PathBuf, u64, u64)>,
     /// Dedup files (ids carried out of deleted segments), oldest first.
     pub dedup_files: Vec<RecoveredDedupFile>,
 }
 
-/// Reads every segment of the queue in `dir`. A torn tail of the last segment
-/// is truncated (it was never acknowledged); corrupt records are reported and
-/// skipped.
-pub fn recover_queue(dir: &Path, hasher: &DedupHasher) -> io::Result<RecoveredQueue> {
-    let mut bases: Vec<(u64, PathBuf)> = Vec::new();
-    let mut dedup_files: Vec<(u64, PathBuf)> = Vec::new();
-    for entry in fs::read_dir(dir)? {
-        let entry = entry?;
-        let name = entry.file_name();
-        let is_log = name
-            .to_str()
-            .is_some_and(|n| segment_base(n).is_some() || dedup_number(n).is_some());
-        // Files are read whole, and the log may write to this name again:
-        // something that only looks like a log (a device, a directory) stops
-        // the start instead of being read or written.
-        if is_log && !fs::metadata(entry.path()).is_ok_and(|m| m.is_file()) {
-            return Err(io::Error::other(format!(
-                "{}: not a regular file; move it out of the data directory",
-                entry.path().display()
-            )));
+/// How walking one file went.
+struct Walked {
+    /// Where its valid bytes end.
+    len: u64,
+    /// Its frames are v2.
+    appendable: bool,
+}
+
+/// Walks the file at `path`, handing each record to `visit`, repairing it
+/// as it goes (torn end cut, damage quarantined) and noting what it found in
+/// `out`.
+fn walk_file(
+    path: &Path,
+    out: &mut RecoveredQueue,
+    mut visit: impl FnMut(Record<'_>),
+) -> io::Result<Walked> {
+    let mut data = fs::read(path)?;
+    let layout = segment::layout(&data);
+    if layout.framing == Framing::V2 && (layout.header_damaged || data.len() < FILE_HEADER.len()) {
+        if layout.header_damaged {
+            let header = data[..FILE_HEADER.len()].to_vec();
+            let damage = quarantine(path, 0, &header, "damaged file header");
+            out.damage.push(damage);
         }
-        if let Some(base) = name.to_str().and_then(segment_base) {
-            bases.push((base, entry.path()));
-        } else if let Some(number) = name.to_str().and_then(dedup_number) {
-            dedup_files.push((number, entry.path()));
+        // A header cut short by a crash, or damaged: write it whole.
+        let file = fs::OpenOptions::new().write(true).open(path)?;
+        file.write_all_at(&FILE_HEADER, 0)?;
+        file.sync_data()?;
+        if data.len() < FILE_HEADER.len() {
+            data = FILE_HEADER.to_vec();
         }
     }
-    bases.sort();
-    dedup_files.sort();
-    let mut out = RecoveredQueue::default();
-    let last_dedup = dedup_files.len().saturating_sub(1);
-    for (index, (number, path)) in dedup_files.into_iter().enumerate() {
-        let data = fs::read(&path)?;
-        let mut offset = 0usize;
-        let mut newest_ms = 0u64;
-        while offset < data.len() {
-            match decode(&data[offset..]) {
-                Decoded::Record(Record::Dedup(entries), n) => {
-                    for (key, at) in entries.iter() {
-                        newest_ms = newest_ms.max(at);
-                        out.acked.push((DedupKey(key), at, CARRIED));
+    let mut pos = match layout.framing {
+        Framing::V2 => FILE_HEADER.len(),
+        Framing::V1 => 0,
+    };
+    loop {
+        match segment::step(&data, pos, layout.framing, true) {
+            Step::Record(record, n) => {
+                visit(record);
+                pos += n;
+            }
+            Step::Damaged { len, why } => {
+                let damage = quarantine(path, pos as u64, &data[pos..pos + len], why);
+                // Replaced by padding, the range reads clean from now on.
+                if let Some(pad) = padding(layout.framing, len) {
+                    let file = fs::OpenOptions::new().write(true).open(path)?;
+                    file.write_all_at(&pad, pos as u64)?;
+                    file.sync_data()?;
+                }
+                out.damage.push(damage);
+                pos += len;
+            }
+            Step::End(end) => {
+                match end {
+                    End::Clean => {}
+                    End::Torn { len } => {
+                        tracing::warn!(file = %path.display(), offset = pos, bytes = len, "torn tail truncated (a write cut short by a crash; never acknowledged)");
+                        out.torn.push((path.to_owned(), pos as u64, len as u64));
+                        truncate(path, pos as u64)?;
                     }
-                    offset += n;
-                }
-                Decoded::Record(_, n) | Decoded::Corrupt(n, _) => {
-                    out.problems.push(format!(
-                        "{}: offset {offset}: not a valid dedup record, skipped",
-                        path.display()
-                    ));
-                    offset += n;
-                }
-                Decoded::Torn | Decoded::BadLength => {
-                    out.problems.push(format!(
-                        "{}: offset {offset}: torn tail of {} bytes dropped",
-                        path.display(),
-                        data.len() - offset
-                    ));
-                    if index == last_dedup {
-                        truncate(&path, offset as u64)?;
+                    End::Damaged { why, .. } => {
+                        let damage = quarantine(path, pos as u64, &data[pos..], why);
+                        out.damage.push(damage);
+                        truncate(path, pos as u64)?;
                     }
-                    break;
                 }
+                return Ok(Walked {
+                    len: pos as u64,
+                    appendable: layout.framing == Framing::V2,
+                });
+            }
+            // `at_eof` is set: the whole file is at hand.
+            Step::NeedMore => {
+                return Err(io::Error::other(format!(
+                    "{}: offset {pos}: could not be decided with the whole file read",
+                    path.display()
+                )))
             }
         }
+    }
+}
+
+/// Copies damaged `bytes` found at `offset` of `file` to their quarantine
+/// file (synced, with its directory) and logs them.
+fn quarantine(file: &Path, offset: u64, bytes: &[u8], why: &'static str) -> Damage {
+    let target = segment::quarantine_path(file, offset);
+    let saved = write_synced(&target, bytes).map(|()| target);
+    let records = (memchr::memmem::find_iter(bytes, &SYNC).count() as u64).max(1);
+    let damage = Damage {
+        file: file.to_owned(),
+        offset,
+        bytes: bytes.len() as u64,
+        records,
+        why,
+        quarantine: saved.map_err(|e| e.to_string()),
+    };
+    tracing::error!(file = %file.display(), offset, bytes = bytes.len(), why, "{damage}");
+    damage
+}
+
+fn write_synced(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    fs::write(path, bytes)?;
+    fs::File::open(path)?.sync_all()?;
+    match path.parent() {
+        Some(dir) => fs::File::open(dir)?.sync_all(),
+        None => Ok(()),
+    }
+}
+
+/// Reads every file of the queue in `dir`: replays the records, truncates
+/// torn ends, quarantines damage (see the module doc).
+pub fn recover_queue(dir: &Path, hasher: &DedupHasher) -> io::Result<RecoveredQueue> {
+    let listing = segment::list(dir)?;
+    let mut out = RecoveredQueue::default();
+    for (number, path) in listing.dedup_files {
+        let mut newest_ms = 0u64;
+        let mut acked = Vec::new();
+        let walked = walk_file(&path, &mut out, |record| {
+            if let Record::Dedup(entries) = record {
+                for (key, at) in entries.iter() {
+                    newest_ms = newest_ms.max(at);
+                    acked.push((DedupKey(key), at, CARRIED));
+                }
+            }
+        })?;
+        out.acked.append(&mut acked);
         out.dedup_files.push(RecoveredDedupFile {
             number,
             path,
-            len: offset as u64,
+            len: walked.len,
             newest_ms,
         });
     }
     let mut live: BTreeMap<u64, (Arc<Message>, u32, usize)> = BTreeMap::new();
     let mut senders: std::collections::HashMap<String, Arc<str>> = Default::default();
-    let last = bases.len().saturating_sub(1);
-    for (index, (base, path)) in bases.into_iter().enumerate() {
-        let data = fs::read(&path)?;
-        let mut offset = 0usize;
-        let mut valid_len = data.len();
-        while offset < data.len() {
-            match decode(&data[offset..]) {
-                Decoded::Record(record, n) => {
-                    match record {
-                        Record::Message {
-                            seq,
-                            sender,
-                            message_id,
-                            exchange,
-                            routing_key,
-                            sent_at_ms,
-                            body,
-                        } => {
-                            let sender = senders
-                                .entry(sender.to_owned())
-                                .or_insert_with(|| Arc::from(sender))
-                                .clone();
-                            let route = Route {
-                                exchange,
-                                routing_key,
-                                sent_at_ms,
-                            };
-                            let msg = Message::published(message_id, body, sender, route);
-                            live.insert(seq, (msg, 0, index));
-                            out.next_seq = out.next_seq.max(seq + 1);
-                        }
-                        Record::Ack { seq, acked_at_ms } => {
-                            if let Some((msg, _, _)) = live.remove(&seq) {
-                                out.acked.push((msg.dedup_key(hasher), acked_at_ms, seq));
-                            }
-                        }
-                        Record::Dedup(entries) => {
-                            out.acked
-                                .extend(entries.iter().map(|(key, at)| (DedupKey(key), at, base)));
-                        }
-                        Record::Delivered { seq, count, .. } => {
-                            if let Some(entry) = live.get_mut(&seq) {
-                                entry.1 = entry.1.max(count);
-                            }
-                        }
-                    }
-                    offset += n;
-                }
-                Decoded::Corrupt(n, why) => {
-                    out.problems.push(format!(
-                        "{}: offset {offset}: corrupt record ({why}), skipped",
-                        path.display()
-                    ));
-                    offset += n;
-                }
-                Decoded::Torn | Decoded::BadLength if index == last => {
-                    out.problems.push(format!(
-                        "{}: offset {offset}: torn tail of {} bytes truncated",
-                        path.display(),
-                        data.len() - offset
-                    ));
-                    valid_len = offset;
-                    truncate(&path, offset as u64)?;
-                    break;
-                }
-                Decoded::Torn | Decoded::BadLength => {
-                    out.problems.push(format!(
-                        "{}: offset {offset}: unreadable record length; the rest of this segment is skipped",
-                        path.display()
-                    ));
-                    break;
+    for (index, (base, path)) in listing.segments.into_iter().enumerate() {
+        let mut acked = Vec::new();
+        let mut next_seq = out.next_seq;
+        let walked = walk_file(&path, &mut out, |record| match record {
+            Record::Message {
+                seq,
+                sender,
+                message_id,
+                exchange,
+                routing_key,
+                sent_at_ms,
+                body,
+            } => {
+                let sender = senders
+                    .entry(sender.to_owned())
+                    .or_insert_with(|| Arc::from(sender))
+                    .clone();
+                let route = Route {
+                    exchange,
+                    routing_key,
+                    sent_at_ms,
+                };
+                let msg = Message::published(message_id, body, sender, route);
+                live.insert(seq, (msg, 0, index));
+                next_seq = next_seq.max(seq + 1);
+            }
+            Record::Ack { seq, acked_at_ms } => {
+                if let Some((msg, _, _)) = live.remove(&seq) {
+                    acked.push((msg.dedup_key(hasher), acked_at_ms, seq));
                 }
             }
-        }
+            Record::Dedup(entries) => {
+                acked.extend(entries.iter().map(|(key, at)| (DedupKey(key), at, base)));
+            }
+            Record::Delivered { seq, count, .. } => {
+                if let Some(entry) = live.get_mut(&seq) {
+                    entry.1 = entry.1.max(count);
+                }
+            }
+            Record::Padding => {}
+        })?;
+        out.acked.append(&mut acked);
+        out.next_seq = next_seq.max(base);
         out.segments.push(RecoveredSegment {
             base,
             path,
-            len: valid_len as u64,
+            len: walked.len,
             live: 0,
+            appendable: walked.appendable,
         });
-        out.next_seq = out.next_seq.max(base);
+    }
+    // A file of an earlier version is never appended to: when the newest one
+    // would take the next message, skip one sequence number so the next
+    // segment gets a name of its own.
+    if out
+        .segments
+        .last()
+        .is_some_and(|s| !s.appendable && s.base == out.next_seq)
+    {
+        out.next_seq += 1;
     }
     for (seq, (msg, deliveries, segment)) in live {
         out.segments[segment].live += 1;
@@ -246,13 +340,24 @@ mod tests {
         }
     }
 
-    fn write(path: &Path, records: &[Record<'_>]) -> Vec<u8> {
-        let mut buf = Vec::new();
+    /// Writes a v2 file of `records`; returns its bytes and where each
+    /// record starts.
+    fn write(path: &Path, records: &[Record<'_>]) -> (Vec<u8>, Vec<usize>) {
+        let mut buf = FILE_HEADER.to_vec();
+        let mut starts = Vec::new();
         for r in records {
+            starts.push(buf.len());
             encode(r, &mut buf);
         }
         fs::write(path, &buf).unwrap();
-        buf
+        (buf, starts)
+    }
+
+    fn ids(q: &RecoveredQueue) -> Vec<String> {
+        q.messages
+            .iter()
+            .map(|m| m.msg.message_id().to_owned())
+            .collect()
     }
 
     #[test]
@@ -307,7 +412,7 @@ mod tests {
             q.segments.iter().map(|s| s.live).collect::<Vec<_>>(),
             [1, 1]
         );
-        assert!(q.problems.is_empty());
+        assert!(q.damage.is_empty() && q.torn.is_empty());
     }
 
     #[test]
@@ -324,34 +429,120 @@ mod tests {
     }
 
     #[test]
-    fn truncates_a_torn_tail() {
+    fn truncates_a_torn_tail_and_appends_after_it() {
         let dir = tempfile::tempdir().unwrap();
         let path = segment_path(dir.path(), 0);
-        let buf = write(&path, &[msg(0, "a"), msg(1, "b")]);
+        let (buf, starts) = write(&path, &[msg(0, "a"), msg(1, "b")]);
         fs::write(&path, &buf[..buf.len() - 3]).unwrap();
         let q = recover_queue(dir.path(), &DedupHasher::random()).unwrap();
-        assert_eq!(q.messages.len(), 1);
-        assert_eq!(q.problems.len(), 1);
-        assert!(q.problems[0].contains("torn tail"));
-        assert!(fs::metadata(&path).unwrap().len() < buf.len() as u64 - 3);
+        assert_eq!(ids(&q), ["a"]);
+        assert!(q.damage.is_empty(), "a torn tail is no damage");
+        assert_eq!(
+            q.torn,
+            [(
+                path.clone(),
+                starts[1] as u64,
+                (buf.len() - 3 - starts[1]) as u64
+            )]
+        );
+        assert_eq!(fs::metadata(&path).unwrap().len(), starts[1] as u64);
+        assert_eq!(q.segments[0].len, starts[1] as u64);
     }
 
     #[test]
-    fn reports_a_flipped_bit_and_never_serves_it() {
+    fn a_damaged_length_costs_one_record_whose_bytes_are_quarantined() {
         let dir = tempfile::tempdir().unwrap();
         let path = segment_path(dir.path(), 0);
-        let mut buf = write(&path, &[msg(0, "a"), msg(1, "b"), msg(2, "c")]);
-        let second = buf.len() / 2; // inside the second record
-        buf[second] ^= 0x01;
+        let names: Vec<String> = (0..10).map(|i| format!("m{i}")).collect();
+        let records: Vec<_> = names
+            .iter()
+            .enumerate()
+            .map(|(i, id)| msg(i as u64, id))
+            .collect();
+        let (mut buf, starts) = write(&path, &records);
+        // One byte of the 4th record's length field.
+        buf[starts[3] + 5] ^= 0x40;
         fs::write(&path, &buf).unwrap();
         let q = recover_queue(dir.path(), &DedupHasher::random()).unwrap();
-        let ids: Vec<_> = q
-            .messages
-            .iter()
-            .map(|m| m.msg.message_id().to_owned())
-            .collect();
-        assert_eq!(ids, ["a", "c"]);
-        assert_eq!(q.problems.len(), 1);
-        assert!(q.problems[0].contains("offset") && q.problems[0].contains("corrupt"));
+        assert_eq!(
+            ids(&q),
+            ["m0", "m1", "m2", "m4", "m5", "m6", "m7", "m8", "m9"]
+        );
+        assert_eq!(q.damage.len(), 1);
+        let d = &q.damage[0];
+        assert_eq!(
+            (d.offset, d.bytes, d.records),
+            (starts[3] as u64, (starts[4] - starts[3]) as u64, 1)
+        );
+        let saved = d.quarantine.clone().unwrap();
+        assert_eq!(fs::read(&saved).unwrap(), &buf[starts[3]..starts[4]]);
+        assert!(d.to_string().contains(&path.display().to_string()));
+        // Moved out: the next start reads the file clean, nothing lost more.
+        let again = recover_queue(dir.path(), &DedupHasher::random()).unwrap();
+        assert!(again.damage.is_empty(), "{:?}", again.damage);
+        assert_eq!(ids(&again), ids(&q));
+        assert_eq!(fs::metadata(&path).unwrap().len(), buf.len() as u64);
+    }
+
+    #[test]
+    fn damage_at_the_end_is_quarantined_not_taken_for_a_torn_tail() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = segment_path(dir.path(), 0);
+        let (mut buf, starts) = write(&path, &[msg(0, "a"), msg(1, "b")]);
+        let last = buf.len() - 2;
+        buf[last] ^= 0x01;
+        fs::write(&path, &buf).unwrap();
+        let q = recover_queue(dir.path(), &DedupHasher::random()).unwrap();
+        assert_eq!(ids(&q), ["a"]);
+        assert_eq!(q.damage.len(), 1);
+        assert!(q.torn.is_empty());
+        assert_eq!(q.damage[0].offset, starts[1] as u64);
+        assert_eq!(fs::metadata(&path).unwrap().len(), starts[1] as u64);
+    }
+
+    #[test]
+    fn damage_in_a_dedup_file_costs_only_its_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = crate::log::dedup_file::dedup_path(dir.path(), 0);
+        let mut one = Vec::new();
+        DedupEntries::pack(&[(1, 10)], &mut one);
+        let mut two = Vec::new();
+        DedupEntries::pack(&[(2, 20)], &mut two);
+        let (mut buf, starts) = write(
+            &path,
+            &[
+                Record::Dedup(DedupEntries::new(&one).unwrap()),
+                Record::Dedup(DedupEntries::new(&two).unwrap()),
+            ],
+        );
+        buf[starts[0] + 14] ^= 0x01;
+        fs::write(&path, &buf).unwrap();
+        let q = recover_queue(dir.path(), &DedupHasher::random()).unwrap();
+        assert_eq!(q.acked, [(DedupKey(2), 20, CARRIED)]);
+        assert_eq!(q.damage.len(), 1);
+    }
+
+    #[test]
+    fn a_newest_segment_of_an_earlier_version_is_never_appended_to() {
+        let dir = tempfile::tempdir().unwrap();
+        // A v1 segment with an ack only, named for the next message.
+        let path = segment_path(dir.path(), 5);
+        let mut v2 = Vec::new();
+        encode(
+            &Record::Ack {
+                seq: 1,
+                acked_at_ms: 2,
+            },
+            &mut v2,
+        );
+        let body = &v2[12..];
+        let mut v1 = (body.len() as u32).to_le_bytes().to_vec();
+        v1.extend_from_slice(&crc32c::crc32c(body).to_le_bytes());
+        v1.extend_from_slice(body);
+        fs::write(&path, &v1).unwrap();
+        let q = recover_queue(dir.path(), &DedupHasher::random()).unwrap();
+        assert!(!q.segments[0].appendable);
+        assert_eq!(q.next_seq, 6, "the next segment needs a name of its own");
+        assert!(q.damage.is_empty());
     }
 }

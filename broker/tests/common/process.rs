@@ -1,0 +1,222 @@
+//! The broker as its own process: the real binary, started on a config file,
+//! stopped with a signal or killed, and its admin endpoint asked over mutual
+//! TLS. For tests whose promise spans processes (crashes, locks, files).
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::Path;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ciphermq_clients::connection::{Connection, TlsClientOptions};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::{pki, TIMEOUT};
+
+/// How long a broker may take to start (recovery of a large log included).
+pub const START_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A running broker process.
+pub struct BrokerProcess {
+    child: Child,
+    /// Its client address.
+    pub addr: String,
+    /// Its admin endpoint, when enabled.
+    pub admin: Option<String>,
+    /// Its stdout lines (console logs when enabled), read on.
+    pub log: Arc<Mutex<Vec<String>>>,
+}
+
+/// A broker that exited before listening.
+#[derive(Debug)]
+pub struct Refused {
+    /// How it ended.
+    pub status: ExitStatus,
+    /// What it printed.
+    pub stdout: String,
+    /// What it printed on stderr.
+    pub stderr: String,
+}
+
+impl BrokerProcess {
+    /// Starts the broker binary on `config`: the running broker once it
+    /// prints its address, or how it ended when it exits first.
+    pub fn spawn(config: &Path) -> Result<BrokerProcess, Refused> {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_ciphermq-broker"))
+            .arg("--config")
+            .arg(config)
+            .env("NO_COLOR", "1")
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start the broker binary");
+        let (tx, rx) = mpsc::channel::<String>();
+        let stdout = child.stdout.take().expect("stdout");
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let kept = log.clone();
+        std::thread::spawn(move || {
+            let mut listening = false;
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                kept.lock().unwrap().push(line.clone());
+                if !listening {
+                    listening = line.starts_with("ciphermq-broker listening on ");
+                    if tx.send(line).is_err() {
+                        break;
+                    }
+                }
+            }
+        });
+        let mut stderr = child.stderr.take().expect("stderr");
+        let stderr = std::thread::spawn(move || {
+            let mut text = String::new();
+            let _ = stderr.read_to_string(&mut text);
+            text
+        });
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(line) => {
+                    let Some(rest) = line.strip_prefix("ciphermq-broker listening on ") else {
+                        continue;
+                    };
+                    let addr = rest.split_whitespace().next().unwrap_or("").to_owned();
+                    let admin = rest
+                        .split_once("admin endpoint on ")
+                        .map(|(_, a)| a.trim().to_owned());
+                    return Ok(BrokerProcess {
+                        child,
+                        addr,
+                        admin,
+                        log,
+                    });
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    let status = child.wait().expect("reap the broker");
+                    let stdout = log.lock().unwrap().join("\n");
+                    return Err(Refused {
+                        status,
+                        stdout,
+                        stderr: stderr.join().unwrap_or_default(),
+                    });
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    panic!("the broker neither listened nor exited within {START_TIMEOUT:?}");
+                }
+            }
+        }
+    }
+
+    /// Starts the broker on `config`, which must work.
+    pub fn start(config: &Path) -> BrokerProcess {
+        BrokerProcess::spawn(config).unwrap_or_else(|r| panic!("broker refused to start: {r:?}"))
+    }
+
+    /// Connects as `cn`.
+    pub async fn connect(&self, cn: &str) -> Connection {
+        let opts = TlsClientOptions::for_cn(&pki().certs, cn);
+        tokio::time::timeout(TIMEOUT, Connection::connect(&self.addr, &opts))
+            .await
+            .expect("connect in time")
+            .unwrap_or_else(|e| panic!("connect as {cn}: {e}"))
+    }
+
+    /// Stops it with SIGTERM (a graceful shutdown) and waits.
+    pub fn stop(mut self) -> ExitStatus {
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status();
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait for the broker") {
+                return status;
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                panic!("the broker did not stop within {START_TIMEOUT:?} of SIGTERM");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Kills it with SIGKILL: no shutdown at all.
+    pub fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Whether its log has a line containing every one of `words`.
+    pub fn logged(&self, words: &[&str]) -> bool {
+        self.log
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|l| words.iter().all(|w| l.contains(w)))
+    }
+
+    /// `GET path` on its admin endpoint as `cn`: (status, body).
+    pub async fn admin_get(&self, cn: &str, path: &str) -> (u16, String) {
+        let admin = self.admin.as_deref().expect("admin endpoint enabled");
+        admin_get(admin, cn, path)
+            .await
+            .unwrap_or_else(|e| panic!("GET {path}: {e}"))
+    }
+
+    /// The value of the unlabelled sample `name` in `/metrics`.
+    pub async fn metric(&self, name: &str) -> Option<f64> {
+        let (status, text) = self.admin_get("admin", "/metrics").await;
+        assert_eq!(status, 200, "{text}");
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+    }
+}
+
+impl Drop for BrokerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One HTTP/1.1 `GET` over mutual TLS as `cn`, read to the end: (status,
+/// body).
+pub async fn admin_get(addr: &str, cn: &str, path: &str) -> std::io::Result<(u16, String)> {
+    let connector = TlsClientOptions::for_cn(&pki().certs, cn)
+        .connector()
+        .map_err(std::io::Error::other)?;
+    let exchange = async {
+        let tcp = tokio::net::TcpStream::connect(addr).await?;
+        let name =
+            rustls::pki_types::ServerName::try_from("localhost").map_err(std::io::Error::other)?;
+        let mut tls = connector.connect(name, tcp).await?;
+        let head = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        tls.write_all(head.as_bytes()).await?;
+        tls.flush().await?;
+        let mut raw = Vec::new();
+        match tls.read_to_end(&mut raw).await {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof && !raw.is_empty() => {}
+            Err(e) => return Err(e),
+        }
+        Ok(raw)
+    };
+    let raw = tokio::time::timeout(TIMEOUT, exchange)
+        .await
+        .map_err(|_| std::io::Error::other("no answer in time"))??;
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| std::io::Error::other(format!("no header end in {text:?}")))?;
+    let status = head
+        .strip_prefix("HTTP/1.1 ")
+        .and_then(|rest| rest.get(..3))
+        .and_then(|code| code.parse().ok())
+        .ok_or_else(|| std::io::Error::other(format!("no status line in {head:?}")))?;
+    Ok((status, body.to_owned()))
+}

@@ -1,0 +1,388 @@
+//! The data directory survives its own faults, seen from outside: the broker
+//! binary is started on real directories that were damaged by hand.
+//!
+//! - a second broker on a locked directory stops before binding, naming the
+//!   lock file and the holder's pid;
+//! - a damaged `topology.json` falls back to `topology.json.prev`, and the
+//!   damaged file is kept;
+//! - a damaged sealed key is set aside while the other keys are served;
+//! - a queue directory missing from the topology is adopted by its owner, or
+//!   stops the start when no receiver owns it;
+//! - a damaged `aes.key` and an oversized `performance.max_message_bytes`
+//!   stop the start with the key or file named.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use ciphermq_clients::connection::{Connection, TlsClientOptions};
+use common::{body, check, config_text, fetch, pki, setup_receiver, TIMEOUT};
+
+/// How long a broker may take to start or to give up.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A broker process; killed (SIGKILL) and reaped on drop.
+struct Broker {
+    child: Child,
+    addr: String,
+    /// What it logged before it listened.
+    log: Vec<String>,
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Broker {
+    /// Kills it like a crash would (the OS drops its lock) and waits for it.
+    fn kill(mut self) {
+        self.child.kill().expect("SIGKILL the broker");
+        self.child.wait().expect("reap the broker");
+    }
+
+    async fn connect(&self, cn: &str) -> Connection {
+        let opts = TlsClientOptions::for_cn(&pki().certs, cn);
+        tokio::time::timeout(TIMEOUT, Connection::connect(&self.addr, &opts))
+            .await
+            .unwrap_or_else(|_| panic!("connect as {cn}: timed out"))
+            .unwrap_or_else(|e| panic!("connect as {cn}: {e}"))
+    }
+}
+
+/// A broker that did not start.
+#[derive(Debug)]
+struct Refused {
+    status: ExitStatus,
+    stdout: String,
+    stderr: String,
+}
+
+/// A directory with a durable broker's config (`broker.toml`) over `data/`,
+/// with console logs on so warnings can be read; `extra` is appended.
+fn setup(extra: &str) -> (tempfile::TempDir, PathBuf, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let config = dir.path().join("broker.toml");
+    let text = config_text(&pki().certs, &data, 2, extra)
+        .replace(r#"mode = "memory""#, r#"mode = "durable""#)
+        .replace("console = false", "console = true\nlevel = \"warn\"");
+    std::fs::write(&config, text).unwrap();
+    (dir, config, data)
+}
+
+/// Starts the broker binary on `config`: the running broker once it prints
+/// its address, or how it ended when it exits first.
+fn spawn(config: &Path) -> Result<Broker, Refused> {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ciphermq-broker"))
+        .arg("--config")
+        .arg(config)
+        .env("NO_COLOR", "1")
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the broker binary");
+    let (tx, rx) = mpsc::channel::<String>();
+    let stdout = child.stdout.take().expect("stdout");
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut stderr = child.stderr.take().expect("stderr");
+    let stderr = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stderr.read_to_string(&mut text);
+        text
+    });
+    let deadline = Instant::now() + START_TIMEOUT;
+    let mut log = Vec::new();
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(line) => {
+                if let Some(rest) = line.strip_prefix("ciphermq-broker listening on ") {
+                    let addr = rest.split_whitespace().next().unwrap_or("").to_owned();
+                    return Ok(Broker { child, addr, log });
+                }
+                log.push(line);
+            }
+            // Stdout closed: the process is ending.
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                let status = child.wait().expect("reap the broker");
+                let stderr = stderr.join().unwrap_or_default();
+                return Err(Refused {
+                    status,
+                    stdout: log.join("\n"),
+                    stderr,
+                });
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("the broker neither listened nor exited within {START_TIMEOUT:?}: {log:?}");
+            }
+        }
+    }
+}
+
+fn start(config: &Path) -> Broker {
+    spawn(config).unwrap_or_else(|r| panic!("the broker did not start: {r:?}"))
+}
+
+fn refused(config: &Path) -> Refused {
+    match spawn(config) {
+        Ok(b) => panic!("the broker started on {} but should not have", b.addr),
+        Err(r) => {
+            assert!(!r.status.success(), "{r:?}");
+            r
+        }
+    }
+}
+
+/// The files in `dir` whose names start with `prefix`.
+fn files_starting(dir: &Path, prefix: &str) -> Vec<PathBuf> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with(prefix))
+        .collect()
+}
+
+async fn publish(sender: &mut Connection, ids: &[&str]) {
+    for id in ids {
+        check(
+            sender,
+            &format!("publish ex receiver_1 {}", body(id, "receiver_1")),
+            &format!("ACK {id}"),
+        )
+        .await;
+    }
+}
+
+fn ids(got: &[common::Got]) -> Vec<&str> {
+    got.iter().map(|g| g.id.as_str()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_broker_on_a_locked_data_dir_exits_naming_the_lock_and_its_holder() {
+    let (_dir, config, data) = setup("");
+    let first = start(&config);
+    let second = refused(&config);
+    let lock = std::fs::canonicalize(&data).unwrap().join("lock");
+    assert!(
+        second.stderr.contains(&*lock.to_string_lossy()),
+        "the error names the lock file: {second:?}"
+    );
+    assert!(
+        second.stderr.contains(&format!("pid {}", first.child.id())),
+        "the error names the holder's pid: {second:?}"
+    );
+    assert!(
+        !second.stdout.contains("listening"),
+        "the second broker bound nothing: {second:?}"
+    );
+    // The first one is untouched and still serves.
+    let mut s = first.connect("sender_1").await;
+    check(&mut s, "heartbeat", "OK heartbeat").await;
+    // The lock dies with its holder, even by SIGKILL.
+    first.kill();
+    start(&config).kill();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_topology_falls_back_to_the_previous_copy() {
+    let (_dir, config, data) = setup("");
+    let broker = start(&config);
+    let mut r = broker.connect("receiver_1").await;
+    setup_receiver(&mut r, "receiver_1").await;
+    // One more change, so the previous copy holds the binding above.
+    check(
+        &mut r,
+        "declare_queue receiver_1_later",
+        "OK declare_queue receiver_1_later",
+    )
+    .await;
+    let mut s = broker.connect("sender_1").await;
+    publish(&mut s, &["t1", "t2"]).await;
+    broker.kill();
+
+    let topology = data.join("topology.json");
+    let garbage = b"{\"queues\": [{\"name\": \"receiver_1_q";
+    std::fs::write(&topology, garbage).unwrap();
+    let broker = start(&config);
+    let log = broker.log.join("\n");
+    assert!(log.contains("topology.json.prev"), "warned: {log}");
+    let mut r = broker.connect("receiver_1").await;
+    // The queue, its messages and its binding are back.
+    assert_eq!(
+        ids(&fetch(&mut r, "receiver_1_queue", 10).await),
+        ["t1", "t2"]
+    );
+    let mut s = broker.connect("sender_1").await;
+    publish(&mut s, &["t3"]).await;
+    assert_eq!(ids(&fetch(&mut r, "receiver_1_queue", 10).await), ["t3"]);
+    // The damaged file is kept aside, as it was.
+    let aside = files_starting(&data, "topology.json.corrupt-");
+    assert_eq!(aside.len(), 1, "{aside:?}");
+    assert_eq!(std::fs::read(&aside[0]).unwrap(), garbage);
+    broker.kill();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_key_file_is_set_aside_and_the_other_keys_are_served() {
+    let b64 = |byte: u8| base64::engine::general_purpose::STANDARD.encode([byte; 32]);
+    let (_dir, config, data) = setup("");
+    let broker = start(&config);
+    for (cn, byte) in [("receiver_1", 1u8), ("receiver_2", 2u8)] {
+        let mut r = broker.connect(cn).await;
+        check(
+            &mut r,
+            &format!("register_public_key {}", b64(byte)),
+            "Public key registered",
+        )
+        .await;
+    }
+    broker.kill();
+
+    let keys = std::fs::canonicalize(data.join("keys")).unwrap();
+    let damaged = keys.join("receiver_1.key");
+    let mut sealed = std::fs::read(&damaged).unwrap();
+    sealed[30] ^= 0x40;
+    std::fs::write(&damaged, &sealed).unwrap();
+    let broker = start(&config);
+    let log = broker.log.join("\n");
+    assert!(log.contains(&*damaged.to_string_lossy()), "logged: {log}");
+    let mut s = broker.connect("sender_1").await;
+    check(
+        &mut s,
+        "get_public_key receiver_2",
+        &format!("PUBLIC_KEY receiver_2 {}", b64(2)),
+    )
+    .await;
+    check(
+        &mut s,
+        "get_public_key receiver_1",
+        "Error: no public key for receiver_1",
+    )
+    .await;
+    assert!(!damaged.exists());
+    let aside = files_starting(&keys, "receiver_1.key.corrupt-");
+    assert_eq!(aside.len(), 1, "{aside:?}");
+    assert_eq!(std::fs::read(&aside[0]).unwrap(), sealed);
+    // The receiver registers again and is served.
+    let mut r = broker.connect("receiver_1").await;
+    check(
+        &mut r,
+        &format!("register_public_key {}", b64(3)),
+        "Public key registered",
+    )
+    .await;
+    check(
+        &mut s,
+        "get_public_key receiver_1",
+        &format!("PUBLIC_KEY receiver_1 {}", b64(3)),
+    )
+    .await;
+    broker.kill();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_directory_missing_from_the_topology_is_adopted_by_its_owner() {
+    let (_dir, config, data) = setup("");
+    let broker = start(&config);
+    let mut r = broker.connect("receiver_1").await;
+    setup_receiver(&mut r, "receiver_1").await;
+    let mut s = broker.connect("sender_1").await;
+    publish(&mut s, &["o1", "o2"]).await;
+    broker.kill();
+
+    // The topology and its copy are lost; the queue's log is still there.
+    std::fs::remove_file(data.join("topology.json")).unwrap();
+    std::fs::remove_file(data.join("topology.json.prev")).unwrap();
+    let broker = start(&config);
+    let log = broker.log.join("\n");
+    assert!(log.contains("adopted"), "warned: {log}");
+    let saved = std::fs::read_to_string(data.join("topology.json")).unwrap();
+    assert!(saved.contains("\"receiver_1_queue\""), "{saved}");
+    let mut r = broker.connect("receiver_1").await;
+    // Declaring it again keeps what it holds.
+    check(
+        &mut r,
+        "declare_queue receiver_1_queue",
+        "OK declare_queue receiver_1_queue",
+    )
+    .await;
+    assert_eq!(
+        ids(&fetch(&mut r, "receiver_1_queue", 10).await),
+        ["o1", "o2"]
+    );
+    broker.kill();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_directory_no_receiver_owns_stops_the_start() {
+    let (_dir, config, data) = setup("");
+    start(&config).kill();
+    let orphan = std::fs::canonicalize(&data)
+        .unwrap()
+        .join("queues")
+        .join("nobody_queue");
+    std::fs::create_dir(&orphan).unwrap();
+    std::fs::write(orphan.join("segment-00000000000000000000.log"), b"").unwrap();
+    let r = refused(&config);
+    assert!(
+        r.stderr.contains(&*orphan.to_string_lossy()) && r.stderr.contains("topology.json"),
+        "names the directory and what is missing: {r:?}"
+    );
+    // Nothing was touched.
+    assert!(orphan.join("segment-00000000000000000000.log").exists());
+    // Once it is moved out of queues/, the broker starts.
+    std::fs::rename(&orphan, data.join("nobody_queue.moved")).unwrap();
+    start(&config).kill();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_aes_key_stops_the_start_naming_the_file() {
+    let (_dir, config, data) = setup("");
+    start(&config).kill();
+    let aes = std::fs::canonicalize(data.join("aes.key")).unwrap();
+    std::fs::write(&aes, "c2hvcnQ=\n").unwrap();
+    let r = refused(&config);
+    assert!(
+        r.stderr.contains(&*aes.to_string_lossy()) && r.stderr.contains("encryption.aes_key"),
+        "names the file and the setting: {r:?}"
+    );
+    assert_eq!(std::fs::read_to_string(&aes).unwrap(), "c2hvcnQ=\n");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_max_message_bytes_is_refused() {
+    let limit = ciphermq_broker::config::MAX_MESSAGE_BYTES_LIMIT;
+    let over = 64 * 1024 * 1024;
+    assert!(over > limit);
+    let (_dir, config, data) = setup(&format!("[performance]\nmax_message_bytes = {over}\n"));
+    let r = refused(&config);
+    assert!(
+        r.stderr.contains("performance.max_message_bytes")
+            && r.stderr.contains(&over.to_string())
+            && r.stderr.contains(&limit.to_string()),
+        "names the key, the value and the maximum: {r:?}"
+    );
+    assert!(!data.exists(), "refused before the data directory is made");
+    // The maximum itself is accepted.
+    let (_dir, config, _data) = setup(&format!("[performance]\nmax_message_bytes = {limit}\n"));
+    start(&config).kill();
+}
