@@ -20,10 +20,16 @@
 #   PUBLISHERS  publisher connections      ("1 4 16")
 #   WINDOW      publish window             (1000)
 #   PORT        CipherMQ port              (5917; must be free)
-#   SECTIONS    any of: throughput latency durability rss idle pgbridge  (all)
+#   SECTIONS    any of: throughput latency durability rss idle pgbridge ab
+#               (all but ab)
 #               durability: the price of durability as adjacent pairs
 #               (durable run, then in-memory run, RUNS times), 1 KiB, 1 shard,
 #               each PUBLISHERS count; the ratio is taken within each pair
+#               ab: before/after as adjacent pairs: BASE_BIN's broker, then
+#               this tree's, durable, 1 KiB, 1 shard, 1 consumer, RUNS pairs
+#               per PUBLISHERS count; the ratio is taken within each pair
+#   BASE_BIN    with ab: a ciphermq-broker built from the commit to compare
+#               against (e.g. a git worktree's target/release/ciphermq-broker)
 #   PGDB        database the pgbridge section recreates (ciphermq_bench, on
 #               127.0.0.1:5432 as user postgres)
 #   SKIP_BUILD  1 to use the binaries already in target/release
@@ -44,6 +50,7 @@ PUBLISHERS=${PUBLISHERS:-1 4 16}
 WINDOW=${WINDOW:-1000}
 PORT=${PORT:-5917}
 SECTIONS=${SECTIONS:-throughput latency durability rss idle pgbridge}
+BASE_BIN=${BASE_BIN:-}
 PGDB=${PGDB:-ciphermq_bench}
 if [[ -n "${QUICK:-}" ]]; then
   RUNS=1 DURATION=3s STORAGES=memory SHARDS=1 SIZES=1024 PUBLISHERS=1
@@ -119,13 +126,13 @@ stop_broker() {
 }
 trap stop_broker EXIT
 
-start_broker() { # mode shards
+start_broker() { # mode shards [broker binary]
   stop_broker
   write_config "$1"
   rm -rf "$WORK/data-$1"
   local log=$WORK/broker-$1-$2.log
   rm -f "$log" # a stale "listening" line must not pass for the new broker's
-  "$BIN/ciphermq-broker" --config "$WORK/config-$1.toml" --address "$ADDR" --shards "$2" >"$log" 2>&1 &
+  "${3:-$BIN/ciphermq-broker}" --config "$WORK/config-$1.toml" --address "$ADDR" --shards "$2" >"$log" 2>&1 &
   BROKER=$!
   for _ in $(seq 100); do
     grep -q "listening" "$log" 2>/dev/null && return 0
@@ -219,6 +226,22 @@ if has durability; then
         if [[ $storage == durable ]]; then
           echo "fsyncs=$((f1 - f0)) fsyncs_per_s=$(python3 -c "print(round(($f1 - $f0) / ($t1 - $t0)))") (over the whole bench invocation, connect and drain included)" | tee "$OUT/durability-fsyncs-p$pubs-r$run.txt"
         fi
+      done
+    done
+  done
+fi
+
+if has ab; then
+  [[ -x "$BASE_BIN" ]] || { echo "SECTIONS=ab needs BASE_BIN, a ciphermq-broker built from the commit to compare against"; exit 1; }
+  echo "== before/after: $BASE_BIN, then $BIN/ciphermq-broker; adjacent pairs, durable, 1 KiB, 1 shard, $DURATION per run"
+  for pubs in $PUBLISHERS; do
+    for run in $(seq "$RUNS"); do
+      for side in base new; do
+        bin=$BIN/ciphermq-broker
+        [[ $side == base ]] && bin=$BASE_BIN
+        start_broker durable 1 "$bin"
+        RUNS=1 bench "ab-$side-p$pubs-r$run" "$side, durable, 1 shard" \
+          --target ciphermq --duration "$DURATION" --size 1024 --publishers "$pubs" --consumers 1
       done
     done
   done

@@ -229,6 +229,46 @@ def durability(out, lines):
     lines.append("")
 
 
+def ab(out, lines):
+    """This tree's broker ÷ the base broker within each adjacent pair."""
+    pairs = {}
+    for p in sorted(out.glob("ab-*-p*-r*.json")):
+        m = re.match(r"ab-(base|new)-p(\d+)-r(\d+)\.json", p.name)
+        if m:
+            s = load(p)["summary"].get("ciphermq")
+            if s:
+                pairs.setdefault((int(m.group(2)), int(m.group(3))), {})[m.group(1)] = s
+    if not pairs:
+        return
+    lines.append("### Before/after (durable, 1 KiB, 1 shard, 1 consumer; base run, then new run)\n")
+    lines.append(
+        "| publishers | pairs | publish new ÷ base, median (range) | consume new ÷ base, median (range) "
+        "| base publish/s | new publish/s | base / new ACK p99 ms | base / new ACK max ms | all complete |"
+    )
+    lines.append("|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    for pubs in sorted({k[0] for k in pairs}):
+        runs = [v for k, v in sorted(pairs.items()) if k[0] == pubs and len(v) == 2]
+        if not runs:
+            continue
+
+        def spread(key):
+            rs = [r["new"][key] / r["base"][key] for r in runs if r["base"][key]]
+            return f"**{med(rs):.0%}** ({min(rs):.0%}–{max(rs):.0%})" if rs else "-"
+
+        def both(f):
+            return f"{ms(med([f(r['base']) for r in runs]))} / {ms(med([f(r['new']) for r in runs]))}"
+
+        complete = all(r[side]["complete"] for r in runs for side in ("base", "new"))
+        lines.append(
+            f"| {pubs} | {len(runs)} | {spread('publish_msgs_per_sec')} | {spread('consume_msgs_per_sec')} "
+            f"| {n(med([r['base']['publish_msgs_per_sec'] for r in runs]))} "
+            f"| {n(med([r['new']['publish_msgs_per_sec'] for r in runs]))} "
+            f"| {both(lambda s: s['publish_to_ack']['p99_ms'])} "
+            f"| {both(lambda s: s['publish_to_ack']['max_ms'])} | {'yes' if complete else 'NO'} |"
+        )
+    lines.append("")
+
+
 def main():
     if len(sys.argv) != 2:
         sys.exit(__doc__)
@@ -240,6 +280,7 @@ def main():
     throughput(out, lines)
     latency(out, lines)
     durability(out, lines)
+    ab(out, lines)
     memory(out, lines)
     pgbridge(out, lines)
     print("\n".join(lines))

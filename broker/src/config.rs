@@ -1513,7 +1513,7 @@ mod tests {
             ("database", 9),
             ("encryption", 1),
             ("performance", 11),
-            ("storage", 4),
+            ("storage", 5),
             ("admin", 2),
             ("rate_limit", 7),
             ("acl", 3),
