@@ -436,7 +436,11 @@ impl QueueLog {
     fn cut_back(&mut self, job: &CommitJob) {
         if job.epoch == self.epoch {
             self.epoch += 1;
-            self.cuts.push((job.path.clone(), job.offset));
+            // The job's own cuts may not have been made: make them again.
+            for (path, len) in &job.cuts {
+                self.add_cut(path, *len);
+            }
+            self.add_cut(&job.path, job.offset);
             // Segments opened after the job was taken hold only jobs of this
             // epoch. (If the job's own segment is not listed, a doomed job
             // took it for deletion: every listed one is newer.)
@@ -445,10 +449,14 @@ impl QueueLog {
                 .iter()
                 .position(|s| s.path == job.path)
                 .map_or(0, |i| i + 1);
+            let mut cut_to_header = Vec::new();
             for segment in self.segments.iter().skip(newer_from) {
                 if segment.created {
-                    self.cuts.push((segment.path.clone(), FILE_HEADER_BYTES));
+                    cut_to_header.push(segment.path.clone());
                 }
+            }
+            for path in cut_to_header {
+                self.add_cut(&path, FILE_HEADER_BYTES);
             }
             let active_is_jobs = self.segments.back().is_some_and(|s| s.path == job.path);
             self.written = if active_is_jobs {
@@ -460,6 +468,16 @@ impl QueueLog {
             if job.create_dir {
                 self.dir_exists = false;
             }
+        }
+    }
+
+    /// Asks the next job to cut `path` back to `len`; a file already to be
+    /// cut keeps the shorter length (cuts are made in order, and a longer
+    /// one after a shorter one would leave zeros where records go).
+    fn add_cut(&mut self, path: &std::path::Path, len: u64) {
+        match self.cuts.iter_mut().find(|(p, _)| p == path) {
+            Some((_, cut)) => *cut = (*cut).min(len),
+            None => self.cuts.push((path.to_owned(), len)),
         }
     }
 
@@ -557,6 +575,30 @@ mod tests {
         assert_eq!(retry.acks, vec![(0, 9)], "the ack goes out again");
         finish(&mut log, &retry);
         assert_eq!(log.segments[0].live, 1, "only d is held");
+    }
+
+    #[test]
+    fn a_job_whose_cuts_failed_makes_them_again_shortest_first() {
+        let mut log = QueueLog::new(PathBuf::from("/d/q"), 1 << 20, 0);
+        log.append_message(0, &msg("a"));
+        let first = take(&mut log, 1);
+        finish(&mut log, &first);
+        log.append_message(1, &msg("b"));
+        let second = take(&mut log, 2);
+        log.job_written(&second, false);
+        assert!(!log.job_done(&second, false));
+        log.forget_message(1);
+        log.append_message(2, &msg("c"));
+        let retry = take(&mut log, 3);
+        assert_eq!(retry.cuts, vec![(first.path.clone(), second.offset)]);
+        // The cut itself fails: the next job cuts again, to the same length.
+        log.job_written(&retry, false);
+        assert!(!log.job_done(&retry, false));
+        log.forget_message(2);
+        log.append_message(3, &msg("d"));
+        let again = take(&mut log, 4);
+        assert_eq!(again.cuts, vec![(first.path.clone(), second.offset)]);
+        assert_eq!(again.offset, second.offset);
     }
 
     #[test]
