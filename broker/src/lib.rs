@@ -10,11 +10,14 @@
 //! - [`sys`]: the only `unsafe` code (fd hand-off, io_uring and memlock probes).
 //! - [`server`]: start-up, one pinned glommio executor per shard, accept,
 //!   handshake, hand-off to the owner shard `fnv1a(CN) % N`.
-//! - [`connection`], [`line_buffer`], [`replies`], [`commands`]: one connection's
+//! - [`connection`], [`line_buffer`], [`replies`], `commands`: one connection's
 //!   future, its input framing, its in-order replies, and what each command does.
 //! - [`context`]: settings and services a connection reaches.
 //! - [`storage`], [`committer`]: the data directory recovered at start-up, and
 //!   each shard's group committer (io_uring writes, `fdatasync`, then `ACK`s).
+//! - [`topology_file`]: `topology.json` and its `.prev` copy, loaded at start
+//!   and written by the topology store's saver thread (never on a shard);
+//!   the other files of the data directory go through `ciphermq-datadir`.
 //! - [`stats`], [`admin`]: numbers each shard publishes without waiting, and
 //!   the admin endpoint (HTTP/1.1 over mTLS on its own thread) that reads them.
 //!
@@ -42,6 +45,7 @@ pub mod storage;
 pub mod sys;
 pub mod tls;
 pub mod tls_session;
+pub mod topology_file;
 
 pub use config::Config;
 pub use server::{start, BrokerHandle, StartError};

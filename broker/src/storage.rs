@@ -6,28 +6,35 @@
 //! What can be worked around is, and is reported: a damaged `topology.json`
 //! (its previous copy is used), a damaged sealed key (set aside; its receiver
 //! registers again), a damaged `dedup.key` (a new one), a queue directory
-//! `topology.json` forgot (adopted by the receiver that owns its name). What
-//! cannot stops the start with the file and what to do: the directory locked
-//! by another broker, a damaged `aes.key`, a queue directory nobody owns.
+//! `topology.json` forgot (adopted: a dead-letter queue by the owner of its
+//! queue, any other by the receiver that owns its name). What cannot stops
+//! the start with the file and what to do: the directory locked by another
+//! broker, a damaged `aes.key`, a queue directory nobody owns.
+//!
+//! The file helpers are `ciphermq-datadir`'s; `topology.json` is
+//! [`crate::topology_file`]'s, and once the shards serve, only the topology
+//! store's saver thread writes it.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine;
+use ciphermq_datadir::{self as data_dir, DataDirLock, StorageWarning};
 use ciphermq_pgbridge::{FileKeyStore, MemoryKeyStore, PgBridge, PgConfig, PublicKeyStore};
 use ciphermq_shard::log::{queue_dir, recover_queue, MirrorWatermarks};
-use ciphermq_shard::topology::data_dir::{self, DataDirLock, StorageWarning};
-use ciphermq_shard::{DedupHasher, RecoveredQueue, TopologyStore};
+use ciphermq_shard::{DedupHasher, RecoveredQueue, Topology, TopologyChange, TopologyStore};
 
 use crate::acl::Acl;
 use crate::config::{Config, DatabaseBackend, StorageMode};
 use crate::server::StartError;
 use crate::stats::StorageFindings;
+use crate::topology_file::{self, TopologyFile};
 
 /// What the shards start from.
 pub struct Storage {
-    /// Topology, saved to `topology.json` when durable.
+    /// Topology, saved to `topology.json` when durable (its sink then holds
+    /// the data directory's lock, for as long as the store lives).
     pub topology: Arc<TopologyStore>,
     /// `(data_dir, segment_bytes)` when queues are durable.
     pub durable: Option<(PathBuf, u64)>,
@@ -98,13 +105,24 @@ impl Storage {
         // Before anything in the directory is read or written.
         let lock = DataDirLock::acquire(&data_dir)
             .map_err(|e| StartError::Storage(format!("storage.data_dir: {e}")))?;
-        let (mut topology, mut warnings) =
-            TopologyStore::open(data_dir.join("topology.json"), shards)
-                .map_err(|e| err("topology", &e))?;
-        // The store lives until the last shard has stopped: so does the lock.
-        topology.hold_lock(lock);
+        let topology_path = data_dir.join(topology_file::FILE_NAME);
+        let (mut loaded, mut warnings) =
+            topology_file::load(&topology_path, shards).map_err(|e| err("topology", &e))?;
         let dedup_hasher = dedup_hasher(&data_dir, &mut warnings)?;
-        adopt_orphan_queues(config, &data_dir, &topology, &mut warnings)?;
+        if adopt_orphan_queues(config, &data_dir, &mut loaded, &mut warnings)? {
+            // Saved before anything is served: the next start finds them
+            // listed.
+            topology_file::save(&topology_path, &loaded).map_err(|e| {
+                StartError::Storage(format!(
+                    "storage.data_dir: topology: {}: {e}",
+                    topology_path.display()
+                ))
+            })?;
+        }
+        // The store lives until the last shard has stopped, and its sink
+        // with it: so does the lock.
+        let topology = TopologyStore::persisted(loaded, TopologyFile::new(topology_path, lock))
+            .map_err(|e| err("cannot start the topology writer thread", &e))?;
         let snapshot = topology.snapshot();
         let mut total = 0usize;
         for info in snapshot.queues() {
@@ -136,10 +154,6 @@ impl Storage {
             (Arc::new(keys), None, None)
         };
         tracing::info!(keys = keys.len(), "public keys loaded");
-        let topology = Arc::new(topology);
-        topology
-            .start_saver()
-            .map_err(|e| err("cannot start the topology writer thread", &e))?;
         Ok(Storage {
             topology,
             durable: Some((data_dir, config.storage.segment_bytes)),
@@ -154,23 +168,29 @@ impl Storage {
 }
 
 /// Gives every queue directory that `topology.json` does not list back to
-/// its owner, so its messages are recovered rather than overwritten by a
-/// later `declare_queue` of the same name. The owner is the receiver CN that
-/// owns the name (DESIGN §2, as the ACL decides it); a directory no receiver
-/// owns stops the start, naming every such directory, since guessing an
-/// owner would hand its messages to the wrong receiver.
+/// its owner, in `topology` (the caller saves it), so its messages are
+/// recovered rather than overwritten by a later `declare_queue` of the same
+/// name. Returns whether it adopted any.
+///
+/// The owner of a dead-letter queue `{q}.dlq` is the owner `topology.json`
+/// records for `{q}`: the broker declares it with exactly that owner, and
+/// saves the declaration after the first message is moved there, so a crash
+/// in between leaves this directory (whoever owns `{q}`, a receiver or an
+/// admin). Any other directory goes to the receiver CN that owns its name
+/// (DESIGN §2, as the ACL decides it); a directory neither rule gives an
+/// owner stops the start, naming every such directory, since guessing an
+/// owner would hand its messages to the wrong client.
 fn adopt_orphan_queues(
     config: &Config,
     data_dir: &Path,
-    topology: &TopologyStore,
+    topology: &mut Topology,
     warnings: &mut Vec<StorageWarning>,
-) -> Result<(), StartError> {
+) -> Result<bool, StartError> {
     let queues = data_dir.join("queues");
     let io_err = |path: &Path, e: std::io::Error| {
         StartError::Storage(format!("storage.data_dir: {}: {e}", path.display()))
     };
     let acl = Acl::new(&[], &[], &config.acl.receiver_cns);
-    let snapshot = topology.snapshot();
     let mut adopt = Vec::new();
     let mut unowned = Vec::new();
     for entry in std::fs::read_dir(&queues).map_err(|e| io_err(&queues, e))? {
@@ -179,7 +199,7 @@ fn adopt_orphan_queues(
         let name = entry.file_name();
         if name
             .to_str()
-            .is_some_and(|name| snapshot.queue(name).is_some())
+            .is_some_and(|name| topology.queue(name).is_some())
         {
             continue;
         }
@@ -189,8 +209,14 @@ fn adopt_orphan_queues(
             continue;
         }
         let owner = name.to_str().filter(|n| is_queue_name(n)).and_then(|n| {
-            acl.queue_owner(n)
-                .map(|owner| (n.to_owned(), owner.to_owned()))
+            let owner = match dead_letter_base(topology, n) {
+                Some(base) => Owner::DeadLetterOf {
+                    base: base.name.to_string(),
+                    owner: base.owner.to_string(),
+                },
+                None => Owner::Receiver(acl.queue_owner(n)?.to_owned()),
+            };
+            Some((n.to_owned(), owner))
         });
         match owner {
             Some(queue) => adopt.push((path, queue)),
@@ -217,22 +243,66 @@ fn adopt_orphan_queues(
         )));
     }
     adopt.sort();
+    let adopted = !adopt.is_empty();
     for (path, (name, owner)) in adopt {
+        let (owner, message) = match owner {
+            Owner::Receiver(owner) => {
+                let message = format!(
+                    "queue directory with no entry in topology.json: adopted as queue {name} of \
+                     receiver {owner}, so its messages are served again; its bindings were not \
+                     saved, so bind it again"
+                );
+                (owner, message)
+            }
+            Owner::DeadLetterOf { base, owner } => {
+                let message = format!(
+                    "dead-letter queue directory with no entry in topology.json (the broker \
+                     stopped before saving its declaration): adopted as queue {name} of {owner}, \
+                     the owner of {base}, so its messages are served again"
+                );
+                (owner, message)
+            }
+        };
         topology
-            .declare_queue(&name, &owner)
+            .apply(&TopologyChange::DeclareQueue {
+                name: name.clone(),
+                owner: owner.clone(),
+            })
             .map_err(|e| StartError::Storage(format!("storage.data_dir: topology: {e}")))?;
-        let warning = StorageWarning::new(
-            &path,
-            format!(
-                "queue directory with no entry in topology.json: adopted as queue {name} of \
-                 receiver {owner}, so its messages are served again; its bindings were not \
-                 saved, so bind it again"
-            ),
-        );
+        let warning = StorageWarning::new(&path, message);
         tracing::warn!(path = %path.display(), queue = %name, owner = %owner, "{}", warning.message);
         warnings.push(warning);
     }
-    Ok(())
+    Ok(adopted)
+}
+
+/// Who an orphan queue directory goes to.
+#[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Owner {
+    /// The queue's name says which receiver owns it.
+    Receiver(String),
+    /// A dead-letter queue of `base`, which `topology.json` lists.
+    DeadLetterOf {
+        /// The queue it takes the dead letters of.
+        base: String,
+        /// Its owner, as recorded.
+        owner: String,
+    },
+}
+
+/// For `{q}.dlq` (or `{q}.dlq.dlq`, the dead letters of a dead-letter
+/// queue), the queue `q` as `topology` records it, if it does.
+fn dead_letter_base<'t>(
+    topology: &'t Topology,
+    name: &str,
+) -> Option<&'t ciphermq_shard::QueueInfo> {
+    let mut base = name.strip_suffix(".dlq")?;
+    loop {
+        if let Some(info) = topology.queue(base) {
+            return Some(info);
+        }
+        base = base.strip_suffix(".dlq")?;
+    }
 }
 
 /// Whether a directory under `queues/` is named like a queue the broker
@@ -445,6 +515,24 @@ mod tests {
 
     fn mode(path: &Path) -> u32 {
         std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+    }
+
+    #[test]
+    fn a_dead_letter_queue_belongs_to_the_recorded_owner_of_its_queue() {
+        let mut t = Topology::empty(2);
+        t.apply(&TopologyChange::DeclareQueue {
+            name: "orders".into(),
+            owner: "admin".into(),
+        })
+        .unwrap();
+        let owner = |name: &str| dead_letter_base(&t, name).map(|q| q.owner.to_string());
+        assert_eq!(owner("orders.dlq").as_deref(), Some("admin"));
+        // The dead letters of a dead-letter queue, both unsaved.
+        assert_eq!(owner("orders.dlq.dlq").as_deref(), Some("admin"));
+        // Not a dead-letter queue, or one of a queue nobody recorded.
+        assert_eq!(owner("orders"), None);
+        assert_eq!(owner("other.dlq"), None);
+        assert_eq!(owner(".dlq"), None);
     }
 
     #[test]

@@ -7,7 +7,9 @@
 //!   damaged file is kept;
 //! - a damaged sealed key is set aside while the other keys are served;
 //! - a queue directory missing from the topology is adopted by its owner, or
-//!   stops the start when no receiver owns it;
+//!   stops the start when no receiver owns it; a dead-letter queue's
+//!   directory (a crash before its declaration was saved) goes to the owner
+//!   the topology records for its queue, an admin included;
 //! - a damaged `aes.key` and an oversized `performance.max_message_bytes`
 //!   stop the start with the key or file named.
 
@@ -329,6 +331,111 @@ async fn a_queue_directory_missing_from_the_topology_is_adopted_by_its_owner() {
         ids(&fetch(&mut r, "receiver_1_queue", 10).await),
         ["o1", "o2"]
     );
+    broker.kill();
+}
+
+/// Removes queue `name` from the saved topology at `path`, as if the broker
+/// had stopped before saving its declaration.
+fn forget_queue(path: &Path, name: &str) {
+    let text = std::fs::read_to_string(path).unwrap();
+    let mut saved: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let queues = saved["queues"].as_array_mut().expect("a queue list");
+    let before = queues.len();
+    queues.retain(|q| q["name"] != name);
+    assert!(queues.len() < before || !text.contains(name), "{text}");
+    std::fs::write(path, serde_json::to_vec_pretty(&saved).unwrap()).unwrap();
+}
+
+/// Waits until `done` holds (the broker works on its own threads).
+async fn eventually(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + TIMEOUT;
+    while !done() {
+        assert!(Instant::now() < deadline, "never: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_letter_queue_missing_from_the_topology_goes_to_its_queues_recorded_owner() {
+    let (_dir, config, data) = setup("[performance]\nmax_deliveries = 1\n");
+    let broker = start(&config);
+    let mut admin = broker.connect("admin").await;
+    // An admin's queue: no receiver's name, so only the topology knows
+    // its owner.
+    check(
+        &mut admin,
+        "declare_queue orders",
+        "OK declare_queue orders",
+    )
+    .await;
+    check(
+        &mut admin,
+        "declare_exchange shop",
+        "OK declare_exchange shop",
+    )
+    .await;
+    check(
+        &mut admin,
+        "bind orders shop orders",
+        "OK bind orders shop orders",
+    )
+    .await;
+    let mut s = broker.connect("sender_1").await;
+    check(
+        &mut s,
+        &format!("publish shop orders {}", body("dl-1", "receiver_1")),
+        "ACK dl-1",
+    )
+    .await;
+    assert_eq!(ids(&fetch(&mut admin, "orders", 1).await), ["dl-1"]);
+    // Its one delivery used up: it moves to orders.dlq, declared on the
+    // shard at once and saved by the topology's own thread afterwards.
+    check(&mut admin, "nack dl-1 orders", "NACK_CONFIRMED dl-1").await;
+    let topology = data.join("topology.json");
+    eventually("orders.dlq is saved in topology.json", || {
+        std::fs::read_to_string(&topology).is_ok_and(|t| t.contains("\"orders.dlq\""))
+    })
+    .await;
+    let dlq_dir = data.join("queues").join("orders.dlq");
+    eventually("the dead letter is in orders.dlq's log", || {
+        std::fs::read_dir(&dlq_dir).is_ok_and(|entries| {
+            entries.flatten().any(|e| {
+                e.file_name().to_string_lossy().starts_with("segment-")
+                    && e.metadata().is_ok_and(|m| m.len() > 16)
+            })
+        })
+    })
+    .await;
+    broker.kill();
+
+    // What a crash before that save leaves: the directory, no entry.
+    forget_queue(&topology, "orders.dlq");
+    forget_queue(&data.join("topology.json.prev"), "orders.dlq");
+    let broker = start(&config);
+    let log = broker.log.join("\n");
+    assert!(
+        log.contains("adopted") && log.contains("orders.dlq"),
+        "warned: {log}"
+    );
+    let saved: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&topology).unwrap()).unwrap();
+    let owners: Vec<(&str, &str)> = saved["queues"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|q| (q["name"].as_str().unwrap(), q["owner"].as_str().unwrap()))
+        .collect();
+    assert_eq!(owners, [("orders", "admin"), ("orders.dlq", "admin")]);
+    // Its message is served again, as a first delivery.
+    let mut admin = broker.connect("admin").await;
+    let dead = fetch(&mut admin, "orders.dlq", 10).await;
+    assert_eq!(
+        dead.iter()
+            .map(|g| (g.id.as_str(), g.count))
+            .collect::<Vec<_>>(),
+        [("dl-1", 1)]
+    );
+    check(&mut admin, "ack dl-1 orders.dlq", "ACK_CONFIRMED dl-1").await;
     broker.kill();
 }
 

@@ -24,7 +24,7 @@ use std::thread::JoinHandle;
 
 use aes_gcm::aead::KeyInit;
 use aes_gcm::Aes256Gcm;
-use ciphermq_shard::topology::data_dir::{self, StorageWarning};
+use ciphermq_datadir::{self as data_dir, StorageWarning};
 use crossbeam_channel::{Receiver, Sender, TrySendError};
 use tokio::sync::oneshot;
 

@@ -4,7 +4,9 @@
 //! - [`placement`]: which shard owns a connection or a queue (FNV-1a of a CN).
 //! - [`message`]: the immutable, shared message a publish stores.
 //! - [`topology`]: exchanges, queues and bindings; one writer at a time, and a
-//!   read-mostly snapshot every shard routes against without locking.
+//!   read-mostly snapshot every shard routes against without locking. Saving
+//!   it is the broker's: a [`TopologySink`] called on the store's saver
+//!   thread, never on a shard.
 //! - [`routing`]: direct, fanout and topic matching inside a snapshot.
 //! - [`log`]: durable per-queue segment logs: record format, write side, recovery.
 //! - [`durability`]: a shard's logs, group-commit rounds and waiting publishes.
@@ -20,7 +22,11 @@
 //! Invariants: a shard owns its queues outright (no locks on the data path);
 //! everything another shard needs travels as a [`mesh::ShardMsg`]; nothing here
 //! blocks or awaits, so a `RefCell` borrow of a [`shard::Shard`] never spans an
-//! `.await` in the shell that drives it.
+//! `.await` in the shell that drives it. The crate opens no sockets and keeps
+//! no metadata files (the topology and the data directory's own files are
+//! the broker's, over `ciphermq-datadir`); the only files it touches are the
+//! queue logs, read back and repaired by [`log`]'s recovery before any shard
+//! serves.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]
@@ -48,6 +54,7 @@ pub use placement::{shard_of, ConnRef, ShardId};
 pub use queue::{Delivery, QueueSettings};
 pub use shard::{PublishStatus, QueueStats, Shard};
 pub use topology::{
-    ChangeResult, QueueInfo, Topology, TopologyChange, TopologyError, TopologyStore, TopologyView,
+    ChangeResult, QueueInfo, Topology, TopologyChange, TopologyError, TopologySink, TopologyStore,
+    TopologyView,
 };
 pub use tracker::{DeliveryTracker, Outstanding};

@@ -416,6 +416,13 @@ impl Shard {
 
     /// Moves given-up messages to `{queue}.dlq` (same owner, same shard),
     /// declaring it on first use.
+    ///
+    /// The declaration does no I/O here: it is applied to the in-memory
+    /// topology at once (so the messages go in within this call) and the
+    /// topology's saver thread saves it afterwards. A crash before that save
+    /// leaves `queues/{queue}.dlq/` on disk with no topology entry; the
+    /// broker's start-up adopts such a directory with the owner the topology
+    /// records for `{queue}`, so its messages are served again.
     fn dead_letter(&mut self, queue: &str, dead: &mut Vec<Entry>, now: Instant) {
         let Some(owner) = self
             .topology
@@ -429,16 +436,13 @@ impl Shard {
         let dlq_name = format!("{queue}.dlq");
         let info = match self.topology.store().declare_queue(&dlq_name, &owner) {
             Ok(info) => info,
-            // Still declared in memory; only topology.json missed it.
+            // A queue declare is never refused; were it to be, no ack is
+            // written for these messages, so their queue's log keeps them
+            // and a restart serves them again.
             Err(e) => {
-                tracing::error!(queue = %dlq_name, error = %e, "dead-letter queue not saved");
-                match self.topology.current().queue(&dlq_name) {
-                    Some(info) => info.clone(),
-                    None => {
-                        dead.clear();
-                        return;
-                    }
-                }
+                tracing::error!(queue = %dlq_name, error = %e, "dead-letter queue not declared");
+                dead.clear();
+                return;
             }
         };
         let Some(dlq) = self.queue_mut(&info.name) else {

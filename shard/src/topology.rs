@@ -1,32 +1,41 @@
 //! Exchanges, queues and bindings.
 //!
 //! Topology changes are rare, so they go through one writer (a mutex held only
-//! for the change itself) that publishes a new immutable [`Topology`] snapshot.
-//! Shards route against their cached snapshot and notice a new one with a
-//! single atomic load per publish. The snapshot is published before the
-//! declaring command is answered, so a publish sent after `OK bind …` sees
-//! the binding on every shard.
+//! for the in-memory change itself, never across I/O) that publishes a new
+//! immutable [`Topology`] snapshot. Shards route against their cached
+//! snapshot and notice a new one with a single atomic load per publish. The
+//! snapshot is published before the declaring command is answered, so a
+//! publish sent after `OK bind …` sees the binding on every shard.
 //!
-//! With `topology.json`, clients' changes go through [`TopologyStore::submit`]:
-//! a saver thread applies them, writes the file (one fsync for everything
-//! that queued up meanwhile), and only then publishes the snapshot and
-//! answers, so no shard waits on the disk and nothing routes through a
-//! binding a crash could forget.
+//! This module does no file I/O. Where the topology is kept between runs is
+//! the broker's business: it loads a [`Topology`] (built with
+//! [`Topology::apply`]) and hands [`TopologyStore::persisted`] a
+//! [`TopologySink`] that writes a whole topology. The store runs a saver
+//! thread that calls it:
 //!
-//! Each save keeps the version it replaces as `topology.json.prev`, so a
-//! damaged or lost `topology.json` costs at most the last change, not every
-//! queue: [`TopologyStore::open`] falls back to it and says so.
-
-pub mod data_dir;
-
-pub use data_dir::{DataDirLock, LockError, StorageWarning};
+//! - clients' changes go through [`TopologyStore::submit`]: the saver applies
+//!   them to a copy, has the sink save it (one save for everything that
+//!   queued up meanwhile), and only then publishes the snapshot and answers,
+//!   so no shard waits on the disk and nothing routes through a binding a
+//!   crash could forget;
+//! - the broker's own declarations ([`TopologyStore::declare_queue`]: a
+//!   dead-letter queue declared on a shard) are applied and published at
+//!   once, so the caller can use them in the same call, and the saver is only
+//!   asked to save (never waited for). Until that save, a crash forgets the
+//!   declaration; the broker's start-up adopts what it left on disk.
+//!
+//! Every save writes the whole topology, so one successful save covers every
+//! change before it: a save request lost to a full queue, or a failed save
+//! (retried with backoff), is made good by the next one.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, RwLock, Weak};
+use std::time::Duration;
 
 use ciphermq_proto::ExchangeKind;
+use crossbeam_channel::RecvTimeoutError;
 
 use crate::pending::{Pending, Resolver};
 
@@ -44,18 +53,39 @@ pub struct QueueInfo {
     pub shard: ShardId,
 }
 
-/// An immutable view of the topology.
-#[derive(Debug, Clone, Default)]
+/// An immutable view of the topology once a store publishes it; a plain
+/// value while it is being built (loaded from a file, queues adopted).
+#[derive(Debug, Clone)]
 pub struct Topology {
     version: u64,
+    /// Queues are placed over this many shards.
+    shards: usize,
     queues: HashMap<Arc<str>, QueueInfo>,
     exchanges: HashMap<Arc<str>, Arc<Exchange>>,
 }
 
 impl Topology {
+    /// Nothing declared yet, for a broker of `shards` shards: where loading a
+    /// saved topology starts. Placement is computed from each owner when a
+    /// queue is added, so a changed shard count between runs moves queues
+    /// with their owners.
+    pub fn empty(shards: usize) -> Topology {
+        Topology {
+            version: 0,
+            shards: shards.max(1),
+            queues: HashMap::new(),
+            exchanges: HashMap::new(),
+        }
+    }
+
     /// Bumped on every change.
     pub fn version(&self) -> u64 {
         self.version
+    }
+
+    /// The number of shards queues are placed over.
+    pub fn shards(&self) -> usize {
+        self.shards
     }
 
     /// A queue by name.
@@ -89,6 +119,82 @@ impl Topology {
             None => false,
         }
     }
+
+    /// Applies `change` to this value; `Ok(true)` when it changed something
+    /// (the version is then bumped). The same rules as a client's change:
+    /// declares are idempotent (the first owner stays), a bind needs its
+    /// queue and exchange.
+    ///
+    /// For building a topology before a store holds it: loading a saved one,
+    /// adopting queue directories at start. Once a store holds it, changes go
+    /// through the store, which publishes them.
+    pub fn apply(&mut self, change: &TopologyChange) -> Result<bool, TopologyError> {
+        let changed = self.apply_change(change)?;
+        if changed {
+            self.version += 1;
+        }
+        Ok(changed)
+    }
+
+    /// [`Self::apply`] without the version bump: a store bumps it once per
+    /// published snapshot.
+    fn apply_change(&mut self, change: &TopologyChange) -> Result<bool, TopologyError> {
+        match change {
+            TopologyChange::DeclareQueue { name, owner } => {
+                if self.queues.contains_key(name.as_str()) {
+                    return Ok(false);
+                }
+                let info = QueueInfo {
+                    name: Arc::from(name.as_str()),
+                    owner: Arc::from(owner.as_str()),
+                    shard: shard_of(owner, self.shards),
+                };
+                self.queues.insert(info.name.clone(), info);
+                Ok(true)
+            }
+            TopologyChange::DeclareExchange { name, kind } => {
+                match self.exchanges.get(name.as_str()) {
+                    Some(ex) if ex.kind() == *kind => Ok(false),
+                    Some(ex) => Err(TopologyError::KindMismatch {
+                        name: name.clone(),
+                        existing: ex.kind(),
+                    }),
+                    None => {
+                        self.exchanges
+                            .insert(Arc::from(name.as_str()), Arc::new(Exchange::new(*kind)));
+                        Ok(true)
+                    }
+                }
+            }
+            TopologyChange::Bind {
+                queue,
+                exchange,
+                key,
+            } => {
+                let info = self
+                    .queues
+                    .get(queue.as_str())
+                    .ok_or_else(|| TopologyError::UnknownQueue(queue.clone()))?
+                    .clone();
+                let ex = self
+                    .exchanges
+                    .get_mut(exchange.as_str())
+                    .ok_or_else(|| TopologyError::UnknownExchange(exchange.clone()))?;
+                let target = Target {
+                    queue: info.name,
+                    shard: info.shard,
+                };
+                if ex
+                    .bindings()
+                    .any(|(k, t)| k == key && t.queue == target.queue)
+                {
+                    return Ok(false);
+                }
+                Arc::make_mut(ex).bind(key, target);
+                Ok(true)
+            }
+        }
+    }
 }
 
 /// Why a topology change was refused; `Display` is the text after `Error: `.
@@ -109,45 +215,61 @@ pub enum TopologyError {
     /// `bind` to an exchange that was never declared.
     #[error("unknown exchange {0}")]
     UnknownExchange(String),
-    /// `topology.json` could not be written or read.
+    /// The change could not be saved (the sink failed, or the saver thread is
+    /// busy or gone): it was not applied, and the client may retry.
     #[error("storage: {0}")]
     Storage(String),
-    /// At start, neither `topology.json` nor its previous copy could be used:
-    /// starting empty would silently drop every queue, so the start stops.
-    #[error(
-        "{}: {current}; {}: {previous}. Restore either file from a backup; or, to start \
-         with an empty topology, move both out of the data directory (queue directories are \
-         then adopted by the receiver CN that owns their name, and the start stops on any \
-         other)",
-        .path.display(),
-        .prev_path.display()
-    )]
-    NoUsableCopy {
-        /// `topology.json`.
-        path: PathBuf,
-        /// What is wrong with it.
-        current: String,
-        /// `topology.json.prev`.
-        prev_path: PathBuf,
-        /// What is wrong with that one.
-        previous: String,
-    },
+}
+
+/// Where a store keeps its topology between runs (the broker's
+/// `topology.json`). Called only on the store's saver thread, never on a
+/// shard, with the whole topology each time: one successful save covers
+/// every change before it.
+///
+/// The sink lives as long as the store, so a sink that holds a resource (the
+/// data directory's lock) holds it for as long as anything may save.
+/// Implemented for closures `Fn(&Topology) -> io::Result<()>`.
+pub trait TopologySink: Send + Sync {
+    /// Makes `topology` durable, replacing what was saved before; an error
+    /// leaves the previous save in place.
+    fn save(&self, topology: &Topology) -> std::io::Result<()>;
+}
+
+impl<F> TopologySink for F
+where
+    F: Fn(&Topology) -> std::io::Result<()> + Send + Sync,
+{
+    fn save(&self, topology: &Topology) -> std::io::Result<()> {
+        self(topology)
+    }
 }
 
 /// The single writer of the topology, shared by every shard.
-#[derive(Debug)]
 pub struct TopologyStore {
     shards: usize,
-    /// `topology.json`, rewritten atomically on every change; `None` in memory.
-    persist: Option<PathBuf>,
+    /// Where the topology is saved; `None` for a store in memory only.
+    sink: Option<Box<dyn TopologySink>>,
+    /// Held for in-memory changes only: never while the sink saves, so a
+    /// shard declaring a dead-letter queue never waits on the disk.
     writer: Mutex<()>,
     current: RwLock<Arc<Topology>>,
     version: AtomicU64,
-    /// Jobs for the saver thread, once started.
+    /// The newest published version known to be saved by the sink: behind
+    /// `version` while a change applied at once waits for its save.
+    saved: AtomicU64,
+    /// Jobs for the saver thread; set once, by [`Self::persisted`].
     saver: OnceLock<crossbeam_channel::Sender<SaveJob>>,
-    /// The data directory's lock, held for as long as anything may write
-    /// there: the store outlives every shard, so the lock does too.
-    lock: Option<DataDirLock>,
+}
+
+impl fmt::Debug for TopologyStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TopologyStore")
+            .field("shards", &self.shards)
+            .field("persisted", &self.sink.is_some())
+            .field("version", &self.version())
+            .field("saved", &self.saved.load(Ordering::Acquire))
+            .finish_non_exhaustive()
+    }
 }
 
 /// A change a client asked for.
@@ -181,27 +303,65 @@ pub enum TopologyChange {
 /// What a submitted change ends with.
 pub type ChangeResult = Result<(), TopologyError>;
 
+/// What the saver thread is asked to do.
 #[derive(Debug)]
-struct SaveJob {
-    change: TopologyChange,
-    done: Resolver<ChangeResult>,
+enum SaveJob {
+    /// A client's change: apply, save, publish, then answer.
+    Change {
+        change: TopologyChange,
+        done: Resolver<ChangeResult>,
+    },
+    /// Save what is already published (a change the broker applied at once).
+    Save,
 }
 
 /// Changes the saver thread may have queued at once.
 const SAVER_QUEUE: usize = 4096;
 
+/// How long the saver waits before saving again after a failed save, at
+/// first; doubled on each failure in a row, up to [`RETRY_MAX`].
+const RETRY_FIRST: Duration = Duration::from_millis(250);
+
+/// The longest wait between retries of a failing save.
+const RETRY_MAX: Duration = Duration::from_secs(30);
+
 impl TopologyStore {
-    /// An empty topology for a broker of `shards` shards.
+    /// An empty topology for a broker of `shards` shards, kept in memory
+    /// only: every change is applied and answered at once.
     pub fn new(shards: usize) -> TopologyStore {
+        TopologyStore::with(Topology::empty(shards), None)
+    }
+
+    fn with(loaded: Topology, sink: Option<Box<dyn TopologySink>>) -> TopologyStore {
+        let version = loaded.version;
         TopologyStore {
-            shards: shards.max(1),
-            persist: None,
+            shards: loaded.shards,
+            sink,
             writer: Mutex::new(()),
-            current: RwLock::new(Arc::new(Topology::default())),
-            version: AtomicU64::new(0),
+            current: RwLock::new(Arc::new(loaded)),
+            version: AtomicU64::new(version),
+            saved: AtomicU64::new(version),
             saver: OnceLock::new(),
-            lock: None,
         }
+    }
+
+    /// A store starting from `loaded` (what `sink` saved last, as the
+    /// caller read it back) that saves every later change through `sink`,
+    /// on a saver thread started here. The thread ends when the store is
+    /// dropped; so does the sink, and whatever it holds.
+    pub fn persisted(
+        loaded: Topology,
+        sink: impl TopologySink + 'static,
+    ) -> std::io::Result<Arc<TopologyStore>> {
+        let store = Arc::new(TopologyStore::with(loaded, Some(Box::new(sink))));
+        let (tx, rx) = crossbeam_channel::bounded::<SaveJob>(SAVER_QUEUE);
+        let weak: Weak<TopologyStore> = Arc::downgrade(&store);
+        std::thread::Builder::new()
+            .name("ciphermq-topology".into())
+            .spawn(move || saver_loop(&weak, &rx))?;
+        // Set once, here, before anyone else sees the store.
+        let _ = store.saver.set(tx);
+        Ok(store)
     }
 
     /// The number of shards queues are placed over.
@@ -215,6 +375,12 @@ impl TopologyStore {
         self.version.load(Ordering::Acquire)
     }
 
+    /// Whether something published is not saved yet (a change applied at
+    /// once whose save is still to come, or failed). Always false in memory.
+    pub fn unsaved(&self) -> bool {
+        self.sink.is_some() && self.saved.load(Ordering::Acquire) < self.version()
+    }
+
     /// The current snapshot.
     pub fn snapshot(&self) -> Arc<Topology> {
         self.current
@@ -223,235 +389,157 @@ impl TopologyStore {
             .clone()
     }
 
-    /// Applies `change` to a copy of the topology and publishes it if it
-    /// changed anything.
+    fn lock_writer(&self) -> MutexGuard<'_, ()> {
+        self.writer.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Makes `next` the current snapshot. Call with the writer lock held.
+    fn publish(&self, next: Topology) {
+        let version = next.version;
+        *self.current.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(next);
+        self.version.store(version, Ordering::Release);
+    }
+
+    /// Applies `change` to a copy of the topology and publishes it at once if
+    /// it changed anything; a persisted store's saver is then asked to save
+    /// it, without waiting.
     fn change<T>(
         &self,
         change: impl FnOnce(&mut Topology) -> Result<(T, bool), TopologyError>,
     ) -> Result<T, TopologyError> {
-        let _writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
+        let _writer = self.lock_writer();
         let mut next = (*self.snapshot()).clone();
         let (value, changed) = change(&mut next)?;
         if changed {
             next.version += 1;
-            let version = next.version;
-            let saved = match &self.persist {
-                // Rare and small: written in place, before anyone sees it.
-                Some(path) => save(path, &next)
-                    .map_err(|e| TopologyError::Storage(format!("{}: {e}", path.display()))),
-                None => Ok(()),
-            };
-            *self.current.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(next);
-            self.version.store(version, Ordering::Release);
-            saved?;
+            self.publish(next);
+            self.request_save();
         }
         Ok(value)
     }
 
-    /// Opens the topology saved at `path` (empty if neither it nor its
-    /// previous copy exists) and keeps saving there. Queue placement is
-    /// recomputed for `shards`, so a changed shard count moves queues with
-    /// their owners.
-    ///
-    /// A missing or damaged `topology.json` is not fatal while
-    /// `topology.json.prev` is good: the store starts from that copy, restores
-    /// `topology.json` from it, keeps the damaged file as
-    /// `topology.json.corrupt-<unix-ms>`, and returns a warning saying so
-    /// (also logged). When neither can be used the start stops with
-    /// [`TopologyError::NoUsableCopy`], naming both files.
-    pub fn open(
-        path: PathBuf,
-        shards: usize,
-    ) -> Result<(TopologyStore, Vec<StorageWarning>), TopologyError> {
-        let mut store = TopologyStore::new(shards);
-        let shards = store.shards;
-        let prev_path = prev_path(&path);
-        let fatal =
-            |p: &Path, e: std::io::Error| TopologyError::Storage(format!("{}: {e}", p.display()));
-        let no_usable = |current: String, previous: String| TopologyError::NoUsableCopy {
-            path: path.clone(),
-            current,
-            prev_path: prev_path.clone(),
-            previous,
-        };
-        let mut warnings = Vec::new();
-        // What a crash during a save may have left; never read.
-        data_dir::remove_temporaries(&path);
-        data_dir::remove_temporaries(&prev_path);
-        let loaded = match load(&path, shards) {
-            Ok(Some((t, _))) => Some(t),
-            Ok(None) => match load(&prev_path, shards) {
-                Ok(None) => None,
-                Ok(Some((t, bytes))) => {
-                    data_dir::write_atomic(&path, &bytes, data_dir::PUBLIC_MODE)
-                        .map_err(|e| fatal(&path, e))?;
-                    warnings.push(StorageWarning::new(
-                        &path,
-                        format!(
-                            "was missing; started from {} and restored it from there (the last \
-                             topology change saved before the file was lost may be missing: \
-                             declare it again)",
-                            prev_path.display()
-                        ),
-                    ));
-                    Some(t)
-                }
-                Err(Load::Damaged(why)) => {
-                    return Err(no_usable("missing".into(), format!("unusable: {why}")))
-                }
-                Err(Load::Io(e)) => return Err(fatal(&prev_path, e)),
-            },
-            Err(Load::Damaged(why)) => match load(&prev_path, shards) {
-                Ok(Some((t, bytes))) => {
-                    let aside = data_dir::move_aside(&path).map_err(|e| fatal(&path, e))?;
-                    data_dir::write_atomic(&path, &bytes, data_dir::PUBLIC_MODE)
-                        .map_err(|e| fatal(&path, e))?;
-                    warnings.push(StorageWarning::new(
-                        &path,
-                        format!(
-                            "unusable ({why}); kept as {} and started from {} (the last \
-                             topology change saved before the damage may be missing: declare \
-                             it again)",
-                            aside.display(),
-                            prev_path.display()
-                        ),
-                    ));
-                    Some(t)
-                }
-                Ok(None) => return Err(no_usable(format!("unusable: {why}"), "missing".into())),
-                Err(Load::Damaged(prev_why)) => {
-                    return Err(no_usable(
-                        format!("unusable: {why}"),
-                        format!("unusable: {prev_why}"),
-                    ))
-                }
-                Err(Load::Io(e)) => return Err(fatal(&prev_path, e)),
-            },
-            Err(Load::Io(e)) => return Err(fatal(&path, e)),
-        };
-        if let Some(t) = loaded {
-            store.version.store(t.version, Ordering::Release);
-            store.current = RwLock::new(Arc::new(t));
+    /// Asks the saver to save what is published. Never blocks: when its queue
+    /// is full, the save that queue is waiting for covers this change too
+    /// (every save writes the whole topology), and a failed save is retried.
+    fn request_save(&self) {
+        if let Some(saver) = self.saver.get() {
+            let _ = saver.try_send(SaveJob::Save);
         }
-        for w in &warnings {
-            tracing::warn!(path = %w.path.display(), "{}", w.message);
-        }
-        store.persist = Some(path);
-        Ok((store, warnings))
     }
 
-    /// Keeps the data directory's lock for as long as this store lives. The
-    /// store is the one piece of a broker's storage that every shard holds
-    /// until the last one stops, so that is how long the directory stays
-    /// locked.
-    pub fn hold_lock(&mut self, lock: DataDirLock) {
-        self.lock = Some(lock);
-    }
-
-    /// Starts the thread that saves clients' changes, when the topology is
-    /// kept in a file. It ends when the store is dropped.
-    pub fn start_saver(self: &Arc<Self>) -> std::io::Result<()> {
-        if self.persist.is_none() || self.saver.get().is_some() {
-            return Ok(());
-        }
-        let (tx, rx) = crossbeam_channel::bounded::<SaveJob>(SAVER_QUEUE);
-        let store: Weak<TopologyStore> = Arc::downgrade(self);
-        std::thread::Builder::new()
-            .name("ciphermq-topology".into())
-            .spawn(move || {
-                while let Ok(first) = rx.recv() {
-                    let Some(store) = store.upgrade() else { return };
-                    let mut jobs = vec![first];
-                    jobs.extend(rx.try_iter());
-                    store.apply_saved(jobs);
-                }
-            })?;
-        let _ = self.saver.set(tx);
-        Ok(())
-    }
-
-    /// Applies `change`. With a saver thread the result resolves once the
-    /// change is on disk and visible to every shard (or was refused); without
-    /// one it is applied at once. Never blocks on I/O.
+    /// Applies `change`. In a persisted store the result resolves once the
+    /// change is saved and visible to every shard (or was refused); in
+    /// memory it is applied at once. Never blocks on I/O.
     pub fn submit(&self, change: TopologyChange) -> Pending<ChangeResult> {
         let Some(saver) = self.saver.get() else {
             return Pending::ready(self.apply_now(&change));
         };
         let (pending, done) = crate::pending::pending();
-        if let Err(e) = saver.try_send(SaveJob { change, done }) {
-            let job = e.into_inner();
-            job.done.resolve(Err(TopologyError::Storage(
-                "topology writer busy or stopped; retry".into(),
-            )));
+        if let Err(e) = saver.try_send(SaveJob::Change { change, done }) {
+            if let SaveJob::Change { done, .. } = e.into_inner() {
+                done.resolve(Err(TopologyError::Storage(
+                    "topology writer busy or stopped; retry".into(),
+                )));
+            }
         }
         pending
     }
 
     fn apply_now(&self, change: &TopologyChange) -> ChangeResult {
-        match change {
-            TopologyChange::DeclareQueue { name, owner } => {
-                self.declare_queue(name, owner).map(|_| ())
-            }
-            TopologyChange::DeclareExchange { name, kind } => self.declare_exchange(name, *kind),
-            TopologyChange::Bind {
-                queue,
-                exchange,
-                key,
-            } => self.bind(queue, exchange, key),
-        }
+        self.change(|t| Ok(((), t.apply_change(change)?)))
     }
 
-    /// The saver thread's step: apply a batch of changes to a copy, save it
-    /// once, and only then publish it and answer.
-    fn apply_saved(&self, jobs: Vec<SaveJob>) {
-        let _writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
-        let mut next = (*self.snapshot()).clone();
-        let mut results = Vec::with_capacity(jobs.len());
-        let mut any = false;
-        for job in &jobs {
-            let outcome = apply_change(&mut next, &job.change, self.shards);
-            any |= matches!(outcome, Ok(true));
-            results.push(outcome);
-        }
-        if any {
-            next.version += 1;
-            let version = next.version;
-            let saved = match &self.persist {
-                Some(path) => save(path, &next)
-                    .map_err(|e| TopologyError::Storage(format!("{}: {e}", path.display()))),
-                None => Ok(()),
-            };
-            if let Err(e) = saved {
-                // Nothing of this batch is published: every change in it
-                // that would have changed something is refused.
-                tracing::error!(error = %e, "topology not saved; changes refused");
-                for (job, outcome) in jobs.into_iter().zip(results) {
-                    job.done.resolve(match outcome {
-                        Ok(true) => Err(e.clone()),
-                        other => other.map(|_| ()),
-                    });
-                }
-                return;
+    /// The saver thread's step: apply a batch of clients' changes to a copy,
+    /// save it once (also when only a change applied at once awaits its
+    /// save), and only then publish and answer. Returns false when the save
+    /// failed.
+    ///
+    /// The writer lock is held to build the copy and to publish it, never
+    /// while the sink saves. Should the broker apply a change at once in
+    /// between (a dead-letter queue), the batch is applied again on top of
+    /// it before publishing, so neither is lost; what was saved then lacks
+    /// that change, which stays unsaved and is saved next.
+    fn save_batch(&self, jobs: Vec<SaveJob>) -> bool {
+        let Some(sink) = &self.sink else {
+            return true;
+        };
+        let changes: Vec<(TopologyChange, Resolver<ChangeResult>)> = jobs
+            .into_iter()
+            .filter_map(|job| match job {
+                SaveJob::Change { change, done } => Some((change, done)),
+                SaveJob::Save => None,
+            })
+            .collect();
+        let (base, next, results, any) = {
+            let _writer = self.lock_writer();
+            let base = self.snapshot();
+            let mut next = (*base).clone();
+            let results: Vec<Result<bool, TopologyError>> = changes
+                .iter()
+                .map(|(change, _)| next.apply_change(change))
+                .collect();
+            let any = results.iter().any(|r| matches!(r, Ok(true)));
+            if any {
+                next.version += 1;
             }
-            *self.current.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(next);
-            self.version.store(version, Ordering::Release);
+            (base.version, next, results, any)
+        };
+        if !any && !self.unsaved() {
+            answer(changes, results);
+            return true;
         }
-        for (job, outcome) in jobs.into_iter().zip(results) {
-            job.done.resolve(outcome.map(|_| ()));
+        if let Err(e) = sink.save(&next) {
+            let e = TopologyError::Storage(e.to_string());
+            // Nothing of this batch is published: every change in it that
+            // would have changed something is refused.
+            tracing::error!(error = %e, "topology not saved; changes refused");
+            for ((_, done), outcome) in changes.into_iter().zip(results) {
+                done.resolve(match outcome {
+                    Ok(true) => Err(e.clone()),
+                    other => other.map(|_| ()),
+                });
+            }
+            return false;
         }
+        let _writer = self.lock_writer();
+        let current = self.snapshot();
+        if current.version == base {
+            let version = next.version;
+            if any {
+                self.publish(next);
+            }
+            self.saved.fetch_max(version, Ordering::AcqRel);
+            answer(changes, results);
+        } else {
+            let mut rebased = (*current).clone();
+            let results: Vec<Result<bool, TopologyError>> = changes
+                .iter()
+                .map(|(change, _)| rebased.apply_change(change))
+                .collect();
+            if results.iter().any(|r| matches!(r, Ok(true))) {
+                rebased.version += 1;
+                self.publish(rebased);
+            }
+            answer(changes, results);
+        }
+        true
     }
 
     /// Declares a queue owned by `owner` (idempotent); returns its placement.
     ///
-    /// Saves synchronously on the calling thread: for the broker's own rare
-    /// declares (dead-letter queues); clients' changes use [`Self::submit`].
+    /// Applied and visible at once, so the caller can use the queue in the
+    /// same call; a persisted store saves it on its saver thread afterwards,
+    /// and this never waits for that (no file I/O on the caller's thread).
+    /// Until the save, a crash forgets the declaration. For the broker's own
+    /// rare declares (dead-letter queues); clients' changes use
+    /// [`Self::submit`], which answers only once saved.
     pub fn declare_queue(&self, name: &str, owner: &str) -> Result<QueueInfo, TopologyError> {
         let change = TopologyChange::DeclareQueue {
             name: name.to_owned(),
             owner: owner.to_owned(),
         };
         self.change(|t| {
-            let changed = apply_change(t, &change, self.shards)?;
+            let changed = t.apply_change(&change)?;
             let info = t
                 .queues
                 .get(name)
@@ -461,84 +549,69 @@ impl TopologyStore {
         })
     }
 
-    /// Declares an exchange; the same type again is a no-op, another is an error.
+    /// Declares an exchange; the same type again is a no-op, another is an
+    /// error. Applied at once and saved afterwards, like
+    /// [`Self::declare_queue`].
     pub fn declare_exchange(&self, name: &str, kind: ExchangeKind) -> Result<(), TopologyError> {
-        let change = TopologyChange::DeclareExchange {
+        self.apply_now(&TopologyChange::DeclareExchange {
             name: name.to_owned(),
             kind,
-        };
-        self.change(|t| Ok(((), apply_change(t, &change, self.shards)?)))
+        })
     }
 
-    /// Binds a queue to an exchange with a key (idempotent).
+    /// Binds a queue to an exchange with a key (idempotent). Applied at once
+    /// and saved afterwards, like [`Self::declare_queue`].
     pub fn bind(&self, queue: &str, exchange: &str, key: &str) -> Result<(), TopologyError> {
-        let change = TopologyChange::Bind {
+        self.apply_now(&TopologyChange::Bind {
             queue: queue.to_owned(),
             exchange: exchange.to_owned(),
             key: key.to_owned(),
-        };
-        self.change(|t| Ok(((), apply_change(t, &change, self.shards)?)))
+        })
     }
 }
 
-/// Applies one change to `t`; `Ok(true)` when it changed something.
-fn apply_change(
-    t: &mut Topology,
-    change: &TopologyChange,
-    shards: usize,
-) -> Result<bool, TopologyError> {
-    match change {
-        TopologyChange::DeclareQueue { name, owner } => {
-            if t.queues.contains_key(name.as_str()) {
-                return Ok(false);
+/// Resolves each change with its outcome.
+fn answer(
+    changes: Vec<(TopologyChange, Resolver<ChangeResult>)>,
+    results: Vec<Result<bool, TopologyError>>,
+) {
+    for ((_, done), outcome) in changes.into_iter().zip(results) {
+        done.resolve(outcome.map(|_| ()));
+    }
+}
+
+/// The saver thread: waits for jobs and saves them in batches; while
+/// something published is unsaved it saves without waiting for a job, or,
+/// after a failed save, once a growing pause has passed. Ends when the store
+/// is gone.
+fn saver_loop(store: &Weak<TopologyStore>, rx: &crossbeam_channel::Receiver<SaveJob>) {
+    let mut retry: Option<Duration> = None;
+    loop {
+        // The store is not held while waiting, so dropping it ends the thread.
+        let unsaved = match store.upgrade() {
+            Some(store) => store.unsaved(),
+            None => return,
+        };
+        let first = if unsaved {
+            match rx.recv_timeout(retry.unwrap_or(Duration::ZERO)) {
+                Ok(job) => Some(job),
+                Err(RecvTimeoutError::Timeout) => None,
+                Err(RecvTimeoutError::Disconnected) => return,
             }
-            let info = QueueInfo {
-                name: Arc::from(name.as_str()),
-                owner: Arc::from(owner.as_str()),
-                shard: shard_of(owner, shards),
-            };
-            t.queues.insert(info.name.clone(), info);
-            Ok(true)
-        }
-        TopologyChange::DeclareExchange { name, kind } => match t.exchanges.get(name.as_str()) {
-            Some(ex) if ex.kind() == *kind => Ok(false),
-            Some(ex) => Err(TopologyError::KindMismatch {
-                name: name.clone(),
-                existing: ex.kind(),
-            }),
-            None => {
-                t.exchanges
-                    .insert(Arc::from(name.as_str()), Arc::new(Exchange::new(*kind)));
-                Ok(true)
+        } else {
+            match rx.recv() {
+                Ok(job) => Some(job),
+                Err(_) => return,
             }
-        },
-        TopologyChange::Bind {
-            queue,
-            exchange,
-            key,
-        } => {
-            let info = t
-                .queues
-                .get(queue.as_str())
-                .ok_or_else(|| TopologyError::UnknownQueue(queue.clone()))?
-                .clone();
-            let ex = t
-                .exchanges
-                .get_mut(exchange.as_str())
-                .ok_or_else(|| TopologyError::UnknownExchange(exchange.clone()))?;
-            let target = Target {
-                queue: info.name,
-                shard: info.shard,
-            };
-            if ex
-                .bindings()
-                .any(|(k, t)| k == key && t.queue == target.queue)
-            {
-                return Ok(false);
-            }
-            Arc::make_mut(ex).bind(key, target);
-            Ok(true)
-        }
+        };
+        let Some(store) = store.upgrade() else { return };
+        let mut jobs: Vec<SaveJob> = first.into_iter().collect();
+        jobs.extend(rx.try_iter());
+        retry = if store.save_batch(jobs) {
+            None
+        } else {
+            Some(retry.map_or(RETRY_FIRST, |r| (r * 2).min(RETRY_MAX)))
+        };
     }
 }
 
@@ -571,187 +644,11 @@ impl TopologyView {
     }
 }
 
-/// The saved form of the topology.
-#[derive(serde::Serialize, serde::Deserialize)]
-struct SavedTopology {
-    queues: Vec<SavedQueue>,
-    exchanges: Vec<SavedExchange>,
-}
-
-#[derive(serde::Serialize, serde::Deserialize)]
-struct SavedQueue {
-    name: String,
-    owner: String,
-}
-
-#[derive(serde::Serialize, serde::Deserialize)]
-struct SavedExchange {
-    name: String,
-    kind: String,
-    bindings: Vec<SavedBinding>,
-}
-
-#[derive(serde::Serialize, serde::Deserialize)]
-struct SavedBinding {
-    queue: String,
-    key: String,
-}
-
-/// `topology.json.prev`, beside `path`.
-fn prev_path(path: &Path) -> PathBuf {
-    let mut name = path.as_os_str().to_owned();
-    name.push(".prev");
-    PathBuf::from(name)
-}
-
-/// Why a saved topology could not be loaded.
-enum Load {
-    /// The file could not be read (permissions, I/O): not something to work
-    /// around by starting from another copy.
-    Io(std::io::Error),
-    /// The file was read but is not a topology this broker wrote.
-    Damaged(String),
-}
-
-/// Reads and validates the topology at `path`: `None` when there is no file,
-/// else the topology with the bytes it came from.
-fn load(path: &Path, shards: usize) -> Result<Option<(Topology, Vec<u8>)>, Load> {
-    let bytes = match std::fs::read(path) {
-        Ok(bytes) => bytes,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(Load::Io(e)),
-    };
-    let saved: SavedTopology = serde_json::from_slice(&bytes)
-        .map_err(|e| Load::Damaged(format!("not a saved topology: {e}")))?;
-    let t = validate(saved, shards).map_err(Load::Damaged)?;
-    Ok(Some((t, bytes)))
-}
-
-/// Whether `name` can be a queue's directory under `queues/`: one plain path
-/// component, so a damaged file cannot point recovery outside the data
-/// directory.
-fn is_queue_dir_name(name: &str) -> bool {
-    !name.is_empty() && name != "." && name != ".." && !name.contains(['/', '\0'])
-}
-
-/// Builds the topology a saved file describes, refusing what the broker
-/// never writes (a name that is not a plain file name, an empty owner, a
-/// name twice, an unknown exchange type).
-fn validate(saved: SavedTopology, shards: usize) -> Result<Topology, String> {
-    let mut t = Topology {
-        version: 1,
-        ..Topology::default()
-    };
-    for q in saved.queues {
-        if !is_queue_dir_name(&q.name) {
-            return Err(format!("queue name {:?} is not a valid name", q.name));
-        }
-        if q.owner.is_empty() {
-            return Err(format!("queue {} has no owner", q.name));
-        }
-        let info = QueueInfo {
-            name: Arc::from(q.name.as_str()),
-            owner: Arc::from(q.owner.as_str()),
-            shard: shard_of(&q.owner, shards),
-        };
-        if t.queues.insert(info.name.clone(), info).is_some() {
-            return Err(format!("queue {} is listed twice", q.name));
-        }
-    }
-    for e in saved.exchanges {
-        if e.name.is_empty() {
-            return Err("an exchange has an empty name".into());
-        }
-        let kind = ExchangeKind::parse(&e.kind)
-            .ok_or_else(|| format!("exchange {} has unknown type {}", e.name, e.kind))?;
-        let mut ex = Exchange::new(kind);
-        for b in e.bindings {
-            if let Some(info) = t.queues.get(b.queue.as_str()) {
-                ex.bind(
-                    &b.key,
-                    Target {
-                        queue: info.name.clone(),
-                        shard: info.shard,
-                    },
-                );
-            }
-        }
-        if t.exchanges
-            .insert(Arc::from(e.name.as_str()), Arc::new(ex))
-            .is_some()
-        {
-            return Err(format!("exchange {} is listed twice", e.name));
-        }
-    }
-    Ok(t)
-}
-
-/// Writes `t` to `path` atomically (see [`data_dir::write_atomic`]), first
-/// keeping the version it replaces as `topology.json.prev`.
-///
-/// The previous version is kept by a hard link, so it costs no copy: it is
-/// the file this store last wrote durably (or validated at open). The link
-/// is renamed into place before the new file is, and the directory fsync
-/// that makes the new file durable covers both renames; whatever a crash
-/// keeps, both names hold a good topology.
-fn save(path: &Path, t: &Topology) -> std::io::Result<()> {
-    let mut queues: Vec<SavedQueue> = t
-        .queues
-        .values()
-        .map(|q| SavedQueue {
-            name: q.name.to_string(),
-            owner: q.owner.to_string(),
-        })
-        .collect();
-    queues.sort_by(|a, b| a.name.cmp(&b.name));
-    let mut exchanges: Vec<SavedExchange> = t
-        .exchanges
-        .iter()
-        .map(|(name, ex)| SavedExchange {
-            name: name.to_string(),
-            kind: ex.kind().as_str().to_owned(),
-            bindings: ex
-                .bindings()
-                .map(|(k, t)| SavedBinding {
-                    queue: t.queue.to_string(),
-                    key: k.to_owned(),
-                })
-                .collect(),
-        })
-        .collect();
-    exchanges.sort_by(|a, b| a.name.cmp(&b.name));
-    let bytes = serde_json::to_vec_pretty(&SavedTopology { queues, exchanges })
-        .map_err(std::io::Error::other)?;
-    keep_previous(path)?;
-    data_dir::write_atomic(path, &bytes, data_dir::PUBLIC_MODE)
-}
-
-/// Makes `topology.json.prev` the current `topology.json` (if there is one):
-/// a hard link under a temporary name, renamed over the old `.prev`. Where
-/// the file system has no hard links, a copy written atomically instead.
-fn keep_previous(path: &Path) -> std::io::Result<()> {
-    let prev = prev_path(path);
-    let dir = data_dir::parent_dir(path);
-    let tmp = dir.join(".topology.json.prev.tmp");
-    match std::fs::remove_file(&tmp) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e),
-    }
-    match std::fs::hard_link(path, &tmp) {
-        Ok(()) => std::fs::rename(&tmp, &prev),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(_) => match std::fs::read(path) {
-            Ok(bytes) => data_dir::write_atomic(&prev, &bytes, data_dir::PUBLIC_MODE),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(e),
-        },
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::AtomicUsize;
+    use std::time::Instant;
 
     #[test]
     fn declares_are_idempotent_and_placed_by_owner() {
@@ -763,6 +660,7 @@ mod tests {
         assert_eq!(a, b);
         assert_eq!(a.shard, shard_of("receiver_1", 4));
         assert_eq!(store.version(), 1);
+        assert!(!store.unsaved(), "a store in memory has nothing to save");
     }
 
     fn wait<T>(mut p: Pending<T>) -> T {
@@ -770,21 +668,91 @@ mod tests {
             if let Some(v) = p.try_take() {
                 return v;
             }
-            std::thread::sleep(std::time::Duration::from_millis(5));
+            std::thread::sleep(Duration::from_millis(5));
         }
         panic!("the saver never answered");
     }
 
+    /// Waits until `done` holds, for at most ten seconds.
+    fn eventually(what: &str, mut done: impl FnMut() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !done() {
+            assert!(Instant::now() < deadline, "never: {what}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    fn queue(name: &str, owner: &str) -> TopologyChange {
+        TopologyChange::DeclareQueue {
+            name: name.into(),
+            owner: owner.into(),
+        }
+    }
+
+    fn queue_names(t: &Topology) -> Vec<String> {
+        let mut names: Vec<String> = t.queues().map(|q| q.name.to_string()).collect();
+        names.sort();
+        names
+    }
+
+    /// A sink that records what it saved and on which thread; it fails
+    /// while `fail` is above zero (counting down), and waits while `gate`
+    /// is closed.
+    #[derive(Default)]
+    struct Recorder {
+        saved: Mutex<Vec<(Vec<String>, std::thread::ThreadId)>>,
+        fail: AtomicUsize,
+        gate: Mutex<bool>,
+        opened: std::sync::Condvar,
+        calls: AtomicUsize,
+    }
+
+    impl Recorder {
+        fn close(&self) {
+            *self.gate.lock().unwrap() = true;
+        }
+
+        fn open(&self) {
+            *self.gate.lock().unwrap() = false;
+            self.opened.notify_all();
+        }
+
+        fn last(&self) -> Option<Vec<String>> {
+            self.saved.lock().unwrap().last().map(|(q, _)| q.clone())
+        }
+    }
+
+    /// A persisted store over a [`Recorder`], starting from `loaded`.
+    fn recorded(loaded: Topology) -> (Arc<TopologyStore>, Arc<Recorder>) {
+        let rec = Arc::new(Recorder::default());
+        let sink = rec.clone();
+        let store = TopologyStore::persisted(loaded, move |t: &Topology| -> std::io::Result<()> {
+            sink.calls.fetch_add(1, Ordering::SeqCst);
+            let mut closed = sink.gate.lock().unwrap();
+            while *closed {
+                closed = sink.opened.wait(closed).unwrap();
+            }
+            drop(closed);
+            if sink
+                .fail
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok()
+            {
+                return Err(std::io::Error::other("disk on fire"));
+            }
+            sink.saved
+                .lock()
+                .unwrap()
+                .push((queue_names(t), std::thread::current().id()));
+            Ok(())
+        })
+        .unwrap();
+        (store, rec)
+    }
+
     #[test]
     fn submitted_changes_are_saved_off_the_caller_then_visible() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("topology.json");
-        let store = Arc::new(TopologyStore::open(path.clone(), 1).unwrap().0);
-        store.start_saver().unwrap();
-        let q = TopologyChange::DeclareQueue {
-            name: "q".into(),
-            owner: "r".into(),
-        };
+        let (store, rec) = recorded(Topology::empty(1));
         let ex = TopologyChange::DeclareExchange {
             name: "ex".into(),
             kind: ExchangeKind::Direct,
@@ -794,15 +762,20 @@ mod tests {
             exchange: "ex".into(),
             key: "k".into(),
         };
-        let (a, b, c) = (store.submit(q), store.submit(ex), store.submit(bind));
+        let (a, b, c) = (
+            store.submit(queue("q", "r")),
+            store.submit(ex),
+            store.submit(bind),
+        );
         assert_eq!((wait(a), wait(b), wait(c)), (Ok(()), Ok(()), Ok(())));
         let mut out = Vec::new();
         assert!(store.snapshot().route("ex", "k", &mut out) && out.len() == 1);
-        let saved = std::fs::read_to_string(&path).unwrap();
-        assert!(
-            saved.contains("\"q\"") && saved.contains("\"k\""),
-            "{saved}"
-        );
+        let saved = rec.saved.lock().unwrap().clone();
+        assert_eq!(saved.last().unwrap().0, ["q"]);
+        assert!(saved
+            .iter()
+            .all(|(_, thread)| *thread != std::thread::current().id()));
+        assert!(!store.unsaved());
         let unknown = TopologyChange::Bind {
             queue: "nope".into(),
             exchange: "ex".into(),
@@ -815,21 +788,137 @@ mod tests {
     }
 
     #[test]
-    fn survives_a_reopen_with_another_shard_count() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("topology.json");
-        {
-            let store = TopologyStore::open(path.clone(), 2).unwrap().0;
-            store
-                .declare_queue("receiver_1_queue", "receiver_1")
-                .unwrap();
-            store.declare_exchange("ex", ExchangeKind::Topic).unwrap();
-            store
-                .bind("receiver_1_queue", "ex", "receiver_1.#")
-                .unwrap();
+    fn a_change_is_not_visible_before_it_is_saved() {
+        let (store, rec) = recorded(Topology::empty(1));
+        rec.close();
+        let mut pending = store.submit(queue("q", "r"));
+        eventually("the saver is saving", || {
+            rec.calls.load(Ordering::SeqCst) == 1
+        });
+        assert!(pending.try_take().is_none(), "answered before saved");
+        assert!(
+            store.snapshot().queue("q").is_none(),
+            "visible before saved"
+        );
+        rec.open();
+        assert_eq!(wait(pending), Ok(()));
+        assert!(store.snapshot().queue("q").is_some());
+    }
+
+    #[test]
+    fn a_failed_save_refuses_the_batch_and_publishes_nothing() {
+        let (store, rec) = recorded(Topology::empty(1));
+        rec.fail.store(1, Ordering::SeqCst);
+        let err = wait(store.submit(queue("q", "r"))).unwrap_err();
+        assert_eq!(err, TopologyError::Storage("disk on fire".into()));
+        assert!(store.snapshot().queue("q").is_none());
+        assert!(!store.unsaved(), "nothing published is unsaved");
+        // The disk is back: the same change is saved and answered.
+        assert_eq!(wait(store.submit(queue("q", "r"))), Ok(()));
+        assert_eq!(rec.last().unwrap(), ["q"]);
+    }
+
+    #[test]
+    fn a_declare_applies_at_once_and_is_saved_later_by_the_saver() {
+        let mut loaded = Topology::empty(2);
+        loaded.apply(&queue("q", "r")).unwrap();
+        let (store, rec) = recorded(loaded);
+        let info = store.declare_queue("q.dlq", "r").unwrap();
+        assert_eq!(info.shard, shard_of("r", 2));
+        assert!(store.snapshot().queue("q.dlq").is_some());
+        eventually("the declare is saved", || {
+            rec.last().is_some_and(|q| q == ["q", "q.dlq"])
+        });
+        let saved = rec.saved.lock().unwrap().clone();
+        assert!(saved
+            .iter()
+            .all(|(_, thread)| *thread != std::thread::current().id()));
+        eventually("nothing is left unsaved", || !store.unsaved());
+    }
+
+    #[test]
+    fn a_declare_never_waits_for_a_save_in_progress_and_neither_is_lost() {
+        let (store, rec) = recorded(Topology::empty(1));
+        rec.close();
+        let client = store.submit(queue("client_q", "r"));
+        eventually("the saver is saving", || {
+            rec.calls.load(Ordering::SeqCst) == 1
+        });
+        // The sink is stuck mid-save: a declare still returns at once and is
+        // visible, since it takes no lock the save holds.
+        let started = Instant::now();
+        store.declare_queue("q.dlq", "r").unwrap();
+        assert!(started.elapsed() < Duration::from_secs(1));
+        assert!(store.snapshot().queue("q.dlq").is_some());
+        assert!(store.unsaved());
+        rec.open();
+        assert_eq!(wait(client), Ok(()));
+        // Both are published, and a later save holds both.
+        assert_eq!(queue_names(&store.snapshot()), ["client_q", "q.dlq"]);
+        eventually("both are saved", || {
+            rec.last().is_some_and(|q| q == ["client_q", "q.dlq"])
+        });
+        eventually("nothing is left unsaved", || !store.unsaved());
+    }
+
+    #[test]
+    fn a_failed_save_of_a_declare_is_retried() {
+        let (store, rec) = recorded(Topology::empty(1));
+        rec.fail.store(2, Ordering::SeqCst);
+        store.declare_queue("q.dlq", "r").unwrap();
+        eventually("the declare is saved after two failures", || {
+            rec.last().is_some_and(|q| q == ["q.dlq"])
+        });
+        assert!(rec.calls.load(Ordering::SeqCst) >= 3);
+        eventually("nothing is left unsaved", || !store.unsaved());
+    }
+
+    #[test]
+    fn the_saver_ends_with_the_store_and_drops_the_sink() {
+        struct Held(Arc<AtomicUsize>);
+        impl Drop for Held {
+            fn drop(&mut self) {
+                self.0.fetch_add(1, Ordering::SeqCst);
+            }
         }
-        let (store, warnings) = TopologyStore::open(path, 3).unwrap();
-        assert!(warnings.is_empty(), "{warnings:?}");
+        let dropped = Arc::new(AtomicUsize::new(0));
+        let held = Held(dropped.clone());
+        let store = TopologyStore::persisted(
+            Topology::empty(1),
+            move |_: &Topology| -> std::io::Result<()> {
+                let _held = &held;
+                Ok(())
+            },
+        )
+        .unwrap();
+        assert_eq!(wait(store.submit(queue("q", "r"))), Ok(()));
+        drop(store);
+        eventually("the sink is dropped", || {
+            dropped.load(Ordering::SeqCst) == 1
+        });
+    }
+
+    #[test]
+    fn a_loaded_topology_is_placed_for_its_shard_count() {
+        let mut t = Topology::empty(3);
+        assert!(t.apply(&queue("receiver_1_queue", "receiver_1")).unwrap());
+        assert!(!t.apply(&queue("receiver_1_queue", "admin")).unwrap());
+        t.apply(&TopologyChange::DeclareExchange {
+            name: "ex".into(),
+            kind: ExchangeKind::Topic,
+        })
+        .unwrap();
+        t.apply(&TopologyChange::Bind {
+            queue: "receiver_1_queue".into(),
+            exchange: "ex".into(),
+            key: "receiver_1.#".into(),
+        })
+        .unwrap();
+        assert_eq!(t.version(), 3);
+        let store =
+            TopologyStore::persisted(t, |_: &Topology| -> std::io::Result<()> { Ok(()) }).unwrap();
+        assert_eq!(store.shards(), 3);
+        assert!(!store.unsaved(), "what was loaded is saved");
         let t = store.snapshot();
         assert_eq!(
             t.queue("receiver_1_queue").unwrap().shard,
@@ -874,143 +963,5 @@ mod tests {
         assert!(view.current().route("ex", "k", &mut out));
         assert_eq!(&*out[0].queue, "q");
         assert!(!view.current().route("nope", "k", &mut out));
-    }
-
-    /// A store at `dir/topology.json` with two saves: queue `q1`, then `q2`.
-    fn two_saves(dir: &Path) -> PathBuf {
-        let path = dir.join("topology.json");
-        let (store, _) = TopologyStore::open(path.clone(), 1).unwrap();
-        store.declare_queue("q1", "r").unwrap();
-        store.declare_queue("q2", "r").unwrap();
-        path
-    }
-
-    fn queue_names(store: &TopologyStore) -> Vec<String> {
-        let mut names: Vec<String> = store
-            .snapshot()
-            .queues()
-            .map(|q| q.name.to_string())
-            .collect();
-        names.sort();
-        names
-    }
-
-    fn corrupt_copies(dir: &Path) -> Vec<PathBuf> {
-        std::fs::read_dir(dir)
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .filter(|p| p.to_string_lossy().contains("topology.json.corrupt-"))
-            .collect()
-    }
-
-    #[test]
-    fn each_save_keeps_the_version_it_replaces() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = two_saves(dir.path());
-        let current = std::fs::read_to_string(&path).unwrap();
-        let prev = std::fs::read_to_string(prev_path(&path)).unwrap();
-        assert!(current.contains("\"q2\""), "{current}");
-        assert!(
-            prev.contains("\"q1\"") && !prev.contains("\"q2\""),
-            "{prev}"
-        );
-        // No temporary name is left behind.
-        let mut names: Vec<_> = std::fs::read_dir(dir.path())
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        names.sort();
-        assert_eq!(names, ["topology.json", "topology.json.prev"]);
-    }
-
-    #[test]
-    fn a_damaged_file_falls_back_to_the_previous_copy_and_is_kept() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = two_saves(dir.path());
-        std::fs::write(&path, b"{\"queues\": [{\"name\": \"q1\"").unwrap();
-        let (store, warnings) = TopologyStore::open(path.clone(), 1).unwrap();
-        assert_eq!(queue_names(&store), ["q1"]);
-        assert_eq!(warnings.len(), 1, "{warnings:?}");
-        assert_eq!(warnings[0].path, path);
-        assert!(
-            warnings[0].message.contains("topology.json.prev"),
-            "{}",
-            warnings[0]
-        );
-        let aside = corrupt_copies(dir.path());
-        assert_eq!(aside.len(), 1);
-        assert!(warnings[0].message.contains(&*aside[0].to_string_lossy()));
-        assert_eq!(
-            std::fs::read(&aside[0]).unwrap(),
-            b"{\"queues\": [{\"name\": \"q1\""
-        );
-        // topology.json is good again: the next open has nothing to say.
-        drop(store);
-        let (store, warnings) = TopologyStore::open(path, 1).unwrap();
-        assert!(warnings.is_empty(), "{warnings:?}");
-        assert_eq!(queue_names(&store), ["q1"]);
-    }
-
-    #[test]
-    fn a_missing_file_is_restored_from_the_previous_copy() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = two_saves(dir.path());
-        std::fs::remove_file(&path).unwrap();
-        let (store, warnings) = TopologyStore::open(path.clone(), 1).unwrap();
-        assert_eq!(queue_names(&store), ["q1"]);
-        assert_eq!(warnings.len(), 1, "{warnings:?}");
-        assert!(warnings[0].message.contains("missing"), "{}", warnings[0]);
-        assert!(path.exists());
-    }
-
-    #[test]
-    fn a_name_that_would_leave_the_queues_directory_is_damage() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = two_saves(dir.path());
-        let bad = std::fs::read_to_string(&path)
-            .unwrap()
-            .replace("\"q2\"", "\"..\"");
-        std::fs::write(&path, bad).unwrap();
-        let (store, warnings) = TopologyStore::open(path, 1).unwrap();
-        assert_eq!(queue_names(&store), ["q1"]);
-        assert!(
-            warnings[0].message.contains("not a valid name"),
-            "{}",
-            warnings[0]
-        );
-    }
-
-    #[test]
-    fn with_no_usable_copy_the_start_stops_naming_both_files() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = two_saves(dir.path());
-        std::fs::write(&path, b"garbage").unwrap();
-        std::fs::write(prev_path(&path), b"{}").unwrap();
-        let err = TopologyStore::open(path.clone(), 1).unwrap_err();
-        assert!(matches!(err, TopologyError::NoUsableCopy { .. }), "{err:?}");
-        let shown = err.to_string();
-        assert!(
-            shown.contains(&*path.to_string_lossy())
-                && shown.contains(&*prev_path(&path).to_string_lossy())
-                && shown.contains("Restore"),
-            "{shown}"
-        );
-        // Nothing was moved or rewritten.
-        assert_eq!(std::fs::read(&path).unwrap(), b"garbage");
-        assert!(corrupt_copies(dir.path()).is_empty());
-        // A missing file and a damaged copy stop the start too.
-        std::fs::remove_file(&path).unwrap();
-        assert!(matches!(
-            TopologyStore::open(path, 1),
-            Err(TopologyError::NoUsableCopy { .. })
-        ));
-    }
-
-    #[test]
-    fn nothing_saved_is_an_empty_topology_without_warnings() {
-        let dir = tempfile::tempdir().unwrap();
-        let (store, warnings) = TopologyStore::open(dir.path().join("topology.json"), 1).unwrap();
-        assert!(warnings.is_empty());
-        assert_eq!(store.snapshot().queues().count(), 0);
     }
 }
