@@ -102,6 +102,11 @@ impl Storage {
         std::fs::create_dir_all(data_dir.join("queues")).map_err(|e| err("cannot create", &e))?;
         // io_uring opens files relative to nothing: give it absolute paths.
         let data_dir = std::fs::canonicalize(&data_dir).map_err(|e| err("cannot resolve", &e))?;
+        // The directories just made must survive a power cut with what is
+        // written in them: sync each one's entry in its parent.
+        data_dir::sync_dir(data_dir::parent_dir(&data_dir))
+            .and_then(|()| data_dir::sync_dir(&data_dir))
+            .map_err(|e| err("cannot sync", &e))?;
         // Before anything in the directory is read or written.
         let lock = DataDirLock::acquire(&data_dir)
             .map_err(|e| StartError::Storage(format!("storage.data_dir: {e}")))?;

@@ -220,3 +220,159 @@ pub async fn admin_get(addr: &str, cn: &str, path: &str) -> std::io::Result<(u16
         .ok_or_else(|| std::io::Error::other(format!("no status line in {head:?}")))?;
     Ok((status, body.to_owned()))
 }
+
+/// Publishes `ids` to receiver_1's routing key as `cn`, pipelined (`window`
+/// unanswered at most), until all are answered or the broker goes away.
+/// Returns each answered id with its reply line, in order.
+pub async fn publish_pipelined(
+    addr: &str,
+    cn: &str,
+    ids: &[String],
+    window: usize,
+) -> Vec<(String, String)> {
+    let opts = TlsClientOptions::for_cn(&pki().certs, cn);
+    let Ok(conn) = Connection::connect(addr, &opts).await else {
+        return Vec::new();
+    };
+    let (mut rd, mut wr) = conn.into_split();
+    let mut answers = Vec::with_capacity(ids.len());
+    let mut sent = 0usize;
+    while answers.len() < ids.len() {
+        while sent < ids.len() && sent - answers.len() < window {
+            wr.queue_line(&format!(
+                "publish ex receiver_1 {}",
+                super::body(&ids[sent], "receiver_1")
+            ));
+            sent += 1;
+        }
+        if wr.flush().await.is_err() {
+            break;
+        }
+        match rd.read_line().await {
+            Ok(Some(line)) => answers.push((ids[answers.len()].clone(), line.to_owned())),
+            _ => break,
+        }
+    }
+    answers
+}
+
+/// Pipelined load from two senders through `rounds` crashes: each round
+/// publishes `per_round` new ids per sender (plus the ones not yet
+/// acknowledged), lets the load run a pseudo-random 20–220 ms, then hands
+/// the broker to `crash` (which must leave it dead, e.g. SIGKILL, a power
+/// cut too) and starts it again on `config`. Returns the ids acknowledged
+/// and the broker running after the last crash.
+pub async fn load_through_crashes(
+    config: &Path,
+    rounds: usize,
+    per_round: usize,
+    mut crash: impl FnMut(BrokerProcess),
+) -> (std::collections::BTreeSet<String>, BrokerProcess) {
+    let mut broker = BrokerProcess::start(config);
+    let mut acked = std::collections::BTreeSet::new();
+    let mut unacked: std::collections::HashMap<&'static str, Vec<String>> = Default::default();
+    let mut next_id = 0u64;
+    let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+    for round in 0..rounds {
+        let mut tasks = Vec::new();
+        for cn in ["sender_1", "sender_2"] {
+            // Retry what was never acknowledged, then new ids.
+            let mut ids = unacked.remove(cn).unwrap_or_default();
+            for _ in 0..per_round {
+                ids.push(format!("{cn}-{next_id}"));
+                next_id += 1;
+            }
+            let addr = broker.addr.clone();
+            tasks.push((
+                cn,
+                ids.clone(),
+                tokio::spawn(async move { publish_pipelined(&addr, cn, &ids, 200).await }),
+            ));
+        }
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        tokio::time::sleep(Duration::from_millis(20 + seed % 200)).await;
+        crash(broker);
+        for (cn, all, task) in tasks {
+            let answers = task.await.expect("publisher task");
+            let done: std::collections::BTreeSet<&String> = answers
+                .iter()
+                .filter(|(id, line)| *line == format!("ACK {id}"))
+                .map(|(id, _)| id)
+                .collect();
+            acked.extend(done.iter().map(|id| (*id).clone()));
+            unacked.insert(
+                cn,
+                all.iter()
+                    .filter(|id| !done.contains(id))
+                    .cloned()
+                    .collect(),
+            );
+        }
+        eprintln!("crash {round}: {} acked so far", acked.len());
+        broker = BrokerProcess::start(config);
+    }
+    (acked, broker)
+}
+
+/// Fetches and acks everything in receiver_1's queue: how often each id
+/// was delivered.
+pub async fn drain_counting(broker: &BrokerProcess) -> std::collections::HashMap<String, u32> {
+    use ciphermq_proto::Reply;
+    let mut r = broker.connect("receiver_1").await;
+    let mut delivered = std::collections::HashMap::new();
+    loop {
+        r.queue_line("fetch receiver_1_queue 5000");
+        r.flush().await.unwrap();
+        let mut batch = Vec::new();
+        loop {
+            let line = super::next(&mut r).await;
+            match Reply::parse(&line) {
+                Reply::Message(d) => batch.push(d.message_id.to_owned()),
+                Reply::Ok(_) => break,
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        if batch.is_empty() {
+            return delivered;
+        }
+        for id in &batch {
+            r.queue_line(&format!("ack {id} receiver_1_queue"));
+            *delivered.entry(id.clone()).or_default() += 1;
+        }
+        r.flush().await.unwrap();
+        for _ in &batch {
+            assert!(super::next(&mut r).await.starts_with("ACK_CONFIRMED "));
+        }
+    }
+}
+
+/// Asserts that every id in `acked` was delivered, and prints the figures.
+pub fn assert_none_lost(
+    what: &str,
+    acked: &std::collections::BTreeSet<String>,
+    delivered: &std::collections::HashMap<String, u32>,
+) {
+    let lost: Vec<&String> = acked
+        .iter()
+        .filter(|id| !delivered.contains_key(*id))
+        .collect();
+    let duplicates: u32 = delivered.values().map(|n| n - 1).sum();
+    println!(
+        "{what}: acked {}, delivered {} distinct, lost {}, duplicates {duplicates}",
+        acked.len(),
+        delivered.len(),
+        lost.len(),
+    );
+    assert!(
+        acked.len() > 1000,
+        "the load must be real: only {} acked",
+        acked.len()
+    );
+    assert!(
+        lost.is_empty(),
+        "acknowledged but lost: {:?}",
+        &lost[..lost.len().min(10)]
+    );
+}
