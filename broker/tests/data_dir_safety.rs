@@ -15,57 +15,13 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
-use ciphermq_clients::connection::{Connection, TlsClientOptions};
+use ciphermq_clients::connection::Connection;
+use common::process::{BrokerProcess as Broker, Refused};
 use common::{body, check, config_text, fetch, pki, setup_receiver, TIMEOUT};
-
-/// How long a broker may take to start or to give up.
-const START_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// A broker process; killed (SIGKILL) and reaped on drop.
-struct Broker {
-    child: Child,
-    addr: String,
-    /// What it logged before it listened.
-    log: Vec<String>,
-}
-
-impl Drop for Broker {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Broker {
-    /// Kills it like a crash would (the OS drops its lock) and waits for it.
-    fn kill(mut self) {
-        self.child.kill().expect("SIGKILL the broker");
-        self.child.wait().expect("reap the broker");
-    }
-
-    async fn connect(&self, cn: &str) -> Connection {
-        let opts = TlsClientOptions::for_cn(&pki().certs, cn);
-        tokio::time::timeout(TIMEOUT, Connection::connect(&self.addr, &opts))
-            .await
-            .unwrap_or_else(|_| panic!("connect as {cn}: timed out"))
-            .unwrap_or_else(|e| panic!("connect as {cn}: {e}"))
-    }
-}
-
-/// A broker that did not start.
-#[derive(Debug)]
-struct Refused {
-    status: ExitStatus,
-    stdout: String,
-    stderr: String,
-}
 
 /// A directory with a durable broker's config (`broker.toml`) over `data/`,
 /// with console logs on so warnings can be read; `extra` is appended.
@@ -80,72 +36,12 @@ fn setup(extra: &str) -> (tempfile::TempDir, PathBuf, PathBuf) {
     (dir, config, data)
 }
 
-/// Starts the broker binary on `config`: the running broker once it prints
-/// its address, or how it ended when it exits first.
-fn spawn(config: &Path) -> Result<Broker, Refused> {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ciphermq-broker"))
-        .arg("--config")
-        .arg(config)
-        .env("NO_COLOR", "1")
-        .env_remove("RUST_LOG")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start the broker binary");
-    let (tx, rx) = mpsc::channel::<String>();
-    let stdout = child.stdout.take().expect("stdout");
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let mut stderr = child.stderr.take().expect("stderr");
-    let stderr = std::thread::spawn(move || {
-        let mut text = String::new();
-        let _ = stderr.read_to_string(&mut text);
-        text
-    });
-    let deadline = Instant::now() + START_TIMEOUT;
-    let mut log = Vec::new();
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match rx.recv_timeout(left) {
-            Ok(line) => {
-                if let Some(rest) = line.strip_prefix("ciphermq-broker listening on ") {
-                    let addr = rest.split_whitespace().next().unwrap_or("").to_owned();
-                    return Ok(Broker { child, addr, log });
-                }
-                log.push(line);
-            }
-            // Stdout closed: the process is ending.
-            Err(mpsc::RecvTimeoutError::Disconnected) => {
-                let status = child.wait().expect("reap the broker");
-                let stderr = stderr.join().unwrap_or_default();
-                return Err(Refused {
-                    status,
-                    stdout: log.join("\n"),
-                    stderr,
-                });
-            }
-            Err(mpsc::RecvTimeoutError::Timeout) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("the broker neither listened nor exited within {START_TIMEOUT:?}: {log:?}");
-            }
-        }
-    }
-}
-
 fn start(config: &Path) -> Broker {
-    spawn(config).unwrap_or_else(|r| panic!("the broker did not start: {r:?}"))
+    Broker::start(config)
 }
 
 fn refused(config: &Path) -> Refused {
-    match spawn(config) {
+    match Broker::spawn(config) {
         Ok(b) => panic!("the broker started on {} but should not have", b.addr),
         Err(r) => {
             assert!(!r.status.success(), "{r:?}");
@@ -189,7 +85,7 @@ async fn a_second_broker_on_a_locked_data_dir_exits_naming_the_lock_and_its_hold
         "the error names the lock file: {second:?}"
     );
     assert!(
-        second.stderr.contains(&format!("pid {}", first.child.id())),
+        second.stderr.contains(&format!("pid {}", first.pid())),
         "the error names the holder's pid: {second:?}"
     );
     assert!(
@@ -225,7 +121,7 @@ async fn a_damaged_topology_falls_back_to_the_previous_copy() {
     let garbage = b"{\"queues\": [{\"name\": \"receiver_1_q";
     std::fs::write(&topology, garbage).unwrap();
     let broker = start(&config);
-    let log = broker.log.join("\n");
+    let log = broker.log_text();
     assert!(log.contains("topology.json.prev"), "warned: {log}");
     let mut r = broker.connect("receiver_1").await;
     // The queue, its messages and its binding are back.
@@ -265,7 +161,7 @@ async fn a_damaged_key_file_is_set_aside_and_the_other_keys_are_served() {
     sealed[30] ^= 0x40;
     std::fs::write(&damaged, &sealed).unwrap();
     let broker = start(&config);
-    let log = broker.log.join("\n");
+    let log = broker.log_text();
     assert!(log.contains(&*damaged.to_string_lossy()), "logged: {log}");
     let mut s = broker.connect("sender_1").await;
     check(
@@ -315,7 +211,7 @@ async fn a_queue_directory_missing_from_the_topology_is_adopted_by_its_owner() {
     std::fs::remove_file(data.join("topology.json")).unwrap();
     std::fs::remove_file(data.join("topology.json.prev")).unwrap();
     let broker = start(&config);
-    let log = broker.log.join("\n");
+    let log = broker.log_text();
     assert!(log.contains("adopted"), "warned: {log}");
     let saved = std::fs::read_to_string(data.join("topology.json")).unwrap();
     assert!(saved.contains("\"receiver_1_queue\""), "{saved}");
@@ -412,7 +308,7 @@ async fn a_dead_letter_queue_missing_from_the_topology_goes_to_its_queues_record
     forget_queue(&topology, "orders.dlq");
     forget_queue(&data.join("topology.json.prev"), "orders.dlq");
     let broker = start(&config);
-    let log = broker.log.join("\n");
+    let log = broker.log_text();
     assert!(
         log.contains("adopted") && log.contains("orders.dlq"),
         "warned: {log}"

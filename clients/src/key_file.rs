@@ -8,7 +8,7 @@
 //! created with mode 0600, so a crash never leaves half a key.
 
 use std::fs;
-use std::io::{self, Write};
+use std::io;
 use std::path::{Path, PathBuf};
 
 use zeroize::Zeroizing;
@@ -110,23 +110,14 @@ fn write_atomic(path: &Path, contents: &[u8], mode: u32) -> Result<(), KeyFileEr
 }
 
 /// Replaces `path` with `contents` or leaves it as it was, for every file the
-/// client tools write: a temporary file in the same directory, created with
-/// `mode` (a private key is never readable by others, even briefly), written,
-/// fsynced, renamed over `path`, and the directory fsynced. The mode of a
-/// replaced file is not kept, so a key once left readable is tightened.
+/// client tools write, through the data directory's one atomic writer
+/// (temporary file created with `mode`, fsynced, renamed, directory
+/// fsynced); the parent directory is created if missing.
 pub(crate) fn replace_file(path: &Path, contents: &[u8], mode: u32) -> io::Result<()> {
-    use atomic_write_file::unix::OpenOptionsExt as _;
-    use std::os::unix::fs::OpenOptionsExt as _;
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         fs::create_dir_all(dir)?;
     }
-    let mut options = atomic_write_file::OpenOptions::new();
-    options.mode(mode);
-    options.preserve_mode(false);
-    options.preserve_owner(false);
-    let mut file = options.open(path)?;
-    file.write_all(contents)?;
-    file.commit()
+    ciphermq_datadir::write_atomic(path, contents, mode)
 }
 
 #[cfg(test)]

@@ -11,6 +11,7 @@ use ciphermq_clients::connection::{Connection, TlsClientOptions};
 use ciphermq_clients::pki::{self, PkiOptions};
 use ciphermq_shard::shard_of;
 
+pub mod admin_http;
 pub mod pg;
 pub mod process;
 

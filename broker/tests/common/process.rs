@@ -9,7 +9,6 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ciphermq_clients::connection::{Connection, TlsClientOptions};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::{pki, TIMEOUT};
 
@@ -151,6 +150,16 @@ impl BrokerProcess {
         let _ = self.child.wait();
     }
 
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Everything it printed so far, one line each.
+    pub fn log_text(&self) -> String {
+        self.log.lock().unwrap().join("\n")
+    }
+
     /// Whether its log has a line containing every one of `words`.
     pub fn logged(&self, words: &[&str]) -> bool {
         self.log
@@ -187,38 +196,9 @@ impl Drop for BrokerProcess {
 /// One HTTP/1.1 `GET` over mutual TLS as `cn`, read to the end: (status,
 /// body).
 pub async fn admin_get(addr: &str, cn: &str, path: &str) -> std::io::Result<(u16, String)> {
-    let connector = TlsClientOptions::for_cn(&pki().certs, cn)
-        .connector()
-        .map_err(std::io::Error::other)?;
-    let exchange = async {
-        let tcp = tokio::net::TcpStream::connect(addr).await?;
-        let name =
-            rustls::pki_types::ServerName::try_from("localhost").map_err(std::io::Error::other)?;
-        let mut tls = connector.connect(name, tcp).await?;
-        let head = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
-        tls.write_all(head.as_bytes()).await?;
-        tls.flush().await?;
-        let mut raw = Vec::new();
-        match tls.read_to_end(&mut raw).await {
-            Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof && !raw.is_empty() => {}
-            Err(e) => return Err(e),
-        }
-        Ok(raw)
-    };
-    let raw = tokio::time::timeout(TIMEOUT, exchange)
-        .await
-        .map_err(|_| std::io::Error::other("no answer in time"))??;
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let (head, body) = text
-        .split_once("\r\n\r\n")
-        .ok_or_else(|| std::io::Error::other(format!("no header end in {text:?}")))?;
-    let status = head
-        .strip_prefix("HTTP/1.1 ")
-        .and_then(|rest| rest.get(..3))
-        .and_then(|code| code.parse().ok())
-        .ok_or_else(|| std::io::Error::other(format!("no status line in {head:?}")))?;
-    Ok((status, body.to_owned()))
+    let addr = addr.parse().map_err(std::io::Error::other)?;
+    let reply = super::admin_http::request(addr, Some(cn), "GET", path).await?;
+    Ok((reply.status, reply.body))
 }
 
 /// Publishes `ids` to receiver_1's routing key as `cn`, pipelined (`window`
