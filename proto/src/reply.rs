@@ -289,5 +289,8 @@ mod tests {
         ] {
             assert_eq!(NackReason::parse(r.as_str()), Some(r));
         }
+        // A full disk frees up as consumers drain: senders retry it.
+        assert!(NackReason::DiskFull.is_retriable());
+        assert!(!NackReason::Invalid.is_retriable());
     }
 }

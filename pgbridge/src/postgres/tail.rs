@@ -121,8 +121,9 @@ pub(crate) fn read_queue(
     batch: &mut Batch,
     reported: &mut Reported,
 ) -> Result<QueueEnd, TailError> {
-    let bases = list_segments(dir)?;
-    let (Some(&oldest), Some(&newest)) = (bases.first(), bases.last()) else {
+    let listing = segment::list(dir).map_err(at(dir))?;
+    let bases: Vec<u64> = listing.bases().collect();
+    let Some(&oldest) = bases.first() else {
         return Ok(QueueEnd::CaughtUp);
     };
     let mut pos = match start {
@@ -145,7 +146,8 @@ pub(crate) fn read_queue(
     };
     loop {
         let path = segment_path(dir, pos.base);
-        let is_newest = pos.base == newest;
+        // Only the newest segment of the listing may still be written.
+        let is_newest = !listing.is_complete(pos.base);
         let mut file = match File::open(&path) {
             Ok(file) => file,
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
