@@ -71,8 +71,12 @@ pub fn server_config(cert: &Path, key: &Path, ca: &Path) -> Result<Arc<ServerCon
         .with_client_cert_verifier(verifier)
         .with_single_cert(chain, private_key)
         .map_err(|e| TlsError::Rustls(format!("tls.cert_path / tls.key_path: {e}")))?;
-    // No resumption: every connection proves its identity with its certificate.
+    // No resumption: every connection proves its identity with its
+    // certificate. TLS 1.3 tickets are not sent, and TLS 1.2 session ids are
+    // not cached (a resumed 1.2 session would skip the certificate's checks,
+    // its expiry included).
     config.send_tls13_tickets = 0;
+    config.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
     Ok(Arc::new(config))
 }
 
@@ -87,4 +91,30 @@ pub fn peer_common_name(certs: &[CertificateDer<'_>]) -> Option<String> {
         .ok()?
         .to_owned();
     Some(cn)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ciphermq_clients::pki::{self, PkiOptions};
+
+    #[test]
+    fn no_session_is_ever_resumed() {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = PkiOptions::new(dir.path().join("certs"), dir.path().join("keys"));
+        pki::generate(&opts).unwrap();
+        let certs = dir.path().join("certs");
+        let config = server_config(
+            &certs.join("server.crt"),
+            &certs.join("server.key"),
+            &certs.join("ca.crt"),
+        )
+        .unwrap();
+        assert_eq!(config.send_tls13_tickets, 0, "no TLS 1.3 tickets");
+        assert!(
+            !config.session_storage.can_cache(),
+            "no TLS 1.2 session ids kept for resumption"
+        );
+        assert!(!config.ticketer.enabled(), "no TLS 1.2 tickets");
+    }
 }
