@@ -37,6 +37,15 @@ pub const MAX_SHARDS: usize = 1024;
 /// few small records.
 pub const MIN_SEGMENT_BYTES: u64 = 4096;
 
+/// Upper bound of `storage.segment_bytes`: recovery reads a segment whole, so
+/// a segment must fit in memory comfortably (1 GiB).
+pub const MAX_SEGMENT_BYTES: u64 = 1 << 30;
+
+/// Upper bound of every duration in the config: ten years. A deadline is a
+/// point in time computed from now, and one past what the clock can hold
+/// would panic on first use; nothing sensible waits longer.
+pub const MAX_DURATION_SECS: u64 = 10 * 365 * 24 * 3600;
+
 /// Room for the command and its arguments around a message body: the default
 /// `performance.max_line_bytes` is `max_message_bytes` plus this.
 pub const LINE_OVERHEAD_BYTES: usize = 4096;
@@ -952,9 +961,43 @@ impl Config {
         Ok(())
     }
 
+    /// Every duration within [`MAX_DURATION_SECS`], in its own unit.
+    fn validate_durations(&self) -> Result<(), ConfigError> {
+        let (p, d, s) = (&self.performance, &self.database, &self.storage);
+        for (key, value, unit_per_sec) in [
+            ("performance.handshake_timeout_secs", p.handshake_timeout_secs, 1),
+            ("performance.idle_timeout_sec", p.idle_timeout_sec, 1),
+            ("performance.heartbeat_timeout", p.heartbeat_timeout, 1),
+            ("performance.dedup_window_secs", p.dedup_window_secs, 1),
+            ("performance.ack_wait_secs", p.ack_wait_secs, 1),
+            ("database.connect_timeout_secs", d.connect_timeout_secs, 1),
+            ("database.flush_interval_ms", d.flush_interval_ms, 1_000),
+            ("storage.max_commit_delay_us", s.max_commit_delay_us, 1_000_000),
+        ] {
+            if value / unit_per_sec > MAX_DURATION_SECS {
+                return Err(ConfigError::invalid(
+                    key,
+                    format!("{value} is more than ten years; nothing sensible waits that long"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     fn validate_storage(&self) -> Result<(), ConfigError> {
         let s = &self.storage;
         check_non_empty_path("storage.data_dir", &s.data_dir)?;
+        self.validate_durations()?;
+        if s.segment_bytes > MAX_SEGMENT_BYTES {
+            return Err(ConfigError::invalid(
+                "storage.segment_bytes",
+                format!(
+                    "must be at most {MAX_SEGMENT_BYTES} (1 GiB; got {}): recovery reads a \
+                     segment whole",
+                    s.segment_bytes
+                ),
+            ));
+        }
         if s.segment_bytes < MIN_SEGMENT_BYTES {
             return Err(ConfigError::invalid(
                 "storage.segment_bytes",
@@ -1288,6 +1331,15 @@ mod tests {
         assert!(err("[performance]\nmax_pending_replies = 0")
             .starts_with("performance.max_pending_replies:"));
         assert!(err("[storage]\nsegment_bytes = 4095").starts_with("storage.segment_bytes:"));
+        assert!(err("[storage]\nsegment_bytes = 1073741825").starts_with("storage.segment_bytes:"));
+        // Durations a deadline could not hold are refused, not a panic later.
+        for key in [
+            "[performance]\nack_wait_secs = 9223372036854775807",
+            "[performance]\nidle_timeout_sec = 9223372036854775807",
+            "[database]\nflush_interval_ms = 9223372036854775807",
+        ] {
+            assert!(err(key).contains("more than ten years"), "{key}");
+        }
         assert!(err("[encryption]\nalgorithm = \"aes\"").starts_with("encryption.algorithm:"));
         assert!(err("[logging]\nlevel = \"loud\"").starts_with("logging.level:"));
         assert!(parse("[logging]\nlevel = \"info,ciphermq_shard=debug\"").is_ok());
