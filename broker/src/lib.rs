@@ -36,6 +36,7 @@ pub mod connection;
 pub mod context;
 pub mod disk_watch;
 pub mod line_buffer;
+pub mod log_throttle;
 pub mod policy;
 pub mod rate_limit;
 pub mod replies;

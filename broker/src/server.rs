@@ -34,6 +34,7 @@ use crate::context::{Settings, ShardLocal, Shared};
 use crate::policy::PolicyStore;
 use crate::rate_limit::ConnectionSlot;
 use crate::stats::{BrokerStats, Lifecycle};
+use crate::log_throttle::LogThrottle;
 use crate::storage::Storage;
 use crate::sys;
 use crate::tls::{peer_common_name, server_config};
@@ -232,6 +233,9 @@ impl BrokerHandle {
 pub fn start(config: &Config) -> Result<BrokerHandle, StartError> {
     sys::probe_io_uring().map_err(StartError::IoUring)?;
     let memlock = sys::raise_memlock_limit();
+    // Every connection and every open segment holds a descriptor.
+    let files = sys::raise_nofile_limit();
+    tracing::debug!(files, "open-file limit");
     let shards = match config.server.shards {
         0 => std::thread::available_parallelism()
             .map(|n| n.get())
@@ -676,7 +680,13 @@ async fn handshake(
     .await;
     if let Err(e) = done {
         local.stats.handshake_failures.add(1);
-        tracing::info!(%peer, error = %e, "TLS handshake failed");
+        // Anyone can fail handshakes at will: one line a second per shard.
+        thread_local! {
+            static FAILED_HANDSHAKES: LogThrottle = const { LogThrottle::new(Duration::from_secs(1)) };
+        }
+        if let Some(skipped) = FAILED_HANDSHAKES.with(|t| t.admit(Instant::now())) {
+            tracing::info!(%peer, error = %e, skipped, "TLS handshake failed (skipped: failures not logged since the last line)");
+        }
         return;
     }
     if shutdown.is_triggered() {

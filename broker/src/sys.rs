@@ -61,13 +61,25 @@ pub fn probe_io_uring() -> Result<(), String> {
 /// Raises the soft locked-memory limit to the hard one; returns the soft limit
 /// now in force, in bytes (`u64::MAX` for unlimited).
 pub fn raise_memlock_limit() -> u64 {
+    raise_limit(libc::RLIMIT_MEMLOCK)
+}
+
+/// Raises the soft open-file limit to the hard one (connections and open
+/// segments each hold a descriptor); returns the soft limit now in force.
+pub fn raise_nofile_limit() -> u64 {
+    raise_limit(libc::RLIMIT_NOFILE)
+}
+
+/// Raises the soft limit of `resource` to its hard limit; returns the soft
+/// limit now in force (0 when it cannot be read).
+fn raise_limit(resource: libc::__rlimit_resource_t) -> u64 {
     let mut limit = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
     };
     // SAFETY: getrlimit/setrlimit only read or write the struct we pass.
     unsafe {
-        if libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut limit) != 0 {
+        if libc::getrlimit(resource, &mut limit) != 0 {
             return 0;
         }
         if limit.rlim_cur < limit.rlim_max {
@@ -75,7 +87,7 @@ pub fn raise_memlock_limit() -> u64 {
                 rlim_cur: limit.rlim_max,
                 rlim_max: limit.rlim_max,
             };
-            if libc::setrlimit(libc::RLIMIT_MEMLOCK, &raised) == 0 {
+            if libc::setrlimit(resource, &raised) == 0 {
                 limit = raised;
             }
         }
