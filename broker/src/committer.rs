@@ -65,11 +65,53 @@ pub fn spawn(local: Rc<ShardLocal>, busy: Rc<Cell<usize>>) {
     }
 }
 
+/// Open segment files a shard keeps at most: every queue written to holds
+/// one, and a client that declares many queues must not run the process out
+/// of descriptors. Past it the least recently written file is closed (and
+/// opened again when next written).
+pub const MAX_OPEN_FILES: usize = 1024;
+
 /// Open segment files of this shard's queues, shared by the write and sync
 /// stages (borrowed only between awaits).
 #[derive(Default)]
 struct Files {
-    open: HashMap<PathBuf, Arc<File>>,
+    /// Each with the round it was last used in.
+    open: HashMap<PathBuf, (Arc<File>, u64)>,
+    /// Counts uses, for "least recently used".
+    clock: u64,
+}
+
+impl Files {
+    /// The open file at `path`, marked as just used.
+    fn get(&mut self, path: &Path) -> Option<Arc<File>> {
+        self.clock += 1;
+        let (file, used) = self.open.get_mut(path)?;
+        *used = self.clock;
+        Some(file.clone())
+    }
+
+    /// Keeps `file` open for `path`, closing the least recently used one
+    /// when [`MAX_OPEN_FILES`] are open (a scan, but only when a file is
+    /// opened at the cap: opening costs a system call anyway).
+    fn insert(&mut self, path: PathBuf, file: Arc<File>) {
+        if self.open.len() >= MAX_OPEN_FILES {
+            let oldest = self
+                .open
+                .iter()
+                .min_by_key(|(_, (_, used))| *used)
+                .map(|(p, _)| p.clone());
+            if let Some(oldest) = oldest {
+                self.open.remove(&oldest);
+            }
+        }
+        self.clock += 1;
+        self.open.insert(path, (file, self.clock));
+    }
+
+    /// Forgets (closes, once no job holds it) the file at `path`.
+    fn close(&mut self, path: &Path) {
+        self.open.remove(path);
+    }
 }
 
 /// The file of `job`, creating its directory and the file when new, after
@@ -85,7 +127,7 @@ async fn prepare(files: &RefCell<Files>, job: &CommitJob) -> IoResult<Arc<File>>
     }
     if !job.cuts.is_empty() {
         for (path, _) in &job.cuts {
-            files.borrow_mut().open.remove(path);
+            files.borrow_mut().close(path);
         }
         let cuts = job.cuts.clone();
         let dir = job.dir.clone();
@@ -98,15 +140,12 @@ async fn prepare(files: &RefCell<Files>, job: &CommitJob) -> IoResult<Arc<File>>
         })
         .await?;
     }
-    if let Some(f) = files.borrow().open.get(&job.path) {
-        return Ok(f.clone());
+    if let Some(f) = files.borrow_mut().get(&job.path) {
+        return Ok(f);
     }
     let cut_here = job.cuts.iter().any(|(p, _)| *p == job.path);
     let file = open(&job.path, job.create && !cut_here).await?;
-    files
-        .borrow_mut()
-        .open
-        .insert(job.path.clone(), file.clone());
+    files.borrow_mut().insert(job.path.clone(), file.clone());
     Ok(file)
 }
 
@@ -370,16 +409,37 @@ async fn sync_round(
     for (job, durable) in jobs.into_iter().zip(durable) {
         if !durable {
             // Reopened (and cut back) by the next job.
-            files.borrow_mut().open.remove(&job.path);
+            files.borrow_mut().close(&job.path);
         }
         deletions.extend(job.delete.into_iter().map(|(_, path)| path));
         deletions.extend(job.dedup_delete);
     }
     for path in deletions {
-        drop(files.borrow_mut().open.remove(&path));
+        files.borrow_mut().close(&path);
         if let Err(e) = glommio::io::remove(&path).await {
             tracing::warn!(path = %path.display(), error = %e, "could not delete an acked segment");
         }
     }
     busy.set(busy.get() - 1);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn open_files_are_capped_closing_the_least_recently_used() {
+        let mut files = Files::default();
+        let null = || Arc::new(File::open("/dev/null").unwrap());
+        for i in 0..MAX_OPEN_FILES {
+            files.insert(PathBuf::from(format!("/q/{i}")), null());
+        }
+        // The first one is used again: the second is now the oldest.
+        assert!(files.get(Path::new("/q/0")).is_some());
+        files.insert(PathBuf::from("/q/new"), null());
+        assert_eq!(files.open.len(), MAX_OPEN_FILES);
+        assert!(files.get(Path::new("/q/1")).is_none(), "closed");
+        assert!(files.get(Path::new("/q/0")).is_some());
+        assert!(files.get(Path::new("/q/new")).is_some());
+    }
 }
