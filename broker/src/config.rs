@@ -470,6 +470,13 @@ pub struct PerformanceConfig {
     /// stops reading from it (backpressure on pipelining clients). At least 1.
     /// Default 65 536.
     pub max_pending_replies: usize,
+    /// TLS handshakes in progress at once, all clients together, before any
+    /// certificate is seen; more are closed at once. Shared evenly by the
+    /// shards (each admits its part, rounded up). At least 1. Default 1024.
+    pub max_handshakes: u32,
+    /// TLS handshakes in progress at once from one IP address (each shard
+    /// admits its part, rounded up). At least 1. Default 64.
+    pub max_handshakes_per_ip: u32,
 }
 
 /// What `[performance]` looks like on disk: `max_line_bytes` is optional there
@@ -488,6 +495,8 @@ struct RawPerformanceConfig {
     max_deliveries: u32,
     default_prefetch: u32,
     max_pending_replies: usize,
+    max_handshakes: u32,
+    max_handshakes_per_ip: u32,
 }
 
 impl Default for RawPerformanceConfig {
@@ -505,6 +514,8 @@ impl Default for RawPerformanceConfig {
             max_deliveries: d.max_deliveries,
             default_prefetch: d.default_prefetch,
             max_pending_replies: d.max_pending_replies,
+            max_handshakes: d.max_handshakes,
+            max_handshakes_per_ip: d.max_handshakes_per_ip,
         }
     }
 }
@@ -525,6 +536,8 @@ impl From<RawPerformanceConfig> for PerformanceConfig {
             max_deliveries: raw.max_deliveries,
             default_prefetch: raw.default_prefetch,
             max_pending_replies: raw.max_pending_replies,
+            max_handshakes: raw.max_handshakes,
+            max_handshakes_per_ip: raw.max_handshakes_per_ip,
         }
     }
 }
@@ -544,6 +557,8 @@ impl Default for PerformanceConfig {
             max_deliveries: 10,
             default_prefetch: 1000,
             max_pending_replies: 65_536,
+            max_handshakes: 1024,
+            max_handshakes_per_ip: 64,
         }
     }
 }
@@ -915,7 +930,12 @@ impl Config {
 
     fn validate_performance(&self) -> Result<(), ConfigError> {
         let p = &self.performance;
-        let at_least_one: [(&str, u64); 6] = [
+        let at_least_one: [(&str, u64); 8] = [
+            ("performance.max_handshakes", u64::from(p.max_handshakes)),
+            (
+                "performance.max_handshakes_per_ip",
+                u64::from(p.max_handshakes_per_ip),
+            ),
             ("performance.max_queue_size", p.max_queue_size as u64),
             ("performance.max_message_bytes", p.max_message_bytes as u64),
             (
@@ -965,14 +985,22 @@ impl Config {
     fn validate_durations(&self) -> Result<(), ConfigError> {
         let (p, d, s) = (&self.performance, &self.database, &self.storage);
         for (key, value, unit_per_sec) in [
-            ("performance.handshake_timeout_secs", p.handshake_timeout_secs, 1),
+            (
+                "performance.handshake_timeout_secs",
+                p.handshake_timeout_secs,
+                1,
+            ),
             ("performance.idle_timeout_sec", p.idle_timeout_sec, 1),
             ("performance.heartbeat_timeout", p.heartbeat_timeout, 1),
             ("performance.dedup_window_secs", p.dedup_window_secs, 1),
             ("performance.ack_wait_secs", p.ack_wait_secs, 1),
             ("database.connect_timeout_secs", d.connect_timeout_secs, 1),
             ("database.flush_interval_ms", d.flush_interval_ms, 1_000),
-            ("storage.max_commit_delay_us", s.max_commit_delay_us, 1_000_000),
+            (
+                "storage.max_commit_delay_us",
+                s.max_commit_delay_us,
+                1_000_000,
+            ),
         ] {
             if value / unit_per_sec > MAX_DURATION_SECS {
                 return Err(ConfigError::invalid(
@@ -1253,6 +1281,8 @@ mod tests {
         assert_eq!(c.performance.max_deliveries, 10);
         assert_eq!(c.performance.default_prefetch, 1000);
         assert_eq!(c.performance.max_pending_replies, 65_536);
+        assert_eq!(c.performance.max_handshakes, 1024);
+        assert_eq!(c.performance.max_handshakes_per_ip, 64);
         assert_eq!(c.storage.mode, StorageMode::Durable);
         assert_eq!(c.storage.segment_bytes, 67_108_864);
         assert_eq!(c.storage.max_commit_delay_us, 0);
@@ -1564,7 +1594,7 @@ mod tests {
             ("logging", 5),
             ("database", 9),
             ("encryption", 1),
-            ("performance", 11),
+            ("performance", 13),
             ("storage", 5),
             ("admin", 2),
             ("rate_limit", 7),

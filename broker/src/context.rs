@@ -27,6 +27,10 @@ pub struct Settings {
     pub max_pending_replies: usize,
     /// `performance.handshake_timeout_secs`.
     pub handshake_timeout: Duration,
+    /// `performance.max_handshakes`: in progress at once, whole broker.
+    pub max_handshakes: u32,
+    /// `performance.max_handshakes_per_ip`: in progress at once, one address.
+    pub max_handshakes_per_ip: u32,
     /// `performance.idle_timeout_sec`; `None` = never.
     pub idle_timeout: Option<Duration>,
     /// `performance.heartbeat_timeout` (receivers); `None` = never.
@@ -60,6 +64,8 @@ impl Settings {
             default_prefetch: p.default_prefetch,
             max_pending_replies: p.max_pending_replies,
             handshake_timeout: Duration::from_secs(p.handshake_timeout_secs.max(1)),
+            max_handshakes: p.max_handshakes,
+            max_handshakes_per_ip: p.max_handshakes_per_ip,
             idle_timeout: secs(p.idle_timeout_sec),
             heartbeat_timeout: secs(p.heartbeat_timeout),
         }

@@ -35,6 +35,7 @@ pub mod config;
 pub mod connection;
 pub mod context;
 pub mod disk_watch;
+pub mod handshake_gate;
 pub mod line_buffer;
 pub mod log_throttle;
 pub mod policy;

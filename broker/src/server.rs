@@ -31,10 +31,11 @@ use crate::committer;
 use crate::config::Config;
 use crate::connection::{Connection, Identity};
 use crate::context::{Settings, ShardLocal, Shared};
+use crate::handshake_gate::HandshakeGate;
+use crate::log_throttle::LogThrottle;
 use crate::policy::PolicyStore;
 use crate::rate_limit::ConnectionSlot;
 use crate::stats::{BrokerStats, Lifecycle};
-use crate::log_throttle::LogThrottle;
 use crate::storage::Storage;
 use crate::sys;
 use crate::tls::{peer_common_name, server_config};
@@ -543,11 +544,36 @@ async fn run_shard(ctx: ShardStart, ready: std::sync::mpsc::Sender<Result<Socket
     // Handshakes in progress: the shard must not end under them, or their
     // sockets would never be closed (closing needs the running reactor).
     let handshaking = Rc::new(Cell::new(0usize));
+    let performance = &ctx.shared.settings;
+    let gate = HandshakeGate::new(
+        performance.max_handshakes,
+        performance.max_handshakes_per_ip,
+        ctx.shared.shards,
+    );
+    let turned_away = LogThrottle::new(Duration::from_secs(1));
     let accept_loop = async {
         loop {
             match listener.accept().await {
                 Ok(stream) => {
-                    let guard = InFlight::enter(&handshaking);
+                    // Before any TLS: a flood of handshakes holds a bounded
+                    // number of sockets and sessions.
+                    let peer = stream.peer_addr().map(|a| a.ip());
+                    let place = match peer.as_ref().map(|ip| gate.admit(*ip)) {
+                        Ok(Ok(place)) => place,
+                        Ok(Err(refusal)) => {
+                            local.stats.handshakes_refused.add(1);
+                            if let Some(skipped) = turned_away.admit(Instant::now()) {
+                                tracing::warn!(peer = ?peer, ?refusal, skipped, "connection closed before its handshake: too many handshakes in progress (performance.max_handshakes / max_handshakes_per_ip)");
+                            }
+                            drop(stream);
+                            continue;
+                        }
+                        Err(e) => {
+                            tracing::debug!(error = %e, "accepted a connection already gone");
+                            continue;
+                        }
+                    };
+                    let guard = (InFlight::enter(&handshaking), place);
                     let task = handshake(
                         local.clone(),
                         stream,

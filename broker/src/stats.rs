@@ -155,6 +155,8 @@ pub struct ShardStats {
     pub connections_refused: Counter,
     /// TLS handshakes that failed or timed out.
     pub handshake_failures: Counter,
+    /// Connections closed before their handshake: too many in progress.
+    pub handshakes_refused: Counter,
     /// `fdatasync` calls on queue logs.
     pub fsyncs: Counter,
     /// Group-commit rounds.
@@ -189,6 +191,7 @@ impl ShardStats {
             connections_accepted: Counter::default(),
             connections_refused: Counter::default(),
             handshake_failures: Counter::default(),
+            handshakes_refused: Counter::default(),
             fsyncs: Counter::default(),
             commit_rounds: Counter::default(),
             commit_failures: Counter::default(),

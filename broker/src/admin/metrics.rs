@@ -251,6 +251,13 @@ pub(crate) fn render(ctx: &AdminContext) -> String {
     shard_counter(
         &mut e,
         shards,
+        "ciphermq_handshakes_refused_total",
+        "Connections closed before their handshake: too many handshakes in progress (performance.max_handshakes, max_handshakes_per_ip).",
+        |s| s.handshakes_refused.get(),
+    );
+    shard_counter(
+        &mut e,
+        shards,
         "ciphermq_fsyncs_total",
         "fdatasync calls on queue logs.",
         |s| s.fsyncs.get(),

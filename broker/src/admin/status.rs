@@ -114,6 +114,7 @@ pub(crate) struct Counters {
     pub(crate) connections_accepted: u64,
     pub(crate) connections_refused: u64,
     pub(crate) handshake_failures: u64,
+    pub(crate) handshakes_refused: u64,
     pub(crate) fsyncs: u64,
     pub(crate) commit_rounds: u64,
     pub(crate) commit_failures: u64,
@@ -229,6 +230,7 @@ pub(crate) fn counters(ctx: &AdminContext) -> Counters {
         c.connections_accepted += s.connections_accepted.get();
         c.connections_refused += s.connections_refused.get();
         c.handshake_failures += s.handshake_failures.get();
+        c.handshakes_refused += s.handshakes_refused.get();
         c.fsyncs += s.fsyncs.get();
         c.commit_rounds += s.commit_rounds.get();
         c.commit_failures += s.commit_failures.get();

@@ -1,0 +1,76 @@
+//! A handshake flood: one address opens connections and never starts TLS.
+//! Past `performance.max_handshakes_per_ip` its new connections are closed at
+//! once, before any TLS, while a client from another address still gets its
+//! greeting promptly.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use ciphermq_clients::connection::TlsClientOptions;
+use common::{pki, TestBroker, TIMEOUT};
+use rustls::pki_types::ServerName;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
+use tokio::net::{TcpSocket, TcpStream};
+
+const CAP: usize = 4;
+
+/// A TCP connection to `addr` from the local address `from`.
+async fn tcp_from(from: &str, addr: SocketAddr) -> std::io::Result<TcpStream> {
+    let socket = TcpSocket::new_v4()?;
+    socket.bind(format!("{from}:0").parse().unwrap())?;
+    socket.connect(addr).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handshake_flood_from_one_address_is_cut_before_tls_and_others_are_served() {
+    let broker = TestBroker::start_with(
+        1,
+        &format!("\n[performance]\nmax_handshakes_per_ip = {CAP}\nmax_handshakes = 64\n"),
+    );
+    let addr: SocketAddr = broker.addr.parse().unwrap();
+    // The flood: connections that never say a word.
+    let mut flood = Vec::new();
+    for _ in 0..CAP {
+        flood.push(tcp_from("127.0.0.1", addr).await.unwrap());
+    }
+    // Give the broker time to accept them all.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // One more from that address is closed at once, well before the
+    // handshake timeout (10 s).
+    let started = Instant::now();
+    let mut extra = tcp_from("127.0.0.1", addr).await.unwrap();
+    let mut byte = [0u8; 1];
+    let read = tokio::time::timeout(TIMEOUT, extra.read(&mut byte))
+        .await
+        .expect("closed, not left hanging");
+    assert!(
+        matches!(read, Ok(0) | Err(_)),
+        "closed without a byte: {read:?}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(5));
+
+    // Another address is served while the flood holds its places.
+    let tcp = tcp_from("127.0.0.2", addr).await.unwrap();
+    let connector = TlsClientOptions::for_cn(&pki().certs, "sender_1")
+        .connector()
+        .unwrap();
+    let name = ServerName::try_from("localhost").unwrap();
+    let tls = tokio::time::timeout(TIMEOUT, connector.connect(name, tcp))
+        .await
+        .expect("handshake in time")
+        .expect("handshake");
+    let mut hello = String::new();
+    tokio::time::timeout(TIMEOUT, BufReader::new(tls).read_line(&mut hello))
+        .await
+        .expect("greeting in time")
+        .unwrap();
+    assert_eq!(hello.trim_end(), "HELLO ciphermq/1 sender_1 sender");
+
+    // When the flood goes, its address is served again.
+    drop(flood);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut c = common::connect_as(&broker, "sender_2").await;
+    common::check(&mut c, "heartbeat", "OK heartbeat").await;
+}
