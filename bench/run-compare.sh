@@ -97,6 +97,10 @@ json_files = false
 [storage]
 data_dir = "data-$1"
 mode = "$mode"
+[rate_limit]
+# The idle section opens 10,000 connections from one address.
+max_connections_per_ip = 20000
+max_connections_per_cn = 20000
 [acl]
 admin_cns = ["admin"]
 sender_cns = ["sender_1", "sender_2"]

@@ -642,7 +642,8 @@ impl Default for AdminConfig {
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RateLimitConfig {
-    /// Apply the limits below. Default false.
+    /// Apply the token buckets below. Default false. (The connection caps
+    /// apply either way.)
     pub enabled: bool,
     /// Commands per second per CN, any command (refill rate), > 0.
     /// Default 10 000.
@@ -656,9 +657,11 @@ pub struct RateLimitConfig {
     /// Publishes a CN may send in a burst above `publish_rps`, at least 1.
     /// Default 20 000.
     pub publish_burst: u32,
-    /// Open connections per client IP address, at least 1. Default 1000.
+    /// Open connections per client IP address, at least 1, always enforced.
+    /// Default 1000.
     pub max_connections_per_ip: u32,
-    /// Open connections per certificate CN, at least 1. Default 100.
+    /// Open connections per certificate CN, at least 1, always enforced.
+    /// Default 100.
     pub max_connections_per_cn: u32,
 }
 

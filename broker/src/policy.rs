@@ -51,12 +51,10 @@ impl Policy {
 
 /// Connection caps as configured: unlimited while rate limiting is off.
 fn caps(config: &Config) -> (u32, u32) {
+    // Always enforced: `rate_limit.enabled` turns on the token buckets
+    // only. An unbounded number of connections is not a default to ship.
     let r = &config.rate_limit;
-    if r.enabled {
-        (r.max_connections_per_ip, r.max_connections_per_cn)
-    } else {
-        (u32::MAX, u32::MAX)
-    }
+    (r.max_connections_per_ip, r.max_connections_per_cn)
 }
 
 /// The current policy, shared by every shard.

@@ -1,7 +1,9 @@
-//! A handshake flood: one address opens connections and never starts TLS.
-//! Past `performance.max_handshakes_per_ip` its new connections are closed at
-//! once, before any TLS, while a client from another address still gets its
-//! greeting promptly.
+//! Hostile connections: a handshake flood (one address opens connections
+//! and never starts TLS: past `performance.max_handshakes_per_ip` its new
+//! connections are closed at once, before any TLS, while a client from
+//! another address still gets its greeting promptly), and one certificate
+//! opening connection after connection (capped whether or not the token
+//! buckets of `[rate_limit]` are on).
 
 mod common;
 
@@ -73,4 +75,28 @@ async fn a_handshake_flood_from_one_address_is_cut_before_tls_and_others_are_ser
     tokio::time::sleep(Duration::from_millis(200)).await;
     let mut c = common::connect_as(&broker, "sender_2").await;
     common::check(&mut c, "heartbeat", "OK heartbeat").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_per_cn_are_capped_by_default() {
+    // [rate_limit] stays disabled: the caps hold anyway.
+    let broker = TestBroker::start_with(1, "\n[rate_limit]\nmax_connections_per_cn = 2\n");
+    let _first = common::connect_as(&broker, "sender_1").await;
+    let _second = common::connect_as(&broker, "sender_1").await;
+    let raw = ciphermq_clients::connection::Connection::connect_raw(
+        &broker.addr,
+        &TlsClientOptions::for_cn(&pki().certs, "sender_1"),
+    )
+    .await
+    .expect("TLS succeeds; the refusal comes as a line");
+    let mut lines = BufReader::new(raw);
+    let mut line = String::new();
+    tokio::time::timeout(TIMEOUT, lines.read_line(&mut line))
+        .await
+        .expect("an answer in time")
+        .unwrap();
+    assert_eq!(line.trim_end(), "Error: connection limit reached");
+    // Another CN is not affected.
+    let mut other = common::connect_as(&broker, "sender_2").await;
+    common::check(&mut other, "heartbeat", "OK heartbeat").await;
 }
