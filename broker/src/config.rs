@@ -477,6 +477,15 @@ pub struct PerformanceConfig {
     /// TLS handshakes in progress at once from one IP address (each shard
     /// admits its part, rounded up). At least 1. Default 64.
     pub max_handshakes_per_ip: u32,
+    /// Most deliveries one `fetch` returns, whatever it asks. At least 1.
+    /// Default 10 000.
+    pub max_fetch: u32,
+    /// Body bytes one `fetch` returns at most (one message at least, when
+    /// there is one). At least 1. Default 16 MiB (16 777 216).
+    pub max_fetch_bytes: usize,
+    /// Most unacked deliveries per consumer, whatever its `consume` asks.
+    /// At least 1. Default 10 000.
+    pub max_prefetch: u32,
 }
 
 /// What `[performance]` looks like on disk: `max_line_bytes` is optional there
@@ -497,6 +506,9 @@ struct RawPerformanceConfig {
     max_pending_replies: usize,
     max_handshakes: u32,
     max_handshakes_per_ip: u32,
+    max_fetch: u32,
+    max_fetch_bytes: usize,
+    max_prefetch: u32,
 }
 
 impl Default for RawPerformanceConfig {
@@ -516,6 +528,9 @@ impl Default for RawPerformanceConfig {
             max_pending_replies: d.max_pending_replies,
             max_handshakes: d.max_handshakes,
             max_handshakes_per_ip: d.max_handshakes_per_ip,
+            max_fetch: d.max_fetch,
+            max_fetch_bytes: d.max_fetch_bytes,
+            max_prefetch: d.max_prefetch,
         }
     }
 }
@@ -538,6 +553,9 @@ impl From<RawPerformanceConfig> for PerformanceConfig {
             max_pending_replies: raw.max_pending_replies,
             max_handshakes: raw.max_handshakes,
             max_handshakes_per_ip: raw.max_handshakes_per_ip,
+            max_fetch: raw.max_fetch,
+            max_fetch_bytes: raw.max_fetch_bytes,
+            max_prefetch: raw.max_prefetch,
         }
     }
 }
@@ -559,6 +577,9 @@ impl Default for PerformanceConfig {
             max_pending_replies: 65_536,
             max_handshakes: 1024,
             max_handshakes_per_ip: 64,
+            max_fetch: 10_000,
+            max_fetch_bytes: 16 << 20,
+            max_prefetch: 10_000,
         }
     }
 }
@@ -933,7 +954,10 @@ impl Config {
 
     fn validate_performance(&self) -> Result<(), ConfigError> {
         let p = &self.performance;
-        let at_least_one: [(&str, u64); 8] = [
+        let at_least_one: [(&str, u64); 11] = [
+            ("performance.max_fetch", u64::from(p.max_fetch)),
+            ("performance.max_fetch_bytes", p.max_fetch_bytes as u64),
+            ("performance.max_prefetch", u64::from(p.max_prefetch)),
             ("performance.max_handshakes", u64::from(p.max_handshakes)),
             (
                 "performance.max_handshakes_per_ip",
@@ -1597,7 +1621,7 @@ mod tests {
             ("logging", 5),
             ("database", 9),
             ("encryption", 1),
-            ("performance", 13),
+            ("performance", 16),
             ("storage", 5),
             ("admin", 2),
             ("rate_limit", 7),

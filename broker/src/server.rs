@@ -287,6 +287,9 @@ pub fn start(config: &Config) -> Result<BrokerHandle, StartError> {
             .then(|| Duration::from_secs(config.performance.ack_wait_secs)),
         dedup_hasher: storage.dedup_hasher,
         carry_dedup: storage.durable.is_some(),
+        max_fetch: config.performance.max_fetch,
+        max_fetch_bytes: config.performance.max_fetch_bytes,
+        max_prefetch: config.performance.max_prefetch,
     };
 
     let mut mesh = Mesh::build(shards);

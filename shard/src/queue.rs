@@ -28,6 +28,15 @@ pub struct QueueSettings {
     /// Durable logs: acked ids are carried out of segments before these are
     /// deleted, so the dedup window survives restarts.
     pub carry_dedup: bool,
+    /// Most deliveries one `fetch` returns, whatever it asks: a fetch is
+    /// rendered into one reply, which must stay bounded.
+    pub max_fetch: u32,
+    /// Body bytes one `fetch` returns at most (it always returns at least
+    /// one message when there is one): the same bound in bytes.
+    pub max_fetch_bytes: usize,
+    /// Most unacked deliveries one consumer may hold, whatever its
+    /// `consume` asks.
+    pub max_prefetch: u32,
 }
 
 impl Default for QueueSettings {
@@ -39,6 +48,9 @@ impl Default for QueueSettings {
             ack_wait: None,
             dedup_hasher: DedupHasher::random(),
             carry_dedup: false,
+            max_fetch: 10_000,
+            max_fetch_bytes: 16 << 20,
+            max_prefetch: 10_000,
         }
     }
 }
@@ -449,10 +461,15 @@ impl Queue {
         out: &mut Vec<Delivery>,
         dead: &mut Vec<Entry>,
     ) {
-        for _ in 0..max {
+        let mut bytes = 0usize;
+        for _ in 0..max.min(settings.max_fetch) {
+            if bytes >= settings.max_fetch_bytes {
+                return;
+            }
             let Some(entry) = self.next_entry(settings, dead, now) else {
                 return;
             };
+            bytes += entry.msg.body().len();
             out.push(self.deliver(entry, conn, settings, now));
         }
     }
@@ -602,7 +619,35 @@ mod tests {
             ack_wait: None,
             dedup_hasher: DedupHasher::random(),
             carry_dedup: true,
+            ..QueueSettings::default()
         }
+    }
+
+    #[test]
+    fn a_fetch_is_bounded_in_count_and_bytes_whatever_it_asks() {
+        let s = QueueSettings {
+            max_len: 100,
+            max_fetch: 5,
+            max_fetch_bytes: 10,
+            ..settings()
+        };
+        let now = Instant::now();
+        let mut q = Queue::new(Arc::from("q"), 0);
+        for i in 0..20 {
+            q.enqueue(msg(&format!("m{i}"), "s"), now, &s).unwrap();
+        }
+        let mut out = Vec::new();
+        q.fetch(conn(1), u32::MAX, &s, now, &mut out, &mut Vec::new());
+        // Bodies are "{}": 2 bytes each, so the byte bound (10) stops it at 5.
+        assert_eq!(out.len(), 5);
+        let big = QueueSettings {
+            max_fetch: 1000,
+            max_fetch_bytes: 3,
+            ..s.clone()
+        };
+        out.clear();
+        q.fetch(conn(1), u32::MAX, &big, now, &mut out, &mut Vec::new());
+        assert_eq!(out.len(), 2, "at least one message, then the byte bound");
     }
 
     fn ids(out: &[(ConnRef, Delivery)]) -> Vec<(u64, String, u32)> {

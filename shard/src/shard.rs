@@ -501,6 +501,7 @@ impl Shard {
     }
 
     fn consume_local(&mut self, conn: ConnRef, queue: &str, prefetch: u32, now: Instant) {
+        let prefetch = prefetch.min(self.settings.max_prefetch);
         if let Some(q) = self.queue_mut(queue) {
             q.add_consumer(conn, prefetch);
             self.dispatch(queue, now);
