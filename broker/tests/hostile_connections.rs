@@ -100,3 +100,23 @@ async fn connections_per_cn_are_capped_by_default() {
     let mut other = common::connect_as(&broker, "sender_2").await;
     common::check(&mut other, "heartbeat", "OK heartbeat").await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fetch_of_everything_is_served_up_to_the_cap() {
+    let broker = TestBroker::start_with(1, "\n[performance]\nmax_fetch = 10\n");
+    let mut r = common::connect_as(&broker, "receiver_1").await;
+    common::setup_receiver(&mut r, "receiver_1").await;
+    let mut s = common::connect_as(&broker, "sender_1").await;
+    for i in 0..25 {
+        let id = format!("m{i}");
+        common::publish_expect(&mut s, "ex", "receiver_1", &id, &format!("ACK {id}")).await;
+    }
+    // The largest max there is: the reply still holds ten.
+    let got = common::fetch(&mut r, "receiver_1_queue", u32::MAX).await;
+    assert_eq!(
+        common::ids(&got),
+        (0..10).map(|i| format!("m{i}")).collect::<Vec<_>>()
+    );
+    let got = common::fetch(&mut r, "receiver_1_queue", u32::MAX).await;
+    assert_eq!(got.len(), 10, "the next ten");
+}
