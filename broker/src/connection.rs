@@ -247,8 +247,14 @@ impl Connection {
             // Input: execute buffered lines, then refill from rustls and the socket.
             // The line buffer is taken out so lines can be executed in place.
             let mut lines = std::mem::replace(&mut self.lines, LineBuffer::new(0));
+            let before = budget;
             let input = self.pump_input(&mut lines, cx, &mut budget, max_pending);
             self.lines = lines;
+            // Only whole lines count as activity (one clock read per batch):
+            // a client dribbling bytes of a line that never ends is idle.
+            if budget < before {
+                self.last_activity = Instant::now();
+            }
             match input {
                 Ok(moved) => progress |= moved,
                 Err(end) => return Poll::Ready(end),
@@ -334,7 +340,6 @@ impl Connection {
                     let n = self.tls.read_plaintext(spare);
                     lines.commit(n);
                     if n > 0 {
-                        self.last_activity = Instant::now();
                         progress = true;
                         continue;
                     }

@@ -120,3 +120,32 @@ async fn a_fetch_of_everything_is_served_up_to_the_cap() {
     let got = common::fetch(&mut r, "receiver_1_queue", u32::MAX).await;
     assert_eq!(got.len(), 10, "the next ten");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slowloris_line_never_keeps_its_connection_and_others_are_served() {
+    let broker = TestBroker::start_with(1, "\n[performance]\nidle_timeout_sec = 2\n");
+    let mut slow = common::connect_as(&broker, "sender_1").await;
+    let started = Instant::now();
+    // One byte at a time of a line that never ends.
+    let closed = loop {
+        slow.queue_bytes(b"h");
+        if slow.flush().await.is_err() {
+            break true;
+        }
+        match tokio::time::timeout(Duration::from_millis(300), slow.read_line()).await {
+            Ok(Ok(None)) | Ok(Err(_)) => break true,
+            Ok(Ok(Some(line))) => panic!("unexpected reply to half a line: {line}"),
+            Err(_) => {}
+        }
+        // Meanwhile another client is served.
+        let mut other = common::connect_as(&broker, "sender_2").await;
+        common::check(&mut other, "heartbeat", "OK heartbeat").await;
+        if started.elapsed() > Duration::from_secs(8) {
+            break false;
+        }
+    };
+    assert!(
+        closed,
+        "bytes of an unfinished line kept the connection past idle_timeout_sec"
+    );
+}
