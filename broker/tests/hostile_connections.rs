@@ -149,3 +149,53 @@ async fn a_slowloris_line_never_keeps_its_connection_and_others_are_served() {
         "bytes of an unfinished line kept the connection past idle_timeout_sec"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_that_never_reads_holds_only_its_prefetch() {
+    use common::process::{publish_pipelined, BrokerProcess};
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("broker.toml");
+    let admin = "\n[admin]\nenabled = true\naddress = \"127.0.0.1:0\"\n";
+    std::fs::write(
+        &config,
+        common::config_text(&pki().certs, &dir.path().join("data"), 1, admin),
+    )
+    .unwrap();
+    let broker = BrokerProcess::start(&config);
+    let mut r = broker.connect("receiver_1").await;
+    common::setup_receiver(&mut r, "receiver_1").await;
+    // Consumes and then never reads a byte again.
+    common::check(
+        &mut r,
+        "consume receiver_1_queue 100",
+        "OK consume receiver_1_queue",
+    )
+    .await;
+    let ids: Vec<String> = (0..20_000).map(|i| format!("m{i}")).collect();
+    let answers = publish_pipelined(&broker.addr, "sender_1", &ids, 500).await;
+    assert!(answers
+        .iter()
+        .all(|(id, line)| *line == format!("ACK {id}")));
+    // Others are served meanwhile.
+    let mut other = broker.connect("receiver_2").await;
+    common::check(&mut other, "heartbeat", "OK heartbeat").await;
+    // What waits for the silent consumer is its prefetch, not the backlog:
+    // the rest stays ready in the queue (counts refresh about once a second).
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        let (status, body) = broker.admin_get("admin", "/api/queues").await;
+        assert_eq!(status, 200, "{body}");
+        let doc: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let q = doc["queues"]
+            .as_array()
+            .and_then(|qs| qs.iter().find(|q| q["name"] == "receiver_1_queue"))
+            .cloned()
+            .unwrap_or_default();
+        if q["unacked"] == 100 && q["ready"] == 19_900 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "queue state: {q}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    drop(r);
+}
