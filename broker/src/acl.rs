@@ -4,9 +4,22 @@
 //! whether a queue exists, so a queue you may not touch is `Access denied`
 //! whether or not it exists. The [`Acl`] is immutable; a `SIGHUP` reload builds a
 //! new one from the new `[acl]` lists and swaps it in whole.
+//!
+//! What depends on the topology (who owns an exchange, and so who may bind a
+//! queue to a fanout exchange or delete one) is decided where the change is
+//! applied, by the topology store, together with [`Acl::judge_binding`],
+//! which the broker installs there as its binding rule: it judges each bind
+//! as it is applied and, after a reload, every binding already made.
+//!
+//! No receiver may get copies of messages routed for another: it binds only
+//! its own queues, only with keys it owns, and a topic pattern only if every
+//! key the pattern can match is its own by the longest-CN rule (with
+//! receivers `r` and `r.eu`, `r` may bind `r.x.#` but not `r.#` or `r.*`).
 
 use std::fmt;
 
+use ciphermq_proto::ExchangeKind;
+use ciphermq_shard::topology::{Actor, Binding, FANOUT_NOT_OWNED};
 use fnv::FnvHashSet;
 
 /// What a client may do, decided by its certificate CN.
@@ -50,7 +63,16 @@ pub enum Op<'a> {
         queue: &'a str,
     },
     /// `declare_exchange <e> [type]`.
-    DeclareExchange,
+    DeclareExchange {
+        /// The exchange to declare.
+        exchange: &'a str,
+    },
+    /// `delete_exchange <e>`; whether a receiver owns the exchange is the
+    /// topology's to decide, where the deletion is applied.
+    DeleteExchange {
+        /// The exchange to delete.
+        exchange: &'a str,
+    },
     /// `bind <queue> <exchange> <routing_key>`.
     Bind {
         /// The queue to bind.
@@ -94,7 +116,8 @@ impl Op<'_> {
     pub fn name(&self) -> &'static str {
         match self {
             Op::DeclareQueue { .. } => "declare_queue",
-            Op::DeclareExchange => "declare_exchange",
+            Op::DeclareExchange { .. } => "declare_exchange",
+            Op::DeleteExchange { .. } => "delete_exchange",
             Op::Bind { .. } => "bind",
             Op::Publish => "publish",
             Op::Consume { .. } => "consume",
@@ -193,6 +216,40 @@ impl Acl {
         })
     }
 
+    /// Whether `cn` may bind `key`: a plain key must be one `cn` owns
+    /// ([`Acl::routing_key_owner`]); a topic pattern (a word that is `*` or
+    /// `#`) must match only keys `cn` owns. The pattern rule is applied
+    /// whatever the exchange's type, since the ACL is checked before the
+    /// exchange is looked at (on a direct exchange `*` and `#` match only
+    /// themselves, which publishes cannot use).
+    ///
+    /// The cost is bounded: words of the pattern times words of each longer
+    /// receiver CN that starts with `cn`, both at most 128.
+    pub fn binding_key_owned(&self, cn: &str, key: &str) -> bool {
+        let words: Vec<&str> = key.split('.').collect();
+        let Some(first_wildcard) = words.iter().position(|w| is_wildcard(w)) else {
+            return self.routing_key_owner(key) == Some(cn);
+        };
+        if first_wildcard == 0 {
+            return false;
+        }
+        // Every key the pattern matches starts with its literal words.
+        let literal_len = words[..first_wildcard]
+            .iter()
+            .map(|w| w.len() + 1)
+            .sum::<usize>()
+            - 1;
+        if !is_owned_form(cn, &key[..literal_len]) {
+            return false;
+        }
+        // Such a key is `cn`'s unless a longer receiver CN claims it, and
+        // only one that starts with `cn` and a separator can.
+        self.receivers_longest_first
+            .iter()
+            .filter(|longer| longer.len() > cn.len() && is_owned_form(cn, longer))
+            .all(|longer| !may_match_owned_by(&words, longer))
+    }
+
     fn longest_receiver_matching(&self, mut matches: impl FnMut(&str) -> bool) -> Option<&str> {
         self.receivers_longest_first
             .iter()
@@ -219,15 +276,17 @@ impl Acl {
             | Op::Nack { queue: Some(queue) } => self.own_queue(cn, queue),
             Op::Bind { queue, routing_key } => {
                 self.own_queue(cn, queue)?;
-                if self.routing_key_owner(routing_key) == Some(cn) {
-                    Ok(())
-                } else {
-                    Denied::new("receivers may only bind routing keys they own")
-                }
+                self.own_binding_key(cn, routing_key)
             }
+            Op::DeclareExchange { exchange } => match self.routing_key_owner(exchange) {
+                Some(owner) if owner != cn => {
+                    Denied::new("receivers may not declare exchanges named for another receiver")
+                }
+                _ => Ok(()),
+            },
             Op::Publish => Denied::new("receivers may not publish"),
             Op::GetPublicKey => Denied::new("receivers may not get public keys"),
-            Op::DeclareExchange
+            Op::DeleteExchange { .. }
             | Op::Nack { queue: None }
             | Op::Ack
             | Op::Resend
@@ -244,12 +303,124 @@ impl Acl {
             Denied::new("receivers may only use their own queues")
         }
     }
+
+    fn own_binding_key(&self, cn: &str, key: &str) -> Result<(), Denied> {
+        if self.binding_key_owned(cn, key) {
+            Ok(())
+        } else if key.split('.').any(is_wildcard) {
+            Denied::new("receivers may only bind patterns that match only routing keys they own")
+        } else {
+            Denied::new("receivers may only bind routing keys they own")
+        }
+    }
+
+    /// Whether `binding` may exist under this ACL: the broker's binding rule,
+    /// asked when a bind is applied and, after a reload, about every binding.
+    ///
+    /// An admin's binding always may. A receiver's may while that CN still
+    /// holds the receiver role (or has become an admin) and could make it
+    /// now: its own queue, a key it owns, and a fanout exchange only if it
+    /// owns that. A binding whose maker was not recorded (saved by an earlier
+    /// build) is judged as made by the receiver owning its queue's name,
+    /// the only receiver that could have made it; when no receiver owns the
+    /// queue, only admins read it, and it may.
+    pub fn judge_binding(&self, b: &Binding<'_>) -> Result<(), Denied> {
+        let binder: &str = match b.bound_by {
+            Some(Actor::Admin) => return Ok(()),
+            Some(Actor::Receiver(cn)) => match self.role_of(cn) {
+                Role::Admin => return Ok(()),
+                Role::Receiver => cn,
+                Role::Sender | Role::Unknown => {
+                    return Err(Denied {
+                        reason: format!("{cn}, who made it, is no longer a receiver"),
+                    })
+                }
+            },
+            None => match self.queue_owner(&b.queue.name) {
+                Some(owner) => owner,
+                None => return Ok(()),
+            },
+        };
+        self.own_queue(binder, &b.queue.name)?;
+        self.own_binding_key(binder, b.key)?;
+        if b.kind == ExchangeKind::Fanout && b.exchange_owner != Some(binder) {
+            return Denied::new(FANOUT_NOT_OWNED);
+        }
+        Ok(())
+    }
+}
+
+/// A topic wildcard word.
+fn is_wildcard(word: &str) -> bool {
+    word == "*" || word == "#"
+}
+
+/// Whether `name` is `cn`'s by the prefix rule of routing keys: `cn` itself,
+/// or `cn` followed by `.` or `_`.
+fn is_owned_form(cn: &str, name: &str) -> bool {
+    name.strip_prefix(cn)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with(['.', '_']))
+}
+
+/// Whether the topic pattern `pattern` (its words) matches some key that
+/// `owner`'s prefix rule claims: `owner` itself, `owner.…` or `owner_…`.
+fn may_match_owned_by(pattern: &[&str], owner: &str) -> bool {
+    let prefix: Vec<&str> = owner.split('.').collect();
+    // `owner` or `owner.…`: the key's words start with owner's words.
+    // `owner_…`: they start with owner's words but the last, which the key's
+    // word only has to begin with (followed by `_`).
+    matches_some_key_starting(pattern, &prefix, None)
+        || matches_some_key_starting(
+            pattern,
+            &prefix,
+            Some(&format!("{}_", prefix[prefix.len() - 1])),
+        )
+}
+
+/// Whether `pattern` matches some key whose words begin with `prefix`
+/// (any words may follow). With `last_starts_with`, the key's word in the
+/// place of `prefix`'s last word need only begin with that text.
+///
+/// Dynamic programming over (pattern word, prefix word): `reach[i][j]` says
+/// whether `pattern[i..]` can match a key whose words begin with
+/// `prefix[j..]`; linear in the product of the two lengths, whatever the
+/// number of `#`.
+fn matches_some_key_starting(
+    pattern: &[&str],
+    prefix: &[&str],
+    last_starts_with: Option<&str>,
+) -> bool {
+    let (n, m) = (pattern.len(), prefix.len());
+    let fits = |word: &str, j: usize| match last_starts_with {
+        Some(start) if j + 1 == m => word.starts_with(start),
+        _ => word == prefix[j],
+    };
+    // Row i + 1 while row i is computed.
+    let mut next = vec![false; m + 1];
+    let mut row = vec![false; m + 1];
+    // Past the pattern's end, only an exhausted prefix is matched.
+    next[m] = true;
+    for i in (0..n).rev() {
+        row[m] = true;
+        for j in (0..m).rev() {
+            row[j] = match pattern[i] {
+                // Matches no word (the rest of the pattern goes on at j) or
+                // the prefix word j, staying available for more.
+                "#" => next[j] || row[j + 1],
+                "*" => next[j + 1],
+                word => fits(word, j) && next[j + 1],
+            };
+        }
+        std::mem::swap(&mut row, &mut next);
+    }
+    next[0]
 }
 
 fn check_sender(op: Op<'_>) -> Result<(), Denied> {
     match op {
         Op::DeclareQueue { .. } => Denied::new("senders may not declare queues"),
-        Op::DeclareExchange => Denied::new("senders may not declare exchanges"),
+        Op::DeclareExchange { .. } => Denied::new("senders may not declare exchanges"),
+        Op::DeleteExchange { .. } => Denied::new("senders may not delete exchanges"),
         Op::Bind { .. } => Denied::new("senders may not bind queues"),
         Op::Consume { .. } => Denied::new("senders may not consume"),
         Op::Fetch { .. } => Denied::new("senders may not fetch"),
@@ -281,7 +452,7 @@ mod tests {
             Op::DeclareQueue {
                 queue: "receiver_1_queue",
             },
-            Op::DeclareExchange,
+            Op::DeclareExchange { exchange: "ex" },
             Op::Bind {
                 queue: "receiver_1_queue",
                 routing_key: "receiver_1",
@@ -534,5 +705,210 @@ mod tests {
         let a = Acl::new(&[], &[], &strings(&["r", "r", "r_x"]));
         assert_eq!(a.queue_owner("r_x_queue"), Some("r_x"));
         assert_eq!(a.queue_owner("r_queue"), Some("r"));
+    }
+
+    #[test]
+    fn delete_exchange_column() {
+        let a = acl();
+        let op = Op::DeleteExchange { exchange: "ex" };
+        assert_eq!(op.name(), "delete_exchange");
+        assert_eq!(
+            a.check(Role::Sender, "sender_1", op).unwrap_err().reason,
+            "senders may not delete exchanges"
+        );
+        // Ownership is the topology's to check where the deletion applies.
+        assert!(allowed(&a, Role::Receiver, "receiver_1", op));
+        assert!(allowed(&a, Role::Admin, "admin", op));
+    }
+
+    #[test]
+    fn receivers_may_not_declare_exchanges_named_for_another_receiver() {
+        let a = acl();
+        let declare = |exchange| Op::DeclareExchange { exchange };
+        for name in [
+            "ex",
+            "alerts",
+            "receiver_1",
+            "receiver_1.events",
+            "receiver_1_fan",
+        ] {
+            assert!(
+                allowed(&a, Role::Receiver, "receiver_1", declare(name)),
+                "{name}"
+            );
+        }
+        for name in ["receiver_2", "receiver_2_fan", "receiver_1_2.events"] {
+            let e = a
+                .check(Role::Receiver, "receiver_1", declare(name))
+                .unwrap_err();
+            assert_eq!(
+                e.reason, "receivers may not declare exchanges named for another receiver",
+                "{name}"
+            );
+            assert!(allowed(&a, Role::Admin, "admin", declare(name)), "{name}");
+        }
+        assert!(allowed(
+            &a,
+            Role::Receiver,
+            "receiver_1_2",
+            declare("receiver_1_2_fan")
+        ));
+    }
+
+    #[test]
+    fn a_pattern_may_match_only_the_binders_keys() {
+        // `r.eu` owns `r.eu` and `r.eu.…` (longest CN), though `r.` prefixes them.
+        let a = Acl::new(&[], &[], &strings(&["r", "r.eu", "r_x", "q"]));
+        let owned = |cn: &str, key: &str| a.binding_key_owned(cn, key);
+        for key in [
+            "r", "r.a", "r.a.#", "r.a.*", "r.a.*.#", "r_y.#", "r.eux.#", "r_.*",
+        ] {
+            assert!(owned("r", key), "r may bind {key}");
+        }
+        for key in [
+            "r.#", "r.*", "r.*.x", "r.#.x", "r.*.#", "r.eu", "r.eu.#", "r_x.#", "r_x", "r_x_y.*",
+            "#", "*", "*.r", "#.r", "q.#", "rr.#", "",
+        ] {
+            assert!(!owned("r", key), "r may not bind {key}");
+        }
+        for key in ["r.eu", "r.eu.#", "r.eu.*", "r.eu_1.#", "r.eu.#.x"] {
+            assert!(owned("r.eu", key), "r.eu may bind {key}");
+        }
+        assert!(!owned("r.eu", "r.#"));
+        assert!(owned("r_x", "r_x.#"));
+        assert!(!owned("r_x", "r.#"));
+        // The ACL gives the reason for a pattern.
+        let e = a
+            .check(
+                Role::Receiver,
+                "r",
+                Op::Bind {
+                    queue: "r_queue",
+                    routing_key: "r.#",
+                },
+            )
+            .unwrap_err();
+        assert_eq!(
+            e.reason,
+            "receivers may only bind patterns that match only routing keys they own"
+        );
+    }
+
+    #[test]
+    fn patterns_with_the_test_cns() {
+        let a = acl();
+        for key in [
+            "receiver_1.#",
+            "receiver_1.*",
+            "receiver_1_x.#",
+            "receiver_1_2x.*",
+        ] {
+            assert!(a.binding_key_owned("receiver_1", key), "{key}");
+        }
+        for key in ["receiver_1_2.#", "receiver_1_2_x.*", "receiver_1_2", "#"] {
+            assert!(!a.binding_key_owned("receiver_1", key), "{key}");
+        }
+        assert!(a.binding_key_owned("receiver_1_2", "receiver_1_2.#"));
+    }
+
+    #[test]
+    fn a_pattern_check_is_bounded() {
+        let receivers: Vec<String> = (1..=64)
+            .map(|n| format!("r{}", ".a".repeat(n)))
+            .chain(["r".to_owned()])
+            .collect();
+        let a = Acl::new(&[], &[], &receivers);
+        let pattern = format!("r{}", ".#".repeat(127));
+        assert_eq!(pattern.len(), 255);
+        let started = std::time::Instant::now();
+        assert!(!a.binding_key_owned("r", &pattern));
+        assert!(started.elapsed() < std::time::Duration::from_secs(1));
+    }
+
+    fn info(name: &str, owner: &str) -> ciphermq_shard::QueueInfo {
+        ciphermq_shard::QueueInfo {
+            name: name.into(),
+            owner: owner.into(),
+            shard: 0,
+        }
+    }
+
+    fn binding<'a>(
+        queue: &'a ciphermq_shard::QueueInfo,
+        kind: ExchangeKind,
+        exchange_owner: Option<&'a str>,
+        key: &'a str,
+        bound_by: Option<&'a Actor>,
+    ) -> Binding<'a> {
+        Binding {
+            exchange: "e",
+            kind,
+            exchange_owner,
+            key,
+            queue,
+            bound_by,
+        }
+    }
+
+    #[test]
+    fn judging_bindings() {
+        let a = acl();
+        let q1 = info("receiver_1_queue", "receiver_1");
+        let orders = info("orders", "admin");
+        let r1 = Actor::receiver("receiver_1");
+        let r2 = Actor::receiver("receiver_2");
+        let gone = Actor::receiver("ghost");
+        let lawful = [
+            binding(&q1, ExchangeKind::Direct, None, "receiver_1", Some(&r1)),
+            binding(
+                &q1,
+                ExchangeKind::Fanout,
+                Some("receiver_1"),
+                "receiver_1",
+                Some(&r1),
+            ),
+            binding(&q1, ExchangeKind::Fanout, None, "x", Some(&Actor::Admin)),
+            binding(&q1, ExchangeKind::Topic, None, "#", Some(&Actor::Admin)),
+            binding(&q1, ExchangeKind::Direct, None, "receiver_1", None),
+            binding(&orders, ExchangeKind::Fanout, None, "anything", None),
+        ];
+        for b in &lawful {
+            assert_eq!(a.judge_binding(b), Ok(()), "{b:?}");
+        }
+        let unlawful = [
+            (
+                binding(
+                    &q1,
+                    ExchangeKind::Fanout,
+                    Some("receiver_2"),
+                    "receiver_1",
+                    Some(&r1),
+                ),
+                FANOUT_NOT_OWNED,
+            ),
+            (
+                binding(&q1, ExchangeKind::Fanout, None, "receiver_1", None),
+                FANOUT_NOT_OWNED,
+            ),
+            (
+                binding(&q1, ExchangeKind::Direct, None, "receiver_1", Some(&r2)),
+                "receivers may only use their own queues",
+            ),
+            (
+                binding(&q1, ExchangeKind::Topic, None, "receiver_2.#", None),
+                "receivers may only bind patterns that match only routing keys they own",
+            ),
+            (
+                binding(&q1, ExchangeKind::Direct, None, "receiver_1", Some(&gone)),
+                "ghost, who made it, is no longer a receiver",
+            ),
+        ];
+        for (b, why) in &unlawful {
+            assert_eq!(a.judge_binding(b).unwrap_err().reason, *why, "{b:?}");
+        }
+        // A binder who became an admin keeps its bindings.
+        let promoted = Acl::new(&strings(&["receiver_1"]), &[], &strings(&["receiver_2"]));
+        let b = binding(&q1, ExchangeKind::Fanout, None, "x", Some(&r1));
+        assert_eq!(promoted.judge_binding(&b), Ok(()));
     }
 }

@@ -6,11 +6,12 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use base64::Engine;
-use ciphermq_proto::message::{inspect_batch, inspect_message, MessageError};
+use ciphermq_proto::message::{inspect_batch, inspect_message, MessageError, MessageInfo};
 use ciphermq_proto::{is_valid_name, NackReason, Request};
 use ciphermq_shard::log::unix_ms;
+use ciphermq_shard::topology::Actor;
 use ciphermq_shard::{
-    ChangeResult, Message, Origin, PublishStatus, QueueInfo, Route, TopologyChange,
+    ChangeResult, Message, Origin, PublishStatus, QueueInfo, Route, TopologyChange, TopologyError,
 };
 
 use crate::acl::{Op, Role};
@@ -98,12 +99,18 @@ impl Connection {
                 self.change_topology(change, format!("OK declare_queue {queue}"));
             }
             Request::DeclareExchange { exchange, kind } => {
-                if !self.check(Op::DeclareExchange) {
+                if !self.check(Op::DeclareExchange { exchange }) {
                     return;
                 }
+                // The first receiver to declare it owns it; an admin's
+                // belongs to no receiver. Applied by the topology's writer,
+                // so of two racing declarations exactly one creates it.
+                let owner =
+                    (self.identity.role == Role::Receiver).then(|| self.identity.cn.to_string());
                 let change = TopologyChange::DeclareExchange {
                     name: exchange.to_owned(),
                     kind,
+                    owner,
                 };
                 self.change_topology(change, format!("OK declare_exchange {exchange}"));
             }
@@ -119,6 +126,7 @@ impl Connection {
                     queue: queue.to_owned(),
                     exchange: exchange.to_owned(),
                     key: routing_key.to_owned(),
+                    by: Some(self.actor()),
                 };
                 self.change_topology(change, format!("OK bind {queue} {exchange} {routing_key}"));
             }
@@ -276,12 +284,37 @@ impl Connection {
         self.replies.line(format!("{word} {message_id}"));
     }
 
+    /// Who this connection is to the topology's ownership rules.
+    fn actor(&self) -> Actor {
+        match self.identity.role {
+            Role::Admin => Actor::Admin,
+            // Senders and unknown clients never get this far (the ACL); were
+            // one to, it would get no more than a receiver of its CN.
+            Role::Receiver | Role::Sender | Role::Unknown => {
+                Actor::Receiver(self.identity.cn.clone())
+            }
+        }
+    }
+
     /// Submits a topology change; `ok` is the reply once it is saved (at
-    /// once in memory mode, else when the saver thread has it on disk).
+    /// once in memory mode, else when the saver thread has it on disk). An
+    /// ownership refusal, decided where the change is applied, is answered
+    /// like the ACL's.
     fn change_topology(&mut self, change: TopologyChange, ok: String) {
+        let command = match &change {
+            TopologyChange::DeclareQueue { .. } => "declare_queue",
+            TopologyChange::DeclareExchange { .. } => "declare_exchange",
+            TopologyChange::Bind { .. } => "bind",
+            TopologyChange::DeleteExchange { .. } => "delete_exchange",
+        };
         let mut pending = self.local.shared.topology.submit(change);
-        let line = |result: ChangeResult| match result {
+        let (cn, role) = (self.identity.cn.clone(), self.identity.role);
+        let line = move |result: ChangeResult| match result {
             Ok(()) => ok,
+            Err(TopologyError::Denied(reason)) => {
+                tracing::info!(%cn, %role, command, %reason, "access denied");
+                format!("Access denied: {reason} (role={role})")
+            }
             Err(e) => format!("Error: {e}"),
         };
         match pending.try_take() {
@@ -341,16 +374,27 @@ impl Connection {
         &mut self,
         exchange: &str,
         routing_key: &str,
+        info: &MessageInfo<'_>,
         body: &str,
         now: Instant,
     ) -> Result<(), NackReason> {
         if !matches!(self.identity.role, Role::Sender | Role::Admin) {
             return Err(NackReason::AccessDenied);
         }
+        // Authenticated senders (DESIGN.md §2): a body that names its sender
+        // names the publisher, so receivers may trust it to tell senders apart.
+        match info.sender_client_id.as_deref() {
+            Some(claimed) if claimed != &*self.identity.cn => {
+                tracing::info!(cn = %self.identity.cn, claimed, message_id = %info.message_id, "publish refused: sender_client_id is not the publisher's CN");
+                return Err(NackReason::AccessDenied);
+            }
+            None if self.policy.require_sender_id => return Err(NackReason::Invalid),
+            _ => {}
+        }
         if !self.local.allow(&self.policy, &self.identity.cn, now, true) {
             return Err(NackReason::RateLimited);
         }
-        if !is_valid_name(exchange) || !is_valid_name(routing_key) {
+        if !is_valid_name(exchange) || !ciphermq_proto::name::is_valid_routing_key(routing_key) {
             return Err(NackReason::Invalid);
         }
         if body.len() > self.local.shared.settings.max_message_bytes {
@@ -371,18 +415,19 @@ impl Connection {
                 return;
             }
         };
-        self.publish_one(exchange, routing_key, &info.message_id, body, now);
+        self.publish_one(exchange, routing_key, &info, body, now);
     }
 
     fn publish_one(
         &mut self,
         exchange: &str,
         routing_key: &str,
-        message_id: &str,
+        info: &MessageInfo<'_>,
         body: &str,
         now: Instant,
     ) {
-        if let Err(reason) = self.admit(exchange, routing_key, body, now) {
+        let message_id: &str = &info.message_id;
+        if let Err(reason) = self.admit(exchange, routing_key, info, body, now) {
             self.replies.nack(message_id, reason);
             return;
         }
@@ -417,7 +462,7 @@ impl Connection {
         for element in elements {
             let text = element.get();
             match inspect_message(text) {
-                Ok(info) => self.publish_one(exchange, routing_key, &info.message_id, text, now),
+                Ok(info) => self.publish_one(exchange, routing_key, &info, text, now),
                 Err(MessageError::Unreadable) => {
                     self.replies.nack("-", NackReason::Invalid);
                 }

@@ -711,6 +711,12 @@ pub struct AclConfig {
     pub sender_cns: Vec<String>,
     /// CNs that may declare, bind and consume their own queues. Default empty.
     pub receiver_cns: Vec<String>,
+    /// Whether every publish must name its sender in the body
+    /// (`sender_client_id`, checked against the publisher's CN): without it a
+    /// receiver cannot tell two senders' messages apart by more than their
+    /// id. A publish without one is then `NACK <id> invalid`. Default false:
+    /// a body that names its sender is checked either way.
+    pub require_sender_id: bool,
 }
 
 // ---------------------------------------------------------------------------
@@ -1466,6 +1472,19 @@ mod tests {
     }
 
     #[test]
+    fn require_sender_id_is_a_boolean_defaulting_to_false() {
+        assert!(!parse("").unwrap().acl.require_sender_id);
+        assert!(
+            parse("[acl]\nrequire_sender_id = true\n")
+                .unwrap()
+                .acl
+                .require_sender_id
+        );
+        let e = err("[acl]\nrequire_sender_id = \"yes\"\n");
+        assert!(e.starts_with("acl.require_sender_id: invalid type"), "{e}");
+    }
+
+    #[test]
     fn acl_cns_are_checked() {
         let c = parse("[acl]\nadmin_cns = [\"admin\"]\nsender_cns = [\"sender-1.x:y\"]\n").unwrap();
         assert_eq!(c.acl.admin_cns, vec!["admin".to_owned()]);
@@ -1625,7 +1644,7 @@ mod tests {
             ("storage", 5),
             ("admin", 2),
             ("rate_limit", 7),
-            ("acl", 3),
+            ("acl", 4),
         ] {
             let t = table.get(section).and_then(|v| v.as_table());
             assert_eq!(t.map(|t| t.len()), Some(keys), "section [{section}]");

@@ -6,12 +6,20 @@
 //! moved; a connection whose CN lost its role is closed. Each shard has a
 //! watcher task that wakes its connections when the version moves, so idle
 //! ones are closed promptly too.
+//!
+//! Bindings follow the ACL too: once [`PolicyStore::guard_bindings`] has
+//! tied the store to the topology, every policy is installed there as its
+//! binding rule (at start, and on each reload, in the order of the swaps),
+//! which removes, saves and logs the bindings the new ACL makes unlawful and
+//! judges every later bind.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock, Weak};
 use std::task::Poll;
 
 use atomic_waker::AtomicWaker;
+use ciphermq_shard::topology::{Actor, Binding, BindingRule};
+use ciphermq_shard::TopologyStore;
 
 use crate::acl::Acl;
 use crate::config::Config;
@@ -25,6 +33,9 @@ pub struct Policy {
     pub acl: Acl,
     /// Per-CN buckets; `None` when rate limiting is off.
     pub rate: Option<RateSettings>,
+    /// `acl.require_sender_id`: a publish must name its sender
+    /// (`sender_client_id`), so that receivers can always tell senders apart.
+    pub require_sender_id: bool,
     /// Incremented on every reload.
     pub version: u64,
 }
@@ -44,8 +55,46 @@ impl Policy {
                 publish_rps: r.publish_rps,
                 publish_burst: r.publish_burst,
             }),
+            require_sender_id: config.acl.require_sender_id,
             version,
         }
+    }
+}
+
+/// A policy as the topology's binding rule: its ACL judges the bindings.
+#[derive(Debug)]
+struct PolicyRule(Arc<Policy>);
+
+impl BindingRule for PolicyRule {
+    fn check(&self, binding: &Binding<'_>) -> Result<(), String> {
+        self.0.acl.judge_binding(binding).map_err(|d| d.reason)
+    }
+}
+
+/// Makes `policy` the binding rule of `topology` and logs what that removed.
+fn install(policy: &Arc<Policy>, topology: &TopologyStore) {
+    let removed = topology.set_binding_rule(Arc::new(PolicyRule(policy.clone())));
+    for r in &removed {
+        let bound_by = match &r.bound_by {
+            Some(Actor::Admin) => "an admin".to_owned(),
+            Some(Actor::Receiver(cn)) => cn.to_string(),
+            None => "unrecorded".to_owned(),
+        };
+        tracing::warn!(
+            exchange = %r.exchange,
+            queue = %r.queue,
+            key = %r.key,
+            bound_by = %bound_by,
+            reason = %r.reason,
+            policy_version = policy.version,
+            "binding removed: the ACL no longer allows it"
+        );
+    }
+    if !removed.is_empty() {
+        tracing::warn!(
+            removed = removed.len(),
+            "bindings the ACL no longer allows were removed"
+        );
     }
 }
 
@@ -64,6 +113,14 @@ pub struct PolicyStore {
     /// Open connections by IP and CN, counted always, capped per policy.
     pub conn_limits: Arc<ConnectionLimits>,
     watchers: Vec<AtomicWaker>,
+    /// The topology whose bindings follow the ACL, once
+    /// [`Self::guard_bindings`] was called (weak: the topology's lifetime is
+    /// the broker's, not the policy's).
+    topology: OnceLock<Weak<TopologyStore>>,
+    /// Held while a policy is installed in the topology, so installations
+    /// happen one at a time and the last one is of the newest policy; never
+    /// the policy's own lock, which shards read while connecting.
+    installing: Mutex<()>,
 }
 
 impl PolicyStore {
@@ -75,7 +132,34 @@ impl PolicyStore {
             version: AtomicU64::new(0),
             conn_limits: Arc::new(ConnectionLimits::new(per_ip, per_cn)),
             watchers: (0..shards).map(|_| AtomicWaker::new()).collect(),
+            topology: OnceLock::new(),
+            installing: Mutex::new(()),
         }
+    }
+
+    /// Makes `topology`'s bindings follow the ACL from now on: the current
+    /// policy is installed as its binding rule at once (removing, saving and
+    /// logging the bindings it does not allow: the config may have changed
+    /// since they were made), and every reload installs the new one. Called
+    /// once, at start; later calls change nothing.
+    pub fn guard_bindings(&self, topology: &Arc<TopologyStore>) {
+        if self.topology.set(Arc::downgrade(topology)).is_ok() {
+            self.install_current();
+        }
+    }
+
+    /// Installs the current policy in the guarded topology, if any. The
+    /// policy is read under the installation lock: of two reloads racing,
+    /// the last to install installs the newest policy.
+    fn install_current(&self) {
+        let Some(topology) = self.topology.get().and_then(Weak::upgrade) else {
+            return;
+        };
+        let _one_at_a_time = self
+            .installing
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        install(&self.current(), &topology);
     }
 
     /// The current version (one atomic load).
@@ -92,7 +176,9 @@ impl PolicyStore {
             .clone()
     }
 
-    /// Swaps in the `[acl]` and `[rate_limit]` of a validated config.
+    /// Swaps in the `[acl]` and `[rate_limit]` of a validated config; with
+    /// [`Self::guard_bindings`] called, the bindings the new ACL does not
+    /// allow are removed (and logged) before this returns.
     pub fn reload(&self, config: &Config) {
         let mut current = self.current.write().unwrap_or_else(PoisonError::into_inner);
         let version = current.version + 1;
@@ -101,6 +187,7 @@ impl PolicyStore {
         self.conn_limits.set_limits(per_ip, per_cn);
         self.version.store(version, Ordering::Release);
         drop(current);
+        self.install_current();
         for w in &self.watchers {
             w.wake();
         }

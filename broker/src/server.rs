@@ -267,6 +267,8 @@ pub fn start(config: &Config) -> Result<BrokerHandle, StartError> {
         shards,
         stats: BrokerStats::new(shards, config.admin.enabled),
     });
+    // Bindings follow the ACL: those it does not allow go now, and on reload.
+    shared.policy.guard_bindings(&shared.topology);
     let disk = Arc::new(DiskSpace::new());
     if let Some((data_dir, _)) = &storage.durable {
         let min_free = config.storage.min_free_mb.saturating_mul(1 << 20);

@@ -12,9 +12,16 @@
 //! the start stops ([`TopologyFileError::NoUsableCopy`]), naming both.
 //!
 //! The format is plain JSON, pretty-printed, sorted by name:
-//! `{"queues": [{"name", "owner"}], "exchanges": [{"name", "kind",
-//! "bindings": [{"queue", "key"}]}]}`. Placement is not saved: it is
-//! recomputed from each owner for the shard count of the run.
+//! `{"queues": [{"name", "owner"}], "exchanges": [{"name", "kind", "owner"?,
+//! "bindings": [{"queue", "key", "bound_by"?}]}]}`. Placement is not saved:
+//! it is recomputed from each owner for the shard count of the run.
+//!
+//! An exchange's `owner` is the receiver CN that declared it first, absent
+//! when no receiver owns it; a binding's `bound_by` is `"admin"` or
+//! `{"receiver": "<cn>"}`. Files written before these were recorded lack
+//! them and load as they are: their exchanges belong to no receiver, and
+//! their bindings are judged by the broker's binding rule as bindings whose
+//! maker is not known (see the ACL).
 
 use std::collections::HashSet;
 use std::io;
@@ -22,6 +29,7 @@ use std::path::{Path, PathBuf};
 
 use ciphermq_datadir::{self as data_dir, DataDirLock, StorageWarning};
 use ciphermq_proto::ExchangeKind;
+use ciphermq_shard::topology::Actor;
 use ciphermq_shard::{Topology, TopologyChange, TopologySink};
 
 /// The topology file's name inside the data directory.
@@ -210,11 +218,13 @@ pub fn save(path: &Path, t: &Topology) -> io::Result<()> {
         .map(|(name, ex)| SavedExchange {
             name: name.to_owned(),
             kind: ex.kind().as_str().to_owned(),
+            owner: t.exchange_owner(name).map(str::to_owned),
             bindings: ex
                 .bindings()
-                .map(|(k, t)| SavedBinding {
-                    queue: t.queue.to_string(),
+                .map(|(k, target)| SavedBinding {
+                    queue: target.queue.to_string(),
                     key: k.to_owned(),
+                    bound_by: t.binder(name, k, &target.queue).map(SavedActor::from),
                 })
                 .collect(),
         })
@@ -266,6 +276,9 @@ struct SavedQueue {
 struct SavedExchange {
     name: String,
     kind: String,
+    /// The receiver owning it; absent when none does (and in older files).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    owner: Option<String>,
     bindings: Vec<SavedBinding>,
 }
 
@@ -273,6 +286,26 @@ struct SavedExchange {
 struct SavedBinding {
     queue: String,
     key: String,
+    /// Who made it; absent when that is not known (older files).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    bound_by: Option<SavedActor>,
+}
+
+/// [`Actor`] as saved: `"admin"` or `{"receiver": "<cn>"}`.
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum SavedActor {
+    Admin,
+    Receiver(String),
+}
+
+impl From<&Actor> for SavedActor {
+    fn from(a: &Actor) -> SavedActor {
+        match a {
+            Actor::Admin => SavedActor::Admin,
+            Actor::Receiver(cn) => SavedActor::Receiver(cn.to_string()),
+        }
+    }
 }
 
 /// Why a saved topology could not be read.
@@ -306,9 +339,9 @@ fn is_queue_dir_name(name: &str) -> bool {
 }
 
 /// Builds the topology a saved file describes, refusing what the broker
-/// never writes (a name that is not a plain file name, an empty owner, a
-/// name twice, an unknown exchange type). A binding to a queue the file does
-/// not list is dropped, as the broker never routes to one.
+/// never writes (a name that is not a plain file name, an empty owner or
+/// binder, a name twice, an unknown exchange type). A binding to a queue the
+/// file does not list is dropped, as the broker never routes to one.
 fn validate(saved: SavedTopology, shards: usize) -> Result<Topology, String> {
     fn apply(t: &mut Topology, change: TopologyChange) -> Result<bool, String> {
         t.apply(&change)
@@ -343,14 +376,29 @@ fn validate(saved: SavedTopology, shards: usize) -> Result<Topology, String> {
         if !exchanges.insert(e.name.clone()) {
             return Err(format!("exchange {} is listed twice", e.name));
         }
+        if e.owner.as_deref() == Some("") {
+            return Err(format!("exchange {} has an empty owner", e.name));
+        }
         apply(
             &mut t,
             TopologyChange::DeclareExchange {
                 name: e.name.clone(),
                 kind,
+                owner: e.owner,
             },
         )?;
         for b in e.bindings {
+            let by = match b.bound_by {
+                None => None,
+                Some(SavedActor::Admin) => Some(Actor::Admin),
+                Some(SavedActor::Receiver(cn)) if cn.is_empty() => {
+                    return Err(format!(
+                        "a binding of exchange {} has an empty receiver",
+                        e.name
+                    ))
+                }
+                Some(SavedActor::Receiver(cn)) => Some(Actor::receiver(&cn)),
+            };
             if t.queue(&b.queue).is_some() {
                 apply(
                     &mut t,
@@ -358,6 +406,7 @@ fn validate(saved: SavedTopology, shards: usize) -> Result<Topology, String> {
                         queue: b.queue,
                         exchange: e.name.clone(),
                         key: b.key,
+                        by,
                     },
                 )?;
             }
@@ -426,11 +475,13 @@ mod tests {
             TopologyChange::DeclareExchange {
                 name: "ex".into(),
                 kind: ExchangeKind::Direct,
+                owner: None,
             },
             TopologyChange::Bind {
                 queue: "q".into(),
                 exchange: "ex".into(),
                 key: "k".into(),
+                by: Some(Actor::Admin),
             },
         ];
         let pending: Vec<_> = changes.into_iter().map(|c| store.submit(c)).collect();
@@ -474,16 +525,23 @@ mod tests {
         t.apply(&TopologyChange::DeclareExchange {
             name: "ex".into(),
             kind: ExchangeKind::Topic,
+            owner: Some("receiver_1".into()),
         })
         .unwrap();
         t.apply(&TopologyChange::Bind {
             queue: "receiver_1_queue".into(),
             exchange: "ex".into(),
             key: "receiver_1.#".into(),
+            by: Some(Actor::receiver("receiver_1")),
         })
         .unwrap();
         save(&path, &t).unwrap();
         let (t, warnings) = load(&path, 3).unwrap();
+        assert_eq!(t.exchange_owner("ex"), Some("receiver_1"));
+        assert_eq!(
+            t.binder("ex", "receiver_1.#", "receiver_1_queue"),
+            Some(&Actor::receiver("receiver_1"))
+        );
         assert!(warnings.is_empty(), "{warnings:?}");
         assert_eq!(
             t.queue("receiver_1_queue").unwrap().shard,
@@ -538,6 +596,10 @@ mod tests {
         assert_eq!(queue_names(&t), ["orders", "receiver_1_queue"]);
         assert_eq!(&*t.queue("orders").unwrap().owner, "admin");
         assert_eq!(t.exchange("fan").unwrap().kind(), ExchangeKind::Fanout);
+        // Nothing recorded an owner or a binder: none is made up.
+        assert_eq!(t.exchange_owner("fan"), None);
+        assert_eq!(t.exchange_owner("ex"), None);
+        assert_eq!(t.binder("ex", "receiver_1", "receiver_1_queue"), None);
         let mut out = Vec::new();
         assert!(t.route("ex", "receiver_1", &mut out));
         assert_eq!(out.len(), 1);
@@ -698,5 +760,73 @@ mod tests {
         assert!(warnings.is_empty(), "{warnings:?}");
         assert_eq!(queue_names(&t), ["q1", "q2"]);
         assert!(!leftover.exists());
+    }
+
+    #[test]
+    fn owners_and_binders_are_saved_and_read_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(FILE_NAME);
+        let mut t = Topology::empty(1);
+        t.apply(&queue("receiver_1_queue", "receiver_1")).unwrap();
+        for (name, owner) in [("admins", None), ("mine", Some("receiver_1"))] {
+            t.apply(&TopologyChange::DeclareExchange {
+                name: name.into(),
+                kind: ExchangeKind::Fanout,
+                owner: owner.map(str::to_owned),
+            })
+            .unwrap();
+        }
+        for (exchange, by) in [
+            ("admins", Some(Actor::Admin)),
+            ("mine", Some(Actor::receiver("receiver_1"))),
+        ] {
+            t.apply(&TopologyChange::Bind {
+                queue: "receiver_1_queue".into(),
+                exchange: exchange.into(),
+                key: "receiver_1".into(),
+                by,
+            })
+            .unwrap();
+        }
+        save(&path, &t).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.contains(r#""owner": "receiver_1""#), "{text}");
+        assert!(text.contains(r#""bound_by": "admin""#), "{text}");
+        assert!(text.contains(r#""receiver": "receiver_1""#), "{text}");
+        let (back, warnings) = load(&path, 1).unwrap();
+        assert!(warnings.is_empty(), "{warnings:?}");
+        assert_eq!(back.exchange_owner("mine"), Some("receiver_1"));
+        assert_eq!(back.exchange_owner("admins"), None);
+        assert_eq!(
+            back.binder("admins", "receiver_1", "receiver_1_queue"),
+            Some(&Actor::Admin)
+        );
+        assert_eq!(
+            back.binder("mine", "receiver_1", "receiver_1_queue"),
+            Some(&Actor::receiver("receiver_1"))
+        );
+        // The same file again, byte for byte.
+        save(&path, &back).unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), text);
+    }
+
+    #[test]
+    fn an_empty_owner_or_binder_is_damage() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = two_saves(dir.path());
+        let good = std::fs::read_to_string(&path).unwrap();
+        for bad in [
+            r#"[{"name": "ex", "kind": "direct", "owner": "", "bindings": []}]"#,
+            r#"[{"name": "ex", "kind": "direct", "bindings": [{"queue": "q1", "key": "k", "bound_by": {"receiver": ""}}]}]"#,
+            r#"[{"name": "ex", "kind": "direct", "bindings": [{"queue": "q1", "key": "k", "bound_by": "nobody"}]}]"#,
+        ] {
+            let text = good.replace(r#""exchanges": []"#, &format!(r#""exchanges": {bad}"#));
+            assert_ne!(text, good);
+            std::fs::write(&path, &text).unwrap();
+            let (t, warnings) = load(&path, 1).unwrap();
+            assert_eq!(warnings.len(), 1, "{bad}: {warnings:?}");
+            assert!(t.exchange("ex").is_none(), "{bad}");
+            std::fs::write(&path, &good).unwrap();
+        }
     }
 }

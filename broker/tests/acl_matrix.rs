@@ -1,7 +1,8 @@
 //! DESIGN.md §2: every cell of the permission matrix for the sender, receiver
 //! and admin roles, the "own resources" rules of receivers (prefixes, `.dlq`,
-//! longest CN wins, routing keys), ACL-before-existence, and the public-key
-//! commands.
+//! longest CN wins, routing keys), ACL-before-existence, the public-key
+//! commands, fanout binds that need ownership of the exchange, and
+//! authenticated senders (`sender_client_id`, `acl.require_sender_id`).
 //!
 //! Denials must read exactly `Access denied: <reason> (role=<role>)`; a refused
 //! publish is `NACK <id> access_denied`.
@@ -939,4 +940,210 @@ async fn bad_public_keys_are_errors_and_keep_the_old_key() {
         &format!("PUBLIC_KEY receiver_1 {}", key_b64(0xfb)),
     )
     .await;
+}
+
+// ---------------------------------------------------------------------------
+// Exchange ownership (more in exchange_ownership.rs)
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn receiver_may_bind_a_fanout_exchange_only_if_it_owns_it() {
+    let (broker, mut admin) = world().await;
+    check(
+        &mut admin,
+        "declare_exchange af fanout",
+        "OK declare_exchange af",
+    )
+    .await;
+    let mut r1 = connect_as(&broker, "receiver_1").await;
+    let mut r2 = connect_as(&broker, "receiver_2").await;
+    check(
+        &mut r1,
+        "declare_exchange rf fanout",
+        "OK declare_exchange rf",
+    )
+    .await;
+    check(
+        &mut r1,
+        "bind receiver_1_queue rf receiver_1",
+        "OK bind receiver_1_queue rf receiver_1",
+    )
+    .await;
+    let denied =
+        "Access denied: receivers may only bind queues to fanout exchanges they own (role=receiver)";
+    // Another receiver's fanout exchange, and an admin's: own queue and own
+    // key are not enough.
+    check(&mut r2, "bind receiver_2_queue rf receiver_2", denied).await;
+    check(&mut r1, "bind receiver_1_queue af receiver_1", denied).await;
+    // The admin column: any queue, any fanout exchange.
+    check(
+        &mut admin,
+        "bind receiver_2_queue af anything",
+        "OK bind receiver_2_queue af anything",
+    )
+    .await;
+    check(
+        &mut admin,
+        "bind receiver_1_2_queue rf anything",
+        "OK bind receiver_1_2_queue rf anything",
+    )
+    .await;
+    // The refused bind routes nothing to receiver_2.
+    let mut s = connect_as(&broker, "sender_1").await;
+    publish_expect(&mut s, "rf", "receiver_1", "f-1", "ACK f-1").await;
+    assert_eq!(ids(&fetch(&mut r1, "receiver_1_queue", 10).await), ["f-1"]);
+    assert!(fetch(&mut r2, "receiver_2_queue", 10).await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn receiver_may_not_declare_an_exchange_named_for_another_receiver() {
+    let broker = TestBroker::start(1);
+    let mut r = connect_as(&broker, "receiver_1").await;
+    for name in [
+        "receiver_2",
+        "receiver_2_fan",
+        "receiver_2.x",
+        "receiver_1_2_fan",
+    ] {
+        check(
+            &mut r,
+            &format!("declare_exchange {name} fanout"),
+            "Access denied: receivers may not declare exchanges named for another receiver (role=receiver)",
+        )
+        .await;
+    }
+    // Its own names and shared ones are fine; an admin may use any.
+    check(
+        &mut r,
+        "declare_exchange receiver_1_fan fanout",
+        "OK declare_exchange receiver_1_fan",
+    )
+    .await;
+    let mut admin = connect_as(&broker, "admin").await;
+    check(
+        &mut admin,
+        "declare_exchange receiver_2_fan fanout",
+        "OK declare_exchange receiver_2_fan",
+    )
+    .await;
+}
+
+// ---------------------------------------------------------------------------
+// Authenticated senders
+// ---------------------------------------------------------------------------
+
+/// `body(id, receiver)` naming its sender (`sender_client_id`).
+fn signed_body(id: &str, receiver: &str, sender: &str) -> String {
+    let plain = body(id, receiver);
+    let open = plain.strip_suffix('}').expect("a JSON object");
+    format!(r#"{open},"sender_client_id":"{sender}"}}"#)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_sender_client_id_is_nacked_access_denied_and_stores_nothing() {
+    let (broker, mut admin) = world().await;
+    let mut s = connect_as(&broker, "sender_1").await;
+    // sender_1 posing as sender_2, alone and in a batch.
+    let forged = signed_body("f-1", "receiver_1", "sender_2");
+    check(
+        &mut s,
+        &format!("publish ex receiver_1 {forged}"),
+        "NACK f-1 access_denied",
+    )
+    .await;
+    let batch = format!(
+        "[{},{}]",
+        signed_body("fb-1", "receiver_1", "sender_2"),
+        signed_body("fb-2", "receiver_1", "sender_1")
+    );
+    send(&mut s, &format!("publish_batch ex receiver_1 {batch}")).await;
+    assert_eq!(line(&mut s).await, "NACK fb-1 access_denied");
+    assert_eq!(line(&mut s).await, "ACK fb-2");
+    // Its own name is accepted, and relayed byte for byte.
+    let own = signed_body("o-1", "receiver_1", "sender_1");
+    check(&mut s, &format!("publish ex receiver_1 {own}"), "ACK o-1").await;
+    // An admin that names a sender must name itself too.
+    check(
+        &mut admin,
+        &format!(
+            "publish ex receiver_1 {}",
+            signed_body("a-1", "receiver_1", "sender_1")
+        ),
+        "NACK a-1 access_denied",
+    )
+    .await;
+    check(
+        &mut admin,
+        &format!(
+            "publish ex receiver_1 {}",
+            signed_body("a-2", "receiver_1", "admin")
+        ),
+        "ACK a-2",
+    )
+    .await;
+    // Not a string: invalid.
+    let odd = body("n-1", "receiver_1").replace(r#""nonce""#, r#""sender_client_id":7,"nonce""#);
+    check(
+        &mut s,
+        &format!("publish ex receiver_1 {odd}"),
+        "NACK n-1 invalid",
+    )
+    .await;
+    let got = fetch(&mut admin, "receiver_1_queue", 10).await;
+    assert_eq!(ids(&got), ["fb-2", "o-1", "a-2"]);
+    assert_eq!(got[1].body, own);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_require_sender_id_a_publish_without_one_is_nacked_invalid() {
+    let broker = TestBroker::start_with(1, "require_sender_id = true");
+    let mut admin = connect_as(&broker, "admin").await;
+    setup_receiver(&mut admin, "receiver_1").await;
+    let mut s = connect_as(&broker, "sender_1").await;
+    check(
+        &mut s,
+        &format!("publish ex receiver_1 {}", body("m-1", "receiver_1")),
+        "NACK m-1 invalid",
+    )
+    .await;
+    let batch = format!(
+        "[{},{}]",
+        body("mb-1", "receiver_1"),
+        signed_body("mb-2", "receiver_1", "sender_1")
+    );
+    send(&mut s, &format!("publish_batch ex receiver_1 {batch}")).await;
+    assert_eq!(line(&mut s).await, "NACK mb-1 invalid");
+    assert_eq!(line(&mut s).await, "ACK mb-2");
+    // A forged one is still a permission matter.
+    check(
+        &mut s,
+        &format!(
+            "publish ex receiver_1 {}",
+            signed_body("m-2", "receiver_1", "sender_2")
+        ),
+        "NACK m-2 access_denied",
+    )
+    .await;
+    // `null` names nobody.
+    let null =
+        body("m-3", "receiver_1").replace(r#""nonce""#, r#""sender_client_id":null,"nonce""#);
+    check(
+        &mut s,
+        &format!("publish ex receiver_1 {null}"),
+        "NACK m-3 invalid",
+    )
+    .await;
+    check(
+        &mut s,
+        &format!(
+            "publish ex receiver_1 {}",
+            signed_body("m-4", "receiver_1", "sender_1")
+        ),
+        "ACK m-4",
+    )
+    .await;
+    assert_eq!(
+        ids(&fetch(&mut admin, "receiver_1_queue", 10).await),
+        ["mb-2", "m-4"]
+    );
 }

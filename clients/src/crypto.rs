@@ -39,7 +39,9 @@ pub const SEAL_OVERHEAD: usize = 32 + 16;
 
 /// The JSON body of a `publish` (DESIGN.md §3): a message encrypted for one receiver.
 ///
-/// The five named fields are required strings. Anything else a sender added is kept
+/// The five named fields are required strings. `sender_client_id` is optional; the
+/// broker refuses a publish whose `sender_client_id` is not the publisher's CN, so a
+/// receiver may use it to tell senders apart. Anything else a sender added is kept
 /// in [`EncryptedInputData::extra`] and written back unchanged, because the broker
 /// relays extra fields and a receiver should see what was sent.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -55,7 +57,12 @@ pub struct EncryptedInputData {
     pub nonce: String,
     /// The encrypted body with its 16-byte tag appended (base64).
     pub ciphertext: String,
-    /// Fields beyond the five, relayed as they are (not encrypted, not
+    /// The sender's CN, as the broker verified it (not encrypted; the broker,
+    /// not the ciphertext, vouches for it). `None` when the sender did not
+    /// say; [`encrypt`] leaves it to the caller.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sender_client_id: Option<String>,
+    /// Fields beyond these, relayed as they are (not encrypted, not
     /// authenticated).
     #[serde(flatten)]
     pub extra: serde_json::Map<String, serde_json::Value>,
@@ -147,6 +154,7 @@ pub fn encrypt_with_rng<R: RngCore + CryptoRng>(
         enc_session_key: BASE64.encode(sealed),
         nonce: BASE64.encode(nonce),
         ciphertext: BASE64.encode(ciphertext),
+        sender_client_id: None,
         extra: serde_json::Map::new(),
     })
 }
@@ -386,6 +394,22 @@ mod tests {
         assert!(serde_json::from_str::<EncryptedInputData>(missing).is_err());
         let not_string = r#"{"message_id":"m","receiver_client_id":"r","enc_session_key":1,"nonce":"b","ciphertext":"c"}"#;
         assert!(serde_json::from_str::<EncryptedInputData>(not_string).is_err());
+    }
+
+    #[test]
+    fn json_carries_the_sender_id_only_when_set() {
+        let text = r#"{"message_id":"m","receiver_client_id":"r","enc_session_key":"a","nonce":"b","ciphertext":"c","sender_client_id":"s","trace":1}"#;
+        let mut msg: EncryptedInputData = serde_json::from_str(text).unwrap();
+        assert_eq!(msg.sender_client_id.as_deref(), Some("s"));
+        assert!(!msg.extra.contains_key("sender_client_id"));
+        assert_eq!(serde_json::to_string(&msg).unwrap(), text);
+        msg.sender_client_id = None;
+        assert!(!serde_json::to_string(&msg)
+            .unwrap()
+            .contains("sender_client_id"));
+        let null = text.replace(r#""s""#, "null");
+        let msg: EncryptedInputData = serde_json::from_str(&null).unwrap();
+        assert_eq!(msg.sender_client_id, None);
     }
 
     #[test]

@@ -25,8 +25,9 @@
 //! - The PKI never overwrites a CA, an X25519 key pair or the AES key without being
 //!   told to; private keys are born with mode 0600 and written atomically.
 //! - The receiver acknowledges a message only once its record is fsynced, and never
-//!   writes a message id twice; the sender counts a message acknowledged only on
-//!   the broker's `ACK`.
+//!   writes a message twice: a message is its sender (`sender_client_id`, which
+//!   the sender always sets and the broker verifies) and its id. The sender counts
+//!   a message acknowledged only on the broker's `ACK`.
 //! - Nothing logs a message body, a session key or a private key.
 //!
 //! Broker tests, the load generator and the reference clients all build on this

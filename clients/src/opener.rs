@@ -7,7 +7,7 @@
 //! the blocking threads: the output file is written by the receiver's own task, so
 //! a receiver that is cancelled leaves no thread behind that could still write.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use crate::crypto::{self, EncryptedInputData, SecretKey};
@@ -22,6 +22,8 @@ const CHUNK: usize = 64;
 pub(crate) struct Received {
     /// The delivery's message id.
     pub(crate) message_id: String,
+    /// The sender its body names (`sender_client_id`), if it names one.
+    pub(crate) sender_client_id: Option<String>,
     /// The queue it came from (named in `ack`/`nack`).
     pub(crate) queue: String,
     /// 1 on first delivery.
@@ -49,8 +51,9 @@ pub(crate) struct Opener {
     collecting: Vec<Received>,
     /// Running jobs, oldest first.
     jobs: VecDeque<AbortOnDrop<Vec<Opened>>>,
-    /// Ids collecting or in a job.
-    ids: HashSet<String>,
+    /// The senders of each id collecting or in a job (`None`: no sender
+    /// named): a handful at most, nearly always one.
+    ids: HashMap<String, Vec<Option<String>>>,
     /// Jobs running at once, at most (unless flushed).
     workers: usize,
 }
@@ -63,14 +66,22 @@ impl Opener {
             cn: Arc::from(cn),
             collecting: Vec::with_capacity(CHUNK),
             jobs: VecDeque::new(),
-            ids: HashSet::new(),
+            ids: HashMap::new(),
             workers: workers.max(1),
         }
     }
 
-    /// Whether a delivery of `message_id` is being opened.
-    pub(crate) fn contains(&self, message_id: &str) -> bool {
-        self.ids.contains(message_id)
+    /// Whether a delivery of `sender`'s `message_id` is being opened.
+    pub(crate) fn contains(&self, sender: Option<&str>, message_id: &str) -> bool {
+        self.ids
+            .get(message_id)
+            .is_some_and(|senders| senders.iter().any(|s| s.as_deref() == sender))
+    }
+
+    /// Whether a delivery of `message_id`, from any sender, is being opened:
+    /// an `ack <id> <queue>` would settle it too.
+    pub(crate) fn holds_id(&self, message_id: &str) -> bool {
+        self.ids.contains_key(message_id)
     }
 
     /// Nothing collected, nothing running.
@@ -85,7 +96,10 @@ impl Opener {
 
     /// Queues a delivery; a full chunk starts a job when a worker is free.
     pub(crate) fn push(&mut self, delivery: Received) {
-        self.ids.insert(delivery.message_id.clone());
+        self.ids
+            .entry(delivery.message_id.clone())
+            .or_default()
+            .push(delivery.sender_client_id.clone());
         self.collecting.push(delivery);
         if self.collecting.len() >= CHUNK && self.jobs.len() < self.workers {
             self.dispatch();
@@ -118,7 +132,15 @@ impl Opener {
             }
         };
         for o in &opened {
-            self.ids.remove(&o.delivery.message_id);
+            let d = &o.delivery;
+            if let Some(senders) = self.ids.get_mut(&d.message_id) {
+                if let Some(i) = senders.iter().position(|s| *s == d.sender_client_id) {
+                    senders.swap_remove(i);
+                }
+                if senders.is_empty() {
+                    self.ids.remove(&d.message_id);
+                }
+            }
         }
         Some(opened)
     }
@@ -169,6 +191,13 @@ pub(crate) fn open(secret: &SecretKey, cn: &str, d: &Received) -> Result<Vec<u8>
             body.receiver_client_id
         ));
     }
+    // It was read from this body before; a body read two ways is refused.
+    if body.sender_client_id != d.sender_client_id {
+        return Err(format!(
+            "the body's sender_client_id {:?} differs from the one read on delivery",
+            body.sender_client_id
+        ));
+    }
     crypto::decrypt(secret, &body).map_err(|e| e.to_string())
 }
 
@@ -187,6 +216,7 @@ mod tests {
         .unwrap();
         Received {
             message_id: id,
+            sender_client_id: None,
             queue: "r_queue".into(),
             delivery_count: 1,
             body: serde_json::to_string(&msg).unwrap(),
@@ -203,7 +233,8 @@ mod tests {
         let mut bad = delivery(&secret, 999);
         bad.message_id = "relabelled".into();
         opener.push(bad);
-        assert!(opener.contains("m0") && opener.contains("relabelled"));
+        assert!(opener.contains(None, "m0") && opener.contains(None, "relabelled"));
+        assert!(!opener.contains(Some("s"), "m0") && opener.holds_id("m0"));
         let all = opener.finish().await;
         assert_eq!(all.len(), CHUNK * 4 + 6);
         for (i, o) in all.iter().take(CHUNK * 4 + 5).enumerate() {
@@ -211,7 +242,7 @@ mod tests {
             assert_eq!(o.result.as_deref().unwrap(), format!("text {i}").as_bytes());
         }
         assert!(all.last().unwrap().result.is_err());
-        assert!(opener.is_idle() && !opener.contains("m0"));
+        assert!(opener.is_idle() && !opener.contains(None, "m0") && !opener.holds_id("m0"));
     }
 
     #[test]
@@ -227,5 +258,37 @@ mod tests {
         assert!(open(&secret, "r", &junk)
             .unwrap_err()
             .contains("EncryptedInputData"));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn tells_senders_of_one_id_apart() {
+        let secret = Arc::new(crypto::generate_secret_key());
+        let mut opener = Opener::new(secret.clone(), "r", 1);
+        let mut a = delivery(&secret, 1);
+        let mut b = delivery(&secret, 1);
+        for (d, sender) in [(&mut a, "s1"), (&mut b, "s2")] {
+            let mut body: EncryptedInputData = serde_json::from_str(&d.body).unwrap();
+            body.sender_client_id = Some(sender.into());
+            d.body = serde_json::to_string(&body).unwrap();
+            d.sender_client_id = Some(sender.into());
+        }
+        opener.push(a);
+        assert!(opener.contains(Some("s1"), "m1") && !opener.contains(Some("s2"), "m1"));
+        opener.push(b);
+        assert!(opener.contains(Some("s2"), "m1") && !opener.contains(None, "m1"));
+        let all = opener.finish().await;
+        assert_eq!(all.len(), 2);
+        assert!(all.iter().all(|o| o.result.is_ok()));
+        assert!(!opener.holds_id("m1"));
+    }
+
+    #[test]
+    fn refuses_a_body_whose_sender_differs_from_the_deliverys() {
+        let secret = crypto::generate_secret_key();
+        let mut d = delivery(&secret, 1);
+        d.sender_client_id = Some("s1".into());
+        assert!(open(&secret, "r", &d)
+            .unwrap_err()
+            .contains("sender_client_id"));
     }
 }

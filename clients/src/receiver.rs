@@ -10,9 +10,14 @@
 //!    match), decrypted and staged in the [`Journal`]; a batch is committed (one
 //!    write, one fsync) when full or after `batch_delay_ms`, and only then are its
 //!    messages acknowledged (`ack <id> <queue>`);
-//! 3. a message id already in the journal is acknowledged without being written
+//! 3. a message already in the journal is acknowledged without being written
 //!    again (a redelivery after a crash or a lost ack): exactly-once processing on
-//!    top of at-least-once delivery;
+//!    top of at-least-once delivery. A message is known by its sender
+//!    (`sender_client_id`, which the broker verified) and its id, so a sender
+//!    that uses another's id first cannot get the other's message dropped as a
+//!    duplicate. Since `ack <id> <queue>` settles every delivery of that id on
+//!    the connection, whoever sent it, an ack waits while another sender's
+//!    message with the same id is still being decrypted;
 //! 4. a message that cannot be decrypted is logged and `nack`ed, never written: the
 //!    broker redelivers it and, after `max_deliveries`, moves it to the dead-letter
 //!    queue;
@@ -30,6 +35,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use ciphermq_proto::message::inspect_message;
 use ciphermq_proto::{Delivery, Reply};
 use tokio::time::MissedTickBehavior;
 
@@ -459,7 +465,7 @@ impl Session {
                         self.on_opened(o, &mut link);
                     }
                     // Nothing more to decrypt right now: make the batch durable.
-                    if opener.is_idle() && !self.commit(&mut link)? {
+                    if opener.is_idle() && !self.commit(&mut link, &opener)? {
                         break End::Lost("the connection's writer stopped".to_owned());
                     }
                 }
@@ -481,7 +487,7 @@ impl Session {
                 () = tokio::time::sleep_until(batch_deadline.unwrap_or(far).into()), if batch_deadline.is_some() => {
                     batch_deadline = None;
                     opener.flush();
-                    if opener.is_idle() && !self.commit(&mut link)? {
+                    if opener.is_idle() && !self.commit(&mut link, &opener)? {
                         break End::Lost("the connection's writer stopped".to_owned());
                     }
                 }
@@ -499,7 +505,7 @@ impl Session {
                 }
                 () = shutdown.wait(), if !shutdown.fired() => break End::Stopped(StopReason::Shutdown),
             }
-            if self.journal.staged() >= self.batch_size && !self.commit(&mut link)? {
+            if self.journal.staged() >= self.batch_size && !self.commit(&mut link, &opener)? {
                 break End::Lost("the connection's writer stopped".to_owned());
             }
         };
@@ -509,7 +515,7 @@ impl Session {
         for o in opener.finish().await {
             self.on_opened(o, &mut link);
         }
-        let sent = self.commit(&mut link)?;
+        let sent = self.commit(&mut link, &opener)?;
         if let End::Stopped(reason) = &end {
             tracing::info!(?reason, "stopping: acknowledging what is written");
             if sent {
@@ -535,7 +541,12 @@ impl Session {
     fn on_delivery(&mut self, d: &Delivery<'_>, link: &mut Link, opener: &mut Opener) -> bool {
         self.stats.received.fetch_add(1, Relaxed);
         self.last_delivery = Instant::now();
-        if self.journal.contains(d.message_id) {
+        // A body this cannot read is refused by the decryption stage; until
+        // then it counts as naming no sender.
+        let sender = inspect_message(d.body)
+            .ok()
+            .and_then(|info| info.sender_client_id.map(|s| s.into_owned()));
+        if self.journal.contains(sender.as_deref(), d.message_id) {
             // Written (or staged): acknowledge once the file holds it.
             self.stats.duplicates.fetch_add(1, Relaxed);
             tracing::debug!(
@@ -543,11 +554,10 @@ impl Session {
                 count = d.delivery_count,
                 "duplicate; acknowledging without writing"
             );
-            link.acks_after_commit
-                .push(format!("ack {} {}\n", d.message_id, d.queue));
+            link.queue_ack(d.message_id, d.queue);
             return true;
         }
-        if opener.contains(d.message_id) {
+        if opener.contains(sender.as_deref(), d.message_id) {
             // Another copy is being opened; its `ack <id> <queue>` settles both.
             self.stats.duplicates.fetch_add(1, Relaxed);
             return false;
@@ -558,6 +568,7 @@ impl Session {
         }
         opener.push(Received {
             message_id: d.message_id.to_owned(),
+            sender_client_id: sender,
             queue: d.queue.to_owned(),
             delivery_count: d.delivery_count,
             body: d.body.to_owned(),
@@ -573,9 +584,13 @@ impl Session {
             // meanwhile: leave it unacknowledged for the next run.
             Ok(_) if self.staging_full() => {}
             Ok(plaintext) => {
-                self.journal.stage(&d.message_id, &plaintext, unix_now());
-                link.acks_after_commit
-                    .push(format!("ack {} {}\n", d.message_id, d.queue));
+                self.journal.stage(
+                    d.sender_client_id.as_deref(),
+                    &d.message_id,
+                    &plaintext,
+                    unix_now(),
+                );
+                link.queue_ack(&d.message_id, &d.queue);
             }
             Err(reason) => {
                 self.stats.rejected.fetch_add(1, Relaxed);
@@ -617,15 +632,27 @@ impl Session {
     /// Commits staged records, then sends the acks that waited for it; false if
     /// the writer task is gone (the acks are then lost with the connection, and the
     /// messages come back and are deduplicated).
-    fn commit(&mut self, link: &mut Link) -> Result<bool, ReceiverError> {
+    ///
+    /// An ack whose id `opener` is still decrypting (another sender's message
+    /// with the same id) waits for a later commit: it would settle that
+    /// delivery too, before it is on disk.
+    fn commit(&mut self, link: &mut Link, opener: &Opener) -> Result<bool, ReceiverError> {
         let written = self.journal.commit()?;
         self.stats.written.fetch_add(written as u64, Relaxed);
         if link.acks_after_commit.is_empty() {
             return Ok(true);
         }
-        let acks = std::mem::take(&mut link.acks_after_commit);
+        let (held, acks): (Vec<PendingAck>, Vec<PendingAck>) =
+            std::mem::take(&mut link.acks_after_commit)
+                .into_iter()
+                .partition(|ack| opener.holds_id(&ack.message_id));
+        link.acks_after_commit = held;
+        if acks.is_empty() {
+            return Ok(true);
+        }
         link.owed.extend(std::iter::repeat_n(Owed::Ack, acks.len()));
-        Ok(link.lines.send(acks.concat()))
+        let lines: String = acks.into_iter().map(|ack| ack.line).collect();
+        Ok(link.lines.send(lines))
     }
 
     /// Whether staging another record would pass a limit. Deliveries being
@@ -707,7 +734,25 @@ struct Link {
     /// Replies owed, in command order.
     owed: VecDeque<Owed>,
     /// `ack` lines to send once the current batch is durable.
-    acks_after_commit: Vec<String>,
+    acks_after_commit: Vec<PendingAck>,
+}
+
+impl Link {
+    /// Queues `ack <id> <queue>` for after the next commit.
+    fn queue_ack(&mut self, message_id: &str, queue: &str) {
+        self.acks_after_commit.push(PendingAck {
+            message_id: message_id.to_owned(),
+            line: format!("ack {message_id} {queue}\n"),
+        });
+    }
+}
+
+/// An `ack` waiting for a commit.
+struct PendingAck {
+    /// The id it settles (every delivery of it from its queue).
+    message_id: String,
+    /// The command line.
+    line: String,
 }
 
 /// Seconds since the Unix epoch (0 if the clock is before it).

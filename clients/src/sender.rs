@@ -16,6 +16,10 @@
 //! id `{run_id}.{seq}`: unique across runs unless a run id is reused on purpose
 //! (to resume a run, whose already-delivered messages the broker and the receiver
 //! then drop as duplicates).
+//!
+//! Every body names its sender (`sender_client_id`, the CN of the broker's
+//! `HELLO`), which the broker verifies: a receiver deduplicates by sender and
+//! id, so another sender using the same id cannot get our message dropped.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -622,13 +626,15 @@ fn encrypt_chunk(
         let correlation = correlation_id(&ctx.run_id, seq);
         for target in &ctx.targets {
             let message_id = format!("{}-{correlation}-{}", ctx.sender_id, target.receiver_id);
-            let body = crypto::encrypt_with_rng(
+            let mut body = crypto::encrypt_with_rng(
                 &mut rng,
                 &target.key,
                 &message_id,
                 &target.receiver_id,
                 text.as_bytes(),
             )?;
+            // The broker checks it is our CN; receivers deduplicate per sender.
+            body.sender_client_id = Some(ctx.sender_id.clone());
             let json = serde_json::to_string(&body)
                 .map_err(|e| SenderError::Protocol(format!("cannot serialise a message: {e}")))?;
             let mut line = String::with_capacity(
@@ -650,4 +656,37 @@ fn encrypt_chunk(
 /// Eight random lowercase hex digits: distinct runs get distinct message ids.
 pub fn random_run_id() -> String {
     format!("{:08x}", rand::random::<u32>())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_body_names_its_sender_and_opens_for_its_receiver() {
+        let secret = crypto::generate_secret_key();
+        let ctx = StageContext {
+            sender_id: "sender_1".into(),
+            run_id: "run".into(),
+            exchange: "ex".into(),
+            targets: vec![Target {
+                receiver_id: "receiver_1".into(),
+                routing_key: "receiver_1".into(),
+                key: secret.public_key(),
+            }],
+        };
+        let out = encrypt_chunk(&ctx, vec![(1, "hello".into())]).unwrap();
+        assert_eq!(out.len(), 1);
+        let json = out[0]
+            .line
+            .strip_prefix("publish ex receiver_1 ")
+            .and_then(|l| l.strip_suffix('\n'))
+            .unwrap();
+        // What the broker reads: the sender named, as our CN.
+        let info = ciphermq_proto::message::inspect_message(json).unwrap();
+        assert_eq!(info.message_id, out[0].message_id);
+        assert_eq!(info.sender_client_id.as_deref(), Some("sender_1"));
+        let body: crypto::EncryptedInputData = serde_json::from_str(json).unwrap();
+        assert_eq!(crypto::decrypt(&secret, &body).unwrap(), b"hello");
+    }
 }

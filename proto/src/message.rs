@@ -2,6 +2,12 @@
 //! string fields `message_id`, `receiver_client_id`, `enc_session_key`, `nonce`
 //! and `ciphertext`; extra fields are kept and relayed unchanged.
 //!
+//! One optional field is read too: `sender_client_id`, the publisher's claim
+//! of who it is. The broker checks it against the publisher's certificate CN,
+//! so a receiver can tell senders apart (and deduplicate per sender) knowing
+//! that no sender could name another; when present it must be a string (a
+//! `null` counts as absent).
+//!
 //! The broker cannot read payloads and does not try: it only needs the id (for
 //! `ACK`, dedup and deliveries) and the assurance that the body is well formed.
 //! The check borrows from the body and allocates nothing unless the id itself
@@ -22,6 +28,9 @@ use crate::name::is_valid_name;
 pub struct MessageInfo<'a> {
     /// The message id, valid under the name rule.
     pub message_id: Cow<'a, str>,
+    /// `sender_client_id`, when the body names its sender; the broker
+    /// refuses a publish whose claim is not the publisher's CN.
+    pub sender_client_id: Option<Cow<'a, str>>,
 }
 
 /// Why a body is refused. The two cases get different replies.
@@ -31,8 +40,8 @@ pub enum MessageError {
     /// (or `NACK - invalid` inside a batch).
     #[error("invalid message")]
     Unreadable,
-    /// The id is readable but a required field is missing or not a string:
-    /// `NACK <id> invalid`.
+    /// The id is readable but a required field is missing or not a string,
+    /// or `sender_client_id` is there and not a string: `NACK <id> invalid`.
     #[error("message {message_id} lacks a required string field")]
     Invalid {
         /// The readable id.
@@ -127,6 +136,9 @@ struct Envelope<'a> {
     nonce: IsString,
     #[serde(default)]
     ciphertext: IsString,
+    /// `null` deserializes as `None`, like a missing field.
+    #[serde(borrow, default)]
+    sender_client_id: Option<Field<'a>>,
 }
 
 /// Checks one publish body and returns its id.
@@ -141,12 +153,19 @@ pub fn inspect_message(body: &str) -> Result<MessageInfo<'_>, MessageError> {
         && envelope.enc_session_key.0
         && envelope.nonce.0
         && envelope.ciphertext.0;
-    if complete {
-        Ok(MessageInfo { message_id })
-    } else {
-        Err(MessageError::Invalid {
+    let sender_client_id = match envelope.sender_client_id {
+        None => Some(None),
+        Some(Field::Str(sender)) => Some(Some(sender)),
+        Some(Field::Other) => None,
+    };
+    match sender_client_id {
+        Some(sender_client_id) if complete => Ok(MessageInfo {
+            message_id,
+            sender_client_id,
+        }),
+        _ => Err(MessageError::Invalid {
             message_id: message_id.into_owned(),
-        })
+        }),
     }
 }
 
@@ -171,6 +190,45 @@ mod tests {
         let info = inspect_message(GOOD).unwrap();
         assert_eq!(info.message_id, "sender_1-42-receiver_1");
         assert!(matches!(info.message_id, Cow::Borrowed(_)));
+        assert_eq!(info.sender_client_id, None);
+    }
+
+    const FIVE: &str = r#""message_id":"m1","receiver_client_id":"r","enc_session_key":"k","nonce":"n","ciphertext":"c""#;
+
+    #[test]
+    fn reads_the_sender_id_when_there_is_one() {
+        let body = format!(r#"{{{FIVE},"sender_client_id":"sender_1"}}"#);
+        let info = inspect_message(&body).unwrap();
+        assert_eq!(info.sender_client_id.as_deref(), Some("sender_1"));
+        assert!(matches!(info.sender_client_id, Some(Cow::Borrowed(_))));
+        // Escapes are decoded: the CN is compared with what a receiver reads.
+        let body = format!(r#"{{"sender_client_id":"s\u0031",{FIVE}}}"#);
+        let info = inspect_message(&body).unwrap();
+        assert_eq!(info.sender_client_id.as_deref(), Some("s1"));
+        // `null` is no claim.
+        let body = format!(r#"{{{FIVE},"sender_client_id":null}}"#);
+        let info = inspect_message(&body).unwrap();
+        assert_eq!(info.sender_client_id, None);
+    }
+
+    #[test]
+    fn a_sender_id_that_is_not_a_string_is_invalid() {
+        for value in ["7", "true", r#"["sender_1"]"#, r#"{"cn":"sender_1"}"#] {
+            assert_eq!(
+                inspect_message(&format!(r#"{{{FIVE},"sender_client_id":{value}}}"#)),
+                Err(MessageError::Invalid {
+                    message_id: "m1".into()
+                }),
+                "{value}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_sender_id_given_twice_is_unreadable() {
+        // A receiver might read either one: no body may be ambiguous about it.
+        let body = format!(r#"{{{FIVE},"sender_client_id":"a","sender_client_id":"b"}}"#);
+        assert_eq!(inspect_message(&body), Err(MessageError::Unreadable));
     }
 
     #[test]

@@ -27,8 +27,19 @@
 //! Every save writes the whole topology, so one successful save covers every
 //! change before it: a save request lost to a full queue, or a failed save
 //! (retried with backoff), is made good by the next one.
+//!
+//! Ownership (DESIGN.md §2) lives here too, so that it is decided where the
+//! change is applied, never against a snapshot that may be stale by then:
+//! the receiver that declares an exchange first owns it (an [`Actor::Admin`]
+//! declaration, or one loaded without an owner, belongs to no receiver), a
+//! receiver may bind a queue to a fanout exchange only if it owns it, and a
+//! binding remembers who made it. The broker's ACL, which this crate does not
+//! know, joins in as a [`BindingRule`]: installed with
+//! [`TopologyStore::set_binding_rule`], it judges every bind as it is applied
+//! and, on installation, every binding already there (a reload removes the
+//! bindings its new ACL makes unlawful).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, RwLock, Weak};
@@ -41,6 +52,95 @@ use crate::pending::{Pending, Resolver};
 
 use crate::placement::{shard_of, ShardId};
 use crate::routing::{Exchange, Target};
+
+/// Why a receiver's bind to a fanout exchange it does not own is refused: a
+/// fanout exchange ignores the routing key, so such a binding would copy
+/// every message sent through it, whoever it is for.
+pub const FANOUT_NOT_OWNED: &str = "receivers may only bind queues to fanout exchanges they own";
+
+/// Why a receiver may not delete an exchange it does not own.
+pub const EXCHANGE_NOT_OWNED: &str = "receivers may only delete exchanges they own";
+
+/// Who asks for a topology change: what ownership allows depends on it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Actor {
+    /// An administrator (or the broker itself): may bind any queue to any
+    /// exchange, and what it declares belongs to no receiver.
+    Admin,
+    /// A receiver, by CN: owns the exchanges it declares first, and may bind
+    /// a queue to a fanout exchange only if it owns that exchange.
+    Receiver(Arc<str>),
+}
+
+impl Actor {
+    /// A receiver actor for `cn`.
+    pub fn receiver(cn: &str) -> Actor {
+        Actor::Receiver(Arc::from(cn))
+    }
+}
+
+/// A binding as a [`BindingRule`] judges it: everything the topology knows
+/// about it at the moment it is applied or re-judged.
+#[derive(Debug, Clone, Copy)]
+pub struct Binding<'a> {
+    /// The exchange's name.
+    pub exchange: &'a str,
+    /// Its type.
+    pub kind: ExchangeKind,
+    /// The receiver owning the exchange, if one does.
+    pub exchange_owner: Option<&'a str>,
+    /// The binding key (a topic pattern on a topic exchange).
+    pub key: &'a str,
+    /// The bound queue.
+    pub queue: &'a QueueInfo,
+    /// Who made it; `None` when that was not recorded (a binding saved by a
+    /// build that did not record it).
+    pub bound_by: Option<&'a Actor>,
+}
+
+/// The broker's say over which bindings may exist: its ACL, which can change
+/// while the broker runs (a reload). Installed with
+/// [`TopologyStore::set_binding_rule`], it is asked about every bind as it is
+/// applied (so a bind checked under an ACL a reload has since replaced
+/// cannot slip in) and, on installation, about every binding already there.
+pub trait BindingRule: Send + Sync + fmt::Debug {
+    /// `Err(reason)` when `binding` may not exist; the reason is worded for
+    /// an `Access denied: <reason>` reply and for the log.
+    fn check(&self, binding: &Binding<'_>) -> Result<(), String>;
+}
+
+/// A binding a [`BindingRule`] refused when it was installed, for the log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemovedBinding {
+    /// The exchange it was on.
+    pub exchange: String,
+    /// Its binding key.
+    pub key: String,
+    /// The queue it filled.
+    pub queue: String,
+    /// Who had made it, if that was recorded.
+    pub bound_by: Option<Actor>,
+    /// Why the rule refused it.
+    pub reason: String,
+}
+
+/// Identifies one binding: (exchange, key, queue).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct BindingId {
+    exchange: Arc<str>,
+    key: Box<str>,
+    queue: Arc<str>,
+}
+
+impl BindingId {
+    fn new(exchange: &str, key: &str, queue: &str) -> BindingId {
+        BindingId {
+            exchange: Arc::from(exchange),
+            key: Box::from(key),
+            queue: Arc::from(queue),
+        }
+    }
+}
 
 /// Where a queue lives and who owns it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,6 +162,12 @@ pub struct Topology {
     shards: usize,
     queues: HashMap<Arc<str>, QueueInfo>,
     exchanges: HashMap<Arc<str>, Arc<Exchange>>,
+    /// The receiver owning each exchange that one owns.
+    exchange_owners: HashMap<Arc<str>, Arc<str>>,
+    /// Who made each binding, where that is recorded.
+    binders: HashMap<BindingId, Actor>,
+    /// The broker's rule over bindings, once installed.
+    rule: Option<Arc<dyn BindingRule>>,
 }
 
 impl Topology {
@@ -75,6 +181,9 @@ impl Topology {
             shards: shards.max(1),
             queues: HashMap::new(),
             exchanges: HashMap::new(),
+            exchange_owners: HashMap::new(),
+            binders: HashMap::new(),
+            rule: None,
         }
     }
 
@@ -106,6 +215,19 @@ impl Topology {
     /// Every exchange with its name.
     pub fn exchanges(&self) -> impl Iterator<Item = (&str, &Exchange)> {
         self.exchanges.iter().map(|(n, e)| (&**n, &**e))
+    }
+
+    /// The receiver that owns an exchange: the one that declared it first.
+    /// `None` for an exchange an admin declared, one loaded without a
+    /// recorded owner, or one that does not exist.
+    pub fn exchange_owner(&self, name: &str) -> Option<&str> {
+        self.exchange_owners.get(name).map(|o| &**o)
+    }
+
+    /// Who made the binding of `queue` to `exchange` with `key`; `None` when
+    /// that is not recorded (or there is no such binding).
+    pub fn binder(&self, exchange: &str, key: &str, queue: &str) -> Option<&Actor> {
+        self.binders.get(&BindingId::new(exchange, key, queue))
     }
 
     /// Appends the queues a publish to `exchange` with `key` reaches; false
@@ -152,16 +274,21 @@ impl Topology {
                 self.queues.insert(info.name.clone(), info);
                 Ok(true)
             }
-            TopologyChange::DeclareExchange { name, kind } => {
+            TopologyChange::DeclareExchange { name, kind, owner } => {
                 match self.exchanges.get(name.as_str()) {
+                    // Declaring again never transfers ownership.
                     Some(ex) if ex.kind() == *kind => Ok(false),
                     Some(ex) => Err(TopologyError::KindMismatch {
                         name: name.clone(),
                         existing: ex.kind(),
                     }),
                     None => {
-                        self.exchanges
-                            .insert(Arc::from(name.as_str()), Arc::new(Exchange::new(*kind)));
+                        let name: Arc<str> = Arc::from(name.as_str());
+                        if let Some(owner) = owner {
+                            self.exchange_owners
+                                .insert(name.clone(), Arc::from(owner.as_str()));
+                        }
+                        self.exchanges.insert(name, Arc::new(Exchange::new(*kind)));
                         Ok(true)
                     }
                 }
@@ -170,30 +297,132 @@ impl Topology {
                 queue,
                 exchange,
                 key,
-            } => {
-                let info = self
-                    .queues
-                    .get(queue.as_str())
-                    .ok_or_else(|| TopologyError::UnknownQueue(queue.clone()))?
-                    .clone();
-                let ex = self
-                    .exchanges
-                    .get_mut(exchange.as_str())
-                    .ok_or_else(|| TopologyError::UnknownExchange(exchange.clone()))?;
-                let target = Target {
-                    queue: info.name,
-                    shard: info.shard,
-                };
-                if ex
-                    .bindings()
-                    .any(|(k, t)| k == key && t.queue == target.queue)
-                {
-                    return Ok(false);
+                by,
+            } => self.bind(queue, exchange, key, by.as_ref()),
+            TopologyChange::DeleteExchange { name, by } => {
+                if !self.exchanges.contains_key(name.as_str()) {
+                    return Err(TopologyError::UnknownExchange(name.clone()));
                 }
-                Arc::make_mut(ex).bind(key, target);
+                if let Actor::Receiver(cn) = by {
+                    if self.exchange_owner(name) != Some(&**cn) {
+                        return Err(TopologyError::Denied(EXCHANGE_NOT_OWNED.into()));
+                    }
+                }
+                self.exchanges.remove(name.as_str());
+                self.exchange_owners.remove(name.as_str());
+                self.binders.retain(|id, _| &*id.exchange != name.as_str());
                 Ok(true)
             }
         }
+    }
+
+    /// `bind`: ownership of a fanout exchange is checked before whether the
+    /// queue exists (ownership before existence, as the ACL does), then the
+    /// installed rule, if any, has its say.
+    fn bind(
+        &mut self,
+        queue: &str,
+        exchange: &str,
+        key: &str,
+        by: Option<&Actor>,
+    ) -> Result<bool, TopologyError> {
+        if let (Some(Actor::Receiver(cn)), Some(ex)) = (by, self.exchanges.get(exchange)) {
+            if ex.kind() == ExchangeKind::Fanout && self.exchange_owner(exchange) != Some(&**cn) {
+                return Err(TopologyError::Denied(FANOUT_NOT_OWNED.into()));
+            }
+        }
+        let info = self
+            .queues
+            .get(queue)
+            .ok_or_else(|| TopologyError::UnknownQueue(queue.to_owned()))?;
+        let ex = self
+            .exchanges
+            .get(exchange)
+            .ok_or_else(|| TopologyError::UnknownExchange(exchange.to_owned()))?;
+        if let (Some(rule), Some(_)) = (&self.rule, by) {
+            let binding = Binding {
+                exchange,
+                kind: ex.kind(),
+                exchange_owner: self.exchange_owners.get(exchange).map(|o| &**o),
+                key,
+                queue: info,
+                bound_by: by,
+            };
+            rule.check(&binding).map_err(TopologyError::Denied)?;
+        }
+        let target = Target {
+            queue: info.name.clone(),
+            shard: info.shard,
+        };
+        if ex
+            .bindings()
+            .any(|(k, t)| k == key && t.queue == target.queue)
+        {
+            return Ok(false);
+        }
+        if let Some(by) = by {
+            self.binders
+                .insert(BindingId::new(exchange, key, queue), by.clone());
+        }
+        if let Some(ex) = self.exchanges.get_mut(exchange) {
+            Arc::make_mut(ex).bind(key, target);
+        }
+        Ok(true)
+    }
+
+    /// Installs `rule` and removes every binding it refuses, returning them.
+    fn install_rule(&mut self, rule: Arc<dyn BindingRule>) -> Vec<RemovedBinding> {
+        let mut removed = Vec::new();
+        for (name, ex) in &self.exchanges {
+            let owner = self.exchange_owners.get(name).map(|o| &**o);
+            for (key, target) in ex.bindings() {
+                let Some(queue) = self.queues.get(&target.queue) else {
+                    continue;
+                };
+                let bound_by = self.binders.get(&BindingId::new(name, key, &target.queue));
+                let binding = Binding {
+                    exchange: name,
+                    kind: ex.kind(),
+                    exchange_owner: owner,
+                    key,
+                    queue,
+                    bound_by,
+                };
+                if let Err(reason) = rule.check(&binding) {
+                    removed.push(RemovedBinding {
+                        exchange: name.to_string(),
+                        key: key.to_owned(),
+                        queue: target.queue.to_string(),
+                        bound_by: bound_by.cloned(),
+                        reason,
+                    });
+                }
+            }
+        }
+        // The routing index has no removal: each exchange that lost a
+        // binding is rebuilt once, without them, keeping the others in order.
+        let mut gone: HashMap<&str, Vec<(&str, &str)>> = HashMap::new();
+        for r in &removed {
+            self.binders
+                .remove(&BindingId::new(&r.exchange, &r.key, &r.queue));
+            gone.entry(&r.exchange)
+                .or_default()
+                .push((&r.key, &r.queue));
+        }
+        for (name, pairs) in gone {
+            let pairs: HashSet<(&str, &str)> = pairs.into_iter().collect();
+            if let Some(ex) = self.exchanges.get_mut(name) {
+                let mut rebuilt = Exchange::new(ex.kind());
+                for (key, target) in ex.bindings() {
+                    if !pairs.contains(&(key, &*target.queue)) {
+                        rebuilt.bind(key, target.clone());
+                    }
+                }
+                *ex = Arc::new(rebuilt);
+            }
+        }
+        self.rule = Some(rule);
+        removed
     }
 }
 
@@ -215,6 +444,11 @@ pub enum TopologyError {
     /// `bind` to an exchange that was never declared.
     #[error("unknown exchange {0}")]
     UnknownExchange(String),
+    /// An ownership rule, or the installed [`BindingRule`], refuses the
+    /// change. The connection answers `Access denied: <reason> (role=…)`,
+    /// not `Error: …`.
+    #[error("access denied: {0}")]
+    Denied(String),
     /// The change could not be saved (the sink failed, or the saver thread is
     /// busy or gone): it was not applied, and the client may retry.
     #[error("storage: {0}")]
@@ -288,6 +522,10 @@ pub enum TopologyChange {
         name: String,
         /// Its type.
         kind: ExchangeKind,
+        /// The receiver CN that owns the exchange if this declaration creates
+        /// it; `None` for an admin's (or a loaded one without an owner). An
+        /// existing exchange keeps its owner.
+        owner: Option<String>,
     },
     /// `bind`.
     Bind {
@@ -297,6 +535,18 @@ pub enum TopologyChange {
         exchange: String,
         /// Binding key.
         key: String,
+        /// Who binds, recorded with the binding so that a later
+        /// [`BindingRule`] can judge it; `None` only for a binding loaded
+        /// from a file that did not record it.
+        by: Option<Actor>,
+    },
+    /// `delete_exchange`: the exchange and its bindings. A receiver may
+    /// delete only an exchange it owns.
+    DeleteExchange {
+        /// Exchange name.
+        name: String,
+        /// Who deletes it.
+        by: Actor,
     },
 }
 
@@ -511,6 +761,10 @@ impl TopologyStore {
             self.saved.fetch_max(version, Ordering::AcqRel);
             answer(changes, results);
         } else {
+            // What was just saved is no published version: whatever the
+            // saved mark says (a rule installed meanwhile may have advanced
+            // it), the current one is not on disk, and is saved next.
+            self.saved.fetch_min(base, Ordering::AcqRel);
             let mut rebased = (*current).clone();
             let results: Vec<Result<bool, TopologyError>> = changes
                 .iter()
@@ -549,24 +803,56 @@ impl TopologyStore {
         })
     }
 
-    /// Declares an exchange; the same type again is a no-op, another is an
-    /// error. Applied at once and saved afterwards, like
-    /// [`Self::declare_queue`].
+    /// Declares an exchange as an admin (owned by no receiver); the same
+    /// type again is a no-op, another is an error. Applied at once and saved
+    /// afterwards, like [`Self::declare_queue`].
     pub fn declare_exchange(&self, name: &str, kind: ExchangeKind) -> Result<(), TopologyError> {
         self.apply_now(&TopologyChange::DeclareExchange {
             name: name.to_owned(),
             kind,
+            owner: None,
         })
     }
 
-    /// Binds a queue to an exchange with a key (idempotent). Applied at once
-    /// and saved afterwards, like [`Self::declare_queue`].
+    /// Binds a queue to an exchange with a key, as an admin (idempotent).
+    /// Applied at once and saved afterwards, like [`Self::declare_queue`].
     pub fn bind(&self, queue: &str, exchange: &str, key: &str) -> Result<(), TopologyError> {
         self.apply_now(&TopologyChange::Bind {
             queue: queue.to_owned(),
             exchange: exchange.to_owned(),
             key: key.to_owned(),
+            by: Some(Actor::Admin),
         })
+    }
+
+    /// Makes `rule` the judge of bindings from now on, and removes every
+    /// binding it refuses; returns those, for the caller to log. The broker
+    /// calls it at start and on every reload of its ACL.
+    ///
+    /// Applied and visible at once (a change queued for the saver thread is
+    /// judged by the new rule when it is applied), and saved afterwards, like
+    /// [`Self::declare_queue`]: a crash before that save brings the removed
+    /// bindings back until the rule is installed again at the next start.
+    pub fn set_binding_rule(&self, rule: Arc<dyn BindingRule>) -> Vec<RemovedBinding> {
+        let _writer = self.lock_writer();
+        let mut next = (*self.snapshot()).clone();
+        let before = next.version;
+        let removed = next.install_rule(rule);
+        // Always a new version, so that a batch the saver built under the old
+        // rule is applied again under this one before it is published.
+        next.version += 1;
+        let version = next.version;
+        self.publish(next);
+        if removed.is_empty() {
+            // The rule is not saved: when nothing else changed, what is saved
+            // is as current as it was, and nothing is written.
+            let _ =
+                self.saved
+                    .compare_exchange(before, version, Ordering::AcqRel, Ordering::Acquire);
+        } else {
+            self.request_save();
+        }
+        removed
     }
 }
 
@@ -705,6 +991,8 @@ mod tests {
         gate: Mutex<bool>,
         opened: std::sync::Condvar,
         calls: AtomicUsize,
+        /// The binding keys of the last save.
+        keys: Mutex<Vec<String>>,
     }
 
     impl Recorder {
@@ -744,6 +1032,10 @@ mod tests {
                 .lock()
                 .unwrap()
                 .push((queue_names(t), std::thread::current().id()));
+            *sink.keys.lock().unwrap() = t
+                .exchanges()
+                .flat_map(|(_, ex)| ex.bindings().map(|(k, _)| k.to_owned()))
+                .collect();
             Ok(())
         })
         .unwrap();
@@ -756,11 +1048,13 @@ mod tests {
         let ex = TopologyChange::DeclareExchange {
             name: "ex".into(),
             kind: ExchangeKind::Direct,
+            owner: None,
         };
         let bind = TopologyChange::Bind {
             queue: "q".into(),
             exchange: "ex".into(),
             key: "k".into(),
+            by: Some(Actor::Admin),
         };
         let (a, b, c) = (
             store.submit(queue("q", "r")),
@@ -780,6 +1074,7 @@ mod tests {
             queue: "nope".into(),
             exchange: "ex".into(),
             key: "k".into(),
+            by: Some(Actor::Admin),
         };
         assert_eq!(
             wait(store.submit(unknown)),
@@ -906,12 +1201,14 @@ mod tests {
         t.apply(&TopologyChange::DeclareExchange {
             name: "ex".into(),
             kind: ExchangeKind::Topic,
+            owner: None,
         })
         .unwrap();
         t.apply(&TopologyChange::Bind {
             queue: "receiver_1_queue".into(),
             exchange: "ex".into(),
             key: "receiver_1.#".into(),
+            by: None,
         })
         .unwrap();
         assert_eq!(t.version(), 3);
@@ -963,5 +1260,258 @@ mod tests {
         assert!(view.current().route("ex", "k", &mut out));
         assert_eq!(&*out[0].queue, "q");
         assert!(!view.current().route("nope", "k", &mut out));
+    }
+
+    fn exchange(name: &str, kind: ExchangeKind, owner: Option<&str>) -> TopologyChange {
+        TopologyChange::DeclareExchange {
+            name: name.into(),
+            kind,
+            owner: owner.map(str::to_owned),
+        }
+    }
+
+    fn bind(queue: &str, exchange: &str, key: &str, by: Option<Actor>) -> TopologyChange {
+        TopologyChange::Bind {
+            queue: queue.into(),
+            exchange: exchange.into(),
+            key: key.into(),
+            by,
+        }
+    }
+
+    fn routed(t: &Topology, exchange: &str, key: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        t.route(exchange, key, &mut out);
+        let mut names: Vec<String> = out.iter().map(|t| t.queue.to_string()).collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn the_first_declarer_owns_an_exchange_and_keeps_it() {
+        let mut t = Topology::empty(1);
+        assert!(t
+            .apply(&exchange("r1_fan", ExchangeKind::Fanout, Some("r1")))
+            .unwrap());
+        // The same type again is a no-op for anyone, and transfers nothing.
+        assert!(!t
+            .apply(&exchange("r1_fan", ExchangeKind::Fanout, Some("r2")))
+            .unwrap());
+        assert!(!t
+            .apply(&exchange("r1_fan", ExchangeKind::Fanout, None))
+            .unwrap());
+        assert_eq!(t.exchange_owner("r1_fan"), Some("r1"));
+        // Another type is refused, and leaves owner and type alone.
+        assert_eq!(
+            t.apply(&exchange("r1_fan", ExchangeKind::Topic, Some("r2")))
+                .unwrap_err()
+                .to_string(),
+            "exchange r1_fan exists with type fanout"
+        );
+        assert_eq!(t.exchange("r1_fan").unwrap().kind(), ExchangeKind::Fanout);
+        assert_eq!(t.exchange_owner("r1_fan"), Some("r1"));
+        // An admin's exchange belongs to no receiver, even when one declares it after.
+        t.apply(&exchange("shared", ExchangeKind::Direct, None))
+            .unwrap();
+        t.apply(&exchange("shared", ExchangeKind::Direct, Some("r1")))
+            .unwrap();
+        assert_eq!(t.exchange_owner("shared"), None);
+        assert_eq!(t.exchange_owner("nope"), None);
+    }
+
+    #[test]
+    fn only_the_owner_binds_a_fanout_exchange() {
+        let mut t = Topology::empty(1);
+        t.apply(&queue("r1_queue", "r1")).unwrap();
+        t.apply(&queue("r2_queue", "r2")).unwrap();
+        t.apply(&exchange("fan", ExchangeKind::Fanout, Some("r1")))
+            .unwrap();
+        t.apply(&exchange("admin_fan", ExchangeKind::Fanout, None))
+            .unwrap();
+        t.apply(&exchange("direct", ExchangeKind::Direct, Some("r1")))
+            .unwrap();
+        let denied = Err(TopologyError::Denied(FANOUT_NOT_OWNED.into()));
+        assert_eq!(
+            t.apply(&bind("r2_queue", "fan", "r2", Some(Actor::receiver("r2")))),
+            denied
+        );
+        // Ownership is checked before the queue's existence.
+        assert_eq!(
+            t.apply(&bind("r2_nope", "fan", "r2", Some(Actor::receiver("r2")))),
+            denied
+        );
+        assert_eq!(
+            t.apply(&bind(
+                "r1_queue",
+                "admin_fan",
+                "r1",
+                Some(Actor::receiver("r1"))
+            )),
+            denied
+        );
+        assert_eq!(
+            t.apply(&bind("r1_queue", "fan", "r1", Some(Actor::receiver("r1")))),
+            Ok(true)
+        );
+        // Another receiver's direct exchange takes its keys, as before.
+        assert_eq!(
+            t.apply(&bind(
+                "r2_queue",
+                "direct",
+                "r2",
+                Some(Actor::receiver("r2"))
+            )),
+            Ok(true)
+        );
+        // An admin binds anything.
+        assert_eq!(
+            t.apply(&bind("r2_queue", "admin_fan", "x", Some(Actor::Admin))),
+            Ok(true)
+        );
+        assert_eq!(routed(&t, "fan", "anything"), ["r1_queue"]);
+        assert_eq!(
+            t.binder("fan", "r1", "r1_queue"),
+            Some(&Actor::receiver("r1"))
+        );
+        assert_eq!(t.binder("admin_fan", "x", "r2_queue"), Some(&Actor::Admin));
+        assert_eq!(t.binder("fan", "r2", "r2_queue"), None);
+    }
+
+    #[test]
+    fn only_the_owner_deletes_an_exchange_and_its_bindings_go_too() {
+        let mut t = Topology::empty(1);
+        t.apply(&queue("r1_queue", "r1")).unwrap();
+        t.apply(&exchange("fan", ExchangeKind::Fanout, Some("r1")))
+            .unwrap();
+        t.apply(&bind("r1_queue", "fan", "k", Some(Actor::receiver("r1"))))
+            .unwrap();
+        let delete = |by: Actor| TopologyChange::DeleteExchange {
+            name: "fan".into(),
+            by,
+        };
+        assert_eq!(
+            t.apply(&delete(Actor::receiver("r2"))),
+            Err(TopologyError::Denied(EXCHANGE_NOT_OWNED.into()))
+        );
+        assert_eq!(t.apply(&delete(Actor::receiver("r1"))), Ok(true));
+        assert!(t.exchange("fan").is_none());
+        assert_eq!(t.exchange_owner("fan"), None);
+        assert_eq!(t.binder("fan", "k", "r1_queue"), None);
+        assert_eq!(
+            t.apply(&delete(Actor::Admin)),
+            Err(TopologyError::UnknownExchange("fan".into()))
+        );
+        // Declared again by someone else, it is theirs, with no binding left.
+        t.apply(&exchange("fan", ExchangeKind::Fanout, Some("r2")))
+            .unwrap();
+        assert_eq!(t.exchange_owner("fan"), Some("r2"));
+        assert!(routed(&t, "fan", "k").is_empty());
+    }
+
+    /// Refuses bindings to queues of `banned`'s, and keys starting with `x`.
+    #[derive(Debug)]
+    struct Ban(&'static str);
+
+    impl BindingRule for Ban {
+        fn check(&self, b: &Binding<'_>) -> Result<(), String> {
+            if &*b.queue.owner == self.0 {
+                return Err(format!("{} is banned", self.0));
+            }
+            if b.key.starts_with('x') && b.bound_by != Some(&Actor::Admin) {
+                return Err("x keys".into());
+            }
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn an_installed_rule_removes_what_it_refuses_and_judges_later_binds() {
+        let mut loaded = Topology::empty(1);
+        loaded.apply(&queue("r1_queue", "r1")).unwrap();
+        loaded.apply(&queue("r2_queue", "r2")).unwrap();
+        loaded
+            .apply(&exchange("ex", ExchangeKind::Direct, None))
+            .unwrap();
+        for (q, key, by) in [
+            ("r1_queue", "r1", Some(Actor::receiver("r1"))),
+            ("r2_queue", "r2", Some(Actor::receiver("r2"))),
+            ("r1_queue", "x1", None),
+            ("r1_queue", "x2", Some(Actor::Admin)),
+        ] {
+            loaded.apply(&bind(q, "ex", key, by)).unwrap();
+        }
+        let (store, rec) = recorded(loaded);
+        let before = store.version();
+        let mut removed = store.set_binding_rule(Arc::new(Ban("r2")));
+        removed.sort_by(|a, b| a.key.cmp(&b.key));
+        assert_eq!(
+            removed,
+            [
+                RemovedBinding {
+                    exchange: "ex".into(),
+                    key: "r2".into(),
+                    queue: "r2_queue".into(),
+                    bound_by: Some(Actor::receiver("r2")),
+                    reason: "r2 is banned".into(),
+                },
+                RemovedBinding {
+                    exchange: "ex".into(),
+                    key: "x1".into(),
+                    queue: "r1_queue".into(),
+                    bound_by: None,
+                    reason: "x keys".into(),
+                },
+            ]
+        );
+        let t = store.snapshot();
+        assert!(t.version() > before);
+        assert_eq!(routed(&t, "ex", "r1"), ["r1_queue"]);
+        assert!(routed(&t, "ex", "r2").is_empty() && routed(&t, "ex", "x1").is_empty());
+        assert_eq!(routed(&t, "ex", "x2"), ["r1_queue"]);
+        assert_eq!(t.binder("ex", "r2", "r2_queue"), None);
+        eventually("the removal is saved", || !store.unsaved());
+        assert!(rec.calls.load(Ordering::SeqCst) >= 1);
+        // Later binds go through the rule, submitted or applied at once.
+        assert_eq!(
+            wait(store.submit(bind("r2_queue", "ex", "r2", Some(Actor::receiver("r2"))))),
+            Err(TopologyError::Denied("r2 is banned".into()))
+        );
+        assert_eq!(
+            wait(store.submit(bind("r1_queue", "ex", "x3", Some(Actor::receiver("r1"))))),
+            Err(TopologyError::Denied("x keys".into()))
+        );
+        assert_eq!(store.bind("r1_queue", "ex", "x3"), Ok(()));
+        // A new rule replaces the old one.
+        assert!(store.set_binding_rule(Arc::new(Ban("r3"))).is_empty());
+        assert_eq!(
+            wait(store.submit(bind("r2_queue", "ex", "r2", Some(Actor::receiver("r2"))))),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn a_batch_built_before_a_rule_is_judged_by_it() {
+        let mut loaded = Topology::empty(1);
+        loaded.apply(&queue("r2_queue", "r2")).unwrap();
+        loaded
+            .apply(&exchange("ex", ExchangeKind::Direct, None))
+            .unwrap();
+        let (store, rec) = recorded(loaded);
+        rec.close();
+        let pending = store.submit(bind("r2_queue", "ex", "r2", Some(Actor::receiver("r2"))));
+        eventually("the saver is saving", || {
+            rec.calls.load(Ordering::SeqCst) == 1
+        });
+        // The rule arrives while the bind is being saved: it is not published.
+        assert!(store.set_binding_rule(Arc::new(Ban("r2"))).is_empty());
+        rec.open();
+        assert_eq!(
+            wait(pending),
+            Err(TopologyError::Denied("r2 is banned".into()))
+        );
+        assert!(routed(&store.snapshot(), "ex", "r2").is_empty());
+        // The refused bind was written with its batch; it is saved over.
+        eventually("nothing is left unsaved", || !store.unsaved());
+        assert!(rec.keys.lock().unwrap().is_empty());
     }
 }
