@@ -128,7 +128,8 @@ fn walk_file(
     let layout = segment::layout(&data);
     if layout.framing == Framing::V2 && (layout.header_damaged || data.len() < FILE_HEADER.len()) {
         if layout.header_damaged {
-            let header = data[..FILE_HEADER.len()].to_vec();
+            // A file may be shorter than its header (found by fuzzing).
+            let header = data[..FILE_HEADER.len().min(data.len())].to_vec();
             let damage = quarantine(path, 0, &header, "damaged file header");
             out.damage.push(damage);
         }
@@ -268,7 +269,8 @@ pub fn recover_queue(dir: &Path, hasher: &DedupHasher) -> io::Result<RecoveredQu
                 };
                 let msg = Message::published(message_id, body, sender, route);
                 live.insert(seq, (msg, 0, index));
-                next_seq = next_seq.max(seq + 1);
+                // Saturating: a record may claim seq u64::MAX (found by fuzzing).
+                next_seq = next_seq.max(seq.saturating_add(1));
             }
             Record::Ack { seq, acked_at_ms } => {
                 if let Some((msg, _, _)) = live.remove(&seq) {
