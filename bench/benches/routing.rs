@@ -1,5 +1,8 @@
 //! Routing a publish against an exchange's bindings: direct (hash lookup),
-//! topic with 10,000 bindings mixing exact words, `*` and `#`, and fanout.
+//! topic with 10,000 bindings mixing exact words, `*` and `#`, and fanout;
+//! then (`route_hostile`) 10,000 topic bindings built to be expensive (many
+//! `#`, `#.#.#`, `*.#.*`, global `#.…` patterns) against the key that makes
+//! the matcher do the most work, next to a direct exact-key lookup.
 //!
 //! Run: `cargo bench -p ciphermq-bench --bench routing`
 
@@ -46,6 +49,64 @@ fn topic() -> Exchange {
         ex.bind(&key, target(i));
     }
     ex
+}
+
+/// 10,000 topic bindings chosen to be expensive, 100 per tenant over 100
+/// tenants (`b` the binding's number within its tenant, `w<b>` a word only it
+/// uses), by `b % 10`:
+/// 0 `tenant<a>.#.#.#.w<b>` (a run of `#`),
+/// 1 `tenant<a>.#.x.#.x.#.x.#.x.#.x.#.x.#.x.#.w<b>` (8 `#`, the cap, kept apart),
+/// 2 `tenant<a>.*.#.*.w<b>`, 3 `tenant<a>.#.*.#.*.#.*.w<b>` (stored as
+/// `*.*.#` and `*.*.*.#` runs), 4 `tenant<a>.*.*.*.#.w<b>.#`,
+/// 5 `tenant<a>` and 14 `.#` (the reported bomb),
+/// 6 to 9 the ordinary ones of [`topic`]; tenant 0's family-5 bindings are
+/// `#.w<b>.#` instead, patterns every key walks through.
+fn hostile_topic() -> Exchange {
+    let mut ex = Exchange::new(ExchangeKind::Topic);
+    for i in 0..BINDINGS {
+        let (a, b) = (i / 100, i % 100);
+        let key = match b % 10 {
+            0 => format!("tenant{a}.#.#.#.w{b}"),
+            1 => format!("tenant{a}{}.#.w{b}", ".#.x".repeat(7)),
+            2 => format!("tenant{a}.*.#.*.w{b}"),
+            3 => format!("tenant{a}.#.*.#.*.#.*.w{b}"),
+            4 => format!("tenant{a}.*.*.*.#.w{b}.#"),
+            5 if a == 0 => format!("#.w{b}.#"),
+            5 => format!("tenant{a}{}", ".#".repeat(14)),
+            6 => format!("tenant{a}.*.orders.kind{b}"),
+            7 => format!("tenant{a}.region{b}.#"),
+            _ => format!("tenant{a}.region{b}.orders.created"),
+        };
+        assert!(
+            ciphermq_proto::is_valid_routing_pattern(&key),
+            "{key} is within the caps"
+        );
+        ex.bind(&key, target(i));
+    }
+    ex
+}
+
+/// The key of at most `MAX_ROUTING_KEY_WORDS` words under `tenant42` that
+/// costs the matcher the most (in [`Exchange::topic_match_cost`] visits),
+/// found greedily: each next word is the one, among the bindings' literal
+/// words after the tenant (`x`, `orders`, `w<b>`, `region<b>`) and one no
+/// binding uses, after which the key costs most. Words that keep many `#` and
+/// `*` states alive, and reach the ends of many patterns, win.
+fn worst_key(ex: &Exchange) -> String {
+    let mut vocabulary: Vec<String> = vec!["x".into(), "orders".into(), "unused".into()];
+    vocabulary.extend((0..100).map(|b| format!("w{b}")));
+    vocabulary.extend((0..100).map(|b| format!("region{b}")));
+    let mut key = String::from("tenant42");
+    for _ in 1..ciphermq_proto::name::MAX_ROUTING_KEY_WORDS {
+        let best = vocabulary
+            .iter()
+            .map(|w| format!("{key}.{w}"))
+            .max_by_key(|k| ex.topic_match_cost(k))
+            .expect("a vocabulary");
+        key = best;
+    }
+    assert!(ciphermq_proto::name::is_valid_routing_key(&key));
+    key
 }
 
 fn fanout(queues: usize) -> Exchange {
@@ -119,5 +180,51 @@ fn routing(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, routing);
+/// Hostile bindings and keys, side by side with a direct lookup.
+fn hostile(c: &mut Criterion) {
+    let mut g = c.benchmark_group("route_hostile");
+    g.throughput(Throughput::Elements(1));
+    let mut out = Vec::with_capacity(64);
+
+    let ex = direct();
+    g.bench_function("direct_10k_hit", |b| {
+        b.iter(|| {
+            out.clear();
+            ex.route(black_box("receiver_4242"), &mut out);
+            out.len()
+        })
+    });
+
+    let ex = hostile_topic();
+    let worst = worst_key(&ex);
+    let bomb = format!("tenant42{}", ".x".repeat(31));
+    for (name, key) in [
+        ("topic_hostile_10k_worst_key", worst.as_str()),
+        ("topic_hostile_10k_bomb_key_32_words", bomb.as_str()),
+        (
+            "topic_hostile_10k_exact",
+            "tenant42.region48.orders.created",
+        ),
+        ("topic_hostile_10k_miss", "tenant4242.x.x.x.x.x.x.x.x"),
+    ] {
+        out.clear();
+        ex.route(key, &mut out);
+        eprintln!(
+            "{name}: {} words, {} matcher visits, {} queues: {key}",
+            key.split('.').count(),
+            ex.topic_match_cost(key),
+            out.len()
+        );
+        g.bench_function(name, |b| {
+            b.iter(|| {
+                out.clear();
+                ex.route(black_box(key), &mut out);
+                out.len()
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, routing, hostile);
 criterion_main!(benches);

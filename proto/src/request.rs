@@ -7,7 +7,7 @@
 
 use std::fmt;
 
-use crate::name::{is_valid_name, is_valid_routing_pattern};
+use crate::name::{check_routing_pattern, is_valid_name, RoutingKeyError};
 
 /// How an exchange matches routing keys against binding keys.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -169,9 +169,13 @@ pub enum ParseError {
     /// An argument breaks the name rule.
     #[error("invalid {what} name")]
     InvalidName {
-        /// Which argument: "queue", "exchange", "routing key", "message id", "client id".
+        /// Which argument: "queue", "exchange", "message id", "client id".
         what: &'static str,
     },
+    /// A binding key breaks the name rule or the word and `#` caps of
+    /// [`crate::name`]; invalid characters read `invalid routing key name`.
+    #[error("{0}")]
+    RoutingKey(RoutingKeyError),
     /// A number argument is not a positive integer.
     #[error("invalid {what}: expected a positive integer")]
     InvalidNumber {
@@ -354,11 +358,7 @@ impl<'a> Request<'a> {
                 if key.is_empty() {
                     return Err(ParseError::Usage(USAGE_BIND));
                 }
-                if !is_valid_routing_pattern(key) {
-                    return Err(ParseError::InvalidName {
-                        what: "routing key",
-                    });
-                }
+                check_routing_pattern(key).map_err(ParseError::RoutingKey)?;
                 Request::Bind {
                     queue,
                     exchange,
@@ -537,6 +537,31 @@ mod tests {
             Request::parse("heartbeat now"),
             Err(ParseError::Usage(USAGE_HEARTBEAT))
         );
+    }
+
+    #[test]
+    fn bind_refuses_keys_over_the_routing_caps() {
+        let err = |line: &str| Request::parse(line).map(|_| ()).map_err(|e| e.to_string());
+        assert_eq!(
+            err("bind q ex a/b"),
+            Err("invalid routing key name".to_owned())
+        );
+        let words = format!("bind q ex r{}", ".w".repeat(32));
+        assert_eq!(
+            err(&words),
+            Err("routing key has more than 32 words".to_owned())
+        );
+        let hashes = format!("bind q ex r{}", ".#.w".repeat(9));
+        assert_eq!(
+            err(&hashes),
+            Err(
+                "routing key has more than 8 # wildcards (# separated only by * count once)"
+                    .to_owned()
+            )
+        );
+        // A run of `#` is one wildcard: the old topic bomb binds (as `r.#`).
+        let run = format!("bind q ex r{}", ".#".repeat(14));
+        assert!(matches!(Request::parse(&run), Ok(Request::Bind { .. })));
     }
 
     #[test]

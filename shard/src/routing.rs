@@ -2,9 +2,15 @@
 //!
 //! Direct: a hash lookup. Fanout: every bound queue (kept deduplicated at
 //! bind time). Topic: a trie of dot-separated words where `*` matches exactly
-//! one word and `#` zero or more, so matching costs the key's length, not the
-//! number of bindings; a queue matched by several patterns is kept once, in
-//! the order of its first match.
+//! one word and `#` zero or more, run as an NFA (see [`topic`]): matching
+//! reads each word of the key once, touching at most the trie's nodes per word
+//! and in practice the few under the key's first words, never backtracking,
+//! so hostile patterns like `r.#.#.#…` or `r.#.x.#.x…` cost at most their
+//! length per word. A queue matched by several patterns is kept once, in the
+//! order of its first match (the trie's order: unspecified, but fixed for a
+//! given set of bindings).
+
+mod topic;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -12,6 +18,7 @@ use std::sync::Arc;
 use ciphermq_proto::ExchangeKind;
 
 use crate::placement::ShardId;
+use topic::TopicTrie;
 
 /// A queue a message is routed to, with the shard that owns it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,8 +39,8 @@ pub struct Exchange {
     direct: HashMap<Box<str>, Vec<Target>>,
     /// Fanout: each bound queue once, in the order of its first binding.
     fanout: Vec<Target>,
-    /// Topic: the binding patterns as a trie.
-    topic: TopicNode,
+    /// Topic: the binding keys as a trie.
+    topic: TopicTrie,
 }
 
 impl Exchange {
@@ -44,7 +51,7 @@ impl Exchange {
             bindings: Vec::new(),
             direct: HashMap::new(),
             fanout: Vec::new(),
-            topic: TopicNode::default(),
+            topic: TopicTrie::default(),
         }
     }
 
@@ -75,7 +82,7 @@ impl Exchange {
                     self.fanout.push(target);
                 }
             }
-            ExchangeKind::Topic => self.topic.insert(key.split('.'), target),
+            ExchangeKind::Topic => self.topic.insert(key, target),
         }
         true
     }
@@ -92,11 +99,22 @@ impl Exchange {
             ExchangeKind::Fanout => out.extend(self.fanout.iter().cloned()),
             ExchangeKind::Topic => {
                 let start = out.len();
-                let words: Vec<&str> = key.split('.').collect();
-                self.topic.collect(&words, out);
+                self.topic.collect(key, out);
                 // Several patterns may match one queue: deliver once.
                 dedup_queues(out, start);
             }
+        }
+    }
+
+    /// The work of matching `key` against this topic exchange's bindings, in
+    /// trie node visits (0 for other kinds). It is at most
+    /// (words of `key` + 1) × the trie's nodes whatever the patterns; tests
+    /// and benches use it to find hostile keys and to check that bound
+    /// without timing anything.
+    pub fn topic_match_cost(&self, key: &str) -> usize {
+        match self.kind {
+            ExchangeKind::Topic => self.topic.collect(key, &mut Vec::new()),
+            ExchangeKind::Direct | ExchangeKind::Fanout => 0,
         }
     }
 }
@@ -137,56 +155,6 @@ fn dedup_queues(out: &mut Vec<Target>, start: usize) {
         }
     }
     out.truncate(kept);
-}
-
-/// A node of the topic trie.
-#[derive(Debug, Clone, Default)]
-struct TopicNode {
-    words: HashMap<Box<str>, TopicNode>,
-    star: Option<Box<TopicNode>>,
-    hash: Option<Box<TopicNode>>,
-    targets: Vec<Target>,
-}
-
-impl TopicNode {
-    fn insert<'a>(&mut self, mut words: impl Iterator<Item = &'a str>, target: Target) {
-        match words.next() {
-            None => self.targets.push(target),
-            Some("*") => self
-                .star
-                .get_or_insert_with(Default::default)
-                .insert(words, target),
-            Some("#") => self
-                .hash
-                .get_or_insert_with(Default::default)
-                .insert(words, target),
-            Some(w) => self
-                .words
-                .entry(w.into())
-                .or_default()
-                .insert(words, target),
-        }
-    }
-
-    fn collect(&self, words: &[&str], out: &mut Vec<Target>) {
-        if let Some(hash) = &self.hash {
-            // `#` swallows zero or more words.
-            for skip in 0..=words.len() {
-                hash.collect(&words[skip..], out);
-            }
-        }
-        match words.split_first() {
-            None => out.extend(self.targets.iter().cloned()),
-            Some((first, rest)) => {
-                if let Some(node) = self.words.get(*first) {
-                    node.collect(rest, out);
-                }
-                if let Some(star) = &self.star {
-                    star.collect(rest, out);
-                }
-            }
-        }
-    }
 }
 
 #[cfg(test)]
@@ -247,6 +215,47 @@ mod tests {
         assert_eq!(routed(&ex, "z.b"), ["all", "mixed"]);
         assert_eq!(routed(&ex, "a.c"), ["all", "hash", "inner"]);
         assert_eq!(routed(&ex, "b"), ["all"]);
+    }
+
+    /// Exact and wildcard patterns together, several per queue, through
+    /// `route` (exact map, trie and dedup): the queues are those of the
+    /// patterns the reference matcher says match, each once.
+    #[test]
+    fn topic_route_matches_the_reference_with_shared_queues() {
+        use topic::tests::{all_keys, reference_matches};
+
+        let patterns = all_keys(&["a", "b", "", "*", "#"], 4);
+        let mut ex = Exchange::new(ExchangeKind::Topic);
+        // Pattern i goes to queue q<i % 7>: queues are matched several times.
+        for (i, p) in patterns.iter().enumerate() {
+            assert!(ex.bind(p, t(&format!("q{}", i % 7))));
+        }
+        for key in all_keys(&["a", "b", "", "c"], 5) {
+            let mut want: Vec<String> = (0..patterns.len())
+                .filter(|&i| reference_matches(&patterns[i], &key))
+                .map(|i| format!("q{}", i % 7))
+                .collect();
+            want.sort();
+            want.dedup();
+            assert_eq!(routed(&ex, &key), want, "key {key:?}");
+            let mut out = Vec::new();
+            ex.route(&key, &mut out);
+            assert_eq!(out.len(), want.len(), "each queue once for {key:?}");
+        }
+    }
+
+    #[test]
+    fn topic_match_cost_is_zero_off_topic_and_bounded_on_it() {
+        let mut ex = Exchange::new(ExchangeKind::Direct);
+        ex.bind("a.#", t("q"));
+        assert_eq!(ex.topic_match_cost("a.b"), 0);
+        let mut ex = Exchange::new(ExchangeKind::Topic);
+        ex.bind(&format!("r{}", ".#.x".repeat(8)), t("q"));
+        ex.bind("r.exact", t("q"));
+        let key = format!("r{}", ".x".repeat(31));
+        // 18 trie nodes (root, r, 8 × (#, x)), 32 words.
+        assert!(ex.topic_match_cost(&key) <= 33 * 18);
+        assert_eq!(routed(&ex, &key), ["q"]);
     }
 
     #[test]
