@@ -262,6 +262,32 @@ async fn publish_until_acked(s: &mut Connection, prefix: &str, within: Duration)
     }
 }
 
+/// Publishes new ids in pipelined batches of 100 until `wanted` were
+/// refused; every refusal must be `NACK <id> <reason>`. Returns the ids
+/// acknowledged, in order, and the first one refused.
+async fn publish_until_refused(
+    s: &mut Connection,
+    reason: &str,
+    wanted: usize,
+) -> (Vec<String>, String) {
+    let (mut acked, mut refused) = (Vec::new(), Vec::new());
+    let mut n = 0;
+    while refused.len() < wanted {
+        let ids: Vec<String> = (n..n + 100).map(|i| format!("a{i}")).collect();
+        n += 100;
+        for (id, reply) in ids.iter().zip(publish_pipelined(s, &ids, 100).await) {
+            if reply == format!("ACK {id}") {
+                acked.push(id.clone());
+            } else {
+                assert_eq!(reply, format!("NACK {id} {reason}"));
+                refused.push(id.clone());
+            }
+        }
+        assert!(n < 100_000, "8 MiB never filled");
+    }
+    (acked, refused.swap_remove(0))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_disk_refuses_publishes_early_and_is_left_by_itself() {
     let dir = tempfile::tempdir().unwrap();
@@ -272,27 +298,9 @@ async fn a_full_disk_refuses_publishes_early_and_is_left_by_itself() {
     let mut r = broker.connect("receiver_1").await;
     setup_receiver(&mut r, "receiver_1").await;
     let mut s = broker.connect("sender_1").await;
-    // Publish until refused; every refusal is disk_full, never storage.
-    let mut acked = Vec::new();
-    let mut refused = 0;
-    let mut n = 0;
-    while refused < 50 {
-        let ids: Vec<String> = (n..n + 100).map(|i| format!("a{i}")).collect();
-        n += 100;
-        for (id, reply) in ids.iter().zip(publish_pipelined(&mut s, &ids, 100).await) {
-            if reply == format!("ACK {id}") {
-                acked.push(id.clone());
-            } else {
-                assert_eq!(
-                    reply,
-                    format!("NACK {id} disk_full"),
-                    "refused early, not failed"
-                );
-                refused += 1;
-            }
-        }
-        assert!(n < 100_000, "8 MiB never ran low");
-    }
+    // Publish until refused; every refusal is disk_full (refused early),
+    // never storage (failed).
+    let (acked, _) = publish_until_refused(&mut s, "disk_full", 50).await;
     assert!(
         acked.len() > 1000,
         "{} stored before the disk ran low",
@@ -333,26 +341,9 @@ async fn a_real_enospc_is_nacked_storage_with_no_file_loop_and_no_hole() {
     let mut r = broker.connect("receiver_1").await;
     setup_receiver(&mut r, "receiver_1").await;
     let mut s = broker.connect("sender_1").await;
-    let mut acked = Vec::new();
-    let mut failed = 0;
-    let mut first_failed = None;
-    let mut n = 0;
-    while failed < 400 {
-        let ids: Vec<String> = (n..n + 100).map(|i| format!("a{i}")).collect();
-        n += 100;
-        for (id, reply) in ids.iter().zip(publish_pipelined(&mut s, &ids, 100).await) {
-            if reply == format!("ACK {id}") {
-                acked.push(id.clone());
-            } else {
-                assert_eq!(reply, format!("NACK {id} storage"));
-                first_failed.get_or_insert_with(|| id.clone());
-                failed += 1;
-            }
-        }
-        assert!(n < 100_000, "8 MiB never filled");
-    }
+    let (acked, retried) = publish_until_refused(&mut s, "storage", 400).await;
     let files = log_files(&data);
-    assert!(files < 50, "{files} files after {failed} failed publishes");
+    assert!(files < 50, "{files} files after 400 failed publishes");
     let (status, _) = broker.admin_get("receiver_1", "/ready").await;
     assert_eq!(status, 503, "failing writes are reported");
 
@@ -365,7 +356,6 @@ async fn a_real_enospc_is_nacked_storage_with_no_file_loop_and_no_hole() {
     );
     let resumed = publish_until_acked(&mut s, "b", Duration::from_secs(20)).await;
     // The retry of a refused message is stored, not taken for a duplicate.
-    let retried = first_failed.expect("some publish failed");
     let ok = publish_each(&mut s, &[retried.clone(), "c1".to_owned()]).await;
     assert_eq!(ok, [format!("ACK {retried}"), "ACK c1".to_owned()]);
     let (status, ready) = broker.admin_get("receiver_1", "/ready").await;
