@@ -190,15 +190,23 @@ def pgbridge(out, lines):
     lines.append("")
 
 
-def durability(out, lines):
-    """Durable ÷ in-memory publish rate within each adjacent pair of runs."""
+def paired_runs(out, section, sides):
+    """CipherMQ summaries of `{section}-{side}-p{publishers}-r{run}.json`,
+    as {(publishers, run): {side: summary}}."""
+    pattern = re.compile(rf"{section}-({'|'.join(sides)})-p(\d+)-r(\d+)\.json")
     pairs = {}
-    for p in sorted(out.glob("durability-*-p*-r*.json")):
-        m = re.match(r"durability-(durable|memory)-p(\d+)-r(\d+)\.json", p.name)
+    for p in sorted(out.glob(f"{section}-*-p*-r*.json")):
+        m = pattern.fullmatch(p.name)
         if m:
             s = load(p)["summary"].get("ciphermq")
             if s:
                 pairs.setdefault((int(m.group(2)), int(m.group(3))), {})[m.group(1)] = s
+    return pairs
+
+
+def durability(out, lines):
+    """Durable ÷ in-memory publish rate within each adjacent pair of runs."""
+    pairs = paired_runs(out, "durability", ("durable", "memory"))
     if not pairs:
         return
     lines.append("### Price of durability (1 KiB, 1 shard, 1 consumer; durable run, then in-memory run)\n")
@@ -231,13 +239,7 @@ def durability(out, lines):
 
 def ab(out, lines):
     """This tree's broker ÷ the base broker within each adjacent pair."""
-    pairs = {}
-    for p in sorted(out.glob("ab-*-p*-r*.json")):
-        m = re.match(r"ab-(base|new)-p(\d+)-r(\d+)\.json", p.name)
-        if m:
-            s = load(p)["summary"].get("ciphermq")
-            if s:
-                pairs.setdefault((int(m.group(2)), int(m.group(3))), {})[m.group(1)] = s
+    pairs = paired_runs(out, "ab", ("base", "new"))
     if not pairs:
         return
     lines.append("### Before/after (durable, 1 KiB, 1 shard, 1 consumer; base run, then new run)\n")
