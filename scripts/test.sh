@@ -23,6 +23,17 @@ if ! pg_isready -q -h 127.0.0.1 -p 5432; then
   pg_isready -h 127.0.0.1 -p 5432
 fi
 
+# A one-off build gains nothing from incremental state (1.6 GB of it).
+if [ "${CI:-}" = "true" ]; then export CARGO_INCREMENTAL=0; fi
+
+# The build and the tests need about 3 GB; a full disk shows up later as a
+# linker "Bus error", so name the real problem first.
+avail_mb=$(df -Pm . | awk 'NR==2 {print $4}')
+echo "== ${avail_mb} MB free in $(pwd)"
+if [ "$avail_mb" -lt 3072 ]; then
+  echo "warning: under 3 GB free; the build may fail with 'No space left on device'" >&2
+fi
+
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy --all-targets -- -D warnings"
