@@ -45,10 +45,15 @@ const PLAINTEXT_CHUNK: usize = 64 * 1024;
 pub struct Identity {
     /// The certificate's Subject CN: the client id.
     pub cn: Arc<str>,
-    /// Its role under the ACL.
+    /// Its role under the ACL of `policy`.
     pub role: Role,
     /// Peer address.
     pub peer: SocketAddr,
+    /// The policy snapshot `role` was decided under. The connection starts
+    /// with this one, not with whatever is current when it is adopted: a
+    /// reload between the handshake and the hand-off then shows up as a
+    /// version change, and the role is judged again.
+    pub policy: Arc<Policy>,
 }
 
 /// A connection's state between polls.
@@ -110,7 +115,7 @@ impl Connection {
         let settings = &local.shared.settings;
         let lines = LineBuffer::new(settings.max_line_bytes);
         let timeout = Connection::timeout_for(&local, identity.role);
-        let policy = local.shared.policy.current();
+        let policy = identity.policy.clone();
         Connection {
             lines,
             local,

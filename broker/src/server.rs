@@ -734,9 +734,11 @@ async fn handshake(
         return;
     }
     let cn = session.tls.peer_certificates().and_then(peer_common_name);
+    // One snapshot decides the role and travels with the connection.
+    let policy = shared.policy.current();
     let role = cn
         .as_deref()
-        .map(|cn| shared.policy.current().acl.role_of(cn))
+        .map(|cn| policy.acl.role_of(cn))
         .unwrap_or(Role::Unknown);
     let Some(cn) = cn.filter(|_| role != Role::Unknown) else {
         local.stats.connections_refused.add(1);
@@ -763,6 +765,7 @@ async fn handshake(
         cn: Arc::from(cn.as_str()),
         role,
         peer,
+        policy,
     };
     let owner = shard_of(&cn, shared.shards) as usize;
     let here = local.shard.borrow().id() as usize;
