@@ -3,7 +3,7 @@
 //! so a command finishing on another shard never reorders them.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use base64::Engine;
 use ciphermq_proto::message::{inspect_batch, inspect_message, MessageError, MessageInfo};
@@ -16,6 +16,7 @@ use ciphermq_shard::{
 
 use crate::acl::{Op, Role};
 use crate::connection::{Connection, PendingReply};
+use crate::log_throttle::LogThrottle;
 
 impl Connection {
     /// Executes one request line (without its newline).
@@ -95,6 +96,7 @@ impl Connection {
                 let change = TopologyChange::DeclareQueue {
                     name: queue.to_owned(),
                     owner,
+                    by: Some(self.actor()),
                 };
                 self.change_topology(change, format!("OK declare_queue {queue}"));
             }
@@ -314,6 +316,16 @@ impl Connection {
             Err(TopologyError::Denied(reason)) => {
                 tracing::info!(%cn, %role, command, %reason, "access denied");
                 format!("Access denied: {reason} (role={role})")
+            }
+            Err(e @ TopologyError::QuotaExceeded { .. }) => {
+                // A client at its quota may keep asking: one line a second.
+                thread_local! {
+                    static OVER_QUOTA: LogThrottle = const { LogThrottle::new(Duration::from_secs(1)) };
+                }
+                if let Some(skipped) = OVER_QUOTA.with(|t| t.admit(Instant::now())) {
+                    tracing::warn!(%cn, command, error = %e, skipped, "refused (skipped: refusals not logged since the last line)");
+                }
+                format!("Error: {e}")
             }
             Err(e) => format!("Error: {e}"),
         };

@@ -433,6 +433,9 @@ impl fmt::Debug for EncryptionConfig {
     }
 }
 
+/// The smallest `performance.max_reply_bytes_per_turn`.
+pub const MIN_REPLY_BYTES_PER_TURN: usize = 64 * 1024;
+
 /// `[performance]`: sizes, timeouts and delivery limits.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(from = "RawPerformanceConfig")]
@@ -486,6 +489,19 @@ pub struct PerformanceConfig {
     /// Most unacked deliveries per consumer, whatever its `consume` asks.
     /// At least 1. Default 10 000.
     pub max_prefetch: u32,
+    /// Queues one receiver CN may own; a `declare_queue` past it is
+    /// `Error: quota exceeded: …`. Admins are not limited. At least 1.
+    /// Default 1 000.
+    pub max_queues_per_cn: usize,
+    /// Exchanges one receiver CN may own (declare first). At least 1.
+    /// Default 100.
+    pub max_exchanges_per_cn: usize,
+    /// Bindings one receiver CN may make. At least 1. Default 10 000.
+    pub max_bindings_per_cn: usize,
+    /// Reply bytes one connection renders before it yields its shard to the
+    /// others (a fast reader of a large `fetch` cannot hold the core). At
+    /// least 65 536. Default 1 MiB (1 048 576).
+    pub max_reply_bytes_per_turn: usize,
 }
 
 /// What `[performance]` looks like on disk: `max_line_bytes` is optional there
@@ -509,6 +525,10 @@ struct RawPerformanceConfig {
     max_fetch: u32,
     max_fetch_bytes: usize,
     max_prefetch: u32,
+    max_queues_per_cn: usize,
+    max_exchanges_per_cn: usize,
+    max_bindings_per_cn: usize,
+    max_reply_bytes_per_turn: usize,
 }
 
 impl Default for RawPerformanceConfig {
@@ -531,6 +551,10 @@ impl Default for RawPerformanceConfig {
             max_fetch: d.max_fetch,
             max_fetch_bytes: d.max_fetch_bytes,
             max_prefetch: d.max_prefetch,
+            max_queues_per_cn: d.max_queues_per_cn,
+            max_exchanges_per_cn: d.max_exchanges_per_cn,
+            max_bindings_per_cn: d.max_bindings_per_cn,
+            max_reply_bytes_per_turn: d.max_reply_bytes_per_turn,
         }
     }
 }
@@ -556,6 +580,10 @@ impl From<RawPerformanceConfig> for PerformanceConfig {
             max_fetch: raw.max_fetch,
             max_fetch_bytes: raw.max_fetch_bytes,
             max_prefetch: raw.max_prefetch,
+            max_queues_per_cn: raw.max_queues_per_cn,
+            max_exchanges_per_cn: raw.max_exchanges_per_cn,
+            max_bindings_per_cn: raw.max_bindings_per_cn,
+            max_reply_bytes_per_turn: raw.max_reply_bytes_per_turn,
         }
     }
 }
@@ -580,6 +608,10 @@ impl Default for PerformanceConfig {
             max_fetch: 10_000,
             max_fetch_bytes: 16 << 20,
             max_prefetch: 10_000,
+            max_queues_per_cn: 1_000,
+            max_exchanges_per_cn: 100,
+            max_bindings_per_cn: 10_000,
+            max_reply_bytes_per_turn: 1 << 20,
         }
     }
 }
@@ -639,7 +671,17 @@ impl Default for StorageConfig {
     }
 }
 
-/// `[admin]`: the HTTP/1.1-over-mTLS admin endpoint (DESIGN.md §8).
+/// Upper bound of `admin.max_connections`: the endpoint serves a few
+/// dashboards and scrapers, and a full slot table is scanned on each accept.
+pub const MAX_ADMIN_CONNECTIONS: u32 = 4096;
+
+/// Upper bound of the `admin.*_timeout_secs` keys: they exist to drop idle
+/// and slow clients promptly, and an hour is no longer prompt.
+pub const MAX_ADMIN_TIMEOUT_SECS: u64 = 3600;
+
+/// `[admin]`: the HTTP/1.1-over-mTLS admin endpoint (DESIGN.md §8). Its
+/// connection limits keep monitoring served while hostile clients hold
+/// connections (idle sockets, slowloris, one address taking every slot).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AdminConfig {
@@ -647,6 +689,30 @@ pub struct AdminConfig {
     pub enabled: bool,
     /// Its listen address, `host:port`. Default `127.0.0.1:9091`.
     pub address: String,
+    /// Admin connections open at once, 1 to [`MAX_ADMIN_CONNECTIONS`]. When
+    /// all are taken a newcomer replaces the connection most worth dropping
+    /// (still in its handshake, then without a finished request, then idle
+    /// longest); it is refused only while every connection is answering a
+    /// request. Default 64.
+    pub max_connections: u32,
+    /// Admin connections open at once from one client address (an IPv6 /64
+    /// counts as one), 1 to `max_connections`, so one address cannot take
+    /// every slot. At the cap a newcomer replaces that address's oldest
+    /// connection without a finished request, else it is refused. Default 8.
+    pub max_connections_per_ip: u32,
+    /// Seconds from accept within which the TLS handshake and the first
+    /// request's headers must be done, else the connection is closed (idle
+    /// sockets, slowloris), 1 to [`MAX_ADMIN_TIMEOUT_SECS`]. Default 5.
+    pub header_timeout_secs: u64,
+    /// Seconds a kept-alive connection has, after a response, until the next
+    /// request's headers are complete, 1 to [`MAX_ADMIN_TIMEOUT_SECS`].
+    /// Default 10.
+    pub idle_timeout_secs: u64,
+    /// Seconds to produce a response and hand all of it to the connection
+    /// once the request's headers are in, 1 to [`MAX_ADMIN_TIMEOUT_SECS`]
+    /// (a client that then does not read it is closed at the idle timeout).
+    /// Default 10.
+    pub response_timeout_secs: u64,
 }
 
 impl Default for AdminConfig {
@@ -654,7 +720,50 @@ impl Default for AdminConfig {
         AdminConfig {
             enabled: false,
             address: "127.0.0.1:9091".to_owned(),
+            max_connections: 64,
+            max_connections_per_ip: 8,
+            header_timeout_secs: 5,
+            idle_timeout_secs: 10,
+            response_timeout_secs: 10,
         }
+    }
+}
+
+impl AdminConfig {
+    /// The address and the bounds of the connection limits.
+    fn validate(&self) -> Result<(), ConfigError> {
+        check_host_port("admin.address", &self.address)?;
+        if !(1..=MAX_ADMIN_CONNECTIONS).contains(&self.max_connections) {
+            return Err(ConfigError::invalid(
+                "admin.max_connections",
+                format!(
+                    "{} is not between 1 and {MAX_ADMIN_CONNECTIONS}",
+                    self.max_connections
+                ),
+            ));
+        }
+        if !(1..=self.max_connections).contains(&self.max_connections_per_ip) {
+            return Err(ConfigError::invalid(
+                "admin.max_connections_per_ip",
+                format!(
+                    "{} is not between 1 and admin.max_connections ({})",
+                    self.max_connections_per_ip, self.max_connections
+                ),
+            ));
+        }
+        for (key, secs) in [
+            ("admin.header_timeout_secs", self.header_timeout_secs),
+            ("admin.idle_timeout_secs", self.idle_timeout_secs),
+            ("admin.response_timeout_secs", self.response_timeout_secs),
+        ] {
+            if !(1..=MAX_ADMIN_TIMEOUT_SECS).contains(&secs) {
+                return Err(ConfigError::invalid(
+                    key,
+                    format!("{secs} is not between 1 and {MAX_ADMIN_TIMEOUT_SECS}"),
+                ));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -787,7 +896,7 @@ impl Config {
         self.validate_encryption()?;
         self.validate_performance()?;
         self.validate_storage()?;
-        check_host_port("admin.address", &self.admin.address)?;
+        self.admin.validate()?;
         self.validate_rate_limit()?;
         self.validate_acl()
     }
@@ -960,7 +1069,16 @@ impl Config {
 
     fn validate_performance(&self) -> Result<(), ConfigError> {
         let p = &self.performance;
-        let at_least_one: [(&str, u64); 11] = [
+        let at_least_one: [(&str, u64); 14] = [
+            ("performance.max_queues_per_cn", p.max_queues_per_cn as u64),
+            (
+                "performance.max_exchanges_per_cn",
+                p.max_exchanges_per_cn as u64,
+            ),
+            (
+                "performance.max_bindings_per_cn",
+                p.max_bindings_per_cn as u64,
+            ),
             ("performance.max_fetch", u64::from(p.max_fetch)),
             ("performance.max_fetch_bytes", p.max_fetch_bytes as u64),
             ("performance.max_prefetch", u64::from(p.max_prefetch)),
@@ -998,6 +1116,16 @@ impl Config {
                      record can hold ({} MiB less the record's header and routing fields)",
                     p.max_message_bytes,
                     ciphermq_shard::log::record::MAX_RECORD_BYTES >> 20
+                ),
+            ));
+        }
+        if p.max_reply_bytes_per_turn < MIN_REPLY_BYTES_PER_TURN {
+            return Err(ConfigError::invalid(
+                "performance.max_reply_bytes_per_turn",
+                format!(
+                    "{} is less than {MIN_REPLY_BYTES_PER_TURN}: a connection would yield \
+                     its shard after every few replies",
+                    p.max_reply_bytes_per_turn
                 ),
             ));
         }
@@ -1322,6 +1450,11 @@ mod tests {
         assert_eq!(c.storage.min_free_mb, 256);
         assert!(!c.admin.enabled);
         assert_eq!(c.admin.address, "127.0.0.1:9091");
+        assert_eq!(c.admin.max_connections, 64);
+        assert_eq!(c.admin.max_connections_per_ip, 8);
+        assert_eq!(c.admin.header_timeout_secs, 5);
+        assert_eq!(c.admin.idle_timeout_secs, 10);
+        assert_eq!(c.admin.response_timeout_secs, 10);
         assert!(!c.rate_limit.enabled);
         assert_eq!(c.rate_limit.global_rps, 10_000.0);
         assert_eq!(c.rate_limit.global_burst, 20_000);
@@ -1385,6 +1518,25 @@ mod tests {
         assert!(parse("[server]\naddress = \"localhost:70000\"").is_err());
         assert!(err("[server]\nshards = 1025").starts_with("server.shards:"));
         assert!(err("[admin]\naddress = \"nope\"").starts_with("admin.address:"));
+        for (bad, key) in [
+            ("max_connections = 0", "admin.max_connections:"),
+            ("max_connections = 4097", "admin.max_connections:"),
+            (
+                "max_connections_per_ip = 0",
+                "admin.max_connections_per_ip:",
+            ),
+            (
+                "max_connections = 4\nmax_connections_per_ip = 5",
+                "admin.max_connections_per_ip:",
+            ),
+            ("header_timeout_secs = 0", "admin.header_timeout_secs:"),
+            ("idle_timeout_secs = 3601", "admin.idle_timeout_secs:"),
+            ("response_timeout_secs = 0", "admin.response_timeout_secs:"),
+        ] {
+            let e = err(&format!("[admin]\n{bad}"));
+            assert!(e.starts_with(key), "{bad}: {e}");
+        }
+        assert!(parse("[admin]\nmax_connections = 4096\nmax_connections_per_ip = 4096").is_ok());
         assert_eq!(
             err("[rate_limit]\nglobal_burst = 0"),
             "rate_limit.global_burst: must be at least 1"
@@ -1640,9 +1792,9 @@ mod tests {
             ("logging", 5),
             ("database", 9),
             ("encryption", 1),
-            ("performance", 16),
+            ("performance", 20),
             ("storage", 5),
-            ("admin", 2),
+            ("admin", 7),
             ("rate_limit", 7),
             ("acl", 4),
         ] {

@@ -234,6 +234,9 @@ impl Connection {
         self.mailbox.register(cx.waker());
         let max_pending = self.local.shared.settings.max_pending_replies;
         let mut budget = LINE_BUDGET;
+        // Output has its own budget: a fast reader of large fetches must not
+        // keep the shard rendering for it alone.
+        let mut render_budget = self.local.shared.settings.max_reply_bytes_per_turn;
         if self.local.shared.policy.version() != self.policy.version {
             self.policy = self.local.shared.policy.current();
             if self.policy.acl.role_of(&self.identity.cn) != self.identity.role {
@@ -266,7 +269,7 @@ impl Connection {
             }
 
             // Output.
-            match self.poll_write(cx) {
+            match self.poll_write(cx, &mut render_budget) {
                 Ok(wrote) => progress |= wrote,
                 Err(e) => return Poll::Ready(End::Io(e)),
             }
@@ -288,7 +291,7 @@ impl Connection {
             if self.poll_timer(cx) {
                 return Poll::Ready(End::Timeout);
             }
-            if budget == 0 {
+            if budget == 0 || render_budget == 0 {
                 cx.waker().wake_by_ref();
                 return Poll::Pending;
             }
@@ -356,7 +359,7 @@ impl Connection {
                             }
                             Ok(false) => break,
                             Err(e) => {
-                                let _ = self.poll_write(cx);
+                                let _ = self.poll_write(cx, &mut RENDER_CHUNK.clone());
                                 return Err(End::Tls(e.to_string()));
                             }
                         }
@@ -378,9 +381,14 @@ impl Connection {
         Ok(progress)
     }
 
-    /// Renders ready replies, encrypts them and writes to the socket. Returns
-    /// whether anything moved.
-    fn poll_write(&mut self, cx: &mut Context<'_>) -> Result<bool, String> {
+    /// Renders ready replies (at most `render_budget` bytes, which it
+    /// spends), encrypts them and writes to the socket. Returns whether
+    /// anything moved.
+    fn poll_write(
+        &mut self,
+        cx: &mut Context<'_>,
+        render_budget: &mut usize,
+    ) -> Result<bool, String> {
         // Input waits while output is above the high-water mark, without
         // registering for the socket; draining below it must count as progress,
         // or nothing would wake the connection to read again.
@@ -394,13 +402,18 @@ impl Connection {
             if input_blocked && self.tls.outgoing_len() < OUTPUT_HIGH_WATER {
                 progress = true;
             }
-            if self.tls.outgoing_len() >= OUTPUT_HIGH_WATER || !self.replies.head_ready() {
+            if self.tls.outgoing_len() >= OUTPUT_HIGH_WATER
+                || !self.replies.head_ready()
+                || *render_budget == 0
+            {
                 return Ok(progress);
             }
             // One staging buffer per shard: rendering never spans an await.
             let mut staging = self.local.staging.borrow_mut();
             staging.clear();
-            self.replies.render(&mut staging, RENDER_CHUNK);
+            self.replies
+                .render(&mut staging, RENDER_CHUNK.min(*render_budget));
+            *render_budget = render_budget.saturating_sub(staging.len());
             self.tls
                 .write_plaintext(&staging)
                 .map_err(|e| e.to_string())?;

@@ -7,12 +7,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ciphermq_pgbridge::PublicKeyStore;
-use ciphermq_shard::{Shard, TopologyStore};
+use ciphermq_shard::{Quotas, Shard, TopologyStore};
 
 use crate::config::Config;
 use crate::policy::{Policy, PolicyStore};
 use crate::rate_limit::CnLimiter;
 use crate::stats::{BrokerStats, ShardStats};
+
+/// Kept at its old path; it lives with the buckets it configures.
+pub use crate::rate_limit::RateSettings;
 
 /// Connection-level settings taken from the config.
 #[derive(Debug, Clone)]
@@ -35,19 +38,17 @@ pub struct Settings {
     pub idle_timeout: Option<Duration>,
     /// `performance.heartbeat_timeout` (receivers); `None` = never.
     pub heartbeat_timeout: Option<Duration>,
-}
-
-/// Token-bucket parameters per CN.
-#[derive(Debug, Clone, Copy)]
-pub struct RateSettings {
-    /// Commands per second.
-    pub global_rps: f64,
-    /// Command burst.
-    pub global_burst: u32,
-    /// Publishes per second.
-    pub publish_rps: f64,
-    /// Publish burst.
-    pub publish_burst: u32,
+    /// `performance.max_reply_bytes_per_turn`: rendered before a connection
+    /// yields its shard.
+    pub max_reply_bytes_per_turn: usize,
+    /// `performance.max_{queues,exchanges,bindings}_per_cn`.
+    pub quotas: Quotas,
+    /// `performance.max_fetch`, for the admin status (queues apply it).
+    pub max_fetch: u32,
+    /// `performance.max_fetch_bytes`, likewise.
+    pub max_fetch_bytes: usize,
+    /// `performance.max_prefetch`, likewise.
+    pub max_prefetch: u32,
 }
 
 fn secs(n: u64) -> Option<Duration> {
@@ -68,6 +69,15 @@ impl Settings {
             max_handshakes_per_ip: p.max_handshakes_per_ip,
             idle_timeout: secs(p.idle_timeout_sec),
             heartbeat_timeout: secs(p.heartbeat_timeout),
+            max_reply_bytes_per_turn: p.max_reply_bytes_per_turn,
+            quotas: Quotas {
+                queues_per_cn: p.max_queues_per_cn,
+                exchanges_per_cn: p.max_exchanges_per_cn,
+                bindings_per_cn: p.max_bindings_per_cn,
+            },
+            max_fetch: p.max_fetch,
+            max_fetch_bytes: p.max_fetch_bytes,
+            max_prefetch: p.max_prefetch,
         }
     }
 }

@@ -33,7 +33,12 @@ enum Slot {
     /// `OK consume <q>` once the queue's shard registered the consumer.
     Consume { queue: Arc<str>, waiting: bool },
     /// Deliveries then `OK fetch <n>`, once the queue's shard answered.
-    Fetch { deliveries: Option<Vec<Delivery>> },
+    /// A large fetch is rendered over several calls: `rendered` says how
+    /// many of its deliveries are out already.
+    Fetch {
+        deliveries: Option<Vec<Delivery>>,
+        rendered: usize,
+    },
     /// A push delivery.
     Delivery(Delivery),
     /// A line decided off the shard (a key registration waiting for its
@@ -46,7 +51,7 @@ impl Slot {
         match self {
             Slot::Publish { waiting, .. } => *waiting == 0,
             Slot::Consume { waiting, .. } => !waiting,
-            Slot::Fetch { deliveries } => deliveries.is_some(),
+            Slot::Fetch { deliveries, .. } => deliveries.is_some(),
             Slot::Pending(line) => line.is_some(),
             _ => true,
         }
@@ -132,7 +137,10 @@ impl ReplyQueue {
 
     /// A fetch, finished (`Some`) or waiting for the queue's shard.
     pub fn fetch(&mut self, deliveries: Option<Vec<Delivery>>) -> u64 {
-        self.push(Slot::Fetch { deliveries })
+        self.push(Slot::Fetch {
+            deliveries,
+            rendered: 0,
+        })
     }
 
     /// A line to be decided later with [`ReplyQueue::fill`].
@@ -173,7 +181,7 @@ impl ReplyQueue {
                 *waiting = waiting.saturating_sub(1);
             }
             (Slot::Consume { waiting, .. }, Completion::Consumed) => *waiting = false,
-            (Slot::Fetch { deliveries }, Completion::Fetched(got)) => *deliveries = Some(got),
+            (Slot::Fetch { deliveries, .. }, Completion::Fetched(got)) => *deliveries = Some(got),
             _ => return None,
         }
         let slot = &self.slots[index];
@@ -183,17 +191,33 @@ impl ReplyQueue {
         match slot {
             Slot::Fetch {
                 deliveries: Some(d),
+                ..
             } => Some(d),
             _ => None,
         }
     }
 
     /// Writes ready slots from the head into `out` until one is not ready or
-    /// `out` reaches `limit` bytes. Returns how many slots were written.
+    /// `out` reaches `limit` bytes (a fetch may stop between its deliveries
+    /// and go on at the next call, so one reply never needs more than about
+    /// `limit` bytes of buffer). Returns how many slots were written whole.
     pub fn render(&mut self, out: &mut Vec<u8>, limit: usize) -> usize {
         let mut written = 0;
         let mut clock = crate::stats::LazyClock::default();
         while out.len() < limit && self.head_ready() {
+            if let Some(Slot::Fetch {
+                deliveries: Some(deliveries),
+                rendered,
+            }) = self.slots.front_mut()
+            {
+                while *rendered < deliveries.len() && out.len() < limit {
+                    write_delivery_line(out, &deliveries[*rendered]);
+                    *rendered += 1;
+                }
+                if *rendered < deliveries.len() {
+                    break;
+                }
+            }
             let Some(slot) = self.slots.pop_front() else {
                 break;
             };
@@ -220,11 +244,9 @@ impl ReplyQueue {
                 } => write_nack(out, msg.message_id(), reason),
                 Slot::Nack { message_id, reason } => write_nack(out, &message_id, reason),
                 Slot::Consume { queue, .. } => write_line(out, &["OK consume ", &queue]),
-                Slot::Fetch { deliveries } => {
+                Slot::Fetch { deliveries, .. } => {
+                    // Its deliveries are out (above); the count ends it.
                     let deliveries = deliveries.unwrap_or_default();
-                    for d in &deliveries {
-                        write_delivery_line(out, d);
-                    }
                     let mut digits = [0u8; 10];
                     out.extend_from_slice(b"OK fetch ");
                     out.extend_from_slice(format_u32(deliveries.len() as u32, &mut digits));
@@ -288,6 +310,41 @@ mod tests {
         let mut out = Vec::new();
         q.render(&mut out, usize::MAX);
         assert_eq!(out, b"Message: m q 1 {}\nOK fetch 1\n");
+    }
+
+    #[test]
+    fn a_large_fetch_is_rendered_a_bounded_piece_at_a_time() {
+        let mut q = ReplyQueue::default();
+        let deliveries: Vec<Delivery> = (0..100)
+            .map(|i| Delivery {
+                queue: Arc::from("q"),
+                shard: 0,
+                seq: i,
+                count: 1,
+                msg: msg(&format!("m{i:02}")),
+            })
+            .collect();
+        q.fetch(Some(deliveries));
+        q.line("OK heartbeat");
+        let line_len = b"Message: m00 q 1 {}\n".len();
+        let (mut all, mut calls) = (Vec::new(), 0);
+        while !q.is_empty() {
+            let mut out = Vec::new();
+            q.render(&mut out, 10 * line_len);
+            // One delivery past the limit at most, never the whole fetch.
+            assert!(out.len() <= 11 * line_len + b"OK fetch 100\nOK heartbeat\n".len());
+            all.extend_from_slice(&out);
+            calls += 1;
+        }
+        // Ten calls of ten deliveries, then the count and the next reply.
+        assert_eq!(calls, 11);
+        let text = String::from_utf8(all).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 102);
+        assert_eq!(lines[0], "Message: m00 q 1 {}");
+        assert_eq!(lines[99], "Message: m99 q 1 {}");
+        assert_eq!(lines[100], "OK fetch 100");
+        assert_eq!(lines[101], "OK heartbeat");
     }
 
     #[test]

@@ -327,6 +327,33 @@ async fn status_and_metrics_reflect_what_clients_did() {
     drop(receiver);
 }
 
+/// `/api/status` reports every cap a client is held to, as configured,
+/// and what each receiver holds against its quotas.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_reports_limits_and_quota_usage() {
+    let broker = AdminBroker::start_with(
+        1,
+        false,
+        "[performance]\nmax_bindings_per_cn = 7\nmax_fetch = 99\n",
+    );
+    let mut r = broker.connect("receiver_1").await;
+    setup_receiver(&mut r, "receiver_1").await;
+    let (status, json) = broker.get_json("admin", "/api/status").await;
+    assert_eq!(status, 200);
+    let limits = &json["limits"];
+    assert_eq!(limits["max_bindings_per_cn"], 7, "{json}");
+    assert_eq!(limits["max_queues_per_cn"], 1000);
+    assert_eq!(limits["max_exchanges_per_cn"], 100);
+    assert_eq!(limits["max_fetch"], 99);
+    assert_eq!(limits["max_reply_bytes_per_turn"], 1 << 20);
+    assert_eq!(limits["max_handshakes_per_ip"], 64);
+    assert_eq!(limits["max_routing_key_words"], 32);
+    assert_eq!(
+        json["quota_usage"],
+        serde_json::json!([{"cn": "receiver_1", "queues": 1, "exchanges": 1, "bindings": 1}])
+    );
+}
+
 #[tokio::test]
 async fn the_postgres_bridge_reports_through_status_and_metrics() {
     let db = common::pg::TestDb::create().await;

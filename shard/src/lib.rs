@@ -7,6 +7,8 @@
 //!   read-mostly snapshot every shard routes against without locking. Saving
 //!   it is the broker's: a [`TopologySink`] called on the store's saver
 //!   thread, never on a shard.
+//! - [`quota`]: per-CN caps on queues, exchanges and bindings, counted by the
+//!   topology.
 //! - [`routing`]: direct, fanout and topic matching inside a snapshot.
 //! - [`log`]: durable per-queue segment logs: record format, write side, recovery.
 //! - [`durability`]: a shard's logs, group-commit rounds and waiting publishes.
@@ -40,6 +42,7 @@ pub mod message;
 pub mod pending;
 pub mod placement;
 pub mod queue;
+pub mod quota;
 pub mod routing;
 pub mod shard;
 pub mod topology;
@@ -52,6 +55,7 @@ pub use mesh::{Mesh, MeshEndpoint, MeshInbound, MeshOutbound, Origin, ShardMsg};
 pub use message::{DedupHasher, DedupKey, Message, Route};
 pub use placement::{shard_of, ConnRef, ShardId};
 pub use queue::{Delivery, QueueSettings};
+pub use quota::{Quotas, Resource, Usage};
 pub use shard::{PublishStatus, QueueStats, Shard};
 pub use topology::{
     ChangeResult, QueueInfo, Topology, TopologyChange, TopologyError, TopologySink, TopologyStore,

@@ -38,6 +38,16 @@
 //! [`TopologyStore::set_binding_rule`], it judges every bind as it is applied
 //! and, on installation, every binding already there (a reload removes the
 //! bindings its new ACL makes unlawful).
+//!
+//! Quotas are decided here for the same reason: what each receiver CN holds
+//! is counted as changes are applied ([`crate::quota`]), and a receiver's
+//! change past its quota is refused by the single writer, so racing declares
+//! on several shards cannot both slip under it.
+//!
+//! The maps of a [`Topology`] are persistent (structure-sharing) maps: each
+//! change copies the snapshot it starts from, and with these that copy is
+//! O(1) and an insert O(log n), where plain maps made every change cost the
+//! size of the whole topology (100,000 binds were quadratic).
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
@@ -51,7 +61,11 @@ use crossbeam_channel::RecvTimeoutError;
 use crate::pending::{Pending, Resolver};
 
 use crate::placement::{shard_of, ShardId};
+use crate::quota::{Quotas, Resource, Usage};
 use crate::routing::{Exchange, Target};
+
+/// The persistent map every field of a [`Topology`] is kept in.
+type PMap<K, V> = imbl::HashMap<K, V>;
 
 /// Why a receiver's bind to a fanout exchange it does not own is refused: a
 /// fanout exchange ignores the routing key, so such a binding would copy
@@ -160,12 +174,18 @@ pub struct Topology {
     version: u64,
     /// Queues are placed over this many shards.
     shards: usize,
-    queues: HashMap<Arc<str>, QueueInfo>,
-    exchanges: HashMap<Arc<str>, Arc<Exchange>>,
+    queues: PMap<Arc<str>, QueueInfo>,
+    exchanges: PMap<Arc<str>, Arc<Exchange>>,
     /// The receiver owning each exchange that one owns.
-    exchange_owners: HashMap<Arc<str>, Arc<str>>,
-    /// Who made each binding, where that is recorded.
-    binders: HashMap<BindingId, Actor>,
+    exchange_owners: PMap<Arc<str>, Arc<str>>,
+    /// Every binding, with who made it where that is recorded: a repeated
+    /// bind is found with one lookup, not a scan of the exchange.
+    binders: PMap<BindingId, Option<Actor>>,
+    /// What each receiver CN holds, for its quotas; a CN holding nothing
+    /// has no entry.
+    usage: PMap<Arc<str>, Usage>,
+    /// Caps on a receiver's changes (none until installed).
+    quotas: Quotas,
     /// The broker's rule over bindings, once installed.
     rule: Option<Arc<dyn BindingRule>>,
 }
@@ -179,10 +199,12 @@ impl Topology {
         Topology {
             version: 0,
             shards: shards.max(1),
-            queues: HashMap::new(),
-            exchanges: HashMap::new(),
-            exchange_owners: HashMap::new(),
-            binders: HashMap::new(),
+            queues: PMap::new(),
+            exchanges: PMap::new(),
+            exchange_owners: PMap::new(),
+            binders: PMap::new(),
+            usage: PMap::new(),
+            quotas: Quotas::UNLIMITED,
             rule: None,
         }
     }
@@ -227,7 +249,57 @@ impl Topology {
     /// Who made the binding of `queue` to `exchange` with `key`; `None` when
     /// that is not recorded (or there is no such binding).
     pub fn binder(&self, exchange: &str, key: &str, queue: &str) -> Option<&Actor> {
-        self.binders.get(&BindingId::new(exchange, key, queue))
+        self.binders
+            .get(&BindingId::new(exchange, key, queue))
+            .and_then(Option::as_ref)
+    }
+
+    /// What `cn` holds, counted against its quotas.
+    pub fn usage(&self, cn: &str) -> Usage {
+        self.usage.get(cn).copied().unwrap_or_default()
+    }
+
+    /// Every CN that holds something, with what it holds.
+    pub fn usages(&self) -> impl Iterator<Item = (&str, Usage)> {
+        self.usage.iter().map(|(cn, u)| (&**cn, *u))
+    }
+
+    /// The quotas receivers' changes are held to.
+    pub fn quotas(&self) -> Quotas {
+        self.quotas
+    }
+
+    /// Adds `delta` to what `cn` holds of `resource`.
+    fn count(&mut self, cn: &Arc<str>, resource: Resource, delta: isize) {
+        let mut usage = self.usage(cn);
+        usage.add(resource, delta);
+        if usage == Usage::default() {
+            self.usage.remove(cn);
+        } else {
+            self.usage.insert(cn.clone(), usage);
+        }
+    }
+
+    /// Refuses a receiver's change that would give `cn` one more of
+    /// `resource` than its quota; admins and the broker are not limited.
+    fn check_quota(
+        &self,
+        by: Option<&Actor>,
+        cn: &str,
+        resource: Resource,
+    ) -> Result<(), TopologyError> {
+        if !matches!(by, Some(Actor::Receiver(_))) {
+            return Ok(());
+        }
+        let limit = self.quotas.limit(resource);
+        if self.usage(cn).of(resource) >= limit {
+            return Err(TopologyError::QuotaExceeded {
+                cn: cn.to_owned(),
+                resource,
+                limit,
+            });
+        }
+        Ok(())
     }
 
     /// Appends the queues a publish to `exchange` with `key` reaches; false
@@ -262,15 +334,17 @@ impl Topology {
     /// published snapshot.
     fn apply_change(&mut self, change: &TopologyChange) -> Result<bool, TopologyError> {
         match change {
-            TopologyChange::DeclareQueue { name, owner } => {
+            TopologyChange::DeclareQueue { name, owner, by } => {
                 if self.queues.contains_key(name.as_str()) {
                     return Ok(false);
                 }
+                self.check_quota(by.as_ref(), owner, Resource::Queues)?;
                 let info = QueueInfo {
                     name: Arc::from(name.as_str()),
                     owner: Arc::from(owner.as_str()),
                     shard: shard_of(owner, self.shards),
                 };
+                self.count(&info.owner, Resource::Queues, 1);
                 self.queues.insert(info.name.clone(), info);
                 Ok(true)
             }
@@ -285,8 +359,11 @@ impl Topology {
                     None => {
                         let name: Arc<str> = Arc::from(name.as_str());
                         if let Some(owner) = owner {
-                            self.exchange_owners
-                                .insert(name.clone(), Arc::from(owner.as_str()));
+                            let by = Actor::receiver(owner);
+                            self.check_quota(Some(&by), owner, Resource::Exchanges)?;
+                            let owner: Arc<str> = Arc::from(owner.as_str());
+                            self.count(&owner, Resource::Exchanges, 1);
+                            self.exchange_owners.insert(name.clone(), owner);
                         }
                         self.exchanges.insert(name, Arc::new(Exchange::new(*kind)));
                         Ok(true)
@@ -308,9 +385,14 @@ impl Topology {
                         return Err(TopologyError::Denied(EXCHANGE_NOT_OWNED.into()));
                     }
                 }
-                self.exchanges.remove(name.as_str());
-                self.exchange_owners.remove(name.as_str());
-                self.binders.retain(|id, _| &*id.exchange != name.as_str());
+                if let Some(ex) = self.exchanges.remove(name.as_str()) {
+                    for (key, target) in ex.bindings() {
+                        self.forget_binding(name, key, &target.queue);
+                    }
+                }
+                if let Some(owner) = self.exchange_owners.remove(name.as_str()) {
+                    self.count(&owner, Resource::Exchanges, -1);
+                }
                 Ok(true)
             }
         }
@@ -354,20 +436,29 @@ impl Topology {
             queue: info.name.clone(),
             shard: info.shard,
         };
-        if ex
-            .bindings()
-            .any(|(k, t)| k == key && t.queue == target.queue)
-        {
+        let id = BindingId::new(exchange, key, queue);
+        if self.binders.contains_key(&id) {
             return Ok(false);
         }
-        if let Some(by) = by {
-            self.binders
-                .insert(BindingId::new(exchange, key, queue), by.clone());
+        if let Some(Actor::Receiver(cn)) = by {
+            self.check_quota(by, cn, Resource::Bindings)?;
+            self.count(cn, Resource::Bindings, 1);
         }
+        self.binders.insert(id, by.cloned());
         if let Some(ex) = self.exchanges.get_mut(exchange) {
             Arc::make_mut(ex).bind(key, target);
         }
         Ok(true)
+    }
+
+    /// Drops the record of a binding (and its count for whoever made it);
+    /// the caller removes it from its exchange.
+    fn forget_binding(&mut self, exchange: &str, key: &str, queue: &str) {
+        if let Some(Some(Actor::Receiver(cn))) =
+            self.binders.remove(&BindingId::new(exchange, key, queue))
+        {
+            self.count(&cn, Resource::Bindings, -1);
+        }
     }
 
     /// Installs `rule` and removes every binding it refuses, returning them.
@@ -379,7 +470,10 @@ impl Topology {
                 let Some(queue) = self.queues.get(&target.queue) else {
                     continue;
                 };
-                let bound_by = self.binders.get(&BindingId::new(name, key, &target.queue));
+                let bound_by = self
+                    .binders
+                    .get(&BindingId::new(name, key, &target.queue))
+                    .and_then(Option::as_ref);
                 let binding = Binding {
                     exchange: name,
                     kind: ex.kind(),
@@ -403,8 +497,7 @@ impl Topology {
         // binding is rebuilt once, without them, keeping the others in order.
         let mut gone: HashMap<&str, Vec<(&str, &str)>> = HashMap::new();
         for r in &removed {
-            self.binders
-                .remove(&BindingId::new(&r.exchange, &r.key, &r.queue));
+            self.forget_binding(&r.exchange, &r.key, &r.queue);
             gone.entry(&r.exchange)
                 .or_default()
                 .push((&r.key, &r.queue));
@@ -444,6 +537,16 @@ pub enum TopologyError {
     /// `bind` to an exchange that was never declared.
     #[error("unknown exchange {0}")]
     UnknownExchange(String),
+    /// A receiver's change would take its CN past a quota.
+    #[error("quota exceeded: {cn} already has {limit} {resource}, the most one client may have ({key})", key = resource.config_key())]
+    QuotaExceeded {
+        /// The CN at its quota.
+        cn: String,
+        /// What it has too many of.
+        resource: Resource,
+        /// The quota.
+        limit: usize,
+    },
     /// An ownership rule, or the installed [`BindingRule`], refuses the
     /// change. The connection answers `Access denied: <reason> (role=…)`,
     /// not `Error: …`.
@@ -515,6 +618,10 @@ pub enum TopologyChange {
         name: String,
         /// Its owner CN.
         owner: String,
+        /// Who declares it: a receiver is held to its owner's queue quota;
+        /// `None` is the broker itself (a dead-letter queue, a loaded or
+        /// adopted queue).
+        by: Option<Actor>,
     },
     /// `declare_exchange`.
     DeclareExchange {
@@ -791,6 +898,7 @@ impl TopologyStore {
         let change = TopologyChange::DeclareQueue {
             name: name.to_owned(),
             owner: owner.to_owned(),
+            by: None,
         };
         self.change(|t| {
             let changed = t.apply_change(&change)?;
@@ -823,6 +931,25 @@ impl TopologyStore {
             key: key.to_owned(),
             by: Some(Actor::Admin),
         })
+    }
+
+    /// Holds receivers' changes to `quotas` from now on. What a CN already
+    /// holds beyond them stays (nothing is removed); it only cannot grow.
+    /// The broker calls it at start, after loading the topology.
+    pub fn set_quotas(&self, quotas: Quotas) {
+        let _writer = self.lock_writer();
+        let mut next = (*self.snapshot()).clone();
+        next.quotas = quotas;
+        // A new version, so a batch the saver built meanwhile is applied
+        // again under these quotas before it is published; quotas are not
+        // saved, so nothing needs writing.
+        let before = next.version;
+        next.version += 1;
+        let version = next.version;
+        self.publish(next);
+        let _ = self
+            .saved
+            .compare_exchange(before, version, Ordering::AcqRel, Ordering::Acquire);
     }
 
     /// Makes `rule` the judge of bindings from now on, and removes every
@@ -972,6 +1099,7 @@ mod tests {
         TopologyChange::DeclareQueue {
             name: name.into(),
             owner: owner.into(),
+            by: None,
         }
     }
 
@@ -1406,6 +1534,206 @@ mod tests {
             .unwrap();
         assert_eq!(t.exchange_owner("fan"), Some("r2"));
         assert!(routed(&t, "fan", "k").is_empty());
+    }
+
+    fn quota_of(limit: usize) -> Quotas {
+        Quotas {
+            queues_per_cn: limit,
+            exchanges_per_cn: limit,
+            bindings_per_cn: limit,
+        }
+    }
+
+    fn exceeded(cn: &str, resource: Resource, limit: usize) -> Result<bool, TopologyError> {
+        Err(TopologyError::QuotaExceeded {
+            cn: cn.into(),
+            resource,
+            limit,
+        })
+    }
+
+    #[test]
+    fn a_receiver_is_held_to_its_queue_quota_but_admins_and_the_broker_are_not() {
+        let mut t = Topology::empty(2);
+        t.quotas = quota_of(2);
+        let by_r1 = |name: &str| TopologyChange::DeclareQueue {
+            name: name.into(),
+            owner: "r1".into(),
+            by: Some(Actor::receiver("r1")),
+        };
+        assert_eq!(t.apply(&by_r1("r1_a")), Ok(true));
+        assert_eq!(t.apply(&by_r1("r1_b")), Ok(true));
+        assert_eq!(t.apply(&by_r1("r1_c")), exceeded("r1", Resource::Queues, 2));
+        // Declaring one it has is still an idempotent success at the quota.
+        assert_eq!(t.apply(&by_r1("r1_a")), Ok(false));
+        // An admin's queue for r1, and the broker's (a dead-letter queue),
+        // are made, and counted.
+        let by_admin = TopologyChange::DeclareQueue {
+            name: "r1_admin".into(),
+            owner: "r1".into(),
+            by: Some(Actor::Admin),
+        };
+        assert_eq!(t.apply(&by_admin), Ok(true));
+        assert_eq!(t.apply(&queue("r1_a.dlq", "r1")), Ok(true));
+        assert_eq!(t.usage("r1").queues, 4);
+        // Another CN has its own quota.
+        let by_r2 = TopologyChange::DeclareQueue {
+            name: "r2_a".into(),
+            owner: "r2".into(),
+            by: Some(Actor::receiver("r2")),
+        };
+        assert_eq!(t.apply(&by_r2), Ok(true));
+    }
+
+    #[test]
+    fn a_receiver_is_held_to_its_exchange_quota() {
+        let mut t = Topology::empty(1);
+        t.quotas = quota_of(1);
+        assert_eq!(
+            t.apply(&exchange("e1", ExchangeKind::Topic, Some("r1"))),
+            Ok(true)
+        );
+        assert_eq!(
+            t.apply(&exchange("e2", ExchangeKind::Topic, Some("r1"))),
+            exceeded("r1", Resource::Exchanges, 1)
+        );
+        assert!(t.exchange("e2").is_none());
+        // Admins' exchanges belong to nobody and count for nobody.
+        assert_eq!(
+            t.apply(&exchange("e3", ExchangeKind::Topic, None)),
+            Ok(true)
+        );
+        // Deleting its exchange gives the receiver room again.
+        let delete = TopologyChange::DeleteExchange {
+            name: "e1".into(),
+            by: Actor::receiver("r1"),
+        };
+        assert_eq!(t.apply(&delete), Ok(true));
+        assert_eq!(t.usage("r1"), Usage::default());
+        assert_eq!(
+            t.apply(&exchange("e2", ExchangeKind::Topic, Some("r1"))),
+            Ok(true)
+        );
+    }
+
+    #[test]
+    fn a_receiver_is_held_to_its_binding_quota_and_deletes_give_it_back() {
+        let mut t = Topology::empty(1);
+        t.quotas = quota_of(3);
+        t.apply(&queue("r1_queue", "r1")).unwrap();
+        t.apply(&exchange("ev", ExchangeKind::Topic, None)).unwrap();
+        t.apply(&exchange("own", ExchangeKind::Fanout, Some("r1")))
+            .unwrap();
+        let r1 = || Some(Actor::receiver("r1"));
+        for key in ["r1.a", "r1.b"] {
+            assert_eq!(t.apply(&bind("r1_queue", "ev", key, r1())), Ok(true));
+        }
+        assert_eq!(t.apply(&bind("r1_queue", "own", "x", r1())), Ok(true));
+        assert_eq!(
+            t.apply(&bind("r1_queue", "ev", "r1.c", r1())),
+            exceeded("r1", Resource::Bindings, 3)
+        );
+        assert!(routed(&t, "ev", "r1.c").is_empty());
+        // A binding it has is found by one lookup, and is no new binding.
+        assert_eq!(t.apply(&bind("r1_queue", "ev", "r1.a", r1())), Ok(false));
+        // An admin's binding of r1's queue is not r1's.
+        assert_eq!(
+            t.apply(&bind("r1_queue", "ev", "r1.admin", Some(Actor::Admin))),
+            Ok(true)
+        );
+        assert_eq!(t.usage("r1").bindings, 3);
+        // The exchange it owned goes, and its binding with it.
+        let delete = TopologyChange::DeleteExchange {
+            name: "own".into(),
+            by: Actor::receiver("r1"),
+        };
+        assert_eq!(t.apply(&delete), Ok(true));
+        assert_eq!(t.usage("r1").bindings, 2);
+        assert_eq!(t.apply(&bind("r1_queue", "ev", "r1.c", r1())), Ok(true));
+        assert_eq!(routed(&t, "ev", "r1.c"), vec!["r1_queue"]);
+    }
+
+    #[test]
+    fn bindings_a_rule_removes_are_no_longer_counted() {
+        let mut t = Topology::empty(1);
+        t.apply(&queue("bad_queue", "bad")).unwrap();
+        t.apply(&exchange("ev", ExchangeKind::Direct, None))
+            .unwrap();
+        t.apply(&bind(
+            "bad_queue",
+            "ev",
+            "bad",
+            Some(Actor::receiver("bad")),
+        ))
+        .unwrap();
+        assert_eq!(t.usage("bad").bindings, 1);
+        let removed = t.install_rule(Arc::new(Ban("bad")));
+        assert_eq!(removed.len(), 1);
+        assert_eq!(t.usage("bad").bindings, 0);
+        assert_eq!(t.binder("ev", "bad", "bad_queue"), None);
+    }
+
+    #[test]
+    fn quotas_set_on_a_store_hold_its_clients_and_are_reported() {
+        let store = TopologyStore::new(1);
+        store.set_quotas(quota_of(1));
+        assert_eq!(store.snapshot().quotas(), quota_of(1));
+        let declare = |name: &str| TopologyChange::DeclareQueue {
+            name: name.into(),
+            owner: "r1".into(),
+            by: Some(Actor::receiver("r1")),
+        };
+        assert_eq!(wait(store.submit(declare("r1_a"))), Ok(()));
+        assert!(matches!(
+            wait(store.submit(declare("r1_b"))),
+            Err(TopologyError::QuotaExceeded { .. })
+        ));
+        let usages: Vec<(String, Usage)> = store
+            .snapshot()
+            .usages()
+            .map(|(cn, u)| (cn.to_owned(), u))
+            .collect();
+        assert_eq!(
+            usages,
+            vec![(
+                "r1".to_owned(),
+                Usage {
+                    queues: 1,
+                    exchanges: 0,
+                    bindings: 0
+                }
+            )]
+        );
+    }
+
+    #[test]
+    fn a_large_topology_takes_changes_without_copying_itself_each_time() {
+        // 30,000 bindings by 300 receivers over 300 exchanges: with maps
+        // copied whole on every change this was quadratic (3 minutes in a
+        // debug build, and 10,000 binds took 9 s); with persistent maps it
+        // is linear (100,000 binds: 9 s in a debug build).
+        let store = TopologyStore::new(2);
+        for e in 0..300 {
+            store
+                .declare_exchange(&format!("ex{e}"), ExchangeKind::Direct)
+                .unwrap();
+        }
+        for r in 0..300 {
+            let cn = format!("r{r}");
+            store.declare_queue(&format!("{cn}_queue"), &cn).unwrap();
+            for k in 0..100 {
+                let change = bind(
+                    &format!("{cn}_queue"),
+                    &format!("ex{}", (r + k) % 300),
+                    &format!("{cn}.k{k}"),
+                    Some(Actor::receiver(&cn)),
+                );
+                assert_eq!(wait(store.submit(change)), Ok(()));
+            }
+        }
+        let t = store.snapshot();
+        assert_eq!(t.usage("r299").bindings, 100);
+        assert_eq!(routed(&t, "ex42", "r42.k0"), vec!["r42_queue"]);
     }
 
     /// Refuses bindings to queues of `banned`'s, and keys starting with `x`.

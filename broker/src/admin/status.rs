@@ -205,6 +205,36 @@ impl From<&BridgeStatus> for BridgeState {
     }
 }
 
+/// `limits`: every cap a client is held to, as in force now.
+#[derive(Debug, Serialize)]
+struct Limits {
+    max_queues_per_cn: usize,
+    max_exchanges_per_cn: usize,
+    max_bindings_per_cn: usize,
+    max_fetch: u32,
+    max_fetch_bytes: usize,
+    max_prefetch: u32,
+    max_reply_bytes_per_turn: usize,
+    max_pending_replies: usize,
+    max_line_bytes: usize,
+    max_message_bytes: usize,
+    max_handshakes: u32,
+    max_handshakes_per_ip: u32,
+    max_connections_per_ip: u32,
+    max_connections_per_cn: u32,
+    max_routing_key_words: usize,
+    max_pattern_hashes: usize,
+}
+
+/// One CN in `quota_usage`: what it holds against its quotas.
+#[derive(Debug, Serialize)]
+struct QuotaUsage {
+    cn: String,
+    queues: usize,
+    exchanges: usize,
+    bindings: usize,
+}
+
 /// The whole `/api/status` document.
 #[derive(Debug, Serialize)]
 struct Status {
@@ -214,8 +244,49 @@ struct Status {
     exchanges: Vec<ExchangeEntry>,
     bindings: Vec<BindingEntry>,
     connections: Connections,
+    limits: Limits,
+    quota_usage: Vec<QuotaUsage>,
     storage: StorageState,
     pgbridge: Option<BridgeState>,
+}
+
+fn limits(ctx: &AdminContext) -> Limits {
+    let s = &ctx.shared.settings;
+    let (per_ip, per_cn) = ctx.shared.policy.conn_limits.limits();
+    Limits {
+        max_queues_per_cn: s.quotas.queues_per_cn,
+        max_exchanges_per_cn: s.quotas.exchanges_per_cn,
+        max_bindings_per_cn: s.quotas.bindings_per_cn,
+        max_fetch: s.max_fetch,
+        max_fetch_bytes: s.max_fetch_bytes,
+        max_prefetch: s.max_prefetch,
+        max_reply_bytes_per_turn: s.max_reply_bytes_per_turn,
+        max_pending_replies: s.max_pending_replies,
+        max_line_bytes: s.max_line_bytes,
+        max_message_bytes: s.max_message_bytes,
+        max_handshakes: s.max_handshakes,
+        max_handshakes_per_ip: s.max_handshakes_per_ip,
+        max_connections_per_ip: per_ip,
+        max_connections_per_cn: per_cn,
+        max_routing_key_words: ciphermq_proto::name::MAX_ROUTING_KEY_WORDS,
+        max_pattern_hashes: ciphermq_proto::name::MAX_PATTERN_HASHES,
+    }
+}
+
+/// Every CN holding queues, exchanges or bindings, sorted by CN.
+fn quota_usage(ctx: &AdminContext) -> Vec<QuotaUsage> {
+    let topology = ctx.shared.topology.snapshot();
+    let mut usage: Vec<QuotaUsage> = topology
+        .usages()
+        .map(|(cn, u)| QuotaUsage {
+            cn: cn.to_owned(),
+            queues: u.queues,
+            exchanges: u.exchanges,
+            bindings: u.bindings,
+        })
+        .collect();
+    usage.sort_unstable_by(|a, b| a.cn.cmp(&b.cn));
+    usage
 }
 
 /// Every shard's counters summed.
@@ -348,6 +419,8 @@ pub(crate) fn status(ctx: &AdminContext) -> serde_json::Value {
         exchanges,
         bindings,
         connections: connections(ctx),
+        limits: limits(ctx),
+        quota_usage: quota_usage(ctx),
         storage: StorageState {
             mode: ctx.storage_mode,
             data_dir: ctx.data_dir.clone(),

@@ -136,11 +136,16 @@ impl TestBroker {
     /// A durable broker over the data directory `data`, listening on `addr`
     /// (`127.0.0.1:0` first; the address it got, to restart it in place).
     pub fn start_durable_at(shards: usize, data: &Path, addr: &str) -> TestBroker {
+        TestBroker::start_durable_with(shards, data, addr, "")
+    }
+
+    /// [`TestBroker::start_durable_at`] with `extra` config sections.
+    pub fn start_durable_with(shards: usize, data: &Path, addr: &str, extra: &str) -> TestBroker {
         let _ = tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
             .with_test_writer()
             .try_init();
-        let text = config_text(&pki().certs, data, shards, "")
+        let text = config_text(&pki().certs, data, shards, extra)
             .replace(r#"mode = "memory""#, r#"mode = "durable""#)
             .replace(
                 r#"address = "127.0.0.1:0""#,
