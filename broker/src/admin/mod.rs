@@ -8,39 +8,47 @@
 //! shard anything, so no shard ever waits for it.
 //!
 //! Layout: this file starts and stops the thread and serves connections;
-//! `routes` decides who may see what, `status` builds the JSON, `metrics`
-//! the Prometheus text.
+//! `slots` decides which connections may hold one of the endpoint's slots
+//! and for how long (`[admin]` limits: deadlines, per-address and global
+//! caps, replacing idle connections for newcomers); `routes` decides who may
+//! see what, `status` builds the JSON, `metrics` the Prometheus text.
 
 mod metrics;
 mod routes;
+mod slots;
 mod status;
 
 use std::convert::Infallible;
+use std::future::{poll_fn, Future};
 use std::net::SocketAddr;
+use std::pin::{pin, Pin};
 use std::sync::Arc;
-use std::time::Duration;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use ciphermq_pgbridge::PgBridge;
-use hyper::body::Incoming;
+use hyper::body::{Body, Bytes, Frame, Incoming, SizeHint};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::Request;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::TokioIo;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::oneshot;
+use tokio::time::Sleep;
 use tokio_rustls::TlsAcceptor;
 
+use crate::config::AdminConfig;
 use crate::context::Shared;
 use crate::tls::peer_common_name;
 
-/// Admin connections served at once; more are closed at accept. The
-/// endpoint serves a dashboard and a scraper, not a crowd.
-const MAX_CONNECTIONS: usize = 64;
-/// Longest wait for a request's headers (also bounds an idle keep-alive).
-const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+pub use slots::AdminLimits;
+use slots::{Admission, LogKind, Phase, Slots, Ticket};
+
 /// A connection is asked to close after this long, so keep-alive clients
-/// cannot hold the connection slots forever.
+/// that keep asking cannot hold a slot forever.
 const MAX_CONNECTION_AGE: Duration = Duration::from_secs(300);
+/// Largest request head (and read buffer) a connection may use.
+const MAX_BUF_BYTES: usize = 64 * 1024;
 
 /// Why the admin endpoint did not start; names the config key.
 #[derive(Debug, thiserror::Error)]
@@ -74,6 +82,27 @@ pub struct AdminContext {
     pub bridge: Option<Arc<PgBridge>>,
 }
 
+/// The bound admin socket and the `[admin]` limits it will be served with:
+/// what [`AdminServer::bind`] hands to [`AdminServer::start`], so the port is
+/// taken early and the limits cannot be forgotten in between.
+#[derive(Debug)]
+pub struct AdminListener {
+    listener: std::net::TcpListener,
+    limits: AdminLimits,
+}
+
+impl AdminListener {
+    /// The address it listens on (the real port when 0 was configured).
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// The limits it will be served with.
+    pub fn limits(&self) -> AdminLimits {
+        self.limits
+    }
+}
+
 /// The running admin endpoint. Dropping it stops the thread like
 /// [`AdminServer::shutdown`].
 pub struct AdminServer {
@@ -91,24 +120,30 @@ impl std::fmt::Debug for AdminServer {
 }
 
 impl AdminServer {
-    /// Binds `address` now, so that a taken port fails the broker's start
-    /// before any shard serves.
-    pub fn bind(address: &str) -> Result<std::net::TcpListener, AdminError> {
+    /// Binds `admin.address` now, so that a taken port fails the broker's
+    /// start before any shard serves; the listener keeps the section's
+    /// connection limits for [`AdminServer::start`].
+    pub fn bind(admin: &AdminConfig) -> Result<AdminListener, AdminError> {
+        let address = admin.address.as_str();
         let err = |e: std::io::Error| AdminError::Bind {
             address: address.to_owned(),
             reason: e.to_string(),
         };
         let listener = std::net::TcpListener::bind(address).map_err(err)?;
         listener.set_nonblocking(true).map_err(err)?;
-        Ok(listener)
+        Ok(AdminListener {
+            listener,
+            limits: AdminLimits::from_config(admin),
+        })
     }
 
     /// Serves `listener` (from [`AdminServer::bind`]) on a new thread.
     pub fn start(
-        listener: std::net::TcpListener,
+        listener: AdminListener,
         context: AdminContext,
     ) -> Result<AdminServer, AdminError> {
         let addr = listener
+            .listener
             .local_addr()
             .map_err(|e| AdminError::Thread(e.to_string()))?;
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -162,12 +197,15 @@ impl Drop for AdminServer {
     }
 }
 
-/// Accepts until told to stop.
+/// Accepts until told to stop. Every connection needs a slot (see
+/// `slots`): a newcomer may take the slot of an idle one, or is closed at
+/// once (never left hanging) when none can be given up.
 async fn serve(
-    listener: std::net::TcpListener,
+    listener: AdminListener,
     context: Arc<AdminContext>,
     mut stop: oneshot::Receiver<()>,
 ) {
+    let AdminListener { listener, limits } = listener;
     let listener = match TcpListener::from_std(listener) {
         Ok(l) => l,
         Err(e) => {
@@ -176,18 +214,16 @@ async fn serve(
         }
     };
     let acceptor = TlsAcceptor::from(context.shared.tls.clone());
-    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let slots = Arc::new(Slots::new(limits));
+    let endpoint = Arc::new(Endpoint {
+        context,
+        slots: slots.clone(),
+    });
     loop {
         tokio::select! {
             _ = &mut stop => break,
             accepted = listener.accept() => match accepted {
-                Ok((stream, peer)) => {
-                    let Ok(permit) = slots.clone().try_acquire_owned() else {
-                        tracing::warn!(%peer, "admin endpoint: too many connections; closed");
-                        continue;
-                    };
-                    tokio::spawn(connection(stream, peer, acceptor.clone(), context.clone(), permit));
-                }
+                Ok((stream, peer)) => admit(stream, peer, &acceptor, &endpoint),
                 Err(e) => {
                     tracing::warn!(error = %e, "admin endpoint: accept failed");
                     tokio::time::sleep(Duration::from_millis(10)).await;
@@ -197,28 +233,165 @@ async fn serve(
     }
 }
 
+/// What every connection task shares.
+struct Endpoint {
+    context: Arc<AdminContext>,
+    slots: Arc<Slots>,
+}
+
+/// Gives `stream` a slot and its own task, or closes it at once.
+fn admit(stream: TcpStream, peer: SocketAddr, acceptor: &TlsAcceptor, endpoint: &Arc<Endpoint>) {
+    let now = Instant::now();
+    let slots = &endpoint.slots;
+    match slots.admit(peer, now) {
+        Admission::Refused(cap) => {
+            // A reset, not a FIN: the client learns at once, and the closed
+            // socket does not linger in TIME_WAIT.
+            let _ = stream.set_zero_linger();
+            drop(stream);
+            if let Some(skipped) = slots.log_gate(LogKind::Refused, now) {
+                tracing::warn!(
+                    %peer,
+                    limit = cap.key(),
+                    skipped,
+                    "admin endpoint: connection refused: the limit is reached and every \
+                     connection it counts is answering a request or has finished one"
+                );
+            }
+        }
+        Admission::Admitted { ticket, shed } => {
+            if let Some(shed) = shed {
+                if let Some(skipped) = slots.log_gate(LogKind::Shed, now) {
+                    tracing::warn!(
+                        %peer,
+                        closed = %shed.peer,
+                        closed_phase = shed.phase.label(),
+                        closed_after_secs = shed.idle.as_secs(),
+                        limit = shed.cap.key(),
+                        skipped,
+                        "admin endpoint: connection limit reached; closed the connection \
+                         most worth dropping to serve a new one"
+                    );
+                }
+            }
+            tokio::spawn(connection(
+                stream,
+                peer,
+                acceptor.clone(),
+                endpoint.clone(),
+                ticket,
+            ));
+        }
+    }
+}
+
+/// Why a connection was stopped from outside its HTTP exchange.
+#[derive(Debug, Clone, Copy)]
+enum Stop {
+    /// Its slot went to a newcomer.
+    Shed,
+    /// The deadline of this phase ran out.
+    TimedOut(Phase),
+}
+
+/// Watches one connection's slot: fires when a newcomer took it or when the
+/// deadline of the connection's current phase passes. The deadline is read
+/// from the table at every poll, so it follows the phase changes that the
+/// HTTP service makes while the connection future is polled.
+struct Watch {
+    slots: Arc<Slots>,
+    ticket: Ticket,
+    sleep: Pin<Box<Sleep>>,
+}
+
+impl Watch {
+    fn new(slots: Arc<Slots>, ticket: Ticket) -> Watch {
+        let first = slots
+            .deadline(ticket.id())
+            .map_or_else(Instant::now, |(_, deadline)| deadline);
+        Watch {
+            slots,
+            ticket,
+            sleep: Box::pin(tokio::time::sleep_until(first.into())),
+        }
+    }
+
+    fn poll_stop(&mut self, cx: &mut Context<'_>) -> Poll<Stop> {
+        if Pin::new(self.ticket.shed_signal()).poll(cx).is_ready() {
+            return Poll::Ready(Stop::Shed);
+        }
+        let Some((phase, deadline)) = self.slots.deadline(self.ticket.id()) else {
+            return Poll::Ready(Stop::Shed);
+        };
+        let deadline = tokio::time::Instant::from_std(deadline);
+        if self.sleep.deadline() != deadline {
+            self.sleep.as_mut().reset(deadline);
+        }
+        match self.sleep.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Stop::TimedOut(phase)),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    /// Runs `work` until it ends or the watch fires.
+    async fn run<F: Future>(&mut self, work: F) -> Result<F::Output, Stop> {
+        let mut work = pin!(work);
+        poll_fn(|cx| {
+            if let Poll::Ready(out) = work.as_mut().poll(cx) {
+                return Poll::Ready(Ok(out));
+            }
+            self.poll_stop(cx).map(Err)
+        })
+        .await
+    }
+
+    /// Counts and logs (rate-limited) why the connection is closed.
+    fn report(&self, stop: Stop, peer: SocketAddr) {
+        match stop {
+            // Logged when the newcomer was admitted.
+            Stop::Shed => {}
+            Stop::TimedOut(phase) => {
+                self.slots.timed_out(phase);
+                if let Some(skipped) = self.slots.log_gate(LogKind::TimedOut, Instant::now()) {
+                    tracing::info!(
+                        %peer,
+                        phase = phase.label(),
+                        limit = phase.timeout_key(),
+                        skipped,
+                        "admin endpoint: connection closed at its deadline"
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// One admin connection: the TLS handshake (a client certificate signed by
-/// the broker's CA is required), then HTTP/1.1 requests answered for its CN.
+/// the broker's CA is required), then HTTP/1.1 requests answered for its CN,
+/// each phase under its deadline and the whole while under the watch of
+/// its slot.
 async fn connection(
     stream: TcpStream,
     peer: SocketAddr,
     acceptor: TlsAcceptor,
-    context: Arc<AdminContext>,
-    _permit: OwnedSemaphorePermit,
+    endpoint: Arc<Endpoint>,
+    ticket: Ticket,
 ) {
     let _ = stream.set_nodelay(true);
-    let handshake = context.shared.settings.handshake_timeout;
-    let tls = match tokio::time::timeout(handshake, acceptor.accept(stream)).await {
+    let id = ticket.id();
+    let slots = endpoint.slots.clone();
+    let mut watch = Watch::new(slots.clone(), ticket);
+    let tls = match watch.run(acceptor.accept(stream)).await {
         Ok(Ok(tls)) => tls,
         Ok(Err(e)) => {
-            tracing::info!(%peer, error = %e, "admin endpoint: TLS handshake failed");
+            if let Some(skipped) = slots.log_gate(LogKind::Handshake, Instant::now()) {
+                tracing::info!(%peer, error = %e, skipped, "admin endpoint: TLS handshake failed");
+            }
             return;
         }
-        Err(_) => {
-            tracing::info!(%peer, "admin endpoint: TLS handshake timed out");
-            return;
-        }
+        Err(stop) => return watch.report(stop, peer),
     };
+    slots.authenticated(id, Instant::now());
     let Some(cn) = tls
         .get_ref()
         .1
@@ -228,26 +401,97 @@ async fn connection(
         tracing::warn!(%peer, "admin endpoint: client certificate without a CN; closed");
         return;
     };
+    let service_endpoint = endpoint.clone();
     let service = service_fn(move |request: Request<Incoming>| {
-        let response = routes::respond(&context, &cn, peer, request.method(), request.uri().path());
+        let Endpoint { context, slots } = &*service_endpoint;
+        let number = slots.request_started(id, Instant::now());
+        let response = routes::respond(
+            context,
+            slots,
+            &cn,
+            peer,
+            request.method(),
+            request.uri().path(),
+        );
+        let response = response.map(|body| Answer {
+            body,
+            done: Some((slots.clone(), id, number)),
+        });
         std::future::ready(Ok::<_, Infallible>(response))
     });
     let mut builder = http1::Builder::new();
+    // The deadlines are the watch's: hyper's own header timer would also
+    // cut kept-alive connections at the header timeout.
     builder
-        .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_TIMEOUT)
-        .max_buf_size(64 * 1024);
+        .header_read_timeout(None)
+        .keep_alive(true)
+        .max_buf_size(MAX_BUF_BYTES);
     let conn = builder.serve_connection(TokioIo::new(tls), service);
-    tokio::pin!(conn);
-    tokio::select! {
-        done = conn.as_mut() => {
-            if let Err(e) = done {
-                tracing::debug!(%peer, error = %e, "admin connection ended with an error");
-            }
-        }
-        _ = tokio::time::sleep(MAX_CONNECTION_AGE) => {
+    let mut conn = pin!(conn);
+    let mut too_old = pin!(tokio::time::sleep(MAX_CONNECTION_AGE));
+    let mut closing = false;
+    let ended = poll_fn(|cx| {
+        if !closing && too_old.as_mut().poll(cx).is_ready() {
+            // Ends after the response in progress, if any (its deadline
+            // still applies).
             conn.as_mut().graceful_shutdown();
-            let _ = tokio::time::timeout(HEADER_TIMEOUT, conn).await;
+            closing = true;
         }
+        if let Poll::Ready(done) = conn.as_mut().poll(cx) {
+            return Poll::Ready(Ok(done));
+        }
+        watch.poll_stop(cx).map(Err)
+    })
+    .await;
+    match ended {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::debug!(%peer, error = %e, "admin connection ended with an error"),
+        Err(stop) => watch.report(stop, peer),
+    }
+}
+
+/// A response body that tells the slot table when hyper has taken all of it,
+/// so the connection moves from answering to waiting for the next request.
+struct Answer {
+    body: http_body_util::Full<Bytes>,
+    /// The table, the connection and the request this answers.
+    done: Option<(Arc<Slots>, u64, u64)>,
+}
+
+impl Answer {
+    fn finish(&mut self) {
+        if let Some((slots, id, request)) = self.done.take() {
+            slots.response_done(id, request, Instant::now());
+        }
+    }
+}
+
+impl Body for Answer {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        let polled = Pin::new(&mut self.body).poll_frame(cx);
+        if matches!(polled, Poll::Ready(None)) {
+            self.finish();
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+impl Drop for Answer {
+    fn drop(&mut self) {
+        self.finish();
     }
 }

@@ -12,6 +12,7 @@ use hyper::header::{HeaderValue, ALLOW, CACHE_CONTROL, CONTENT_TYPE};
 use hyper::{Method, Response, StatusCode};
 use serde_json::json;
 
+use super::slots::Slots;
 use super::{metrics, status, AdminContext};
 use crate::acl::Role;
 
@@ -45,9 +46,11 @@ impl Route {
     }
 }
 
-/// The answer to `method path` from the client whose certificate CN is `cn`.
+/// The answer to `method path` from the client whose certificate CN is `cn`
+/// (`slots`: the endpoint's own connection numbers, for `/metrics`).
 pub(crate) fn respond(
     ctx: &AdminContext,
+    slots: &Slots,
     cn: &str,
     peer: SocketAddr,
     method: &Method,
@@ -97,7 +100,7 @@ pub(crate) fn respond(
         Route::Queues => json_response(StatusCode::OK, &status::queues_document(ctx)),
         Route::Connections => json_response(StatusCode::OK, &status::connections_document(ctx)),
         Route::Metrics => {
-            let text = metrics::render(ctx);
+            let text = metrics::render(ctx, &slots.stats());
             response(
                 StatusCode::OK,
                 "text/plain; version=0.0.4; charset=utf-8",
