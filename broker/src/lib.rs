@@ -8,8 +8,13 @@
 //! - [`tls`], [`tls_session`]: rustls with required client certificates, and the
 //!   hand-driven session that can move between shards.
 //! - [`sys`]: the only `unsafe` code (fd hand-off, io_uring and memlock probes).
-//! - [`server`]: start-up, one pinned glommio executor per shard, accept,
-//!   handshake, hand-off to the owner shard `fnv1a(CN) % N`.
+//! - [`server`]: start-up ([`start`], [`StartError`]) and the running
+//!   broker's handle ([`BrokerHandle`]).
+//! - `shard_runtime`: one shard's pinned glommio executor: its accept loop
+//!   (behind the handshake gate) and background tasks.
+//! - `handoff`: TLS handshake, identification by CN, and hand-off to the owner
+//!   shard `fnv1a(CN) % N`, which adopts the connection.
+//! - `shutdown`: the signal that stops every shard, and a shard's final drain.
 //! - [`connection`], [`line_buffer`], [`replies`], `commands`: one connection's
 //!   future, its input framing, its in-order replies, and what each command does.
 //! - [`context`]: settings and services a connection reaches.
@@ -35,6 +40,7 @@ pub mod config;
 pub mod connection;
 pub mod context;
 pub mod disk_watch;
+mod handoff;
 pub mod handshake_gate;
 pub mod line_buffer;
 pub mod log_throttle;
@@ -42,6 +48,8 @@ pub mod policy;
 pub mod rate_limit;
 pub mod replies;
 pub mod server;
+mod shard_runtime;
+mod shutdown;
 pub mod stats;
 pub mod storage;
 pub mod sys;

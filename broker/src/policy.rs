@@ -23,8 +23,7 @@ use ciphermq_shard::TopologyStore;
 
 use crate::acl::Acl;
 use crate::config::Config;
-use crate::context::RateSettings;
-use crate::rate_limit::ConnectionLimits;
+use crate::rate_limit::{ConnectionLimits, RateSettings};
 
 /// One version of the reloadable settings.
 #[derive(Debug)]

@@ -115,6 +115,20 @@ fn sanitize_rate(rate: f64) -> f64 {
     }
 }
 
+/// Token-bucket parameters per CN, from `[rate_limit]`: what each
+/// [`CnLimiter`] is built with.
+#[derive(Debug, Clone, Copy)]
+pub struct RateSettings {
+    /// Commands per second.
+    pub global_rps: f64,
+    /// Command burst.
+    pub global_burst: u32,
+    /// Publishes per second.
+    pub publish_rps: f64,
+    /// Publish burst.
+    pub publish_burst: u32,
+}
+
 /// The two buckets of one CN: `global` for every command, `publish` for
 /// publishes, which take a token from both.
 #[derive(Debug, Clone)]
@@ -268,6 +282,12 @@ impl ConnectionLimits {
         let mut counts = self.lock();
         counts.per_ip_limit = per_ip;
         counts.per_cn_limit = per_cn;
+    }
+
+    /// The caps in force (per IP, per CN), for the admin status.
+    pub fn limits(&self) -> (u32, u32) {
+        let counts = self.lock();
+        (counts.per_ip_limit, counts.per_cn_limit)
     }
 
     /// Open connections by IP and by CN, each sorted, for the admin status.

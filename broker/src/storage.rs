@@ -27,9 +27,15 @@ use ciphermq_shard::{DedupHasher, RecoveredQueue, Topology, TopologyChange, Topo
 
 use crate::acl::Acl;
 use crate::config::{Config, DatabaseBackend, StorageMode};
-use crate::server::StartError;
 use crate::stats::StorageFindings;
 use crate::topology_file::{self, TopologyFile};
+
+/// Why the data directory (or the Postgres bridge behind it) could not be
+/// opened: one message naming the file or setting to fix. Start-up reports it
+/// as [`StartError::Storage`](crate::StartError::Storage).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct StorageError(String);
 
 /// What the shards start from.
 pub struct Storage {
@@ -58,7 +64,7 @@ pub struct Storage {
 
 impl Storage {
     /// Opens (or creates) the data directory of `config` for `shards` shards.
-    pub fn open(config: &Config, shards: usize) -> Result<Storage, StartError> {
+    pub fn open(config: &Config, shards: usize) -> Result<Storage, StorageError> {
         let mut recovered: Vec<Vec<(Arc<str>, RecoveredQueue)>> =
             (0..shards).map(|_| Vec::new()).collect();
         let postgres = config.database.backend == DatabaseBackend::Postgres;
@@ -66,9 +72,9 @@ impl Storage {
             let (keys, bridge): (Arc<dyn PublicKeyStore>, _) = if postgres {
                 let aes_key = config
                     .resolve_aes_key()
-                    .map_err(|e| StartError::Storage(e.to_string()))?
+                    .map_err(|e| StorageError(e.to_string()))?
                     .ok_or_else(|| {
-                        StartError::Storage(
+                        StorageError(
                             "encryption.aes_key: required with database.backend = \"postgres\" \
                              and storage.mode = \"memory\" (there is no data directory to keep a \
                              generated key in)"
@@ -94,7 +100,7 @@ impl Storage {
         }
         let data_dir = config.storage.data_dir.clone();
         let err = |what: &str, e: &dyn std::fmt::Display| {
-            StartError::Storage(format!(
+            StorageError(format!(
                 "storage.data_dir {}: {what}: {e}",
                 data_dir.display()
             ))
@@ -109,7 +115,7 @@ impl Storage {
             .map_err(|e| err("cannot sync", &e))?;
         // Before anything in the directory is read or written.
         let lock = DataDirLock::acquire(&data_dir)
-            .map_err(|e| StartError::Storage(format!("storage.data_dir: {e}")))?;
+            .map_err(|e| StorageError(format!("storage.data_dir: {e}")))?;
         let topology_path = data_dir.join(topology_file::FILE_NAME);
         let (mut loaded, mut warnings) =
             topology_file::load(&topology_path, shards).map_err(|e| err("topology", &e))?;
@@ -118,7 +124,7 @@ impl Storage {
             // Saved before anything is served: the next start finds them
             // listed.
             topology_file::save(&topology_path, &loaded).map_err(|e| {
-                StartError::Storage(format!(
+                StorageError(format!(
                     "storage.data_dir: topology: {}: {e}",
                     topology_path.display()
                 ))
@@ -143,7 +149,7 @@ impl Storage {
         tracing::info!(queues = snapshot.queues().count(), messages = total, data_dir = %data_dir.display(), "storage recovered");
         let aes_key = match config
             .resolve_aes_key()
-            .map_err(|e| StartError::Storage(e.to_string()))?
+            .map_err(|e| StorageError(e.to_string()))?
         {
             Some(key) => key,
             None => generated_aes_key(&data_dir)?,
@@ -154,7 +160,7 @@ impl Storage {
             (bridge.key_store(), Some(bridge), Some(mirror))
         } else {
             let (keys, key_warnings) = FileKeyStore::open(&data_dir.join("keys"), &aes_key)
-                .map_err(|e| StartError::Storage(e.to_string()))?;
+                .map_err(|e| StorageError(e.to_string()))?;
             warnings.extend(key_warnings);
             (Arc::new(keys), None, None)
         };
@@ -190,10 +196,10 @@ fn adopt_orphan_queues(
     data_dir: &Path,
     topology: &mut Topology,
     warnings: &mut Vec<StorageWarning>,
-) -> Result<bool, StartError> {
+) -> Result<bool, StorageError> {
     let queues = data_dir.join("queues");
     let io_err = |path: &Path, e: std::io::Error| {
-        StartError::Storage(format!("storage.data_dir: {}: {e}", path.display()))
+        StorageError(format!("storage.data_dir: {}: {e}", path.display()))
     };
     let acl = Acl::new(&[], &[], &config.acl.receiver_cns);
     let mut adopt = Vec::new();
@@ -231,7 +237,7 @@ fn adopt_orphan_queues(
     if !unowned.is_empty() {
         unowned.sort();
         let list: Vec<String> = unowned.iter().map(|p| p.display().to_string()).collect();
-        return Err(StartError::Storage(format!(
+        return Err(StorageError(format!(
             "storage.data_dir: {}: queue director{} with no entry in topology.json, and no \
              receiver in acl.receiver_cns owns {}: the messages there would be lost to a later \
              declare_queue. Restore topology.json (or topology.json.prev) from a backup, add the \
@@ -272,8 +278,9 @@ fn adopt_orphan_queues(
             .apply(&TopologyChange::DeclareQueue {
                 name: name.clone(),
                 owner: owner.clone(),
+                by: None,
             })
-            .map_err(|e| StartError::Storage(format!("storage.data_dir: topology: {e}")))?;
+            .map_err(|e| StorageError(format!("storage.data_dir: topology: {e}")))?;
         let warning = StorageWarning::new(&path, message);
         tracing::warn!(path = %path.display(), queue = %name, owner = %owner, "{}", warning.message);
         warnings.push(warning);
@@ -344,11 +351,11 @@ fn start_bridge(
     config: &Config,
     aes_key: [u8; 32],
     logs: Option<(PathBuf, Arc<MirrorWatermarks>)>,
-) -> Result<PgBridge, StartError> {
+) -> Result<PgBridge, StorageError> {
     let d = &config.database;
     let password = config
         .resolve_db_password()
-        .map_err(|e| StartError::Storage(e.to_string()))?;
+        .map_err(|e| StorageError(e.to_string()))?;
     let pg = PgConfig {
         host: d.host.clone(),
         port: d.port,
@@ -360,8 +367,8 @@ fn start_bridge(
         max_unmirrored_bytes: d.mirror_disk_budget_mb.saturating_mul(1 << 20),
         connect_timeout: Duration::from_secs(d.connect_timeout_secs),
     };
-    let bridge = PgBridge::start(pg, aes_key, logs)
-        .map_err(|e| StartError::Storage(format!("database: {e}")))?;
+    let bridge =
+        PgBridge::start(pg, aes_key, logs).map_err(|e| StorageError(format!("database: {e}")))?;
     tracing::info!(host = %d.host, port = d.port, dbname = %d.dbname, "Postgres bridge started");
     Ok(bridge)
 }
@@ -373,7 +380,7 @@ fn start_bridge(
 /// A damaged `aes.key` stops the start: the keys sealed under it cannot be
 /// read without it, and making a new one would orphan them silently. So
 /// does a missing one while sealed keys exist.
-fn generated_aes_key(data_dir: &Path) -> Result<[u8; 32], StartError> {
+fn generated_aes_key(data_dir: &Path) -> Result<[u8; 32], StorageError> {
     let path = data_dir.join("aes.key");
     let keys_dir = data_dir.join("keys");
     const CONFIGURE: &str = "set encryption.aes_key (or encryption.aes_key_file, or \
@@ -382,13 +389,10 @@ fn generated_aes_key(data_dir: &Path) -> Result<[u8; 32], StartError> {
         Ok(Some(key)) => return Ok(key),
         Ok(None) => {}
         Err(SecretError::Io(e)) => {
-            return Err(StartError::Storage(format!(
-                "encryption: {}: {e}",
-                path.display()
-            )))
+            return Err(StorageError(format!("encryption: {}: {e}", path.display())))
         }
         Err(SecretError::Malformed(why)) => {
-            return Err(StartError::Storage(format!(
+            return Err(StorageError(format!(
                 "encryption: {}: not a usable AES key ({why}; it must hold the standard base64 \
                  of exactly 32 bytes). The public keys sealed in {} cannot be read without it: \
                  restore this file from a backup, or {CONFIGURE}. To give those keys up instead, \
@@ -400,7 +404,7 @@ fn generated_aes_key(data_dir: &Path) -> Result<[u8; 32], StartError> {
         }
     }
     if holds_sealed_keys(&keys_dir) {
-        return Err(StartError::Storage(format!(
+        return Err(StorageError(format!(
             "encryption: {} is missing, but {} holds public keys sealed under it: restore it \
              from a backup, or {CONFIGURE}. To give those keys up instead, move keys/ out of the \
              data directory; receivers then register again.",
@@ -409,7 +413,7 @@ fn generated_aes_key(data_dir: &Path) -> Result<[u8; 32], StartError> {
         )));
     }
     let key = new_secret::<32>(&path)
-        .map_err(|e| StartError::Storage(format!("encryption: {}: {e}", path.display())))?;
+        .map_err(|e| StorageError(format!("encryption: {}: {e}", path.display())))?;
     tracing::warn!(path = %path.display(), "no encryption.aes_key configured: generated one beside the data; set encryption.aes_key_file to a key kept elsewhere");
     Ok(key)
 }
@@ -438,11 +442,10 @@ fn holds_sealed_keys(keys_dir: &Path) -> bool {
 fn dedup_hasher(
     data_dir: &Path,
     warnings: &mut Vec<StorageWarning>,
-) -> Result<DedupHasher, StartError> {
+) -> Result<DedupHasher, StorageError> {
     let path = data_dir.join("dedup.key");
-    let fail = |e: &dyn std::fmt::Display| {
-        StartError::Storage(format!("storage: {}: {e}", path.display()))
-    };
+    let fail =
+        |e: &dyn std::fmt::Display| StorageError(format!("storage: {}: {e}", path.display()));
     const WEAKENED: &str = "dedup across this restart is weakened: a retry of a message acked \
                             before the restart may be stored again";
     let warning = match read_secret::<16>(&path) {
@@ -528,6 +531,7 @@ mod tests {
         t.apply(&TopologyChange::DeclareQueue {
             name: "orders".into(),
             owner: "admin".into(),
+            by: None,
         })
         .unwrap();
         let owner = |name: &str| dead_letter_base(&t, name).map(|q| q.owner.to_string());

@@ -363,6 +363,7 @@ fn validate(saved: SavedTopology, shards: usize) -> Result<Topology, String> {
             TopologyChange::DeclareQueue {
                 name: q.name,
                 owner: q.owner,
+                by: None,
             },
         )?;
     }
@@ -424,6 +425,7 @@ mod tests {
         TopologyChange::DeclareQueue {
             name: name.into(),
             owner: owner.into(),
+            by: None,
         }
     }
 
