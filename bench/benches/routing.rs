@@ -4,14 +4,69 @@
 //! `#`, `#.#.#`, `*.#.*`, global `#.…` patterns) against the key that makes
 //! the matcher do the most work, next to a direct exact-key lookup.
 //!
+//! `route_hostile` also routes a stream of keys chosen so that the topic
+//! matcher's DFA cache cannot hold their states (patterns whose DFA has
+//! exponentially many states), where it falls back to the NFA walk, and
+//! checks that a cached match allocates nothing.
+//!
 //! Run: `cargo bench -p ciphermq-bench --bench routing`
 
+use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use ciphermq_proto::ExchangeKind;
 use ciphermq_shard::routing::{Exchange, Target};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+
+/// The system allocator, counting allocations so that the bench can check
+/// that routing a cached key allocates nothing.
+struct Counting;
+
+/// Allocations so far (all threads).
+static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: forwards every call unchanged to the system allocator.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: the caller upholds `alloc`'s contract.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: the caller upholds `dealloc`'s contract.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: the caller upholds `alloc_zeroed`'s contract.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: the caller upholds `realloc`'s contract.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+/// Allocations made by 1,000 routes of `key` after a first one.
+fn allocations_per_1000_routes(ex: &Exchange, key: &str) -> usize {
+    let mut out = Vec::with_capacity(64);
+    ex.route(key, &mut out);
+    let before = ALLOCATIONS.load(Ordering::Relaxed);
+    for _ in 0..1000 {
+        out.clear();
+        ex.route(black_box(key), &mut out);
+    }
+    ALLOCATIONS.load(Ordering::Relaxed) - before
+}
 
 /// Bindings per exchange.
 const BINDINGS: usize = 10_000;
@@ -84,6 +139,35 @@ fn hostile_topic() -> Exchange {
         ex.bind(&key, target(i));
     }
     ex
+}
+
+/// [`hostile_topic`] and 10 patterns whose DFA has exponentially many
+/// states: `#.x` followed by 5 to 14 `*` (a state per pattern of `x` among
+/// the last 15 words).
+fn blowup_topic() -> Exchange {
+    let mut ex = hostile_topic();
+    for stars in 5..15 {
+        ex.bind(&format!("#.x{}", ".*".repeat(stars)), target(stars));
+    }
+    ex
+}
+
+/// `count` keys of 32 words, `tenant42` then random `x` and `y` (xorshift,
+/// fixed seed): few share a DFA state beyond their first words.
+fn random_keys(count: usize) -> Vec<String> {
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    (0..count)
+        .map(|_| {
+            let mut key = String::from("tenant42");
+            for _ in 1..ciphermq_proto::name::MAX_ROUTING_KEY_WORDS {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                key.push_str(if state & 1 == 0 { ".x" } else { ".y" });
+            }
+            key
+        })
+        .collect()
 }
 
 /// The key of at most `MAX_ROUTING_KEY_WORDS` words under `tenant42` that
@@ -186,8 +270,20 @@ fn hostile(c: &mut Criterion) {
     g.throughput(Throughput::Elements(1));
     let mut out = Vec::with_capacity(64);
 
-    let ex = direct();
+    let mut ex = direct();
     g.bench_function("direct_10k_hit", |b| {
+        b.iter(|| {
+            out.clear();
+            ex.route(black_box("receiver_4242"), &mut out);
+            out.len()
+        })
+    });
+    // As many queues as the worst topic key reaches: the cost of the
+    // delivery list itself (cloning and dropping 31 targets).
+    for i in 0..30 {
+        ex.bind("receiver_4242", target(4243 + i));
+    }
+    g.bench_function("direct_10k_hit_31_queues", |b| {
         b.iter(|| {
             out.clear();
             ex.route(black_box("receiver_4242"), &mut out);
@@ -223,6 +319,31 @@ fn hostile(c: &mut Criterion) {
             })
         });
     }
+    eprintln!(
+        "allocations per 1000 cached routes of the worst key: {}",
+        allocations_per_1000_routes(&ex, &worst)
+    );
+
+    // A new key each time, from a pool whose DFA states (2^15 and more)
+    // overflow the matcher's cache: what a client choosing its keys to
+    // defeat the cache makes each publish cost.
+    let ex = blowup_topic();
+    let keys = random_keys(4096);
+    let visits: usize = keys.iter().map(|k| ex.topic_match_cost(k)).sum();
+    eprintln!(
+        "topic_blowup_10k_random_keys: {} keys of 32 words, {} matcher visits on average",
+        keys.len(),
+        visits / keys.len()
+    );
+    let mut next = keys.iter().cycle();
+    g.bench_function("topic_blowup_10k_random_keys", |b| {
+        b.iter(|| {
+            out.clear();
+            let key = next.next().map_or("", String::as_str);
+            ex.route(black_box(key), &mut out);
+            out.len()
+        })
+    });
     g.finish();
 }
 
