@@ -1,6 +1,7 @@
-//! What each `ciphermq/1` command does on a connection: ACL first, then the
-//! limits, then the shard. Replies go into the connection's reorder buffer,
-//! so a command finishing on another shard never reorders them.
+//! What each `ciphermq/1` command does in a [`Session`]: ACL first, then the
+//! limits, then the shard. Replies go into the session's reorder buffer, so a
+//! command finishing on another shard never reorders them. No I/O here: the
+//! connection feeds lines in and writes the replies out.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -15,10 +16,10 @@ use ciphermq_shard::{
 };
 
 use crate::acl::{Op, Role};
-use crate::connection::{Connection, PendingReply};
 use crate::log_throttle::LogThrottle;
+use crate::session::{PendingReply, Session};
 
-impl Connection {
+impl Session {
     /// Executes one request line (without its newline).
     pub(crate) fn execute(&mut self, line: &[u8]) {
         let Ok(line) = std::str::from_utf8(line) else {
@@ -286,7 +287,7 @@ impl Connection {
         self.replies.line(format!("{word} {message_id}"));
     }
 
-    /// Who this connection is to the topology's ownership rules.
+    /// Who this session is to the topology's ownership rules.
     fn actor(&self) -> Actor {
         match self.identity.role {
             Role::Admin => Actor::Admin,
@@ -487,7 +488,8 @@ impl Connection {
 }
 
 /// Publishes are dispatched before `command`; keep the match total without a panic.
-fn unreachable_publish(conn: &mut Connection) {
-    conn.replies
+fn unreachable_publish(session: &mut Session) {
+    session
+        .replies
         .line("Error: internal: publish routed to the command path");
 }

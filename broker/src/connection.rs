@@ -4,8 +4,9 @@
 //! applies shard events (completions, deliveries), reads and executes as many
 //! pipelined commands as its budget and backpressure allow, renders the replies
 //! that are ready, and writes them out. Nothing blocks and no `RefCell`
-//! borrow outlives a synchronous step. Command semantics live in
-//! [`crate::commands`].
+//! borrow outlives a synchronous step. The connection is the I/O shell of
+//! a [`Session`], which holds everything commands need; command semantics
+//! live in [`crate::commands`].
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -16,7 +17,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use ciphermq_shard::{ConnEvent, ConnRef, DeliveryTracker, Mailbox};
+use ciphermq_shard::{ConnEvent, Mailbox};
 use glommio::net::TcpStream;
 use glommio::timer::Timer;
 
@@ -25,7 +26,7 @@ use crate::context::ShardLocal;
 use crate::line_buffer::{Line, LineBuffer};
 use crate::policy::Policy;
 use crate::rate_limit::ConnectionSlot;
-use crate::replies::ReplyQueue;
+use crate::session::Session;
 use crate::tls_session::TlsSession;
 
 /// Commands executed per poll before yielding to other connections.
@@ -56,38 +57,25 @@ pub struct Identity {
     pub policy: Arc<Policy>,
 }
 
-/// A connection's state between polls.
+/// A connection's state between polls: its [`Session`] and the I/O around it.
 pub struct Connection {
-    pub(crate) local: Rc<ShardLocal>,
+    /// What commands execute against; nothing of I/O.
+    pub(crate) session: Session,
+    /// The socket.
     pub(crate) stream: TcpStream,
+    /// The TLS session over `stream`.
     pub(crate) tls: TlsSession,
-    pub(crate) identity: Identity,
-    pub(crate) conn: ConnRef,
+    /// Where the shard reports completions and push deliveries (and wakes
+    /// this task).
     pub(crate) mailbox: Rc<Mailbox>,
+    /// Request framing: whole lines out of the plaintext.
     pub(crate) lines: LineBuffer,
-    pub(crate) replies: ReplyQueue,
-    pub(crate) tracker: DeliveryTracker,
+    /// Shard reports drained from `mailbox`, applied in order.
     pub(crate) events: VecDeque<ConnEvent>,
-    /// `quit` received: execute nothing more, close once replies are out.
-    pub(crate) closing: bool,
-    /// Ever consumed or fetched: its close must requeue on every shard.
-    pub(crate) consumed: bool,
+    /// The last whole command, for the idle and heartbeat timeouts.
     pub(crate) last_activity: Instant,
-    /// The ACL and rate limits this connection applies (refreshed on reload).
-    pub(crate) policy: Arc<Policy>,
     timer: Option<Timer>,
     _slot: Option<ConnectionSlot>,
-    /// Replies decided off the shard (key registrations, saved topology
-    /// changes), with their slots.
-    pub(crate) pending_replies: Vec<PendingReply>,
-}
-
-/// A reply line another thread is deciding.
-pub(crate) struct PendingReply {
-    /// Its reply slot.
-    pub(crate) seq: u64,
-    /// Resolves to the line.
-    pub(crate) line: Pin<Box<dyn Future<Output = String>>>,
 }
 
 /// Why a connection ended, for the log.
@@ -111,29 +99,19 @@ impl Connection {
         identity: Identity,
         slot: Option<ConnectionSlot>,
     ) -> Connection {
-        let (conn, mailbox) = local.shard.borrow_mut().register_conn();
-        let settings = &local.shared.settings;
-        let lines = LineBuffer::new(settings.max_line_bytes);
+        let lines = LineBuffer::new(local.shared.settings.max_line_bytes);
         let timeout = Connection::timeout_for(&local, identity.role);
-        let policy = identity.policy.clone();
+        let (session, mailbox) = Session::new(local, identity);
         Connection {
-            lines,
-            local,
+            session,
             stream,
             tls,
-            identity,
-            conn,
             mailbox,
-            replies: ReplyQueue::default(),
-            tracker: DeliveryTracker::default(),
+            lines,
             events: VecDeque::new(),
-            closing: false,
-            consumed: false,
             last_activity: Instant::now(),
-            policy,
             timer: timeout.map(Timer::new),
             _slot: slot,
-            pending_replies: Vec::new(),
         }
     }
 
@@ -152,15 +130,9 @@ impl Connection {
 
     /// Greets the client and serves it until it quits, fails or times out.
     pub async fn run(mut self) {
-        let greeting = format!(
-            "HELLO {} {} {}",
-            ciphermq_proto::PROTOCOL,
-            self.identity.cn,
-            self.identity.role
-        );
-        self.replies.line(greeting);
+        self.session.greet();
         let end = std::future::poll_fn(|cx| self.poll_run(cx)).await;
-        let (cn, peer) = (&self.identity.cn, self.identity.peer);
+        let (cn, peer) = (&self.session.identity.cn, self.session.identity.peer);
         match &end {
             End::Clean | End::PeerClosed => tracing::debug!(%cn, %peer, "connection closed"),
             End::Timeout => {
@@ -183,35 +155,12 @@ impl Connection {
             })
             .await;
         }
-        self.close();
-    }
-
-    /// Forgets the connection; every shard it consumed from requeues what it
-    /// owed (in queue order) and drops its consumers.
-    fn close(&mut self) {
-        let conn = self.conn;
-        let consumed = self.consumed;
-        self.local
-            .with_shard(|shard| shard.unregister_conn(conn, consumed));
-    }
-
-    /// Fills the reply slots whose off-shard work has finished.
-    fn poll_pending_replies(&mut self, cx: &mut Context<'_>) -> bool {
-        let before = self.pending_replies.len();
-        let replies = &mut self.replies;
-        self.pending_replies
-            .retain_mut(|pending| match pending.line.as_mut().poll(cx) {
-                Poll::Ready(line) => {
-                    replies.fill(pending.seq, line);
-                    false
-                }
-                Poll::Pending => true,
-            });
-        self.pending_replies.len() != before
+        self.session.close();
     }
 
     fn poll_timer(&mut self, cx: &mut Context<'_>) -> bool {
-        let Some(limit) = Connection::timeout_for(&self.local, self.identity.role) else {
+        let Some(limit) = Connection::timeout_for(&self.session.local, self.session.identity.role)
+        else {
             return false;
         };
         let Some(timer) = self.timer.as_mut() else {
@@ -232,23 +181,21 @@ impl Connection {
 
     fn poll_run(&mut self, cx: &mut Context<'_>) -> Poll<End> {
         self.mailbox.register(cx.waker());
-        let max_pending = self.local.shared.settings.max_pending_replies;
+        let settings = &self.session.local.shared.settings;
+        let max_pending = settings.max_pending_replies;
         let mut budget = LINE_BUDGET;
         // Output has its own budget: a fast reader of large fetches must not
         // keep the shard rendering for it alone.
-        let mut render_budget = self.local.shared.settings.max_reply_bytes_per_turn;
-        if self.local.shared.policy.version() != self.policy.version {
-            self.policy = self.local.shared.policy.current();
-            if self.policy.acl.role_of(&self.identity.cn) != self.identity.role {
-                return Poll::Ready(End::RoleRevoked);
-            }
+        let mut render_budget = settings.max_reply_bytes_per_turn;
+        if !self.session.refresh_policy() {
+            return Poll::Ready(End::RoleRevoked);
         }
         loop {
             let mut progress = self.apply_events();
-            progress |= self.poll_pending_replies(cx);
-            if self.mailbox.is_closed() && !self.closing {
+            progress |= self.session.poll_pending_replies(cx);
+            if self.mailbox.is_closed() && !self.session.closing {
                 // Shutdown: execute nothing more, but answer what was accepted.
-                self.closing = true;
+                self.session.closing = true;
                 progress = true;
             }
 
@@ -274,10 +221,10 @@ impl Connection {
                 Err(e) => return Poll::Ready(End::Io(e)),
             }
 
-            let drained = self.replies.is_empty()
+            let drained = self.session.replies.is_empty()
                 && self.tls.outgoing_len() == 0
                 && !self.tls.tls.wants_write();
-            if drained && self.closing {
+            if drained && self.session.closing {
                 return Poll::Ready(if self.mailbox.is_closed() {
                     End::Shutdown
                 } else {
@@ -317,15 +264,15 @@ impl Connection {
         // A command decided off the shard (a declare being saved, a key
         // being stored) holds back the next ones: a pipelined publish after
         // `bind` must see the binding.
-        while !self.closing
+        while !self.session.closing
             && *budget > 0
-            && self.pending_replies.is_empty()
-            && self.replies.len() < max_pending
+            && self.session.pending_replies.is_empty()
+            && self.session.replies.len() < max_pending
             && self.tls.outgoing_len() < OUTPUT_HIGH_WATER
         {
             match lines.next_line() {
                 Line::Complete(line) => {
-                    self.execute(line);
+                    self.session.execute(line);
                     *budget -= 1;
                     progress = true;
                     if budget.is_multiple_of(PREEMPT_CHECK_EVERY)
@@ -336,7 +283,7 @@ impl Connection {
                     }
                 }
                 Line::TooLong => {
-                    self.replies.line("Error: line too long");
+                    self.session.replies.line("Error: line too long");
                     *budget -= 1;
                     progress = true;
                 }
@@ -403,15 +350,16 @@ impl Connection {
                 progress = true;
             }
             if self.tls.outgoing_len() >= OUTPUT_HIGH_WATER
-                || !self.replies.head_ready()
+                || !self.session.replies.head_ready()
                 || *render_budget == 0
             {
                 return Ok(progress);
             }
             // One staging buffer per shard: rendering never spans an await.
-            let mut staging = self.local.staging.borrow_mut();
+            let mut staging = self.session.local.staging.borrow_mut();
             staging.clear();
-            self.replies
+            self.session
+                .replies
                 .render(&mut staging, RENDER_CHUNK.min(*render_budget));
             *render_budget = render_budget.saturating_sub(staging.len());
             self.tls
@@ -428,19 +376,7 @@ impl Connection {
             return false;
         }
         while let Some(event) = self.events.pop_front() {
-            match event {
-                ConnEvent::Completed { seq, completion } => {
-                    if let Some(fetched) = self.replies.complete(seq, completion) {
-                        for d in fetched {
-                            self.tracker.record(d);
-                        }
-                    }
-                }
-                ConnEvent::Delivery(delivery) => {
-                    self.tracker.record(&delivery);
-                    self.replies.delivery(delivery);
-                }
-            }
+            self.session.apply(event);
         }
         true
     }

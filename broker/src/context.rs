@@ -117,6 +117,18 @@ pub struct ShardLocal {
 }
 
 impl ShardLocal {
+    /// The state of a shard around `shard`, as its executor starts it:
+    /// no rate-limit buckets yet, an empty staging buffer.
+    pub fn new(shard: Shard, shared: Arc<Shared>, stats: Arc<ShardStats>) -> ShardLocal {
+        ShardLocal {
+            shard: RefCell::new(shard),
+            limiters: RefCell::new((0, HashMap::new())),
+            shared,
+            stats,
+            staging: RefCell::new(Vec::new()),
+        }
+    }
+
     /// Runs `f` on the shard and sends what it buffered for other shards.
     /// Never call across an `.await`.
     #[inline]

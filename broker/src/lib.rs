@@ -15,8 +15,10 @@
 //! - `handoff`: TLS handshake, identification by CN, and hand-off to the owner
 //!   shard `fnv1a(CN) % N`, which adopts the connection.
 //! - `shutdown`: the signal that stops every shard, and a shard's final drain.
-//! - [`connection`], [`line_buffer`], [`replies`], `commands`: one connection's
-//!   future, its input framing, its in-order replies, and what each command does.
+//! - [`connection`], [`line_buffer`], [`replies`]: one connection's future
+//!   (the I/O shell), its input framing, and its in-order replies.
+//! - `session`, `commands`: a client's session without the socket, and what
+//!   each command does in it; tested line by line against a real shard.
 //! - [`context`]: settings and services a connection reaches.
 //! - [`storage`], [`committer`]: the data directory recovered at start-up, and
 //!   each shard's group committer (io_uring writes, `fdatasync`, then `ACK`s).
@@ -48,6 +50,7 @@ pub mod policy;
 pub mod rate_limit;
 pub mod replies;
 pub mod server;
+mod session;
 mod shard_runtime;
 mod shutdown;
 pub mod stats;

@@ -181,19 +181,8 @@ pub fn start(config: &Config) -> Result<BrokerHandle, StartError> {
         &config.tls.ca_cert_path,
     )?;
     let storage = Storage::open(config, shards)?;
-    let shared = Arc::new(Shared {
-        settings: Settings::from_config(config),
-        policy: PolicyStore::new(config, shards),
-        keys: storage.keys.clone(),
-        tls,
-        topology: storage.topology.clone(),
-        shards,
-        stats: BrokerStats::new(shards, config.admin.enabled),
-    });
-    // Bindings follow the ACL: those it does not allow go now, and on reload.
-    shared.policy.guard_bindings(&shared.topology);
-    // Receivers' declares and binds are held to their quotas from here on.
-    shared.topology.set_quotas(shared.settings.quotas);
+    let shared = shared_state(config, shards, &storage, tls);
+    let queue_settings = queue_settings(config, &storage);
     let disk = Arc::new(DiskSpace::new());
     if let Some((data_dir, _)) = &storage.durable {
         let min_free = config.storage.min_free_mb.saturating_mul(1 << 20);
@@ -206,18 +195,6 @@ pub fn start(config: &Config) -> Result<BrokerHandle, StartError> {
         shared.stats.set_findings(storage.findings());
     }
     let mut recovered = storage.recovered;
-    let queue_settings = QueueSettings {
-        max_len: config.performance.max_queue_size,
-        max_deliveries: config.performance.max_deliveries,
-        dedup_window: Duration::from_secs(config.performance.dedup_window_secs),
-        ack_wait: (config.performance.ack_wait_secs > 0)
-            .then(|| Duration::from_secs(config.performance.ack_wait_secs)),
-        dedup_hasher: storage.dedup_hasher,
-        carry_dedup: storage.durable.is_some(),
-        max_fetch: config.performance.max_fetch,
-        max_fetch_bytes: config.performance.max_fetch_bytes,
-        max_prefetch: config.performance.max_prefetch,
-    };
 
     let mut mesh = Mesh::build(shards);
     let (doorbells, inboxes) = handoff_channels(shards);
@@ -340,6 +317,50 @@ pub fn start(config: &Config) -> Result<BrokerHandle, StartError> {
         bridge,
         admin,
     })
+}
+
+/// What every shard shares, wired as serving needs it: the ACL guards the
+/// topology's bindings (those it does not allow go now, and on reload) and
+/// receivers' declares and binds are held to their quotas. One function for
+/// start-up and for the command tests, so both run on the same wiring.
+pub(crate) fn shared_state(
+    config: &Config,
+    shards: usize,
+    storage: &Storage,
+    tls: Arc<rustls::ServerConfig>,
+) -> Arc<Shared> {
+    let shared = Arc::new(Shared {
+        settings: Settings::from_config(config),
+        policy: PolicyStore::new(config, shards),
+        keys: storage.keys.clone(),
+        tls,
+        topology: storage.topology.clone(),
+        shards,
+        stats: BrokerStats::new(shards, config.admin.enabled),
+    });
+    // Bindings follow the ACL: those it does not allow go now, and on reload.
+    shared.policy.guard_bindings(&shared.topology);
+    // Receivers' declares and binds are held to their quotas from here on.
+    shared.topology.set_quotas(shared.settings.quotas);
+    shared
+}
+
+/// The limits every queue is created with (`performance`), and the dedup
+/// key of `storage`; deduplication carries over restarts only when queues
+/// are durable.
+pub(crate) fn queue_settings(config: &Config, storage: &Storage) -> QueueSettings {
+    let p = &config.performance;
+    QueueSettings {
+        max_len: p.max_queue_size,
+        max_deliveries: p.max_deliveries,
+        dedup_window: Duration::from_secs(p.dedup_window_secs),
+        ack_wait: (p.ack_wait_secs > 0).then(|| Duration::from_secs(p.ack_wait_secs)),
+        dedup_hasher: storage.dedup_hasher,
+        carry_dedup: storage.durable.is_some(),
+        max_fetch: p.max_fetch,
+        max_fetch_bytes: p.max_fetch_bytes,
+        max_prefetch: p.max_prefetch,
+    }
 }
 
 /// Fails when another process already listens on `address` (port 0 is always

@@ -8,8 +8,7 @@
 //! thread. What happens to an accepted connection after the gate is in
 //! `handoff`.
 
-use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
+use std::cell::Cell;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::rc::Rc;
@@ -95,13 +94,7 @@ pub(crate) async fn run_shard(
     }
     let stats = ctx.shared.stats.shard(ctx.shard).clone();
     crate::stats::enter(stats.clone());
-    let local = Rc::new(ShardLocal {
-        shard: RefCell::new(state),
-        limiters: RefCell::new((0, HashMap::new())),
-        staging: RefCell::new(Vec::new()),
-        shared: ctx.shared.clone(),
-        stats,
-    });
+    let local = Rc::new(ShardLocal::new(state, ctx.shared.clone(), stats));
     glommio::spawn_local(drain_mesh(local.clone(), inbound)).detach();
     glommio::spawn_local(adopt_handoffs(local.clone(), ctx.handoffs)).detach();
     glommio::spawn_local(watch_policy(local.clone(), ctx.shard)).detach();

@@ -1,0 +1,150 @@
+//! A client's session on its shard, without the socket: who it is, the policy
+//! it is judged under, its place in the shard, the replies it owes (in
+//! command order) and the deliveries it holds.
+//!
+//! [`Session::execute`] (in [`crate::commands`]) runs one request line
+//! against the shard and leaves the reply in [`Session::replies`]; it never
+//! touches a stream. The connection ([`crate::connection`]) is the thin
+//! shell around it: framing, TLS, the socket, timers and the shard's wake-ups.
+//! Keeping command semantics apart from I/O lets them be tested line by line
+//! against a real shard, with no TLS in the way.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use ciphermq_shard::{ConnEvent, ConnRef, DeliveryTracker, Mailbox};
+
+use crate::connection::Identity;
+use crate::context::ShardLocal;
+use crate::policy::Policy;
+use crate::replies::ReplyQueue;
+
+#[cfg(test)]
+mod tests;
+
+/// What executing commands needs, and nothing of I/O.
+pub(crate) struct Session {
+    /// The shard serving this client, and the services every shard shares.
+    pub(crate) local: Rc<ShardLocal>,
+    /// Who is on the other end, from the certificate.
+    pub(crate) identity: Identity,
+    /// The ACL and rate limits this session applies (refreshed on reload by
+    /// [`Session::refresh_policy`]).
+    pub(crate) policy: Arc<Policy>,
+    /// This session's handle in the shard: origin of its commands, owner of
+    /// its deliveries and consumers.
+    pub(crate) conn: ConnRef,
+    /// Replies owed, in command order (the reorder buffer).
+    pub(crate) replies: ReplyQueue,
+    /// Deliveries made to this session and not yet acked or nacked.
+    pub(crate) tracker: DeliveryTracker,
+    /// Replies decided off the shard (key registrations, saved topology
+    /// changes), with their slots.
+    pub(crate) pending_replies: Vec<PendingReply>,
+    /// `quit` received: execute nothing more, close once replies are out.
+    pub(crate) closing: bool,
+    /// Ever consumed or fetched: its close must requeue on every shard.
+    pub(crate) consumed: bool,
+}
+
+/// A reply line another thread is deciding.
+pub(crate) struct PendingReply {
+    /// Its reply slot.
+    pub(crate) seq: u64,
+    /// Resolves to the line.
+    pub(crate) line: Pin<Box<dyn Future<Output = String>>>,
+}
+
+impl Session {
+    /// Registers a session of `identity` with its shard. Returns the mailbox
+    /// through which the shard reports completions and push deliveries: the
+    /// shell owns it (it wakes the task), and hands each event to
+    /// [`Session::apply`].
+    pub(crate) fn new(local: Rc<ShardLocal>, identity: Identity) -> (Session, Rc<Mailbox>) {
+        let (conn, mailbox) = local.shard.borrow_mut().register_conn();
+        let policy = identity.policy.clone();
+        let session = Session {
+            local,
+            identity,
+            policy,
+            conn,
+            replies: ReplyQueue::default(),
+            tracker: DeliveryTracker::default(),
+            pending_replies: Vec::new(),
+            closing: false,
+            consumed: false,
+        };
+        (session, mailbox)
+    }
+
+    /// Queues the greeting, `HELLO ciphermq/1 <client_id> <role>`: the first
+    /// line every client reads.
+    pub(crate) fn greet(&mut self) {
+        let greeting = format!(
+            "HELLO {} {} {}",
+            ciphermq_proto::PROTOCOL,
+            self.identity.cn,
+            self.identity.role
+        );
+        self.replies.line(greeting);
+    }
+
+    /// Takes up the current policy if a reload replaced it; false when the
+    /// reloaded ACL gives this CN another role (the session must end).
+    pub(crate) fn refresh_policy(&mut self) -> bool {
+        let store = &self.local.shared.policy;
+        if store.version() == self.policy.version {
+            return true;
+        }
+        self.policy = store.current();
+        self.policy.acl.role_of(&self.identity.cn) == self.identity.role
+    }
+
+    /// Applies one report of the shard: a command's completion fills its
+    /// reply slot (fetched deliveries become owed), a push delivery joins
+    /// the replies and becomes owed.
+    #[inline]
+    pub(crate) fn apply(&mut self, event: ConnEvent) {
+        match event {
+            ConnEvent::Completed { seq, completion } => {
+                if let Some(fetched) = self.replies.complete(seq, completion) {
+                    for d in fetched {
+                        self.tracker.record(d);
+                    }
+                }
+            }
+            ConnEvent::Delivery(delivery) => {
+                self.tracker.record(&delivery);
+                self.replies.delivery(delivery);
+            }
+        }
+    }
+
+    /// Fills the reply slots whose off-shard work has finished; true when
+    /// any was.
+    pub(crate) fn poll_pending_replies(&mut self, cx: &mut Context<'_>) -> bool {
+        let before = self.pending_replies.len();
+        let replies = &mut self.replies;
+        self.pending_replies
+            .retain_mut(|pending| match pending.line.as_mut().poll(cx) {
+                Poll::Ready(line) => {
+                    replies.fill(pending.seq, line);
+                    false
+                }
+                Poll::Pending => true,
+            });
+        self.pending_replies.len() != before
+    }
+
+    /// Forgets the session; every shard it consumed from requeues what it
+    /// owed (in queue order) and drops its consumers.
+    pub(crate) fn close(&mut self) {
+        let conn = self.conn;
+        let consumed = self.consumed;
+        self.local
+            .with_shard(|shard| shard.unregister_conn(conn, consumed));
+    }
+}

@@ -1,0 +1,78 @@
+//! The session's own state: its greeting, `quit`, what it owes when it
+//! closes, and its role across a reload.
+
+use super::*;
+
+/// `HELLO ciphermq/1 <cn> <role>`.
+#[test]
+fn the_greeting_names_the_client_and_its_role() {
+    let broker = Broker::start(Backing::Memory, RECEIVERS, "");
+    for (cn, role) in [
+        ("sender_1", "sender"),
+        ("receiver_1_2", "receiver"),
+        ("admin", "admin"),
+    ] {
+        let mut client = broker.client(cn);
+        client.session.greet();
+        assert_eq!(
+            client.take_lines(),
+            [format!("HELLO ciphermq/1 {cn} {role}")]
+        );
+    }
+}
+
+/// After `quit` the connection executes nothing more.
+#[test]
+fn quit_says_bye_and_marks_the_session_closing() {
+    let broker = Broker::start(Backing::Memory, RECEIVERS, "");
+    let mut client = broker.client("sender_1");
+    assert_eq!(client.send(b"heartbeat"), ["OK heartbeat"]);
+    assert!(!client.session.closing);
+    assert_eq!(client.send(b"quit"), ["OK bye"]);
+    assert!(client.session.closing);
+}
+
+/// What a session was delivered goes back to its queue when it closes.
+#[test]
+fn a_fetch_marks_the_session_as_one_to_requeue_on_close() {
+    let broker = Broker::start(Backing::Memory, RECEIVERS, "");
+    let mut admin = broker.client("admin");
+    for (line, reply) in routed_world()
+        .steps
+        .iter()
+        .map(|s| (s.line.clone(), s.replies.clone()))
+    {
+        assert_eq!(admin.send(&line), reply);
+    }
+    assert_eq!(
+        admin.send(publish("ex", "receiver_1", "m-1").as_bytes()),
+        ["ACK m-1"]
+    );
+    let mut r = broker.client("receiver_1");
+    assert!(!r.session.consumed);
+    r.send(b"fetch receiver_1_queue 1");
+    assert!(r.session.consumed);
+    assert_eq!(r.session.tracker.len(), 1);
+    // Its close gives the delivery back, counted.
+    drop(r);
+    let m1 = body("m-1", "receiver_1");
+    assert_eq!(
+        admin.send(b"fetch receiver_1_queue 1"),
+        [delivery("receiver_1_queue", 2, &m1), "OK fetch 1".into()]
+    );
+}
+
+/// A reload that takes a CN's role away ends its sessions; others go on.
+#[test]
+fn a_reload_that_changes_the_role_ends_the_session() {
+    let broker = Broker::start(Backing::Memory, RECEIVERS, "");
+    let mut r1 = broker.client("receiver_1");
+    let mut r2 = broker.client("receiver_2");
+    assert!(r1.session.refresh_policy() && r2.session.refresh_policy());
+    let text = config_text(Backing::Memory, &["receiver_2"], "");
+    let config = Config::parse_unchecked(&text, std::path::Path::new("/")).expect("config");
+    broker.local.shared.policy.reload(&config);
+    assert!(!r1.session.refresh_policy(), "receiver_1 lost its role");
+    assert!(r2.session.refresh_policy(), "receiver_2 kept its role");
+    assert_eq!(r2.send(b"heartbeat"), ["OK heartbeat"]);
+}
