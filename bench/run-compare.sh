@@ -30,6 +30,9 @@
 #               per PUBLISHERS count; the ratio is taken within each pair
 #   BASE_BIN    with ab: a ciphermq-broker built from the commit to compare
 #               against (e.g. a git worktree's target/release/ciphermq-broker)
+#   AB_EXCHANGE with ab: the exchange type the pairs publish through (direct;
+#               topic binds `<receiver>.*.q<j>.#` and routes through the
+#               topic matcher)
 #   PGDB        database the pgbridge section recreates (ciphermq_bench, on
 #               127.0.0.1:5432 as user postgres)
 #   SKIP_BUILD  1 to use the binaries already in target/release
@@ -51,6 +54,7 @@ WINDOW=${WINDOW:-1000}
 PORT=${PORT:-5917}
 SECTIONS=${SECTIONS:-throughput latency durability rss idle pgbridge}
 BASE_BIN=${BASE_BIN:-}
+AB_EXCHANGE=${AB_EXCHANGE:-direct}
 PGDB=${PGDB:-ciphermq_bench}
 if [[ -n "${QUICK:-}" ]]; then
   RUNS=1 DURATION=3s STORAGES=memory SHARDS=1 SIZES=1024 PUBLISHERS=1
@@ -237,15 +241,16 @@ fi
 
 if has ab; then
   [[ -x "$BASE_BIN" ]] || { echo "SECTIONS=ab needs BASE_BIN, a ciphermq-broker built from the commit to compare against"; exit 1; }
-  echo "== before/after: $BASE_BIN, then $BIN/ciphermq-broker; adjacent pairs, durable, 1 KiB, 1 shard, $DURATION per run"
+  echo "== before/after: $BASE_BIN, then $BIN/ciphermq-broker; adjacent pairs, durable, 1 KiB, 1 shard, $AB_EXCHANGE exchange, $DURATION per run"
   for pubs in $PUBLISHERS; do
     for run in $(seq "$RUNS"); do
       for side in base new; do
         bin=$BIN/ciphermq-broker
         [[ $side == base ]] && bin=$BASE_BIN
         start_broker durable 1 "$bin"
-        RUNS=1 bench "ab-$side-p$pubs-r$run" "$side, durable, 1 shard" \
-          --target ciphermq --duration "$DURATION" --size 1024 --publishers "$pubs" --consumers 1
+        RUNS=1 bench "ab-$side-p$pubs-r$run" "$side, durable, 1 shard, $AB_EXCHANGE" \
+          --target ciphermq --duration "$DURATION" --size 1024 --publishers "$pubs" --consumers 1 \
+          --exchange "$AB_EXCHANGE"
       done
     done
   done

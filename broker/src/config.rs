@@ -443,6 +443,10 @@ pub struct PerformanceConfig {
     /// Most messages one queue may hold (ready + unacked); a full queue answers
     /// `NACK <id> queue_full`. At least 1. Default 1 000 000.
     pub max_queue_size: usize,
+    /// Most body bytes one queue may hold (ready + unacked), alongside
+    /// `max_queue_size`: a publish that would pass it answers
+    /// `NACK <id> queue_full`. 0 = no byte cap (the default).
+    pub max_queue_bytes: u64,
     /// Largest message JSON accepted, in bytes; larger is `NACK <id> too_large`.
     /// At least 1, at most [`MAX_MESSAGE_BYTES_LIMIT`]. Default 1 MiB (1 048 576).
     pub max_message_bytes: usize,
@@ -510,6 +514,7 @@ pub struct PerformanceConfig {
 #[serde(default, deny_unknown_fields)]
 struct RawPerformanceConfig {
     max_queue_size: usize,
+    max_queue_bytes: u64,
     max_message_bytes: usize,
     max_line_bytes: Option<usize>,
     handshake_timeout_secs: u64,
@@ -536,6 +541,7 @@ impl Default for RawPerformanceConfig {
         let d = PerformanceConfig::default();
         RawPerformanceConfig {
             max_queue_size: d.max_queue_size,
+            max_queue_bytes: d.max_queue_bytes,
             max_message_bytes: d.max_message_bytes,
             max_line_bytes: None,
             handshake_timeout_secs: d.handshake_timeout_secs,
@@ -563,6 +569,7 @@ impl From<RawPerformanceConfig> for PerformanceConfig {
     fn from(raw: RawPerformanceConfig) -> Self {
         PerformanceConfig {
             max_queue_size: raw.max_queue_size,
+            max_queue_bytes: raw.max_queue_bytes,
             max_message_bytes: raw.max_message_bytes,
             max_line_bytes: raw
                 .max_line_bytes
@@ -593,6 +600,7 @@ impl Default for PerformanceConfig {
         let max_message_bytes = 1_048_576;
         PerformanceConfig {
             max_queue_size: 1_000_000,
+            max_queue_bytes: 0,
             max_message_bytes,
             max_line_bytes: max_message_bytes + LINE_OVERHEAD_BYTES,
             handshake_timeout_secs: 10,
@@ -1792,7 +1800,7 @@ mod tests {
             ("logging", 5),
             ("database", 9),
             ("encryption", 1),
-            ("performance", 20),
+            ("performance", 21),
             ("storage", 5),
             ("admin", 7),
             ("rate_limit", 7),

@@ -49,6 +49,10 @@ pub struct Settings {
     pub max_fetch_bytes: usize,
     /// `performance.max_prefetch`, likewise.
     pub max_prefetch: u32,
+    /// `performance.max_queue_size`, likewise.
+    pub max_queue_size: usize,
+    /// `performance.max_queue_bytes` (0: none), likewise.
+    pub max_queue_bytes: u64,
 }
 
 fn secs(n: u64) -> Option<Duration> {
@@ -78,6 +82,8 @@ impl Settings {
             max_fetch: p.max_fetch,
             max_fetch_bytes: p.max_fetch_bytes,
             max_prefetch: p.max_prefetch,
+            max_queue_size: p.max_queue_size,
+            max_queue_bytes: p.max_queue_bytes,
         }
     }
 }

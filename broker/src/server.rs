@@ -352,6 +352,7 @@ pub(crate) fn queue_settings(config: &Config, storage: &Storage) -> QueueSetting
     let p = &config.performance;
     QueueSettings {
         max_len: p.max_queue_size,
+        max_bytes: p.max_queue_bytes,
         max_deliveries: p.max_deliveries,
         dedup_window: Duration::from_secs(p.dedup_window_secs),
         ack_wait: (p.ack_wait_secs > 0).then(|| Duration::from_secs(p.ack_wait_secs)),

@@ -213,6 +213,9 @@ async fn status_and_metrics_reflect_what_clients_did() {
     .await;
     let q = queue(&status, "receiver_1_queue").expect("queue listed");
     assert_eq!(q["consumers"], 0);
+    // The two bodies still held (the acked one is not counted).
+    let held = body("adm-1", "receiver_1").len() + body("adm-2", "receiver_1").len();
+    assert_eq!(q["bytes"], held as u64, "{q}");
     assert_eq!(q["owner"], "receiver_1");
     assert_eq!(
         q["shard"],
@@ -320,6 +323,13 @@ async fn status_and_metrics_reflect_what_clients_did() {
         )]
     );
     assert_eq!(
+        samples(text, "ciphermq_queue_bytes")
+            .iter()
+            .map(|(_, v)| *v)
+            .collect::<Vec<f64>>(),
+        vec![held as f64]
+    );
+    assert_eq!(
         samples(text, "ciphermq_ready"),
         vec![("ciphermq_ready", 1.0)]
     );
@@ -334,7 +344,7 @@ async fn status_reports_limits_and_quota_usage() {
     let broker = AdminBroker::start_with(
         1,
         false,
-        "[performance]\nmax_bindings_per_cn = 7\nmax_fetch = 99\n",
+        "[performance]\nmax_bindings_per_cn = 7\nmax_fetch = 99\nmax_queue_bytes = 4096\n",
     );
     let mut r = broker.connect("receiver_1").await;
     setup_receiver(&mut r, "receiver_1").await;
@@ -345,6 +355,8 @@ async fn status_reports_limits_and_quota_usage() {
     assert_eq!(limits["max_queues_per_cn"], 1000);
     assert_eq!(limits["max_exchanges_per_cn"], 100);
     assert_eq!(limits["max_fetch"], 99);
+    assert_eq!(limits["max_queue_bytes"], 4096);
+    assert_eq!(limits["max_queue_size"], 1_000_000);
     assert_eq!(limits["max_reply_bytes_per_turn"], 1 << 20);
     assert_eq!(limits["max_handshakes_per_ip"], 64);
     assert_eq!(limits["max_routing_key_words"], 32);

@@ -17,6 +17,9 @@ use crate::placement::{ConnRef, ShardId};
 pub struct QueueSettings {
     /// Most messages held (ready + unacked); more are refused, never evicted.
     pub max_len: usize,
+    /// Most body bytes held (ready + unacked), alongside `max_len`; a
+    /// publish that would pass it is refused. 0: no byte cap.
+    pub max_bytes: u64,
     /// Deliveries (nacked ones included) before a message moves to `{queue}.dlq`.
     pub max_deliveries: u32,
     /// How long an acked id still counts as a duplicate for its sender.
@@ -43,6 +46,7 @@ impl Default for QueueSettings {
     fn default() -> Self {
         QueueSettings {
             max_len: 1_000_000,
+            max_bytes: 0,
             max_deliveries: 10,
             dedup_window: Duration::from_secs(120),
             ack_wait: None,
@@ -91,7 +95,8 @@ pub enum Enqueued {
     Duplicate,
 }
 
-/// The queue holds `max_len` messages.
+/// The queue holds `max_len` messages, or the message would take it past
+/// `max_bytes`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("queue full")]
 pub struct QueueFull;
@@ -140,6 +145,9 @@ pub struct Queue {
     name: Arc<str>,
     shard: ShardId,
     next_seq: u64,
+    /// Body bytes of every message held (ready, requeued and unacked): what
+    /// `max_bytes` caps.
+    bytes: u64,
     ready: VecDeque<Entry>,
     /// Redeliveries, served before `ready`, oldest first.
     requeued: BTreeMap<u64, Entry>,
@@ -165,6 +173,7 @@ impl Queue {
             name,
             shard,
             next_seq: 0,
+            bytes: 0,
             ready: VecDeque::new(),
             requeued: BTreeMap::new(),
             unacked: HashMap::default(),
@@ -190,6 +199,17 @@ impl Queue {
     /// Deliveries not yet acked.
     pub fn unacked_len(&self) -> usize {
         self.unacked.len()
+    }
+
+    /// Body bytes of the messages held, ready and unacked.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Accounts for a message leaving the queue (acked, dead-lettered,
+    /// discarded).
+    fn release_bytes(&mut self, entry: &Entry) {
+        self.bytes = self.bytes.saturating_sub(entry.msg.body().len() as u64);
     }
 
     /// Registered consumers.
@@ -274,12 +294,16 @@ impl Queue {
         if self.ready_len() + self.unacked.len() >= settings.max_len {
             return Err(QueueFull);
         }
+        let body = msg.body().len() as u64;
+        if settings.max_bytes > 0 && self.bytes.saturating_add(body) > settings.max_bytes {
+            return Err(QueueFull);
+        }
         self.dedup.insert(key, DedupState::Stored);
         Ok(Enqueued::Stored(self.push(msg)))
     }
 
-    /// Stores a dead-lettered message: no dedup and no length limit, because
-    /// dropping it would lose an acknowledged message.
+    /// Stores a dead-lettered message: no dedup and no length or byte
+    /// limit, because dropping it would lose an acknowledged message.
     pub fn enqueue_dead(&mut self, msg: Arc<Message>) -> u64 {
         self.push(msg)
     }
@@ -287,6 +311,7 @@ impl Queue {
     fn push(&mut self, msg: Arc<Message>) -> u64 {
         let seq = self.next_seq;
         self.next_seq += 1;
+        self.bytes += msg.body().len() as u64;
         self.ready.push_back(Entry {
             seq,
             msg,
@@ -321,6 +346,7 @@ impl Queue {
                 entry.msg.dedup_key(&settings.dedup_hasher),
                 DedupState::Stored,
             );
+            q.bytes += entry.msg.body().len() as u64;
             q.ready.push_back(entry);
         }
         let window_ms = settings.dedup_window.as_millis() as u64;
@@ -365,7 +391,8 @@ impl Queue {
             if matches!(self.dedup.get(&key), Some(DedupState::Stored)) {
                 self.dedup.remove(&key);
             }
-            if entry.is_some() {
+            if let Some(entry) = entry {
+                self.release_bytes(&entry);
                 gone.push(seq);
             }
         }
@@ -386,6 +413,7 @@ impl Queue {
             };
             if entry.deliveries >= settings.max_deliveries {
                 self.forget(&entry, now, settings);
+                self.release_bytes(&entry);
                 dead.push(entry);
                 continue;
             }
@@ -491,6 +519,7 @@ impl Queue {
         };
         self.release(conn);
         self.forget(&inflight.entry, now, settings);
+        self.release_bytes(&inflight.entry);
         true
     }
 
@@ -525,6 +554,7 @@ impl Queue {
     ) {
         if entry.deliveries >= settings.max_deliveries {
             self.forget(&entry, now, settings);
+            self.release_bytes(&entry);
             dead.push(entry);
         } else {
             self.requeued.insert(entry.seq, entry);
@@ -669,6 +699,56 @@ mod tests {
         }
         assert_eq!(q.enqueue(msg("m3", "s"), now, &s), Err(QueueFull));
         assert_eq!(q.ready_len(), 3);
+    }
+
+    /// `max_bytes` counts the bodies of every message held, ready or
+    /// unacked, and frees them on every way out: ack, dead letter, discard.
+    #[test]
+    fn the_byte_cap_counts_ready_and_unacked_bodies_and_frees_them_on_the_way_out() {
+        let s = QueueSettings {
+            max_len: 100,
+            // Bodies are "{}": 2 bytes each, so 3 fit.
+            max_bytes: 6,
+            ..settings()
+        };
+        let now = Instant::now();
+        let mut q = Queue::new(Arc::from("q"), 0);
+        for id in ["a", "b", "c"] {
+            q.enqueue(msg(id, "s"), now, &s).unwrap();
+        }
+        assert_eq!(q.bytes(), 6);
+        assert_eq!(q.enqueue(msg("d", "s"), now, &s), Err(QueueFull));
+        // A delivery still holds its bytes; its ack frees them.
+        let (mut out, mut dead) = (Vec::new(), Vec::new());
+        q.fetch(conn(1), 1, &s, now, &mut out, &mut dead);
+        assert_eq!(q.enqueue(msg("d", "s"), now, &s), Err(QueueFull));
+        assert!(q.ack(0, conn(1), now, &s));
+        assert_eq!(q.bytes(), 4);
+        assert_eq!(q.enqueue(msg("d", "s"), now, &s), Ok(Enqueued::Stored(3)));
+        // Dead-lettered after max_deliveries (2): nacked twice, then gone.
+        for _ in 0..2 {
+            out.clear();
+            q.fetch(conn(1), 1, &s, now, &mut out, &mut dead);
+            assert!(q.requeue(out[0].seq, conn(1), &s, now, &mut dead));
+        }
+        assert_eq!(dead.len(), 1);
+        assert_eq!(q.bytes(), 4);
+        // A message whose write failed leaves and frees its bytes.
+        assert_eq!(q.discard_unwritten(&[3], &s), [3]);
+        assert_eq!(q.bytes(), 2);
+        // A dead letter is never refused, even past the cap.
+        let mut dlq = Queue::new(Arc::from("q.dlq"), 0);
+        for _ in 0..4 {
+            dlq.enqueue_dead(msg("x", "s"));
+        }
+        assert_eq!(dlq.bytes(), 8);
+        // Without a cap (0) only the count is checked.
+        let unbounded = QueueSettings { max_bytes: 0, ..s };
+        for i in 0..10 {
+            q.enqueue(msg(&format!("u{i}"), "s"), now, &unbounded)
+                .unwrap();
+        }
+        assert_eq!(q.bytes(), 22);
     }
 
     #[test]

@@ -48,6 +48,9 @@ pub struct QueueStats {
     pub ready: usize,
     /// Deliveries not yet acked.
     pub unacked: usize,
+    /// Body bytes of the ready and unacked messages (what
+    /// `performance.max_queue_bytes` caps).
+    pub bytes: u64,
     /// Registered consumers.
     pub consumers: usize,
 }
@@ -745,6 +748,7 @@ impl Shard {
                 name: q.name().clone(),
                 ready: q.ready_len(),
                 unacked: q.unacked_len(),
+                bytes: q.bytes(),
                 consumers: q.consumer_count(),
             })
             .collect()

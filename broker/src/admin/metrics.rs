@@ -162,7 +162,7 @@ fn shard_histogram(
 }
 
 /// A per-queue gauge: name, help, and how to read it from a queue entry.
-type QueueGauge = (&'static str, &'static str, fn(&status::QueueEntry) -> usize);
+type QueueGauge = (&'static str, &'static str, fn(&status::QueueEntry) -> u64);
 
 /// The whole `/metrics` text; `admin` is the endpoint's own connections.
 pub(crate) fn render(ctx: &AdminContext, admin: &SlotStats) -> String {
@@ -358,32 +358,33 @@ pub(crate) fn render(ctx: &AdminContext, admin: &SlotStats) -> String {
     }
 
     let queues = status::queues(ctx);
-    let gauges: [QueueGauge; 3] = [
+    let gauges: [QueueGauge; 4] = [
         (
             "ciphermq_queue_ready",
             "Messages waiting in a queue.",
-            |q| q.ready,
+            |q| q.ready as u64,
         ),
         (
             "ciphermq_queue_unacked",
             "Deliveries of a queue not yet acked.",
-            |q| q.unacked,
+            |q| q.unacked as u64,
+        ),
+        (
+            "ciphermq_queue_bytes",
+            "Body bytes a queue holds, ready and unacked (performance.max_queue_bytes caps them).",
+            |q| q.bytes,
         ),
         (
             "ciphermq_queue_consumers",
             "Consumers registered on a queue.",
-            |q| q.consumers,
+            |q| q.consumers as u64,
         ),
     ];
     for (name, help, get) in gauges {
         e.family(name, Kind::Gauge, help);
         for q in &queues {
             let shard = q.shard.to_string();
-            e.sample_u64(
-                name,
-                &[("queue", &q.name), ("shard", &shard)],
-                get(q) as u64,
-            );
+            e.sample_u64(name, &[("queue", &q.name), ("shard", &shard)], get(q));
         }
     }
 

@@ -127,6 +127,8 @@ pub(crate) struct QueueEntry {
     pub(crate) owner: Option<String>,
     pub(crate) ready: usize,
     pub(crate) unacked: usize,
+    /// Body bytes held, ready and unacked.
+    pub(crate) bytes: u64,
     pub(crate) consumers: usize,
     pub(crate) shard: usize,
 }
@@ -214,6 +216,9 @@ struct Limits {
     max_fetch: u32,
     max_fetch_bytes: usize,
     max_prefetch: u32,
+    max_queue_size: usize,
+    /// 0: no byte cap.
+    max_queue_bytes: u64,
     max_reply_bytes_per_turn: usize,
     max_pending_replies: usize,
     max_line_bytes: usize,
@@ -260,6 +265,8 @@ fn limits(ctx: &AdminContext) -> Limits {
         max_fetch: s.max_fetch,
         max_fetch_bytes: s.max_fetch_bytes,
         max_prefetch: s.max_prefetch,
+        max_queue_size: s.max_queue_size,
+        max_queue_bytes: s.max_queue_bytes,
         max_reply_bytes_per_turn: s.max_reply_bytes_per_turn,
         max_pending_replies: s.max_pending_replies,
         max_line_bytes: s.max_line_bytes,
@@ -322,6 +329,7 @@ pub(crate) fn queues(ctx: &AdminContext) -> Vec<QueueEntry> {
                 owner: Some(info.owner.to_string()),
                 ready: 0,
                 unacked: 0,
+                bytes: 0,
                 consumers: 0,
                 shard: info.shard as usize,
             },
@@ -334,11 +342,13 @@ pub(crate) fn queues(ctx: &AdminContext) -> Vec<QueueEntry> {
                 owner: None,
                 ready: 0,
                 unacked: 0,
+                bytes: 0,
                 consumers: 0,
                 shard: shard.shard,
             });
             entry.ready = q.ready;
             entry.unacked = q.unacked;
+            entry.bytes = q.bytes;
             entry.consumers = q.consumers;
             entry.shard = shard.shard;
         }

@@ -239,3 +239,45 @@ fn keys_and_fetches_are_bounded() {
         .world(routed_world())
         .run(vec![c, fetch]);
 }
+
+/// `performance.max_queue_bytes` caps the bodies a queue holds, ready and
+/// unacked, alongside the count cap: a publish past it is
+/// `NACK <id> queue_full`, and an ack makes room again.
+#[test]
+fn a_queue_past_its_byte_cap_refuses_publishes_until_acks_free_room() {
+    let r = "receiver_1";
+    let s = "sender_1";
+    let one = body("m0", "receiver_1").len();
+    let c = case("two bodies fit, a third does not")
+        .row(s, publish("ex", "receiver_1", "m0"), "ACK m0")
+        .row(s, publish("ex", "receiver_1", "m1"), "ACK m1")
+        .row(s, publish("ex", "receiver_1", "m2"), "NACK m2 queue_full")
+        .rows(
+            r,
+            "fetch receiver_1_queue 1",
+            [
+                delivery("receiver_1_queue", 1, &body("m0", "receiver_1")),
+                "OK fetch 1".into(),
+            ],
+        )
+        // A delivery still holds its bytes until it is acked.
+        .row(s, publish("ex", "receiver_1", "m2"), "NACK m2 queue_full")
+        .row(r, "ack m0", "ACK_CONFIRMED m0")
+        .row(s, publish("ex", "receiver_1", "m2"), "ACK m2")
+        .rows(
+            s,
+            format!(
+                "publish_batch ex receiver_1 [{},{}]",
+                body("b0", "receiver_1"),
+                body("b1", "receiver_1")
+            ),
+            ["NACK b0 queue_full", "NACK b1 queue_full"],
+        );
+    Table::new()
+        .extra(&format!(
+            "[performance]\nmax_queue_size = 100\nmax_queue_bytes = {}\n",
+            2 * one
+        ))
+        .world(routed_world())
+        .run(vec![c]);
+}
