@@ -21,13 +21,17 @@
 #   WINDOW      publish window             (1000)
 #   PORT        CipherMQ port              (5917; must be free)
 #   SECTIONS    any of: throughput latency durability rss idle pgbridge ab
-#               (all but ab)
+#               restart (all but ab and restart)
 #               durability: the price of durability as adjacent pairs
 #               (durable run, then in-memory run, RUNS times), 1 KiB, 1 shard,
 #               each PUBLISHERS count; the ratio is taken within each pair
 #               ab: before/after as adjacent pairs: BASE_BIN's broker, then
 #               this tree's, durable, 1 KiB, 1 shard, 1 consumer, RUNS pairs
 #               per PUBLISHERS count; the ratio is taken within each pair
+#               restart: RESTART_COUNT 1 KiB messages queued with no
+#               consumer, a clean stop, then the time until the restarted
+#               broker (recovering them) listens, and its memory
+#   RESTART_COUNT with restart: messages queued (1000000)
 #   BASE_BIN    with ab: a ciphermq-broker built from the commit to compare
 #               against (e.g. a git worktree's target/release/ciphermq-broker)
 #   AB_EXCHANGE with ab: the exchange type the pairs publish through (direct;
@@ -55,6 +59,7 @@ PORT=${PORT:-5917}
 SECTIONS=${SECTIONS:-throughput latency durability rss idle pgbridge}
 BASE_BIN=${BASE_BIN:-}
 AB_EXCHANGE=${AB_EXCHANGE:-direct}
+RESTART_COUNT=${RESTART_COUNT:-1000000}
 PGDB=${PGDB:-ciphermq_bench}
 if [[ -n "${QUICK:-}" ]]; then
   RUNS=1 DURATION=3s STORAGES=memory SHARDS=1 SIZES=1024 PUBLISHERS=1
@@ -138,16 +143,22 @@ start_broker() { # mode shards [broker binary]
   stop_broker
   write_config "$1"
   rm -rf "$WORK/data-$1"
+  launch_broker "$1" "$2" "${3:-$BIN/ciphermq-broker}" 10
+}
+
+# Starts a broker on the data directory as it is (recovering what is there),
+# and waits for it to listen: at most `wait` seconds.
+launch_broker() { # mode shards binary wait
   local log=$WORK/broker-$1-$2.log
   rm -f "$log" # a stale "listening" line must not pass for the new broker's
-  "${3:-$BIN/ciphermq-broker}" --config "$WORK/config-$1.toml" --address "$ADDR" --shards "$2" >"$log" 2>&1 &
+  "$3" --config "$WORK/config-$1.toml" --address "$ADDR" --shards "$2" >"$log" 2>&1 &
   BROKER=$!
-  for _ in $(seq 100); do
+  for _ in $(seq $(($4 * 10))); do
     grep -q "listening" "$log" 2>/dev/null && return 0
     kill -0 "$BROKER" 2>/dev/null || { cat "$log"; echo "broker did not start (is $ADDR free?)"; exit 1; }
     sleep 0.1
   done
-  cat "$log"; echo "broker did not start in 10 s"; exit 1
+  cat "$log"; echo "broker did not start in $4 s"; exit 1
 }
 
 bench() { # json-name label args...
@@ -267,6 +278,26 @@ if has rss; then
     sleep 2
     grep -E 'VmRSS|VmHWM' /proc/"$BROKER"/status | sed 's/^/queued: /' | tee -a "$OUT/rss-$storage.txt"
   done
+fi
+
+if has restart; then
+  echo "== restart with $RESTART_COUNT queued 1 KiB messages (durable, 1 shard, no consumer)"
+  start_broker durable 1
+  RUNS=1 bench "restart-fill" "durable, 1 shard, $RESTART_COUNT queued" \
+    --target ciphermq --count "$RESTART_COUNT" --size 1024 --publishers 4 --consumers 0
+  {
+    grep -E 'VmRSS' /proc/"$BROKER"/status | sed 's/^/queued: /'
+    echo "data_dir_bytes: $(du -sb "$WORK/data-durable" | cut -f1)"
+  } | tee "$OUT/restart.txt"
+  stop_broker # SIGTERM: a clean stop, every commit round finished
+  sync
+  t0=$(date +%s.%N)
+  launch_broker durable 1 "$BIN/ciphermq-broker" 1800
+  t1=$(date +%s.%N)
+  {
+    echo "restart_to_listening_s: $(python3 -c "print(round($t1 - $t0, 2))")"
+    grep -E 'VmRSS|VmHWM' /proc/"$BROKER"/status | sed 's/^/recovered: /'
+  } | tee -a "$OUT/restart.txt"
 fi
 
 if has idle; then
