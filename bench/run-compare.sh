@@ -106,6 +106,9 @@ json_files = false
 [storage]
 data_dir = "data-$1"
 mode = "$mode"
+# In memory mode the budget is a hard cap on queued bodies; the rss section
+# queues ~1 GB and a consumer behind four publishers builds a backlog.
+memory_budget_mb = 16384
 [rate_limit]
 # The idle section opens 10,000 connections from one address.
 max_connections_per_ip = 20000

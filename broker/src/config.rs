@@ -41,6 +41,10 @@ pub const MIN_SEGMENT_BYTES: u64 = 4096;
 /// a segment must fit in memory comfortably (1 GiB).
 pub const MAX_SEGMENT_BYTES: u64 = 1 << 30;
 
+/// Upper bound of `storage.memory_budget_mb`: 1 PiB, far past any host, so
+/// that the budget in bytes cannot overflow.
+pub const MAX_MEMORY_BUDGET_MB: u64 = 1 << 30;
+
 /// Upper bound of every duration in the config: ten years. A deadline is a
 /// point in time computed from now, and one past what the clock can hold
 /// would panic on first use; nothing sensible waits longer.
@@ -665,6 +669,13 @@ pub struct StorageConfig {
     /// deleted); publishing resumes above it plus an eighth (1–64 MiB).
     /// 0 turns the watermark off. Default 256.
     pub min_free_mb: u64,
+    /// MiB of message bodies all queued messages together may hold in RAM,
+    /// shared evenly by the shards. In `memory` mode it is a hard cap:
+    /// a publish past its shard's share is `NACK <id> queue_full`. In
+    /// `durable` mode bodies are, for now, all kept in RAM as well and the
+    /// budget is only reported. At least 1, at most
+    /// [`MAX_MEMORY_BUDGET_MB`]. Default 256.
+    pub memory_budget_mb: u64,
 }
 
 impl Default for StorageConfig {
@@ -675,6 +686,7 @@ impl Default for StorageConfig {
             segment_bytes: 64 * 1024 * 1024,
             max_commit_delay_us: 0,
             min_free_mb: 256,
+            memory_budget_mb: 256,
         }
     }
 }
@@ -1201,6 +1213,15 @@ impl Config {
                 format!(
                     "must be at least {MIN_SEGMENT_BYTES} (got {})",
                     s.segment_bytes
+                ),
+            ));
+        }
+        if !(1..=MAX_MEMORY_BUDGET_MB).contains(&s.memory_budget_mb) {
+            return Err(ConfigError::invalid(
+                "storage.memory_budget_mb",
+                format!(
+                    "must be from 1 to {MAX_MEMORY_BUDGET_MB} MiB (got {})",
+                    s.memory_budget_mb
                 ),
             ));
         }
@@ -1801,7 +1822,7 @@ mod tests {
             ("database", 9),
             ("encryption", 1),
             ("performance", 21),
-            ("storage", 5),
+            ("storage", 6),
             ("admin", 7),
             ("rate_limit", 7),
             ("acl", 4),

@@ -53,6 +53,9 @@ pub struct Settings {
     pub max_queue_size: usize,
     /// `performance.max_queue_bytes` (0: none), likewise.
     pub max_queue_bytes: u64,
+    /// `storage.memory_budget_mb`, in bytes, for the admin status (the
+    /// queues of each shard apply their part in memory mode).
+    pub memory_budget_bytes: u64,
 }
 
 fn secs(n: u64) -> Option<Duration> {
@@ -84,6 +87,7 @@ impl Settings {
             max_prefetch: p.max_prefetch,
             max_queue_size: p.max_queue_size,
             max_queue_bytes: p.max_queue_bytes,
+            memory_budget_bytes: config.storage.memory_budget_mb.saturating_mul(1 << 20),
         }
     }
 }

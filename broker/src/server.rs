@@ -182,7 +182,7 @@ pub fn start(config: &Config) -> Result<BrokerHandle, StartError> {
     )?;
     let storage = Storage::open(config, shards)?;
     let shared = shared_state(config, shards, &storage, tls);
-    let queue_settings = queue_settings(config, &storage);
+    let queue_settings = queue_settings(config, &storage, shards);
     let disk = Arc::new(DiskSpace::new());
     if let Some((data_dir, _)) = &storage.durable {
         let min_free = config.storage.min_free_mb.saturating_mul(1 << 20);
@@ -347,12 +347,18 @@ pub(crate) fn shared_state(
 
 /// The limits every queue is created with (`performance`), and the dedup
 /// key of `storage`; deduplication carries over restarts only when queues
-/// are durable.
-pub(crate) fn queue_settings(config: &Config, storage: &Storage) -> QueueSettings {
+/// are durable. In memory mode each of the `shards` holds at most its part
+/// of `storage.memory_budget_mb` of bodies.
+pub(crate) fn queue_settings(config: &Config, storage: &Storage, shards: usize) -> QueueSettings {
     let p = &config.performance;
+    let budget = config.storage.memory_budget_mb.saturating_mul(1 << 20);
     QueueSettings {
         max_len: p.max_queue_size,
         max_bytes: p.max_queue_bytes,
+        shard_bytes: storage
+            .durable
+            .is_none()
+            .then(|| budget.div_ceil(shards.max(1) as u64)),
         max_deliveries: p.max_deliveries,
         dedup_window: Duration::from_secs(p.dedup_window_secs),
         ack_wait: (p.ack_wait_secs > 0).then(|| Duration::from_secs(p.ack_wait_secs)),

@@ -357,6 +357,7 @@ async fn status_reports_limits_and_quota_usage() {
     assert_eq!(limits["max_fetch"], 99);
     assert_eq!(limits["max_queue_bytes"], 4096);
     assert_eq!(limits["max_queue_size"], 1_000_000);
+    assert_eq!(limits["memory_budget_bytes"], 256u64 << 20);
     assert_eq!(limits["max_reply_bytes_per_turn"], 1 << 20);
     assert_eq!(limits["max_handshakes_per_ip"], 64);
     assert_eq!(limits["max_routing_key_words"], 32);

@@ -5,7 +5,9 @@
 //! No I/O and no clock: the caller passes `now`, and deliveries are appended to
 //! a caller's buffer, so every rule here is unit-tested deterministically.
 
+use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -20,6 +22,10 @@ pub struct QueueSettings {
     /// Most body bytes held (ready + unacked), alongside `max_len`; a
     /// publish that would pass it is refused. 0: no byte cap.
     pub max_bytes: u64,
+    /// Most body bytes all queues of one shard may hold together (their
+    /// [`HeldBytes`]); a publish that would pass it is refused. `None`: no
+    /// such cap (durable queues, whose bodies are also on disk).
+    pub shard_bytes: Option<u64>,
     /// Deliveries (nacked ones included) before a message moves to `{queue}.dlq`.
     pub max_deliveries: u32,
     /// How long an acked id still counts as a duplicate for its sender.
@@ -47,6 +53,7 @@ impl Default for QueueSettings {
         QueueSettings {
             max_len: 1_000_000,
             max_bytes: 0,
+            shard_bytes: None,
             max_deliveries: 10,
             dedup_window: Duration::from_secs(120),
             ack_wait: None,
@@ -96,10 +103,32 @@ pub enum Enqueued {
 }
 
 /// The queue holds `max_len` messages, or the message would take it past
-/// `max_bytes`.
+/// `max_bytes`, or its shard past `shard_bytes`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("queue full")]
 pub struct QueueFull;
+
+/// Body bytes held by every queue of one shard together: the memory
+/// budget's meter. Each queue adds and subtracts its own bodies where it
+/// counts them, so the sum is exact without a scan. Per shard, so never
+/// shared across threads.
+#[derive(Debug, Clone, Default)]
+pub struct HeldBytes(Rc<Cell<u64>>);
+
+impl HeldBytes {
+    /// Bytes held now.
+    pub fn get(&self) -> u64 {
+        self.0.get()
+    }
+
+    fn add(&self, n: u64) {
+        self.0.set(self.0.get().saturating_add(n));
+    }
+
+    fn sub(&self, n: u64) {
+        self.0.set(self.0.get().saturating_sub(n));
+    }
+}
 
 #[derive(Debug)]
 struct Inflight {
@@ -148,6 +177,8 @@ pub struct Queue {
     /// Body bytes of every message held (ready, requeued and unacked): what
     /// `max_bytes` caps.
     bytes: u64,
+    /// The shard's meter, which `bytes` is part of.
+    held: HeldBytes,
     ready: VecDeque<Entry>,
     /// Redeliveries, served before `ready`, oldest first.
     requeued: BTreeMap<u64, Entry>,
@@ -167,13 +198,20 @@ pub struct Queue {
 }
 
 impl Queue {
-    /// An empty queue named `name` on `shard`.
+    /// An empty queue named `name` on `shard`, counted on a meter of its own.
     pub fn new(name: Arc<str>, shard: ShardId) -> Queue {
+        Queue::metered(name, shard, HeldBytes::default())
+    }
+
+    /// An empty queue named `name` on `shard` whose bodies count on `held`
+    /// (its shard's meter).
+    pub fn metered(name: Arc<str>, shard: ShardId, held: HeldBytes) -> Queue {
         Queue {
             name,
             shard,
             next_seq: 0,
             bytes: 0,
+            held,
             ready: VecDeque::new(),
             requeued: BTreeMap::new(),
             unacked: HashMap::default(),
@@ -209,7 +247,16 @@ impl Queue {
     /// Accounts for a message leaving the queue (acked, dead-lettered,
     /// discarded).
     fn release_bytes(&mut self, entry: &Entry) {
-        self.bytes = self.bytes.saturating_sub(entry.msg.body().len() as u64);
+        let n = entry.msg.body().len() as u64;
+        self.bytes = self.bytes.saturating_sub(n);
+        self.held.sub(n);
+    }
+
+    /// Accounts for a message joining the queue.
+    fn hold_bytes(&mut self, msg: &Message) {
+        let n = msg.body().len() as u64;
+        self.bytes += n;
+        self.held.add(n);
     }
 
     /// Registered consumers.
@@ -298,6 +345,12 @@ impl Queue {
         if settings.max_bytes > 0 && self.bytes.saturating_add(body) > settings.max_bytes {
             return Err(QueueFull);
         }
+        if settings
+            .shard_bytes
+            .is_some_and(|cap| self.held.get().saturating_add(body) > cap)
+        {
+            return Err(QueueFull);
+        }
         self.dedup.insert(key, DedupState::Stored);
         Ok(Enqueued::Stored(self.push(msg)))
     }
@@ -311,7 +364,7 @@ impl Queue {
     fn push(&mut self, msg: Arc<Message>) -> u64 {
         let seq = self.next_seq;
         self.next_seq += 1;
-        self.bytes += msg.body().len() as u64;
+        self.hold_bytes(&msg);
         self.ready.push_back(Entry {
             seq,
             msg,
@@ -332,6 +385,7 @@ impl Queue {
     pub fn restore(
         name: Arc<str>,
         shard: ShardId,
+        held: HeldBytes,
         next_seq: u64,
         messages: impl IntoIterator<Item = Entry>,
         acked: &[(DedupKey, u64, u64)],
@@ -339,14 +393,14 @@ impl Queue {
         now: Instant,
         now_unix_ms: u64,
     ) -> Queue {
-        let mut q = Queue::new(name, shard);
+        let mut q = Queue::metered(name, shard, held);
         q.next_seq = next_seq;
         for entry in messages {
             q.dedup.insert(
                 entry.msg.dedup_key(&settings.dedup_hasher),
                 DedupState::Stored,
             );
-            q.bytes += entry.msg.body().len() as u64;
+            q.hold_bytes(&entry.msg);
             q.ready.push_back(entry);
         }
         let window_ms = settings.dedup_window.as_millis() as u64;
@@ -751,6 +805,54 @@ mod tests {
         assert_eq!(q.bytes(), 22);
     }
 
+    /// `shard_bytes` caps the bodies of all queues on one meter together:
+    /// one queue's backlog refuses another's publishes until an ack frees
+    /// room; dead letters count but are never refused.
+    #[test]
+    fn queues_on_one_meter_share_the_shard_byte_cap() {
+        let s = QueueSettings {
+            max_len: 100,
+            // Bodies are "{}": 2 bytes each, so 3 fit on the shard.
+            shard_bytes: Some(6),
+            ..settings()
+        };
+        let now = Instant::now();
+        let held = HeldBytes::default();
+        let mut a = Queue::metered(Arc::from("a"), 0, held.clone());
+        let mut b = Queue::metered(Arc::from("b"), 0, held.clone());
+        a.enqueue(msg("a1", "s"), now, &s).unwrap();
+        a.enqueue(msg("a2", "s"), now, &s).unwrap();
+        b.enqueue(msg("b1", "s"), now, &s).unwrap();
+        assert_eq!(held.get(), 6);
+        assert_eq!(b.enqueue(msg("b2", "s"), now, &s), Err(QueueFull));
+        assert_eq!(a.enqueue(msg("a3", "s"), now, &s), Err(QueueFull));
+        let mut out = Vec::new();
+        a.fetch(conn(1), 1, &s, now, &mut out, &mut Vec::new());
+        assert!(a.ack(out[0].seq, conn(1), now, &s));
+        assert_eq!(held.get(), 4);
+        assert_eq!(b.enqueue(msg("b2", "s"), now, &s), Ok(Enqueued::Stored(1)));
+        let mut dlq = Queue::metered(Arc::from("a.dlq"), 0, held.clone());
+        dlq.enqueue_dead(msg("x", "s"));
+        assert_eq!(held.get(), 8, "a dead letter is taken past the cap");
+        // A restored queue counts on the meter it is given.
+        let restored = Queue::restore(
+            Arc::from("c"),
+            0,
+            held.clone(),
+            1,
+            [Entry {
+                seq: 0,
+                msg: msg("c1", "s"),
+                deliveries: 0,
+            }],
+            &[],
+            &s,
+            now,
+            0,
+        );
+        assert_eq!((restored.bytes(), held.get()), (2, 10));
+    }
+
     #[test]
     fn an_unwritten_message_leaves_or_loses_its_id_so_a_retry_is_stored() {
         let s = QueueSettings {
@@ -825,7 +927,17 @@ mod tests {
 
         // A restart within the window: a carried id is still a duplicate.
         let a = (s.dedup_hasher.key("s1", "a"), 1_000_000, CARRIED);
-        let mut r = Queue::restore(Arc::from("q"), 0, 3, [], &[a], &s, t0, 1_004_000);
+        let mut r = Queue::restore(
+            Arc::from("q"),
+            0,
+            HeldBytes::default(),
+            3,
+            [],
+            &[a],
+            &s,
+            t0,
+            1_004_000,
+        );
         assert_eq!(r.enqueue(msg("a", "s1"), t0, &s), Ok(Enqueued::Duplicate));
         assert_eq!(r.enqueue(msg("b", "s1"), t0, &s), Ok(Enqueued::Stored(3)));
     }

@@ -19,7 +19,7 @@ use crate::mailbox::{Completion, ConnEvent, Mailbox};
 use crate::mesh::{MeshOutbound, Origin, ShardMsg};
 use crate::message::Message;
 use crate::placement::{ConnRef, ShardId};
-use crate::queue::{Delivery, Enqueued, Entry, Queue, QueueFull, QueueSettings};
+use crate::queue::{Delivery, Enqueued, Entry, HeldBytes, Queue, QueueFull, QueueSettings};
 use crate::routing::Target;
 use crate::topology::{QueueInfo, Topology, TopologyStore, TopologyView};
 use crate::tracker::Outstanding;
@@ -71,6 +71,8 @@ pub struct Shard {
     settings: QueueSettings,
     topology: TopologyView,
     queues: HashMap<Arc<str>, Queue>,
+    /// Body bytes all of `queues` hold: what `settings.shard_bytes` caps.
+    held: HeldBytes,
     conns: HashMap<u64, Rc<Mailbox>, crate::hashers::BuildIntHasher>,
     next_conn: u64,
     out: MeshOutbound,
@@ -95,6 +97,7 @@ impl Shard {
             settings,
             topology: TopologyView::new(store),
             queues: HashMap::new(),
+            held: HeldBytes::default(),
             conns: HashMap::default(),
             next_conn: 1,
             out,
@@ -115,6 +118,7 @@ impl Shard {
         let queue = Queue::restore(
             name.clone(),
             self.id,
+            self.held.clone(),
             recovered.next_seq,
             entries,
             &recovered.acked,
@@ -331,7 +335,8 @@ impl Shard {
                 return None;
             }
             let name = info.name.clone();
-            self.queues.insert(name.clone(), Queue::new(name, self.id));
+            let queue = Queue::metered(name.clone(), self.id, self.held.clone());
+            self.queues.insert(name, queue);
         }
         self.queues.get_mut(name)
     }
@@ -738,6 +743,11 @@ impl Shard {
         if self.out.has_pending() {
             self.out.flush();
         }
+    }
+
+    /// Body bytes all queues of this shard hold, ready and unacked.
+    pub fn held_bytes(&self) -> u64 {
+        self.held.get()
     }
 
     /// Counters of the queues this shard owns.

@@ -380,6 +380,31 @@ pub(crate) fn render(ctx: &AdminContext, admin: &SlotStats) -> String {
             |q| q.consumers as u64,
         ),
     ];
+    e.family(
+        "ciphermq_memory_budget_bytes",
+        Kind::Gauge,
+        "storage.memory_budget_mb in bytes: the bodies all queues may hold in memory (a hard cap in memory mode).",
+    );
+    e.sample_u64(
+        "ciphermq_memory_budget_bytes",
+        &[],
+        ctx.shared.settings.memory_budget_bytes,
+    );
+    e.family(
+        "ciphermq_shard_queued_bytes",
+        Kind::Gauge,
+        "Body bytes all queues of a shard hold, ready and unacked.",
+    );
+    let mut per_shard = vec![0u64; ctx.shared.shards];
+    for q in &queues {
+        if let Some(sum) = per_shard.get_mut(q.shard) {
+            *sum += q.bytes;
+        }
+    }
+    for (shard, bytes) in per_shard.iter().enumerate() {
+        let shard = shard.to_string();
+        e.sample_u64("ciphermq_shard_queued_bytes", &[("shard", &shard)], *bytes);
+    }
     for (name, help, get) in gauges {
         e.family(name, Kind::Gauge, help);
         for q in &queues {

@@ -219,6 +219,8 @@ struct Limits {
     max_queue_size: usize,
     /// 0: no byte cap.
     max_queue_bytes: u64,
+    /// `storage.memory_budget_mb` in bytes: a hard cap in memory mode.
+    memory_budget_bytes: u64,
     max_reply_bytes_per_turn: usize,
     max_pending_replies: usize,
     max_line_bytes: usize,
@@ -267,6 +269,7 @@ fn limits(ctx: &AdminContext) -> Limits {
         max_prefetch: s.max_prefetch,
         max_queue_size: s.max_queue_size,
         max_queue_bytes: s.max_queue_bytes,
+        memory_budget_bytes: s.memory_budget_bytes,
         max_reply_bytes_per_turn: s.max_reply_bytes_per_turn,
         max_pending_replies: s.max_pending_replies,
         max_line_bytes: s.max_line_bytes,

@@ -125,7 +125,7 @@ impl Broker {
         let config = Config::parse_unchecked(&text, data.path()).expect("test config");
         let storage = Storage::open(&config, 1).expect("storage opens");
         let shared = server::shared_state(&config, 1, &storage, unused_tls());
-        let queue_settings = server::queue_settings(&config, &storage);
+        let queue_settings = server::queue_settings(&config, &storage, 1);
         let MeshEndpoint { outbound, inbound } = Mesh::build(1).pop().expect("one endpoint");
         let shard = Shard::new(queue_settings, shared.topology.clone(), outbound, None);
         let stats = shared.stats.shard(0).clone();

@@ -114,6 +114,16 @@ impl TestBroker {
     }
 
     pub fn start_with(shards: usize, extra: &str) -> TestBroker {
+        TestBroker::start_edited(shards, extra, |text| text)
+    }
+
+    /// [`TestBroker::start_with`], its config text passed through `edit`
+    /// first (for keys of the sections the text already has).
+    pub fn start_edited(
+        shards: usize,
+        extra: &str,
+        edit: impl FnOnce(String) -> String,
+    ) -> TestBroker {
         // Broker logs for a failing test: RUST_LOG=ciphermq_broker=debug.
         let _ = tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
@@ -121,7 +131,7 @@ impl TestBroker {
             .try_init();
         let pki = pki();
         let data = tempfile::tempdir().expect("tempdir");
-        let text = config_text(&pki.certs, data.path(), shards, extra);
+        let text = edit(config_text(&pki.certs, data.path(), shards, extra));
         let config = Config::from_toml_str(&text, data.path()).expect("test config");
         let handle = ciphermq_broker::start(&config).expect("broker starts");
         let addr = handle.local_addr().to_string();
