@@ -82,7 +82,12 @@ mkdir -p "$WORK"
 # A broker configuration for one storage mode; paths are relative to it.
 # "postgres" is durable storage plus the Postgres bridge.
 write_config() { # mode
-  local mode=$1 database=""
+  local mode=$1 database="" budget=""
+  # In memory mode the budget is a hard cap on queued bodies; the rss section
+  # queues ~1 GB and a consumer behind four publishers builds a backlog.
+  # (Durable configs leave the key out, so that the ab section's base
+  # brokers, built before it existed, read them too.)
+  [[ $mode == memory ]] && budget="memory_budget_mb = 16384"
   if [[ $mode == postgres ]]; then
     mode=durable
     database="[database]
@@ -106,9 +111,7 @@ json_files = false
 [storage]
 data_dir = "data-$1"
 mode = "$mode"
-# In memory mode the budget is a hard cap on queued bodies; the rss section
-# queues ~1 GB and a consumer behind four publishers builds a backlog.
-memory_budget_mb = 16384
+$budget
 [rate_limit]
 # The idle section opens 10,000 connections from one address.
 max_connections_per_ip = 20000
