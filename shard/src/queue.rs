@@ -683,6 +683,14 @@ impl Queue {
     }
 }
 
+/// A queue that goes (deleted, or its shard stopping) takes its bodies off
+/// its shard's meter.
+impl Drop for Queue {
+    fn drop(&mut self) {
+        self.held.sub(self.bytes);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -851,6 +859,10 @@ mod tests {
             0,
         );
         assert_eq!((restored.bytes(), held.get()), (2, 10));
+        // A queue that goes takes its bodies off the meter.
+        drop(restored);
+        drop(a);
+        assert_eq!(held.get(), 6);
     }
 
     #[test]
