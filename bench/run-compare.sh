@@ -88,6 +88,10 @@ write_config() { # mode
   # (Durable configs leave the key out, so that the ab section's base
   # brokers, built before it existed, read them too.)
   [[ $mode == memory ]] && budget="memory_budget_mb = 16384"
+  # The restart section queues more than the default max_queue_size.
+  local performance=""
+  [[ -n "${QUEUE_CAP:-}" ]] && performance="[performance]
+max_queue_size = $QUEUE_CAP"
   if [[ $mode == postgres ]]; then
     mode=durable
     database="[database]
@@ -124,6 +128,7 @@ receiver_cns = ["receiver_1", "receiver_2"]
 enabled = true
 address = "127.0.0.1:$((PORT + 1))"
 $database
+$performance
 EOF
 }
 
@@ -288,7 +293,7 @@ fi
 
 if has restart; then
   echo "== restart with $RESTART_COUNT queued 1 KiB messages (durable, 1 shard, no consumer)"
-  start_broker durable 1
+  QUEUE_CAP=$((RESTART_COUNT + 1)) start_broker durable 1
   RUNS=1 bench "restart-fill" "durable, 1 shard, $RESTART_COUNT queued" \
     --target ciphermq --count "$RESTART_COUNT" --size 1024 --publishers 4 --consumers 0
   {
@@ -298,7 +303,7 @@ if has restart; then
   stop_broker # SIGTERM: a clean stop, every commit round finished
   sync
   t0=$(date +%s.%N)
-  launch_broker durable 1 "$BIN/ciphermq-broker" 1800
+  launch_broker durable 1 "$BIN/ciphermq-broker" 1800 # the same config, queue cap included
   t1=$(date +%s.%N)
   {
     echo "restart_to_listening_s: $(python3 -c "print(round($t1 - $t0, 2))")"
