@@ -22,6 +22,8 @@
 //! - [`context`]: settings and services a connection reaches.
 //! - [`storage`], [`committer`]: the data directory recovered at start-up, and
 //!   each shard's group committer (io_uring writes, `fdatasync`, then `ACK`s).
+//! - [`backlog_reader`]: each shard's reads of queued bodies kept on disk
+//!   only (past the memory budget), ahead of the consumers.
 //! - [`topology_file`]: `topology.json` and its `.prev` copy, loaded at start
 //!   and written by the topology store's saver thread (never on a shard);
 //!   the other files of the data directory go through `ciphermq-datadir`.
@@ -36,6 +38,7 @@
 
 pub mod acl;
 pub mod admin;
+pub mod backlog_reader;
 mod commands;
 pub mod committer;
 pub mod config;

@@ -359,6 +359,10 @@ pub(crate) fn queue_settings(config: &Config, storage: &Storage, shards: usize) 
             .durable
             .is_none()
             .then(|| budget.div_ceil(shards.max(1) as u64)),
+        spill_bytes: storage
+            .durable
+            .is_some()
+            .then(|| budget.div_ceil(shards.max(1) as u64)),
         max_deliveries: p.max_deliveries,
         dedup_window: Duration::from_secs(p.dedup_window_secs),
         ack_wait: (p.ack_wait_secs > 0).then(|| Duration::from_secs(p.ack_wait_secs)),

@@ -102,6 +102,7 @@ pub(crate) async fn run_shard(
     let committing = Rc::new(Cell::new(0usize));
     if is_durable {
         committer::spawn(local.clone(), committing.clone());
+        crate::backlog_reader::spawn(local.clone());
     }
     let _ = ready.send(Ok(addr));
 

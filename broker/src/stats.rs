@@ -171,6 +171,8 @@ pub struct ShardStats {
     open_connections: AtomicU64,
     /// This shard's queues as of the last refresh.
     queues: Mutex<Arc<Vec<QueueStats>>>,
+    /// How reading backlogs back from disk went, as of the last refresh.
+    backlog: Mutex<ciphermq_shard::shard::BacklogReads>,
     /// Set while the last commit round failed; read on every round, so the
     /// lock below is taken only when the state changes.
     storage_failed: AtomicBool,
@@ -199,6 +201,7 @@ impl ShardStats {
             fsync_latency: Histogram::new(FSYNC_BOUNDS_US),
             open_connections: AtomicU64::new(0),
             queues: Mutex::new(Arc::new(Vec::new())),
+            backlog: Mutex::new(Default::default()),
             storage_failed: AtomicBool::new(false),
             storage_error: Mutex::new(None),
         }
@@ -210,6 +213,9 @@ impl ShardStats {
     pub fn refresh(&self, shard: &Shard) {
         self.open_connections
             .store(shard.mailboxes().count() as u64, Ordering::Relaxed);
+        if let Ok(mut b) = self.backlog.try_lock() {
+            *b = shard.backlog_reads();
+        }
         let fresh = Arc::new(shard.queue_stats());
         let stale = match self.queues.try_lock() {
             Ok(mut guard) => std::mem::replace(&mut *guard, fresh),
@@ -224,6 +230,11 @@ impl ShardStats {
     #[inline]
     pub fn settled(&self, ack: bool, n: usize) {
         if ack { &self.acks } else { &self.nacks }.add(n as u64);
+    }
+
+    /// Backlog reads as of the last refresh.
+    pub fn backlog_reads(&self) -> ciphermq_shard::shard::BacklogReads {
+        *self.backlog.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The last published queue statistics.

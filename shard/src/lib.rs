@@ -12,6 +12,8 @@
 //! - [`routing`]: direct, fanout and topic matching inside a snapshot.
 //! - [`log`]: durable per-queue segment logs: record format, write side, recovery.
 //! - [`durability`]: a shard's logs, group-commit rounds and waiting publishes.
+//! - [`backlog`]: ready messages whose bodies are only in the log (past the
+//!   memory budget), and decoding them when they are read back.
 //! - [`queue`]: one queue's state machine: ready messages, unacked deliveries,
 //!   competing consumers, dedup, dead-lettering.
 //! - [`mailbox`]: how a shard hands replies and deliveries to a connection task.
@@ -33,6 +35,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]
 
+pub mod backlog;
 pub mod durability;
 pub mod hashers;
 pub mod log;

@@ -11,6 +11,8 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::backlog::{Absorbed, DiskBacklog};
+use crate::log::record::{message_record_bytes, Framing};
 use crate::message::{DedupHasher, DedupKey, Message};
 use crate::placement::{ConnRef, ShardId};
 
@@ -26,6 +28,10 @@ pub struct QueueSettings {
     /// [`HeldBytes`]); a publish that would pass it is refused. `None`: no
     /// such cap (durable queues, whose bodies are also on disk).
     pub shard_bytes: Option<u64>,
+    /// Body bytes the queues of one shard keep in memory before durable
+    /// ones move theirs to disk only (their shard's part of the memory
+    /// budget, durable mode). `None`: every body stays in memory.
+    pub spill_bytes: Option<u64>,
     /// Deliveries (nacked ones included) before a message moves to `{queue}.dlq`.
     pub max_deliveries: u32,
     /// How long an acked id still counts as a duplicate for its sender.
@@ -54,6 +60,7 @@ impl Default for QueueSettings {
             max_len: 1_000_000,
             max_bytes: 0,
             shard_bytes: None,
+            spill_bytes: None,
             max_deliveries: 10,
             dedup_window: Duration::from_secs(120),
             ack_wait: None,
@@ -90,6 +97,28 @@ pub struct Entry {
     pub msg: Arc<Message>,
     /// Deliveries so far.
     pub deliveries: u32,
+    /// Where its record starts in segment `segment` of the queue's log,
+    /// once durable; [`UNPLACED`] before (and in memory mode). Only a
+    /// placed message may leave memory.
+    pub offset: u32,
+    /// The base of the log segment holding its record, once placed.
+    pub segment: u64,
+}
+
+/// The offset of a message whose record is not durable yet.
+pub const UNPLACED: u32 = u32::MAX;
+
+impl Entry {
+    /// A message not on disk yet.
+    pub fn unplaced(seq: u64, msg: Arc<Message>, deliveries: u32) -> Entry {
+        Entry {
+            seq,
+            msg,
+            deliveries,
+            offset: UNPLACED,
+            segment: 0,
+        }
+    }
 }
 
 /// What an accepted publish did.
@@ -174,12 +203,22 @@ pub struct Queue {
     name: Arc<str>,
     shard: ShardId,
     next_seq: u64,
-    /// Body bytes of every message held (ready, requeued and unacked): what
-    /// `max_bytes` caps.
+    /// Body bytes of every message held (ready, requeued and unacked, on
+    /// disk or not): what `max_bytes` caps.
     bytes: u64,
-    /// The shard's meter, which `bytes` is part of.
+    /// The part of `bytes` held in memory: what the shard's meter counts.
+    resident: u64,
+    /// The shard's meter, which `resident` is part of.
     held: HeldBytes,
+    /// Ready messages in memory, oldest first: all of them while `disk` is
+    /// empty, else those read back ahead of the consumers.
     ready: VecDeque<Entry>,
+    /// Ready messages after `ready` whose bodies are only in the log.
+    disk: DiskBacklog,
+    /// Ready messages after `disk`, in memory: published since the queue
+    /// started spilling, not durable yet or not spilled yet. Empty while
+    /// `disk` is.
+    tail: VecDeque<Entry>,
     /// Redeliveries, served before `ready`, oldest first.
     requeued: BTreeMap<u64, Entry>,
     unacked: HashMap<u64, Inflight, crate::hashers::BuildIntHasher>,
@@ -211,8 +250,11 @@ impl Queue {
             shard,
             next_seq: 0,
             bytes: 0,
+            resident: 0,
             held,
             ready: VecDeque::new(),
+            disk: DiskBacklog::default(),
+            tail: VecDeque::new(),
             requeued: BTreeMap::new(),
             unacked: HashMap::default(),
             consumers: Vec::new(),
@@ -231,7 +273,18 @@ impl Queue {
 
     /// Messages waiting for delivery.
     pub fn ready_len(&self) -> usize {
-        self.ready.len() + self.requeued.len()
+        self.ready.len() + self.requeued.len() + self.disk.len() as usize + self.tail.len()
+    }
+
+    /// Ready messages whose bodies are only on disk.
+    pub fn disk_len(&self) -> u64 {
+        self.disk.len()
+    }
+
+    /// Body bytes held in memory (the part of [`Queue::bytes`] on the
+    /// shard's meter).
+    pub fn resident_bytes(&self) -> u64 {
+        self.resident
     }
 
     /// Deliveries not yet acked.
@@ -249,6 +302,7 @@ impl Queue {
     fn release_bytes(&mut self, entry: &Entry) {
         let n = entry.msg.body().len() as u64;
         self.bytes = self.bytes.saturating_sub(n);
+        self.resident = self.resident.saturating_sub(n);
         self.held.sub(n);
     }
 
@@ -256,6 +310,7 @@ impl Queue {
     fn hold_bytes(&mut self, msg: &Message) {
         let n = msg.body().len() as u64;
         self.bytes += n;
+        self.resident += n;
         self.held.add(n);
     }
 
@@ -365,12 +420,142 @@ impl Queue {
         let seq = self.next_seq;
         self.next_seq += 1;
         self.hold_bytes(&msg);
-        self.ready.push_back(Entry {
-            seq,
-            msg,
-            deliveries: 0,
-        });
+        let entry = Entry::unplaced(seq, msg, 0);
+        if self.disk.is_empty() {
+            self.ready.push_back(entry);
+        } else {
+            self.tail.push_back(entry);
+        }
         seq
+    }
+
+    /// Records where a durable commit put the records of `seqs`: segment
+    /// `segment`, at `offset` plus each one's offset in the job. Messages
+    /// delivered meanwhile are skipped (only ready ones leave memory).
+    pub fn place(&mut self, segment: u64, offset: u64, seqs: &[u64], offsets: &[u32]) {
+        let Some(&first) = seqs.first() else {
+            return;
+        };
+        for part in [&mut self.ready, &mut self.tail] {
+            let mut i = part.partition_point(|e| e.seq < first);
+            for (seq, rel) in seqs.iter().zip(offsets) {
+                while part.get(i).is_some_and(|e| e.seq < *seq) {
+                    i += 1;
+                }
+                match part.get_mut(i) {
+                    Some(e) if e.seq == *seq => {
+                        e.segment = segment;
+                        e.offset = u32::try_from(offset + u64::from(*rel)).unwrap_or(UNPLACED);
+                    }
+                    Some(_) => {}
+                    None => break,
+                }
+            }
+        }
+    }
+
+    /// Moves bodies of durable ready messages out of memory, coldest first,
+    /// until about `want` bytes are freed; returns the bytes freed. A queue
+    /// that has messages on disk also moves every durable message published
+    /// since (`want` 0 does only that): what is behind a backlog waits for
+    /// it anyway. Ids inside the dedup window stay remembered; past it, an
+    /// id on disk is no longer (its dedup entry is what would cost memory).
+    pub fn spill(&mut self, want: u64, now: Instant, settings: &QueueSettings) -> u64 {
+        let mut moved = Vec::new();
+        if !self.disk.is_empty() {
+            while self.tail.front().is_some_and(|e| e.offset != UNPLACED) {
+                moved.extend(self.tail.pop_front());
+            }
+        } else if want > 0 {
+            // Placed messages come first: placing follows commits, in order.
+            let placed = self.ready.partition_point(|e| e.offset != UNPLACED);
+            let mut from = placed;
+            let mut sum = 0u64;
+            while from > 0 && sum < want {
+                from -= 1;
+                sum += self.ready[from].msg.body().len() as u64;
+            }
+            if from == placed {
+                return 0;
+            }
+            let mut rest = self.ready.split_off(from);
+            self.tail = rest.split_off(placed - from);
+            moved.extend(rest);
+        }
+        let now_ms = crate::log::unix_ms();
+        let window_ms = settings.dedup_window.as_millis() as u64;
+        let mut freed = 0;
+        for e in moved {
+            let body = e.msg.body().len() as u64;
+            let route = e.msg.route();
+            let record = message_record_bytes(
+                e.msg.sender(),
+                e.msg.message_id(),
+                route.exchange,
+                route.routing_key,
+                body,
+            );
+            self.disk.push(
+                e.seq,
+                e.segment,
+                Framing::V2,
+                u64::from(e.offset),
+                record,
+                body,
+                e.deliveries,
+            );
+            // The id stays a duplicate for the window after its publish.
+            let key = e.msg.dedup_key(&settings.dedup_hasher);
+            let left = (route.sent_at_ms + window_ms).saturating_sub(now_ms);
+            let until = now + Duration::from_millis(left);
+            self.dedup.insert(key, DedupState::AckedUntil(until));
+            self.expiring.push_back(Expiring { until, key });
+            freed += body;
+        }
+        self.resident = self.resident.saturating_sub(freed);
+        self.held.sub(freed);
+        freed
+    }
+
+    /// The next read of the backlog on disk, when one is due: messages are
+    /// wanted (`demand`) and fewer than a batch are in memory ahead of them.
+    /// (segment, offset, length); marks a read in flight.
+    pub fn next_read(&mut self, demand: bool) -> Option<(u64, u64, usize)> {
+        if !demand || self.disk.is_empty() || self.ready.len() >= crate::backlog::READAHEAD_MESSAGES
+        {
+            return None;
+        }
+        self.disk.next_read()
+    }
+
+    /// Whether a read of the backlog is in flight.
+    pub fn is_reading(&self) -> bool {
+        self.disk.is_reading()
+    }
+
+    /// Whether anyone could take a message now: a consumer with room.
+    pub fn has_consumer_room(&self) -> bool {
+        self.consumers.iter().any(|c| c.inflight < c.prefetch)
+    }
+
+    /// A read of the backlog failed; the next [`Queue::next_read`] asks again.
+    pub fn read_failed(&mut self) {
+        self.disk.read_failed();
+    }
+
+    /// Takes in what a read of the backlog returned (`asked` bytes were
+    /// asked for at `offset` of `segment`).
+    pub fn absorb(&mut self, segment: u64, offset: u64, asked: usize, data: &[u8]) -> Absorbed {
+        let done = self
+            .disk
+            .absorb(segment, offset, asked, data, &mut self.ready);
+        self.resident += done.loaded_bytes;
+        self.held.add(done.loaded_bytes);
+        self.bytes = self.bytes.saturating_sub(done.lost_bytes);
+        if self.disk.is_empty() {
+            self.ready.append(&mut self.tail);
+        }
+        done
     }
 
     /// The sequence number the next stored message gets.
@@ -380,7 +565,8 @@ impl Queue {
 
     /// Rebuilds a queue from its log: unacked messages in order with their
     /// delivery counts, and the dedup state (stored ids, and ids acked within
-    /// the window, given as (key, Unix ms of the ack)).
+    /// the window, given as (key, Unix ms of the ack)). Messages carry their
+    /// place in the log.
     #[allow(clippy::too_many_arguments)]
     pub fn restore(
         name: Arc<str>,
@@ -430,10 +616,13 @@ impl Queue {
     pub fn discard_unwritten(&mut self, seqs: &[u64], settings: &QueueSettings) -> Vec<u64> {
         let mut gone = Vec::new();
         for &seq in seqs {
-            // `ready` is in sequence order.
+            // `ready` and `tail` are in sequence order.
             let entry = match self.ready.binary_search_by_key(&seq, |e| e.seq) {
                 Ok(i) => self.ready.remove(i),
-                Err(_) => self.requeued.remove(&seq),
+                Err(_) => match self.tail.binary_search_by_key(&seq, |e| e.seq) {
+                    Ok(i) => self.tail.remove(i),
+                    Err(_) => self.requeued.remove(&seq),
+                },
             };
             let key = match &entry {
                 Some(e) => e.msg.dedup_key(&settings.dedup_hasher),
@@ -687,7 +876,7 @@ impl Queue {
 /// its shard's meter.
 impl Drop for Queue {
     fn drop(&mut self) {
-        self.held.sub(self.bytes);
+        self.held.sub(self.resident);
     }
 }
 
@@ -848,11 +1037,7 @@ mod tests {
             0,
             held.clone(),
             1,
-            [Entry {
-                seq: 0,
-                msg: msg("c1", "s"),
-                deliveries: 0,
-            }],
+            [Entry::unplaced(0, msg("c1", "s"), 0)],
             &[],
             &s,
             now,

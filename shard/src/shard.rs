@@ -13,6 +13,7 @@ use std::time::Instant;
 
 use ciphermq_proto::NackReason;
 
+use crate::backlog::ReadJob;
 use crate::durability::{Durability, TicketKind};
 use crate::log::{unix_ms, CommitJob, QueueLog, RecoveredQueue};
 use crate::mailbox::{Completion, ConnEvent, Mailbox};
@@ -53,7 +54,42 @@ pub struct QueueStats {
     pub bytes: u64,
     /// Registered consumers.
     pub consumers: usize,
+    /// Ready messages whose bodies are only on disk (past the memory budget).
+    pub on_disk: u64,
+    /// The part of `bytes` held in memory.
+    pub memory_bytes: u64,
 }
+
+/// How reading backlogs back from disk went on one shard, since it started.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct BacklogReads {
+    /// Reads made.
+    pub reads: u64,
+    /// Bytes they returned.
+    pub bytes: u64,
+    /// Messages read back into memory.
+    pub messages: u64,
+    /// Reads that failed (tried again a second later).
+    pub errors: u64,
+    /// Damaged bytes skipped (never served).
+    pub damaged_bytes: u64,
+    /// Messages not found where their run said (damaged or missing).
+    pub lost: u64,
+    /// Bodies moved out of memory.
+    pub spilled_bytes: u64,
+}
+
+/// A `fetch` that found only messages on disk: answered once they are read.
+#[derive(Debug)]
+struct WaitingFetch {
+    origin: Origin,
+    queue: Arc<str>,
+    max: u32,
+}
+
+/// Least time between two searches for the queue to spill: a search scans
+/// every queue of the shard.
+const SPILL_SEARCH_EVERY: std::time::Duration = std::time::Duration::from_millis(5);
 
 /// Merges two outcomes of one publish: any refusal wins, the first one kept.
 #[inline]
@@ -81,6 +117,16 @@ pub struct Shard {
     dead: Vec<Entry>,
     /// Logs and group commit; `None` for in-memory queues.
     durable: Option<Durability>,
+    /// Queues that may want a read of their backlog, checked when the
+    /// reader takes its jobs.
+    to_read: Vec<Arc<str>>,
+    /// Queues whose read failed, asked again at the next sweep.
+    read_retry: Vec<Arc<str>>,
+    /// The reader task, woken when a queue wants a read.
+    reader: Option<std::task::Waker>,
+    waiting_fetches: Vec<WaitingFetch>,
+    backlog: BacklogReads,
+    last_spill_search: Option<Instant>,
 }
 
 impl Shard {
@@ -105,15 +151,34 @@ impl Shard {
             deliveries: Vec::new(),
             dead: Vec::new(),
             durable,
+            to_read: Vec::new(),
+            read_retry: Vec::new(),
+            reader: None,
+            waiting_fetches: Vec::new(),
+            backlog: BacklogReads::default(),
+            last_spill_search: None,
         }
     }
 
     /// Rebuilds a queue this shard owns from its recovered log.
     pub fn restore_queue(&mut self, name: Arc<str>, recovered: RecoveredQueue, now: Instant) {
+        // Only records of this version's framing are read back later.
+        let old: Vec<u64> = recovered
+            .segments
+            .iter()
+            .filter(|s| !s.appendable)
+            .map(|s| s.base)
+            .collect();
         let entries = recovered.messages.into_iter().map(|m| Entry {
             seq: m.seq,
             msg: m.msg,
             deliveries: m.deliveries,
+            segment: m.segment,
+            offset: if old.contains(&m.segment) {
+                crate::queue::UNPLACED
+            } else {
+                u32::try_from(m.offset).unwrap_or(crate::queue::UNPLACED)
+            },
         });
         let queue = Queue::restore(
             name.clone(),
@@ -182,7 +247,24 @@ impl Shard {
                 let gone = q.discard_unwritten(&job.message_seqs, &self.settings);
                 d.forget_messages(&job.queue, &gone);
             }
+        } else if let Some(q) = self.queues.get_mut(&*job.queue) {
+            q.place(
+                job.segment,
+                job.offset,
+                &job.message_seqs,
+                &job.message_offsets,
+            );
+            if self.settings.spill_bytes.is_some() && q.disk_len() > 0 {
+                let now = Instant::now();
+                self.backlog.spilled_bytes += q.spill(0, now, &self.settings);
+            }
         }
+        if ok {
+            self.keep_budget();
+        }
+        let Some(d) = &mut self.durable else {
+            return ok;
+        };
         let mut finished = Vec::new();
         for id in &job.waiters {
             if let MapEntry::Occupied(mut e) = d.tickets.entry(*id) {
@@ -206,6 +288,133 @@ impl Shard {
             }
         }
         ok
+    }
+
+    /// Past its part of the memory budget, the shard moves the bodies of
+    /// the queue holding the most in memory to disk, down to 7/8 of its
+    /// part: the biggest backlog pays, a queue served from memory does not.
+    fn keep_budget(&mut self) {
+        let Some(cap) = self.settings.spill_bytes else {
+            return;
+        };
+        let held = self.held.get();
+        if held <= cap {
+            return;
+        }
+        let now = Instant::now();
+        if self
+            .last_spill_search
+            .is_some_and(|t| now.duration_since(t) < SPILL_SEARCH_EVERY)
+        {
+            return;
+        }
+        self.last_spill_search = Some(now);
+        let want = held - cap / 8 * 7;
+        let Some(q) = self.queues.values_mut().max_by_key(|q| q.resident_bytes()) else {
+            return;
+        };
+        let freed = q.spill(want, now, &self.settings);
+        if freed > 0 {
+            tracing::debug!(queue = %q.name(), freed, "bodies moved out of memory past the budget");
+        }
+        self.backlog.spilled_bytes += freed;
+    }
+
+    /// Notes that `queue` may want its backlog read back, and wakes the reader.
+    fn want_read(&mut self, queue: &Arc<str>) {
+        if !self.to_read.iter().any(|q| q == queue) {
+            self.to_read.push(queue.clone());
+        }
+        if let Some(w) = self.reader.take() {
+            w.wake();
+        }
+    }
+
+    /// Whether the reader has reads to make.
+    pub fn has_read_work(&self) -> bool {
+        !self.to_read.is_empty()
+    }
+
+    /// Registers the reader task, woken when a queue wants a read.
+    pub fn register_reader(&mut self, waker: &std::task::Waker) {
+        self.reader = Some(waker.clone());
+    }
+
+    /// Takes the reads due: at most one in flight per queue, for queues
+    /// whose consumers (or waiting fetches) are about to run out of
+    /// messages in memory.
+    pub fn take_read_jobs(&mut self, out: &mut Vec<ReadJob>) {
+        let Some(d) = &self.durable else {
+            self.to_read.clear();
+            return;
+        };
+        for name in self.to_read.drain(..) {
+            let Some(q) = self.queues.get_mut(&name) else {
+                continue;
+            };
+            let demand =
+                q.has_consumer_room() || self.waiting_fetches.iter().any(|f| f.queue == name);
+            if let Some((segment, offset, len)) = q.next_read(demand) {
+                out.push(ReadJob {
+                    path: crate::log::segment_path(&d.dir_of(&name), segment),
+                    queue: name,
+                    segment,
+                    offset,
+                    len,
+                });
+            }
+        }
+    }
+
+    /// A backlog read finished: its messages join the queue (or, on
+    /// `Err`, the read is made again at the next sweep).
+    pub fn read_done(&mut self, job: &ReadJob, result: Result<&[u8], String>, now: Instant) {
+        let Some(q) = self.queues.get_mut(&job.queue) else {
+            return;
+        };
+        let data = match result {
+            Ok(data) => data,
+            Err(e) => {
+                tracing::warn!(queue = %job.queue, path = %job.path.display(), offset = job.offset, error = %e, "backlog read failed; tried again in a second");
+                q.read_failed();
+                self.backlog.errors += 1;
+                self.read_retry.push(job.queue.clone());
+                return;
+            }
+        };
+        let got = q.absorb(job.segment, job.offset, job.len, data);
+        let b = &mut self.backlog;
+        b.reads += 1;
+        b.bytes += data.len() as u64;
+        b.messages += got.loaded;
+        b.damaged_bytes += got.damaged_bytes;
+        b.lost += got.lost;
+        let name = job.queue.clone();
+        self.dispatch(&name, now);
+        self.serve_waiting_fetches(&name, now);
+        if self.queues.get(&name).is_some_and(|q| q.disk_len() > 0) {
+            self.want_read(&name);
+        }
+    }
+
+    fn serve_waiting_fetches(&mut self, queue: &Arc<str>, now: Instant) {
+        if !self.waiting_fetches.iter().any(|f| f.queue == *queue) {
+            return;
+        }
+        let (mine, others) = std::mem::take(&mut self.waiting_fetches)
+            .into_iter()
+            .partition(|f| f.queue == *queue);
+        self.waiting_fetches = others;
+        for f in mine {
+            if let Some(deliveries) = self.fetch_local(f.origin, &f.queue, f.max, now) {
+                self.complete(f.origin, Completion::Fetched(deliveries));
+            }
+        }
+    }
+
+    /// How reading backlogs back went.
+    pub fn backlog_reads(&self) -> BacklogReads {
+        self.backlog
     }
 
     fn log_ack(&mut self, queue: &Arc<str>, seq: u64) {
@@ -397,6 +606,10 @@ impl Shard {
                     log.append_delivered(delivery.seq, delivery.count, at);
                 }
             }
+            if q.disk_len() > 0 && !q.is_reading() {
+                let name = q.name().clone();
+                self.want_read(&name);
+            }
         }
         for (conn, delivery) in deliveries.drain(..) {
             self.route_delivery(conn, delivery);
@@ -535,23 +748,39 @@ impl Shard {
             );
             return None;
         }
-        Some(Completion::Fetched(self.fetch_local(
-            origin.conn,
-            &queue.name,
-            max,
-            now,
-        )))
+        self.fetch_local(origin, &queue.name, max, now)
+            .map(Completion::Fetched)
     }
 
-    fn fetch_local(&mut self, conn: ConnRef, queue: &str, max: u32, now: Instant) -> Vec<Delivery> {
+    /// `None`: only messages on disk are there, so the fetch waits for
+    /// them to be read (answered by [`Shard::read_done`]).
+    fn fetch_local(
+        &mut self,
+        origin: Origin,
+        queue: &str,
+        max: u32,
+        now: Instant,
+    ) -> Option<Vec<Delivery>> {
+        let conn = origin.conn;
         let settings = self.settings.clone();
         let mut out = Vec::new();
         let mut dead = std::mem::take(&mut self.dead);
         if self.queue_mut(queue).is_some() {
             let Some(q) = self.queues.get_mut(queue) else {
-                return out;
+                return Some(out);
             };
             q.fetch(conn, max, &settings, now, &mut out, &mut dead);
+            if out.is_empty() && dead.is_empty() && max > 0 && q.disk_len() > 0 {
+                let name = q.name().clone();
+                self.dead = dead;
+                self.waiting_fetches.push(WaitingFetch {
+                    origin,
+                    queue: name.clone(),
+                    max,
+                });
+                self.want_read(&name);
+                return None;
+            }
             if let (Some(d), false) = (&mut self.durable, out.is_empty()) {
                 let log = d.log(q.name(), q.next_seq());
                 let at = unix_ms();
@@ -564,7 +793,7 @@ impl Shard {
             self.dead_letter(queue, &mut dead, now);
         }
         self.dead = dead;
-        out
+        Some(out)
     }
 
     /// Acks an outstanding delivery of `conn`.
@@ -635,6 +864,7 @@ impl Shard {
     }
 
     fn conn_closed(&mut self, conn: ConnRef) {
+        self.waiting_fetches.retain(|f| f.origin.conn != conn);
         let now = Instant::now();
         let settings = self.settings.clone();
         let names: Vec<Arc<str>> = self.queues.keys().cloned().collect();
@@ -654,6 +884,11 @@ impl Shard {
         if let Some(d) = &mut self.durable {
             d.housekeeping(self.settings.dedup_window.as_millis() as u64);
         }
+        for name in std::mem::take(&mut self.read_retry) {
+            self.want_read(&name);
+        }
+        // A restart brings bodies back into memory with no commit to follow.
+        self.keep_budget();
         if self.settings.ack_wait.is_none() {
             return;
         }
@@ -715,8 +950,9 @@ impl Shard {
                 self.complete(origin, Completion::Consumed);
             }
             ShardMsg::Fetch { origin, queue, max } => {
-                let deliveries = self.fetch_local(origin.conn, &queue, max, now);
-                self.complete(origin, Completion::Fetched(deliveries));
+                if let Some(deliveries) = self.fetch_local(origin, &queue, max, now) {
+                    self.complete(origin, Completion::Fetched(deliveries));
+                }
             }
             ShardMsg::Done { origin, completion } => {
                 if let Some(mailbox) = self.conns.get(&origin.conn.id) {
@@ -760,6 +996,8 @@ impl Shard {
                 unacked: q.unacked_len(),
                 bytes: q.bytes(),
                 consumers: q.consumer_count(),
+                on_disk: q.disk_len(),
+                memory_bytes: q.resident_bytes(),
             })
             .collect()
     }

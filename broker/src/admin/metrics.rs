@@ -6,6 +6,7 @@
 use std::fmt::Write;
 
 use ciphermq_pgbridge::BridgeStatus;
+use ciphermq_shard::shard::BacklogReads;
 
 use super::slots::{Cap, SlotStats};
 use super::{status, AdminContext};
@@ -358,7 +359,7 @@ pub(crate) fn render(ctx: &AdminContext, admin: &SlotStats) -> String {
     }
 
     let queues = status::queues(ctx);
-    let gauges: [QueueGauge; 4] = [
+    let gauges: [QueueGauge; 6] = [
         (
             "ciphermq_queue_ready",
             "Messages waiting in a queue.",
@@ -373,6 +374,16 @@ pub(crate) fn render(ctx: &AdminContext, admin: &SlotStats) -> String {
             "ciphermq_queue_bytes",
             "Body bytes a queue holds, ready and unacked (performance.max_queue_bytes caps them).",
             |q| q.bytes,
+        ),
+        (
+            "ciphermq_queue_memory_bytes",
+            "The part of a queue's body bytes held in memory (past storage.memory_budget_mb the rest is read back from its log).",
+            |q| q.memory_bytes,
+        ),
+        (
+            "ciphermq_queue_on_disk",
+            "Ready messages of a queue whose bodies are in its log only.",
+            |q| q.on_disk,
         ),
         (
             "ciphermq_queue_consumers",
@@ -404,6 +415,63 @@ pub(crate) fn render(ctx: &AdminContext, admin: &SlotStats) -> String {
     for (shard, bytes) in per_shard.iter().enumerate() {
         let shard = shard.to_string();
         e.sample_u64("ciphermq_shard_queued_bytes", &[("shard", &shard)], *bytes);
+    }
+    e.family(
+        "ciphermq_shard_memory_bytes",
+        Kind::Gauge,
+        "Body bytes a shard's queues hold in memory: what its part of storage.memory_budget_mb bounds.",
+    );
+    let mut in_memory = vec![0u64; ctx.shared.shards];
+    for q in &queues {
+        if let Some(sum) = in_memory.get_mut(q.shard) {
+            *sum += q.memory_bytes;
+        }
+    }
+    for (shard, bytes) in in_memory.iter().enumerate() {
+        let shard = shard.to_string();
+        e.sample_u64("ciphermq_shard_memory_bytes", &[("shard", &shard)], *bytes);
+    }
+    type BacklogCounter = (&'static str, &'static str, fn(&BacklogReads) -> u64);
+    let backlog: [BacklogCounter; 5] = [
+        (
+            "ciphermq_backlog_reads_total",
+            "Reads of queued bodies kept on disk only.",
+            |b| b.reads,
+        ),
+        (
+            "ciphermq_backlog_read_bytes_total",
+            "Bytes those reads returned.",
+            |b| b.bytes,
+        ),
+        (
+            "ciphermq_backlog_read_errors_total",
+            "Backlog reads that failed (made again a second later).",
+            |b| b.errors,
+        ),
+        (
+            "ciphermq_backlog_lost_messages_total",
+            "Messages on disk whose records were damaged or missing when read back: never served.",
+            |b| b.lost,
+        ),
+        (
+            "ciphermq_backlog_spilled_bytes_total",
+            "Body bytes moved out of memory past storage.memory_budget_mb.",
+            |b| b.spilled_bytes,
+        ),
+    ];
+    let reads: Vec<BacklogReads> = ctx
+        .shared
+        .stats
+        .shards()
+        .iter()
+        .map(|s| s.backlog_reads())
+        .collect();
+    for (name, help, get) in backlog {
+        e.family(name, Kind::Counter, help);
+        for (shard, b) in reads.iter().enumerate() {
+            let shard = shard.to_string();
+            e.sample_u64(name, &[("shard", &shard)], get(b));
+        }
     }
     for (name, help, get) in gauges {
         e.family(name, Kind::Gauge, help);

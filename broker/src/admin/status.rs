@@ -129,6 +129,10 @@ pub(crate) struct QueueEntry {
     pub(crate) unacked: usize,
     /// Body bytes held, ready and unacked.
     pub(crate) bytes: u64,
+    /// The part of `bytes` in memory (the rest is in the log only).
+    pub(crate) memory_bytes: u64,
+    /// Ready messages whose bodies are in the log only.
+    pub(crate) on_disk: u64,
     pub(crate) consumers: usize,
     pub(crate) shard: usize,
 }
@@ -333,6 +337,8 @@ pub(crate) fn queues(ctx: &AdminContext) -> Vec<QueueEntry> {
                 ready: 0,
                 unacked: 0,
                 bytes: 0,
+                memory_bytes: 0,
+                on_disk: 0,
                 consumers: 0,
                 shard: info.shard as usize,
             },
@@ -346,12 +352,16 @@ pub(crate) fn queues(ctx: &AdminContext) -> Vec<QueueEntry> {
                 ready: 0,
                 unacked: 0,
                 bytes: 0,
+                memory_bytes: 0,
+                on_disk: 0,
                 consumers: 0,
                 shard: shard.shard,
             });
             entry.ready = q.ready;
             entry.unacked = q.unacked;
             entry.bytes = q.bytes;
+            entry.memory_bytes = q.memory_bytes;
+            entry.on_disk = q.on_disk;
             entry.consumers = q.consumers;
             entry.shard = shard.shard;
         }

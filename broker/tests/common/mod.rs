@@ -151,11 +151,23 @@ impl TestBroker {
 
     /// [`TestBroker::start_durable_at`] with `extra` config sections.
     pub fn start_durable_with(shards: usize, data: &Path, addr: &str, extra: &str) -> TestBroker {
+        TestBroker::start_durable_edited(shards, data, addr, extra, |text| text)
+    }
+
+    /// [`TestBroker::start_durable_with`], its config text passed through
+    /// `edit` first (for keys of the sections the text already has).
+    pub fn start_durable_edited(
+        shards: usize,
+        data: &Path,
+        addr: &str,
+        extra: &str,
+        edit: impl FnOnce(String) -> String,
+    ) -> TestBroker {
         let _ = tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
             .with_test_writer()
             .try_init();
-        let text = config_text(&pki().certs, data, shards, extra)
+        let text = edit(config_text(&pki().certs, data, shards, extra))
             .replace(r#"mode = "memory""#, r#"mode = "durable""#)
             .replace(
                 r#"address = "127.0.0.1:0""#,
@@ -170,6 +182,11 @@ impl TestBroker {
             shards,
             _data: tempfile::tempdir().expect("tempdir"),
         }
+    }
+
+    /// The admin endpoint's address, when the config enables it.
+    pub fn admin_addr(&self) -> Option<std::net::SocketAddr> {
+        self.handle.as_ref()?.admin_addr()
     }
 
     /// Stops the broker gracefully (blocks until its shards ended).

@@ -56,6 +56,8 @@ pub struct CommitJob {
     pub create_dir: bool,
     /// The segment file to write.
     pub path: PathBuf,
+    /// Its base sequence number.
+    pub segment: u64,
     /// The file is new: create it (never over an existing file), write the
     /// file header, and sync the directory after the data.
     pub create: bool,
@@ -72,6 +74,9 @@ pub struct CommitJob {
     /// Sequence numbers of messages whose records are in `bytes`: if the write
     /// fails they must not stay in the queue as if stored.
     pub message_seqs: Vec<u64>,
+    /// Where each of those records starts in `bytes`: once durable, at
+    /// `offset` plus this in the file.
+    pub message_offsets: Vec<u32>,
     /// Acks in `bytes` (seq, Unix ms): appended again if the job fails.
     pub acks: Vec<(u64, u64)>,
     /// Fully acked segments to delete after the write: (base, file).
@@ -100,6 +105,7 @@ pub struct QueueLog {
     pending_hint: usize,
     waiters: Vec<u64>,
     message_seqs: Vec<u64>,
+    message_offsets: Vec<u32>,
     acks: Vec<(u64, u64)>,
     /// Files the next job cuts back before writing (see [`CommitJob::cuts`]).
     cuts: Vec<(PathBuf, u64)>,
@@ -137,6 +143,7 @@ impl QueueLog {
             pending_hint: 0,
             waiters: Vec::new(),
             message_seqs: Vec::new(),
+            message_offsets: Vec::new(),
             acks: Vec::new(),
             cuts: Vec::new(),
             epoch: 0,
@@ -226,6 +233,7 @@ impl QueueLog {
             }
         }
         let route = msg.route();
+        let at = self.pending.len();
         encode(
             &Record::Message {
                 seq,
@@ -242,6 +250,8 @@ impl QueueLog {
             active.live += 1;
         }
         self.message_seqs.push(seq);
+        self.message_offsets
+            .push(u32::try_from(at).unwrap_or(crate::queue::UNPLACED));
     }
 
     /// The segment holding `seq`: the last one whose base is <= seq.
@@ -376,12 +386,14 @@ impl QueueLog {
             dir: self.dir.clone(),
             create_dir: !self.dir_exists,
             path: active.path.clone(),
+            segment: active.base,
             create: !active.created,
             cuts: std::mem::take(&mut self.cuts),
             offset: self.written,
             bytes: std::mem::take(&mut self.pending),
             waiters: std::mem::take(&mut self.waiters),
             message_seqs: std::mem::take(&mut self.message_seqs),
+            message_offsets: std::mem::take(&mut self.message_offsets),
             acks: std::mem::take(&mut self.acks),
             delete,
             dedup_write,

@@ -230,6 +230,19 @@ pub fn encode(record: &Record<'_>, out: &mut Vec<u8>) {
     seal(out, start);
 }
 
+/// Bytes of the v2 frame of a message record with these fields: where the
+/// next record starts, without encoding it.
+pub fn message_record_bytes(
+    sender: &str,
+    message_id: &str,
+    exchange: &str,
+    routing_key: &str,
+    body_len: u64,
+) -> u64 {
+    let names = sender.len() + message_id.len() + exchange.len() + routing_key.len();
+    (HEADER_BYTES + 16 + 4 * 2 + names) as u64 + body_len
+}
+
 /// Fills in the length and CRC of the v2 frame that starts at `start` and
 /// runs to the end of `out`.
 fn seal(out: &mut [u8], start: usize) {

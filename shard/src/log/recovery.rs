@@ -48,6 +48,10 @@ pub struct RecoveredMessage {
     pub msg: Arc<Message>,
     /// Deliveries before the restart.
     pub deliveries: u32,
+    /// The base of the segment holding its record.
+    pub segment: u64,
+    /// Where its record starts there.
+    pub offset: u64,
 }
 
 /// Damaged bytes found in a log file, moved out of it and never served.
@@ -122,7 +126,7 @@ struct Walked {
 fn walk_file(
     path: &Path,
     out: &mut RecoveredQueue,
-    mut visit: impl FnMut(Record<'_>),
+    mut visit: impl FnMut(Record<'_>, u64),
 ) -> io::Result<Walked> {
     let mut data = fs::read(path)?;
     let layout = segment::layout(&data);
@@ -148,7 +152,7 @@ fn walk_file(
     loop {
         match segment::step(&data, pos, layout.framing, true) {
             Step::Record(record, n) => {
-                visit(record);
+                visit(record, pos as u64);
                 pos += n;
             }
             Step::Damaged { len, why } => {
@@ -227,7 +231,7 @@ pub fn recover_queue(dir: &Path, hasher: &DedupHasher) -> io::Result<RecoveredQu
     for (number, path) in listing.dedup_files {
         let mut newest_ms = 0u64;
         let mut acked = Vec::new();
-        let walked = walk_file(&path, &mut out, |record| {
+        let walked = walk_file(&path, &mut out, |record, _| {
             if let Record::Dedup(entries) = record {
                 for (key, at) in entries.iter() {
                     newest_ms = newest_ms.max(at);
@@ -243,12 +247,12 @@ pub fn recover_queue(dir: &Path, hasher: &DedupHasher) -> io::Result<RecoveredQu
             newest_ms,
         });
     }
-    let mut live: BTreeMap<u64, (Arc<Message>, u32, usize)> = BTreeMap::new();
+    let mut live: BTreeMap<u64, (Arc<Message>, u32, usize, u64)> = BTreeMap::new();
     let mut senders: std::collections::HashMap<String, Arc<str>> = Default::default();
     for (index, (base, path)) in listing.segments.into_iter().enumerate() {
         let mut acked = Vec::new();
         let mut next_seq = out.next_seq;
-        let walked = walk_file(&path, &mut out, |record| match record {
+        let walked = walk_file(&path, &mut out, |record, at| match record {
             Record::Message {
                 seq,
                 sender,
@@ -268,12 +272,12 @@ pub fn recover_queue(dir: &Path, hasher: &DedupHasher) -> io::Result<RecoveredQu
                     sent_at_ms,
                 };
                 let msg = Message::published(message_id, body, sender, route);
-                live.insert(seq, (msg, 0, index));
+                live.insert(seq, (msg, 0, index, at));
                 // Saturating: a record may claim seq u64::MAX (found by fuzzing).
                 next_seq = next_seq.max(seq.saturating_add(1));
             }
             Record::Ack { seq, acked_at_ms } => {
-                if let Some((msg, _, _)) = live.remove(&seq) {
+                if let Some((msg, ..)) = live.remove(&seq) {
                     acked.push((msg.dedup_key(hasher), acked_at_ms, seq));
                 }
             }
@@ -307,12 +311,14 @@ pub fn recover_queue(dir: &Path, hasher: &DedupHasher) -> io::Result<RecoveredQu
     {
         out.next_seq += 1;
     }
-    for (seq, (msg, deliveries, segment)) in live {
+    for (seq, (msg, deliveries, segment, offset)) in live {
         out.segments[segment].live += 1;
         out.messages.push(RecoveredMessage {
             seq,
             msg,
             deliveries,
+            segment: out.segments[segment].base,
+            offset,
         });
     }
     Ok(out)

@@ -1,0 +1,324 @@
+//! Durable backlogs larger than `storage.memory_budget_mb`: past its shard's
+//! part of the budget a queue keeps its bodies in its log only and reads
+//! them back ahead of its consumers. The budget holds (measured on the
+//! broker's own meter, `/metrics`), and every acked publish is still served
+//! exactly once, in order, across a restart, with nacks, acks,
+//! dead-lettering and dedup interleaved.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use ciphermq_clients::connection::Connection;
+use common::*;
+
+/// Body bytes of the ciphertext per message: about 10 KB a message, so a
+/// few hundred messages are many times a 1 MiB budget.
+const CIPHERTEXT_BYTES: usize = 10_000;
+
+/// Most body bytes a shard may hold past its part of the budget: the
+/// messages of commit rounds not durable yet (a pipelined window here) and
+/// one read-ahead batch.
+const SLACK: u64 = 3 << 20;
+
+/// Its address is quoted differently from the server's, which a restart
+/// replaces with the port the broker got.
+const ADMIN: &str = "\n[admin]\nenabled = true\naddress = '127.0.0.1:0'\n";
+
+fn envelope(id: &str, receiver: &str) -> String {
+    format!(
+        r#"{{"message_id":"{id}","receiver_client_id":"{receiver}","enc_session_key":"a2V5","nonce":"bm9uY2U=","ciphertext":"{}"}}"#,
+        "QUFB".repeat(CIPHERTEXT_BYTES / 4)
+    )
+}
+
+/// A durable broker over `data` with a 1 MiB budget (and `performance`
+/// keys `perf`), with its admin endpoint.
+fn start(shards: usize, data: &std::path::Path, addr: &str, perf: &str) -> TestBroker {
+    let extra = format!("\n[performance]\n{perf}\n{ADMIN}");
+    TestBroker::start_durable_edited(shards, data, addr, &extra, |text| {
+        text.replace(
+            r#"mode = "memory""#,
+            "mode = \"memory\"\nmemory_budget_mb = 1",
+        )
+    })
+}
+
+/// Publishes `ids` with key `key` on `ex`, 64 in flight, asserting each `ACK`.
+async fn publish_all(s: &mut Connection, key: &str, receiver: &str, ids: &[String]) {
+    for window in ids.chunks(64) {
+        for id in window {
+            send(s, &format!("publish ex {key} {}", envelope(id, receiver))).await;
+        }
+        flush_t(s).await;
+        for id in window {
+            assert_eq!(line(s).await, format!("ACK {id}"));
+        }
+    }
+}
+
+/// The samples of metric `name` (label set → value).
+async fn metric(admin: SocketAddr, name: &str) -> Vec<(String, u64)> {
+    let reply = admin_http::request(admin, Some("admin"), "GET", "/metrics")
+        .await
+        .expect("metrics");
+    reply
+        .body
+        .lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with('{'))
+        .filter_map(|l| {
+            let (labels, value) = l[name.len()..].rsplit_once(' ')?;
+            Some((labels.to_owned(), value.parse().ok()?))
+        })
+        .collect()
+}
+
+/// Waits (bounded) until every shard's in-memory bodies are within its
+/// part plus `SLACK` and `queue` has at least `min_on_disk` messages on
+/// disk; returns (largest shard figure, messages on disk).
+async fn settle(admin: SocketAddr, shards: u64, queue: &str, min_on_disk: u64) -> (u64, u64) {
+    let part = (1u64 << 20) / shards;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let memory = metric(admin, "ciphermq_shard_memory_bytes").await;
+        let worst = memory.iter().map(|(_, v)| *v).max().unwrap_or(0);
+        let on_disk = metric(admin, "ciphermq_queue_on_disk")
+            .await
+            .into_iter()
+            .find(|(labels, _)| labels.contains(&format!("queue=\"{queue}\"")))
+            .map_or(0, |(_, v)| v);
+        if worst <= part + SLACK && on_disk >= min_on_disk && !memory.is_empty() {
+            return (worst, on_disk);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "budget not held: shards hold {memory:?} bytes in memory (part {part}), {on_disk} of {queue} on disk"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn receiver_with_queue(broker: &TestBroker, cn: &str, queue: &str) -> Connection {
+    let mut r = connect_as(broker, cn).await;
+    check(
+        &mut r,
+        &format!("declare_queue {queue}"),
+        &format!("OK declare_queue {queue}"),
+    )
+    .await;
+    check(
+        &mut r,
+        &format!("bind {queue} ex {cn}"),
+        &format!("OK bind {queue} ex {cn}"),
+    )
+    .await;
+    r
+}
+
+fn ids(prefix: &str, n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("{prefix}-{i}")).collect()
+}
+
+/// Fetches until `queue` is empty, acking each delivery; returns (id, count).
+async fn drain(r: &mut Connection, queue: &str) -> Vec<(String, u32)> {
+    let mut all = Vec::new();
+    loop {
+        let got = fetch(r, queue, 100).await;
+        if got.is_empty() {
+            return all;
+        }
+        for g in &got {
+            check(
+                r,
+                &format!("ack {} {queue}", g.id),
+                &format!("ACK_CONFIRMED {}", g.id),
+            )
+            .await;
+            all.push((g.id.clone(), g.count));
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backlog_many_times_the_budget_is_served_in_order_across_a_restart() {
+    let data = tempfile::tempdir().expect("tempdir");
+    let mut broker = start(1, data.path(), "127.0.0.1:0", "");
+    let addr = broker.addr.clone();
+    let admin = broker.admin_addr().expect("admin endpoint");
+    let mut a = connect_as(&broker, "admin").await;
+    check(&mut a, "declare_exchange ex", "OK declare_exchange ex").await;
+    let queue = "receiver_1_queue";
+    let mut r = receiver_with_queue(&broker, "receiver_1", queue).await;
+    let mut s = connect_as(&broker, "sender_1").await;
+
+    // 1,500 messages of about 10 KB: 15 times the budget.
+    let all = ids("m", 1500);
+    publish_all(&mut s, "receiver_1", "receiver_1", &all).await;
+    let (memory, on_disk) = settle(admin, 1, queue, 1000).await;
+    eprintln!("after publishing: {memory} bytes in memory, {on_disk} messages on disk");
+
+    // The head is read back for a fetch; nacked ones come back first.
+    let first = fetch(&mut r, queue, 10).await;
+    assert_eq!(
+        first.iter().map(|g| g.id.clone()).collect::<Vec<_>>(),
+        all[..10].to_vec()
+    );
+    for g in &first[..5] {
+        check(
+            &mut r,
+            &format!("ack {} {queue}", g.id),
+            &format!("ACK_CONFIRMED {}", g.id),
+        )
+        .await;
+    }
+    for g in &first[5..] {
+        check(
+            &mut r,
+            &format!("nack {} {queue}", g.id),
+            &format!("NACK_CONFIRMED {}", g.id),
+        )
+        .await;
+    }
+    // A retry of a message now on disk, inside the dedup window, stores
+    // nothing new.
+    publish_all(&mut s, "receiver_1", "receiver_1", &all[700..701]).await;
+    let again = fetch(&mut r, queue, 7).await;
+    let got: Vec<(String, u32)> = again.iter().map(|g| (g.id.clone(), g.count)).collect();
+    let mut want: Vec<(String, u32)> = all[5..10].iter().map(|id| (id.clone(), 2)).collect();
+    want.extend(all[10..12].iter().map(|id| (id.clone(), 1)));
+    assert_eq!(got, want, "redeliveries first, then the backlog in order");
+    for g in &again[..3] {
+        check(
+            &mut r,
+            &format!("ack {} {queue}", g.id),
+            &format!("ACK_CONFIRMED {}", g.id),
+        )
+        .await;
+    }
+    // The other four stay unacked across the restart.
+    drop(r);
+    drop(s);
+    drop(a);
+    broker.stop();
+
+    let broker = start(1, data.path(), &addr, "");
+    let admin = broker.admin_addr().expect("admin endpoint");
+    let (memory, on_disk) = settle(admin, 1, queue, 1000).await;
+    eprintln!("after the restart: {memory} bytes in memory, {on_disk} messages on disk");
+    let mut r = connect_as(&broker, "receiver_1").await;
+    let got = drain(&mut r, queue).await;
+    // Acked: m-0..m-4, m-5..m-7. Unacked at the stop: m-8, m-9 (delivered
+    // twice), m-10, m-11 (once); then the rest, never delivered.
+    let mut want: Vec<(String, u32)> = vec![
+        ("m-8".into(), 3),
+        ("m-9".into(), 3),
+        ("m-10".into(), 2),
+        ("m-11".into(), 2),
+    ];
+    want.extend(all[12..].iter().map(|id| (id.clone(), 1)));
+    let got_ids: Vec<&String> = got.iter().map(|(id, _)| id).collect();
+    let want_ids: Vec<&String> = want.iter().map(|(id, _)| id).collect();
+    assert_eq!(got_ids.len(), want_ids.len(), "0 lost, 0 duplicated");
+    assert_eq!(got_ids, want_ids, "in order");
+    assert_eq!(got, want, "delivery counts carried across the restart");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_budget_holds_with_many_queues_over_two_shards() {
+    let data = tempfile::tempdir().expect("tempdir");
+    let broker = start(2, data.path(), "127.0.0.1:0", "");
+    let admin = broker.admin_addr().expect("admin endpoint");
+    let mut a = connect_as(&broker, "admin").await;
+    check(&mut a, "declare_exchange ex", "OK declare_exchange ex").await;
+    // Queues of two receivers on different shards, four each.
+    let owners = ["receiver_1", "receiver_2", "receiver_1_2"];
+    let first = owners[0];
+    let other = *owners
+        .iter()
+        .find(|cn| broker.shard_of(cn) != broker.shard_of(first))
+        .expect("a receiver on the other shard");
+    let mut queues = Vec::new();
+    let mut conns = Vec::new();
+    for cn in [first, other] {
+        let mut r = connect_as(&broker, cn).await;
+        for i in 0..4 {
+            let q = format!("{cn}_q{i}");
+            check(
+                &mut r,
+                &format!("declare_queue {q}"),
+                &format!("OK declare_queue {q}"),
+            )
+            .await;
+            check(
+                &mut r,
+                &format!("bind {q} ex {cn}"),
+                &format!("OK bind {q} ex {cn}"),
+            )
+            .await;
+            queues.push((q, conns.len()));
+        }
+        conns.push(r);
+    }
+    // 200 publishes of 10 KB to each receiver, each stored in its four
+    // queues: 16 MB held, 16 times the budget.
+    let all = ids("f", 200);
+    let mut s = connect_as(&broker, "sender_1").await;
+    publish_all(&mut s, first, first, &all).await;
+    publish_all(&mut s, other, other, &all).await;
+    settle(admin, 2, &queues[0].0, 100).await;
+    settle(admin, 2, &queues[4].0, 100).await;
+    for (q, owner) in &queues {
+        let got = drain(&mut conns[*owner], q).await;
+        let got: Vec<String> = got.into_iter().map(|(id, _)| id).collect();
+        assert_eq!(got, all, "{q}: every message once, in order");
+    }
+    // Everything acked: the meters are back to nothing.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let memory = metric(admin, "ciphermq_shard_memory_bytes").await;
+        if memory.len() == 2 && memory.iter().all(|(_, v)| *v == 0) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "bodies left on the meters: {memory:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_read_back_from_disk_are_dead_lettered_after_max_deliveries() {
+    let data = tempfile::tempdir().expect("tempdir");
+    let broker = start(1, data.path(), "127.0.0.1:0", "max_deliveries = 2");
+    let admin = broker.admin_addr().expect("admin endpoint");
+    let mut a = connect_as(&broker, "admin").await;
+    check(&mut a, "declare_exchange ex", "OK declare_exchange ex").await;
+    let queue = "receiver_1_queue";
+    let mut r = receiver_with_queue(&broker, "receiver_1", queue).await;
+    let mut s = connect_as(&broker, "sender_1").await;
+    let all = ids("d", 600);
+    publish_all(&mut s, "receiver_1", "receiver_1", &all).await;
+    settle(admin, 1, queue, 400).await;
+    // d-0 is read back, nacked twice: it moves to the dead-letter queue.
+    for _ in 0..2 {
+        let got = fetch(&mut r, queue, 1).await;
+        assert_eq!(got[0].id, "d-0");
+        check(&mut r, &format!("nack d-0 {queue}"), "NACK_CONFIRMED d-0").await;
+    }
+    let rest = drain(&mut r, queue).await;
+    let rest: Vec<String> = rest.into_iter().map(|(id, _)| id).collect();
+    assert_eq!(
+        rest,
+        all[1..].to_vec(),
+        "the backlog, in order, without d-0"
+    );
+    let dead = fetch(&mut r, &format!("{queue}.dlq"), 10).await;
+    assert_eq!(
+        dead.iter()
+            .map(|g| (g.id.as_str(), g.count))
+            .collect::<Vec<_>>(),
+        [("d-0", 1)]
+    );
+}
