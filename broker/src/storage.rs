@@ -135,15 +135,16 @@ impl Storage {
         let topology = TopologyStore::persisted(loaded, TopologyFile::new(topology_path, lock))
             .map_err(|e| err("cannot start the topology writer thread", &e))?;
         let snapshot = topology.snapshot();
-        let mut total = 0usize;
+        let mut total = 0u64;
+        let window_ms = config.performance.dedup_window_secs.saturating_mul(1000);
         for info in snapshot.queues() {
             let dir = queue_dir(&data_dir, &info.name);
             if !dir.exists() {
                 continue;
             }
-            let queue = recover_queue(&dir, &dedup_hasher)
+            let queue = recover_queue(&dir, &dedup_hasher, window_ms)
                 .map_err(|e| err(&format!("queue {}", info.name), &e))?;
-            total += queue.messages.len();
+            total += queue.message_count();
             recovered[info.shard as usize].push((info.name.clone(), queue));
         }
         tracing::info!(queues = snapshot.queues().count(), messages = total, data_dir = %data_dir.display(), "storage recovered");

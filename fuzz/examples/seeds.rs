@@ -176,6 +176,7 @@ fn records() -> Vec<Record<'static>> {
         Record::Ack {
             seq: 1,
             acked_at_ms: 1_700_000_000_200,
+            key: None,
         },
         Record::Message {
             seq: 2,

@@ -45,11 +45,11 @@ fuzz_target!(|data: &[u8]| {
     files.write_to(dir).expect("write the input's files");
     // A fixed key: the two recoveries must hash acked ids alike.
     let hasher = DedupHasher::from_bytes([7; 16]);
-    let first = match recover_queue(dir, &hasher) {
+    let first = match recover_queue(dir, &hasher, u64::MAX / 4) {
         Ok(q) => q,
         Err(e) => panic!("recovery failed: {e}"),
     };
-    let second = match recover_queue(dir, &hasher) {
+    let second = match recover_queue(dir, &hasher, u64::MAX / 4) {
         Ok(q) => q,
         Err(e) => panic!("recovery of repaired files failed: {e}"),
     };
@@ -88,7 +88,8 @@ fn left_short(first: &RecoveredQueue, file: &Path, offset: u64, bytes: u64) -> b
 /// What a recovery read, in a comparable form.
 fn summary(q: &RecoveredQueue) -> impl PartialEq + std::fmt::Debug {
     let messages: Vec<(u64, String, u32)> = q
-        .messages
+        .read_back()
+        .unwrap_or_default()
         .iter()
         .map(|m| (m.seq, m.msg.message_id().to_owned(), m.deliveries))
         .collect();

@@ -241,6 +241,7 @@ mod tests {
         let ack = Record::Ack {
             seq: 3,
             acked_at_ms: 4,
+            key: Some(5),
         };
         let mut frame = Vec::new();
         encode(&ack, &mut frame);

@@ -45,10 +45,10 @@ pub struct Run {
     pub offset: u64,
     /// One past the last byte of the run's last record.
     pub end: u64,
-    /// Sequence numbers in the run: `first_seq..end_seq`, minus `holes`.
+    /// Sequence numbers in the run: `first_seq..=last_seq`, minus `holes`.
     pub first_seq: u64,
-    /// One past the last sequence number.
-    pub end_seq: u64,
+    /// The last sequence number.
+    pub last_seq: u64,
     /// Messages of the run not read back yet.
     pub count: u64,
     /// Their body bytes.
@@ -59,9 +59,36 @@ pub struct Run {
 }
 
 impl Run {
-    fn is_hole(&self, seq: u64) -> bool {
+    /// Whether `seq` is not (any longer) one of the run's messages.
+    pub fn is_hole(&self, seq: u64) -> bool {
         let i = self.holes.partition_point(|(_, end)| *end <= seq);
         self.holes.get(i).is_some_and(|(start, _)| *start <= seq)
+    }
+
+    /// Takes `seq` (one of its messages, acked) out of the run. Its body's
+    /// length is not known without reading it: the run's bytes shrink by
+    /// their mean, and what is left over is settled when the run is read.
+    pub fn add_hole(&mut self, seq: u64) {
+        if seq < self.first_seq || seq > self.last_seq || self.is_hole(seq) {
+            return;
+        }
+        let i = self.holes.partition_point(|(_, end)| *end <= seq);
+        let joins_before = i > 0 && self.holes[i - 1].1 == seq;
+        let next = seq.saturating_add(1);
+        let joins_after = self.holes.get(i).is_some_and(|(start, _)| *start == next);
+        match (joins_before, joins_after) {
+            (true, true) => {
+                self.holes[i - 1].1 = self.holes[i].1;
+                self.holes.remove(i);
+            }
+            (true, false) => self.holes[i - 1].1 = next,
+            (false, true) => self.holes[i].0 = seq,
+            (false, false) => self.holes.insert(i, (seq, next)),
+        }
+        if let Some(mean) = self.bytes.checked_div(self.count) {
+            self.bytes -= mean;
+            self.count -= 1;
+        }
     }
 }
 
@@ -160,12 +187,12 @@ impl DiskBacklog {
         self.len += 1;
         self.bytes += body_len;
         if let Some(last) = self.runs.back_mut() {
-            if last.segment == segment && offset >= last.end && seq >= last.end_seq {
+            if last.segment == segment && offset >= last.end && seq > last.last_seq {
                 last.end = offset + record_len;
-                if seq > last.end_seq {
-                    last.holes.push((last.end_seq, seq));
+                if seq > last.last_seq + 1 {
+                    last.holes.push((last.last_seq + 1, seq));
                 }
-                last.end_seq = seq + 1;
+                last.last_seq = seq;
                 last.count += 1;
                 last.bytes += body_len;
                 return;
@@ -177,7 +204,7 @@ impl DiskBacklog {
             offset,
             end: offset + record_len,
             first_seq: seq,
-            end_seq: seq + 1,
+            last_seq: seq,
             count: 1,
             bytes: body_len,
             holes: Vec::new(),
@@ -190,6 +217,11 @@ impl DiskBacklog {
         self.bytes += run.bytes;
         self.deliveries.extend(deliveries);
         self.runs.push_back(run);
+    }
+
+    /// Adopts delivery counts of messages held (before a restart).
+    pub fn push_deliveries(&mut self, deliveries: impl IntoIterator<Item = (u64, u32)>) {
+        self.deliveries.extend(deliveries);
     }
 
     /// The next read to make, unless one is in flight: (segment, offset,
@@ -250,7 +282,7 @@ impl DiskBacklog {
                         body,
                     } = record
                     {
-                        if seq >= run.first_seq && seq < run.end_seq && !run.is_hole(seq) {
+                        if seq >= run.first_seq && seq <= run.last_seq && !run.is_hole(seq) {
                             let sender = match &self.last_sender {
                                 Some(s) if **s == *sender => s.clone(),
                                 _ => {
@@ -332,9 +364,9 @@ impl DiskBacklog {
             done.lost_bytes = run.bytes;
             self.len = self.len.saturating_sub(run.count);
             self.bytes = self.bytes.saturating_sub(run.bytes);
-            let (first, end) = (run.first_seq, run.end_seq);
+            let (first, last) = (run.first_seq, run.last_seq);
             if !self.deliveries.is_empty() {
-                self.deliveries.retain(|seq, _| *seq < first || *seq >= end);
+                self.deliveries.retain(|seq, _| *seq < first || *seq > last);
             }
             self.runs.pop_front();
         }
@@ -369,6 +401,7 @@ mod tests {
             &Record::Ack {
                 seq,
                 acked_at_ms: 2,
+                key: None,
             },
             out,
         );

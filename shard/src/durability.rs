@@ -20,7 +20,11 @@ pub(crate) enum TicketKind {
     /// Answer a publish.
     Publish,
     /// Append the ack of a dead-lettered message to its source queue.
-    AckAfter { queue: Arc<str>, seq: u64 },
+    AckAfter {
+        queue: Arc<str>,
+        seq: u64,
+        key: crate::DedupKey,
+    },
 }
 
 /// Something waiting for commits: a publish part, or a deferred ack.
@@ -196,14 +200,19 @@ impl Durability {
 
     /// A ticket that appends the ack of `seq` to `queue` once the one commit
     /// it waits for is done.
-    pub(crate) fn new_deferred_ack(&mut self, queue: Arc<str>, seq: u64) -> u64 {
+    pub(crate) fn new_deferred_ack(
+        &mut self,
+        queue: Arc<str>,
+        seq: u64,
+        key: crate::DedupKey,
+    ) -> u64 {
         let id = self.next_ticket;
         self.next_ticket += 1;
         let origin = Origin {
             conn: crate::placement::ConnRef { shard: 0, id: 0 },
             seq: 0,
         };
-        let kind = TicketKind::AckAfter { queue, seq };
+        let kind = TicketKind::AckAfter { queue, seq, key };
         self.tickets.insert(
             id,
             Ticket {

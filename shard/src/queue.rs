@@ -563,17 +563,19 @@ impl Queue {
         self.next_seq
     }
 
-    /// Rebuilds a queue from its log: unacked messages in order with their
-    /// delivery counts, and the dedup state (stored ids, and ids acked within
-    /// the window, given as (key, Unix ms of the ack)). Messages carry their
-    /// place in the log.
+    /// Rebuilds a queue from its log: unacked messages in order, on disk
+    /// (read back as consumers want them), and the dedup state: ids of
+    /// unacked messages published within the window (`recent`: key, Unix
+    /// ms of the publish) and ids acked within it (`acked`: key, Unix ms of
+    /// the ack, and the seq whose segment holds that evidence).
     #[allow(clippy::too_many_arguments)]
     pub fn restore(
         name: Arc<str>,
         shard: ShardId,
         held: HeldBytes,
         next_seq: u64,
-        messages: impl IntoIterator<Item = Entry>,
+        backlog: DiskBacklog,
+        recent: &[(DedupKey, u64)],
         acked: &[(DedupKey, u64, u64)],
         settings: &QueueSettings,
         now: Instant,
@@ -581,15 +583,22 @@ impl Queue {
     ) -> Queue {
         let mut q = Queue::metered(name, shard, held);
         q.next_seq = next_seq;
-        for entry in messages {
-            q.dedup.insert(
-                entry.msg.dedup_key(&settings.dedup_hasher),
-                DedupState::Stored,
-            );
-            q.hold_bytes(&entry.msg);
-            q.ready.push_back(entry);
-        }
+        q.bytes = backlog.bytes();
+        q.disk = backlog;
         let window_ms = settings.dedup_window.as_millis() as u64;
+        let mut stored: Vec<(u64, DedupKey)> = recent
+            .iter()
+            .filter(|(_, at)| at + window_ms > now_unix_ms)
+            .map(|(key, at)| (*at, *key))
+            .collect();
+        stored.sort_unstable_by_key(|(at, _)| *at);
+        for (at, key) in stored {
+            // Like a spilled message: a duplicate for the window after its
+            // publish.
+            let until = now + Duration::from_millis(at + window_ms - now_unix_ms);
+            q.dedup.insert(key, DedupState::AckedUntil(until));
+            q.expiring.push_back(Expiring { until, key });
+        }
         let mut recent: Vec<(u64, DedupKey, u64)> = acked
             .iter()
             .filter(|(key, at, _)| at + window_ms > now_unix_ms && !q.dedup.contains_key(key))
@@ -753,17 +762,27 @@ impl Queue {
 
     /// Acks the delivery `seq` made to `conn`; false when there is none.
     pub fn ack(&mut self, seq: u64, conn: ConnRef, now: Instant, settings: &QueueSettings) -> bool {
+        self.ack_keyed(seq, conn, now, settings).is_some()
+    }
+
+    /// [`Queue::ack`], returning the acked id's dedup key (for the log's
+    /// ack record); `None` when there is no such delivery.
+    pub fn ack_keyed(
+        &mut self,
+        seq: u64,
+        conn: ConnRef,
+        now: Instant,
+        settings: &QueueSettings,
+    ) -> Option<DedupKey> {
         match self.unacked.get(&seq) {
             Some(inflight) if inflight.conn == conn => {}
-            _ => return false,
+            _ => return None,
         }
-        let Some(inflight) = self.unacked.remove(&seq) else {
-            return false;
-        };
+        let inflight = self.unacked.remove(&seq)?;
         self.release(conn);
         self.forget(&inflight.entry, now, settings);
         self.release_bytes(&inflight.entry);
-        true
+        Some(inflight.entry.msg.dedup_key(&settings.dedup_hasher))
     }
 
     /// Puts the delivery `seq` made to `conn` back for redelivery (nack,
@@ -1031,19 +1050,23 @@ mod tests {
         let mut dlq = Queue::metered(Arc::from("a.dlq"), 0, held.clone());
         dlq.enqueue_dead(msg("x", "s"));
         assert_eq!(held.get(), 8, "a dead letter is taken past the cap");
-        // A restored queue counts on the meter it is given.
+        // A restored queue's messages are on disk: counted in its bytes,
+        // not on the meter until read back.
+        let mut backlog = DiskBacklog::default();
+        backlog.push(0, 0, Framing::V2, 16, 60, 2, 0);
         let restored = Queue::restore(
             Arc::from("c"),
             0,
             held.clone(),
             1,
-            [Entry::unplaced(0, msg("c1", "s"), 0)],
+            backlog,
+            &[],
             &[],
             &s,
             now,
             0,
         );
-        assert_eq!((restored.bytes(), held.get()), (2, 10));
+        assert_eq!((restored.bytes(), held.get()), (2, 8));
         // A queue that goes takes its bodies off the meter.
         drop(restored);
         drop(a);
@@ -1129,7 +1152,8 @@ mod tests {
             0,
             HeldBytes::default(),
             3,
-            [],
+            DiskBacklog::default(),
+            &[],
             &[a],
             &s,
             t0,

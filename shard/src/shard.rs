@@ -162,30 +162,18 @@ impl Shard {
 
     /// Rebuilds a queue this shard owns from its recovered log.
     pub fn restore_queue(&mut self, name: Arc<str>, recovered: RecoveredQueue, now: Instant) {
-        // Only records of this version's framing are read back later.
-        let old: Vec<u64> = recovered
-            .segments
-            .iter()
-            .filter(|s| !s.appendable)
-            .map(|s| s.base)
-            .collect();
-        let entries = recovered.messages.into_iter().map(|m| Entry {
-            seq: m.seq,
-            msg: m.msg,
-            deliveries: m.deliveries,
-            segment: m.segment,
-            offset: if old.contains(&m.segment) {
-                crate::queue::UNPLACED
-            } else {
-                u32::try_from(m.offset).unwrap_or(crate::queue::UNPLACED)
-            },
-        });
+        let mut backlog = crate::backlog::DiskBacklog::default();
+        for run in recovered.backlog {
+            backlog.push_run(run, []);
+        }
+        backlog.push_deliveries(recovered.deliveries.iter().copied());
         let queue = Queue::restore(
             name.clone(),
             self.id,
             self.held.clone(),
             recovered.next_seq,
-            entries,
+            backlog,
+            &recovered.recent,
             &recovered.acked,
             &self.settings,
             now,
@@ -281,8 +269,8 @@ impl Shard {
         for t in finished {
             match t.kind {
                 TicketKind::Publish => self.complete(t.origin, Completion::Enqueued(t.outcome)),
-                TicketKind::AckAfter { queue, seq } if t.outcome.is_ok() => {
-                    self.log_ack(&queue, seq)
+                TicketKind::AckAfter { queue, seq, key } if t.outcome.is_ok() => {
+                    self.log_ack(&queue, seq, key)
                 }
                 TicketKind::AckAfter { .. } => {}
             }
@@ -417,10 +405,10 @@ impl Shard {
         self.backlog
     }
 
-    fn log_ack(&mut self, queue: &Arc<str>, seq: u64) {
+    fn log_ack(&mut self, queue: &Arc<str>, seq: u64, key: crate::DedupKey) {
         let next = self.queues.get(&**queue).map_or(0, Queue::next_seq);
         if let Some(d) = &mut self.durable {
-            d.log(queue, next).append_ack(seq, unix_ms());
+            d.log(queue, next).append_ack(seq, unix_ms(), Some(key));
         }
     }
 
@@ -688,7 +676,8 @@ impl Shard {
             if let (Some(d), Some(source)) = (&mut self.durable, &source) {
                 // The source forgets the message only once the dead-letter
                 // queue has it on disk: a crash in between keeps it in both.
-                let id = d.new_deferred_ack(source.clone(), entry.seq);
+                let key = entry.msg.dedup_key(&self.settings.dedup_hasher);
+                let id = d.new_deferred_ack(source.clone(), entry.seq, key);
                 let log = d.log(&dlq_name_arc, next);
                 log.append_message(seq, &entry.msg);
                 log.add_waiter(id);
@@ -817,11 +806,12 @@ impl Shard {
         let Some(q) = self.queues.get_mut(queue) else {
             return;
         };
-        if !q.ack(seq, conn, now, &settings) {
+        let Some(key) = q.ack_keyed(seq, conn, now, &settings) else {
             return;
-        }
+        };
         if let Some(d) = &mut self.durable {
-            d.log(q.name(), q.next_seq()).append_ack(seq, unix_ms());
+            d.log(q.name(), q.next_seq())
+                .append_ack(seq, unix_ms(), Some(key));
         }
         self.dispatch(queue, now);
     }

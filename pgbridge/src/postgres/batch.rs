@@ -361,6 +361,7 @@ mod tests {
         Record::Ack {
             seq,
             acked_at_ms: at,
+            key: None,
         }
     }
 

@@ -259,6 +259,7 @@ impl LogWriter {
             &Record::Ack {
                 seq,
                 acked_at_ms: at_ms,
+                key: Some(u128::from(seq)),
             },
             &mut self.pending,
         );

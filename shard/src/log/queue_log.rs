@@ -77,8 +77,9 @@ pub struct CommitJob {
     /// Where each of those records starts in `bytes`: once durable, at
     /// `offset` plus this in the file.
     pub message_offsets: Vec<u32>,
-    /// Acks in `bytes` (seq, Unix ms): appended again if the job fails.
-    pub acks: Vec<(u64, u64)>,
+    /// Acks in `bytes` (seq, Unix ms, dedup key): appended again if the
+    /// job fails.
+    pub acks: Vec<(u64, u64, Option<u128>)>,
     /// Fully acked segments to delete after the write: (base, file).
     pub delete: Vec<(u64, PathBuf)>,
     /// Dedup entries carried out of `delete`: written and synced first.
@@ -106,7 +107,7 @@ pub struct QueueLog {
     waiters: Vec<u64>,
     message_seqs: Vec<u64>,
     message_offsets: Vec<u32>,
-    acks: Vec<(u64, u64)>,
+    acks: Vec<(u64, u64, Option<u128>)>,
     /// Files the next job cuts back before writing (see [`CommitJob::cuts`]).
     cuts: Vec<(PathBuf, u64)>,
     /// Failures so far (see the module doc).
@@ -259,10 +260,19 @@ impl QueueLog {
         self.segments.iter_mut().rev().find(|s| s.base <= seq)
     }
 
-    /// Appends an ack (or a dead-lettering) of `seq`.
-    pub fn append_ack(&mut self, seq: u64, acked_at_ms: u64) {
-        encode(&Record::Ack { seq, acked_at_ms }, self.pending());
-        self.acks.push((seq, acked_at_ms));
+    /// Appends an ack (or a dead-lettering) of `seq`, with the acked id's
+    /// dedup key when known.
+    pub fn append_ack(&mut self, seq: u64, acked_at_ms: u64, key: Option<crate::DedupKey>) {
+        let key = key.map(|k| k.0);
+        encode(
+            &Record::Ack {
+                seq,
+                acked_at_ms,
+                key,
+            },
+            self.pending(),
+        );
+        self.acks.push((seq, acked_at_ms, key));
         if let Some(segment) = self.segment_of(seq) {
             segment.live = segment.live.saturating_sub(1);
         }
@@ -500,15 +510,16 @@ impl QueueLog {
     /// full disk deleting them is what frees space (their carried dedup
     /// entries, if not written, go out with the next job).
     fn give_back(&mut self, job: &CommitJob) {
-        for &(seq, at) in &job.acks {
+        for &(seq, at, key) in &job.acks {
             encode(
                 &Record::Ack {
                     seq,
                     acked_at_ms: at,
+                    key,
                 },
                 &mut self.pending,
             );
-            self.acks.push((seq, at));
+            self.acks.push((seq, at, key));
         }
     }
 }
@@ -568,7 +579,7 @@ mod tests {
         let first = take(&mut log, 1);
         finish(&mut log, &first);
         log.append_message(1, &msg("b"));
-        log.append_ack(0, 9);
+        log.append_ack(0, 9, None);
         let second = take(&mut log, 2);
         log.job_written(&second, true);
         log.append_message(2, &msg("c"));
@@ -584,7 +595,7 @@ mod tests {
         assert_eq!(retry.path, first.path, "the same file, no new one");
         assert_eq!(retry.cuts, vec![(first.path.clone(), second.offset)]);
         assert_eq!(retry.offset, second.offset);
-        assert_eq!(retry.acks, vec![(0, 9)], "the ack goes out again");
+        assert_eq!(retry.acks, vec![(0, 9, None)], "the ack goes out again");
         finish(&mut log, &retry);
         assert_eq!(log.segments[0].live, 1, "only d is held");
     }
@@ -666,7 +677,7 @@ mod tests {
         log.append_message(1, &msg("b"));
         let job = take(&mut log, 2);
         finish(&mut log, &job);
-        log.append_ack(0, 1);
+        log.append_ack(0, 1, None);
         let deleting = take(&mut log, 2);
         assert_eq!(deleting.delete.len(), 1);
         log.job_written(&deleting, false);
@@ -677,7 +688,7 @@ mod tests {
         );
         let again = take(&mut log, 2);
         assert!(again.delete.is_empty());
-        assert_eq!(again.acks, vec![(0, 1)], "its ack is written again");
+        assert_eq!(again.acks, vec![(0, 1, None)], "its ack is written again");
     }
 
     #[test]
@@ -699,7 +710,7 @@ mod tests {
         assert!(job.create, "second segment");
         assert!(job.path.ends_with("segment-00000000000000000001.log"));
         finish(&mut log, &job);
-        log.append_ack(0, 1);
+        log.append_ack(0, 1, None);
         let job = take(&mut log, 2);
         assert_eq!(
             job.delete,
@@ -713,7 +724,7 @@ mod tests {
         log.append_message(0, &msg("a"));
         let job = take(&mut log, 1);
         finish(&mut log, &job);
-        log.append_ack(0, 1);
+        log.append_ack(0, 1, None);
         let job = take(&mut log, 1);
         finish(&mut log, &job);
         assert!(log.is_spent() && !log.is_dirty());
@@ -737,7 +748,7 @@ mod tests {
         log.append_message(1, &msg("b"));
         let job = take(&mut log, 2);
         finish(&mut log, &job);
-        log.append_ack(0, 1);
+        log.append_ack(0, 1, None);
         let job = take(&mut log, 2);
         assert!(job.delete.is_empty(), "the mirror has not read segment 0");
         finish(&mut log, &job);

@@ -8,7 +8,10 @@
 //! crc v1   = CRC-32C over kind and payload
 //! kind 4  Message   seq:u64 sent_at_ms:u64 sender_len:u16 sender id_len:u16 id
 //!                   exchange_len:u16 exchange key_len:u16 routing_key body…
-//! kind 2  Ack       seq:u64 acked_at_ms:u64
+//! kind 2  Ack       seq:u64 acked_at_ms:u64           (read only: earlier versions)
+//! kind 8  Ack       seq:u64 acked_at_ms:u64 key:u128  the acked id's dedup key,
+//!                   so a restart restores the dedup window without reading
+//!                   the message's record (its body may be far behind)
 //! kind 5  Delivered seq:u64 count:u32 delivered_at_ms:u64
 //! kind 6  Dedup     (key:u128 acked_at_ms:u64)…   ids acked within the dedup
 //!                   window, carried over from segments about to be deleted
@@ -48,6 +51,7 @@ const KIND_MESSAGE: u8 = 4;
 const KIND_DELIVERED: u8 = 5;
 const KIND_DEDUP: u8 = 6;
 const KIND_PADDING: u8 = 7;
+const KIND_ACK_KEYED: u8 = 8;
 /// Bytes of one entry of a dedup record.
 pub const DEDUP_ENTRY_BYTES: usize = 24;
 
@@ -77,6 +81,8 @@ pub enum Record<'a> {
         seq: u64,
         /// When, for the dedup window.
         acked_at_ms: u64,
+        /// The acked id's dedup key (`None` in kind-2 records).
+        key: Option<u128>,
     },
     /// The message `seq` has been delivered `count` times.
     Delivered {
@@ -206,10 +212,21 @@ pub fn encode(record: &Record<'_>, out: &mut Vec<u8>) {
             }
             out.extend_from_slice(body.as_bytes());
         }
-        Record::Ack { seq, acked_at_ms } => {
-            out.push(KIND_ACK);
+        Record::Ack {
+            seq,
+            acked_at_ms,
+            key,
+        } => {
+            out.push(if key.is_some() {
+                KIND_ACK_KEYED
+            } else {
+                KIND_ACK
+            });
             put_u64(out, *seq);
             put_u64(out, *acked_at_ms);
+            if let Some(key) = key {
+                out.extend_from_slice(&key.to_le_bytes());
+            }
         }
         Record::Delivered {
             seq,
@@ -356,6 +373,12 @@ fn fields(kind: u8, payload: &[u8]) -> Option<Record<'_>> {
         KIND_ACK => Record::Ack {
             seq: c.u64()?,
             acked_at_ms: c.u64()?,
+            key: None,
+        },
+        KIND_ACK_KEYED => Record::Ack {
+            seq: c.u64()?,
+            acked_at_ms: c.u64()?,
+            key: Some(u128::from_le_bytes(c.take(16)?.try_into().ok()?)),
         },
         KIND_DELIVERED => Record::Delivered {
             seq: c.u64()?,
@@ -456,6 +479,12 @@ mod tests {
             Record::Ack {
                 seq: 7,
                 acked_at_ms: 1_700_000_000_000,
+                key: None,
+            },
+            Record::Ack {
+                seq: 8,
+                acked_at_ms: 1_700_000_000_001,
+                key: Some(u128::MAX - 5),
             },
             Record::Delivered {
                 seq: 7,

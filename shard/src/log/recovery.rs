@@ -8,7 +8,7 @@
 //! next start and the metadata mirror read the file clean. Each damaged
 //! range is returned as a [`Damage`] for the log, the metrics and `/ready`.
 
-use std::collections::BTreeMap;
+use std::collections::HashMap;
 use std::fmt;
 use std::fs;
 use std::io;
@@ -16,10 +16,11 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::backlog::{DiskBacklog, Run};
 use crate::log::dedup_file::RecoveredDedupFile;
 use crate::log::record::{padding, Framing, Record, SYNC};
 use crate::log::segment::{self, End, Step, FILE_HEADER};
-use crate::message::{DedupHasher, DedupKey, Message, Route};
+use crate::message::{DedupHasher, DedupKey, Message};
 use crate::queue::CARRIED;
 
 /// A segment found on disk.
@@ -93,8 +94,14 @@ impl fmt::Display for Damage {
 /// What a queue's log held.
 #[derive(Debug, Default)]
 pub struct RecoveredQueue {
-    /// Unacked messages in queue order.
-    pub messages: Vec<RecoveredMessage>,
+    /// Unacked messages in queue order, as runs of their segments: their
+    /// bodies are not read (a restart costs per segment, not per message).
+    pub backlog: Vec<Run>,
+    /// Delivery counts of unacked messages delivered before, by seq.
+    pub deliveries: Vec<(u64, u32)>,
+    /// Dedup keys of unacked messages published within the dedup window,
+    /// with when they were published (Unix ms).
+    pub recent: Vec<(DedupKey, u64)>,
     /// The next sequence number to use.
     pub next_seq: u64,
     /// Segments in base order.
@@ -112,6 +119,127 @@ pub struct RecoveredQueue {
     pub dedup_files: Vec<RecoveredDedupFile>,
 }
 
+impl RecoveredQueue {
+    /// Unacked messages recovered.
+    pub fn message_count(&self) -> u64 {
+        self.backlog.iter().map(|r| r.count).sum()
+    }
+
+    /// Reads the unacked messages' bodies back from their segments, in
+    /// queue order, with blocking I/O (tools and tests; the broker reads
+    /// them lazily, through its shards' readers).
+    pub fn read_back(&self) -> io::Result<Vec<RecoveredMessage>> {
+        let mut backlog = DiskBacklog::default();
+        for run in &self.backlog {
+            backlog.push_run(run.clone(), []);
+        }
+        backlog.push_deliveries(self.deliveries.iter().copied());
+        let mut entries = std::collections::VecDeque::new();
+        while let Some((segment, offset, len)) = backlog.next_read() {
+            let path = self
+                .segments
+                .iter()
+                .find(|s| s.base == segment)
+                .map(|s| s.path.clone())
+                .ok_or_else(|| io::Error::other(format!("no segment {segment}")))?;
+            let file = fs::File::open(&path)?;
+            let mut buf = vec![0u8; len];
+            let mut got = 0;
+            while got < len {
+                match file.read_at(&mut buf[got..], offset + got as u64)? {
+                    0 => break,
+                    n => got += n,
+                }
+            }
+            backlog.absorb(segment, offset, len, &buf[..got], &mut entries);
+        }
+        Ok(entries
+            .into_iter()
+            .map(|e| RecoveredMessage {
+                seq: e.seq,
+                msg: e.msg,
+                deliveries: e.deliveries,
+                segment: e.segment,
+                offset: u64::from(e.offset),
+            })
+            .collect())
+    }
+}
+
+/// Unacked messages found so far, as runs, while a queue's files are read.
+#[derive(Default)]
+struct LiveRuns {
+    runs: Vec<Run>,
+    /// Runs were not found in sequence order (damaged logs): look up by scan.
+    unsorted: bool,
+    deliveries: HashMap<u64, u32>,
+    recent: HashMap<u64, (DedupKey, u64)>,
+}
+
+impl LiveRuns {
+    fn push(&mut self, seq: u64, segment: u64, at: u64, len: u64, body: u64) {
+        if let Some(last) = self.runs.last_mut() {
+            if last.segment == segment && seq > last.last_seq && at >= last.end {
+                if seq > last.last_seq + 1 {
+                    last.holes.push((last.last_seq + 1, seq));
+                }
+                last.end = at + len;
+                last.last_seq = seq;
+                last.count += 1;
+                last.bytes += body;
+                return;
+            }
+            if seq <= last.last_seq {
+                self.unsorted = true;
+            }
+        }
+        self.runs.push(Run {
+            segment,
+            framing: Framing::V2,
+            offset: at,
+            end: at + len,
+            first_seq: seq,
+            last_seq: seq,
+            count: 1,
+            bytes: body,
+            holes: Vec::new(),
+        });
+    }
+
+    /// The run holding `seq` as a live message.
+    fn find(&mut self, seq: u64) -> Option<&mut Run> {
+        let i = if self.unsorted {
+            self.runs
+                .iter()
+                .rposition(|r| r.first_seq <= seq && seq <= r.last_seq && !r.is_hole(seq))?
+        } else {
+            let i = self.runs.partition_point(|r| r.last_seq < seq);
+            let r = self.runs.get(i)?;
+            if seq < r.first_seq || r.is_hole(seq) {
+                return None;
+            }
+            i
+        };
+        self.runs.get_mut(i)
+    }
+
+    fn holds(&mut self, seq: u64) -> bool {
+        self.find(seq).is_some()
+    }
+
+    /// Acks `seq`; false when it is not a live message.
+    fn ack(&mut self, seq: u64) -> bool {
+        self.deliveries.remove(&seq);
+        match self.find(seq) {
+            Some(run) => {
+                run.add_hole(seq);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
 /// How walking one file went.
 struct Walked {
     /// Where its valid bytes end.
@@ -126,7 +254,7 @@ struct Walked {
 fn walk_file(
     path: &Path,
     out: &mut RecoveredQueue,
-    mut visit: impl FnMut(Record<'_>, u64),
+    mut visit: impl FnMut(Record<'_>, u64, usize),
 ) -> io::Result<Walked> {
     let mut data = fs::read(path)?;
     let layout = segment::layout(&data);
@@ -152,7 +280,7 @@ fn walk_file(
     loop {
         match segment::step(&data, pos, layout.framing, true) {
             Step::Record(record, n) => {
-                visit(record, pos as u64);
+                visit(record, pos as u64, n);
                 pos += n;
             }
             Step::Damaged { len, why } => {
@@ -225,13 +353,19 @@ fn write_synced(path: &Path, bytes: &[u8]) -> io::Result<()> {
 
 /// Reads every file of the queue in `dir`: replays the records, truncates
 /// torn ends, quarantines damage (see the module doc).
-pub fn recover_queue(dir: &Path, hasher: &DedupHasher) -> io::Result<RecoveredQueue> {
+/// `window_ms` is the dedup window: ids of unacked messages published
+/// longer ago are not remembered (their bodies stay on disk, unread).
+pub fn recover_queue(
+    dir: &Path,
+    hasher: &DedupHasher,
+    window_ms: u64,
+) -> io::Result<RecoveredQueue> {
     let listing = segment::list(dir)?;
     let mut out = RecoveredQueue::default();
     for (number, path) in listing.dedup_files {
         let mut newest_ms = 0u64;
         let mut acked = Vec::new();
-        let walked = walk_file(&path, &mut out, |record, _| {
+        let walked = walk_file(&path, &mut out, |record, _, _| {
             if let Record::Dedup(entries) = record {
                 for (key, at) in entries.iter() {
                     newest_ms = newest_ms.max(at);
@@ -247,50 +381,63 @@ pub fn recover_queue(dir: &Path, hasher: &DedupHasher) -> io::Result<RecoveredQu
             newest_ms,
         });
     }
-    let mut live: BTreeMap<u64, (Arc<Message>, u32, usize, u64)> = BTreeMap::new();
-    let mut senders: std::collections::HashMap<String, Arc<str>> = Default::default();
-    for (index, (base, path)) in listing.segments.into_iter().enumerate() {
+    let mut live = LiveRuns::default();
+    let now_ms = crate::log::unix_ms();
+    for (base, path) in listing.segments {
         let mut acked = Vec::new();
         let mut next_seq = out.next_seq;
-        let walked = walk_file(&path, &mut out, |record, at| match record {
+        let first_run = live.runs.len();
+        let walked = walk_file(&path, &mut out, |record, at, len| match record {
             Record::Message {
                 seq,
                 sender,
                 message_id,
-                exchange,
-                routing_key,
                 sent_at_ms,
                 body,
+                ..
             } => {
-                let sender = senders
-                    .entry(sender.to_owned())
-                    .or_insert_with(|| Arc::from(sender))
-                    .clone();
-                let route = Route {
-                    exchange,
-                    routing_key,
-                    sent_at_ms,
-                };
-                let msg = Message::published(message_id, body, sender, route);
-                live.insert(seq, (msg, 0, index, at));
+                // Only ids the dedup window still covers cost memory.
+                if sent_at_ms.saturating_add(window_ms) > now_ms {
+                    live.recent
+                        .insert(seq, (hasher.key(sender, message_id), sent_at_ms));
+                }
+                live.push(seq, base, at, len as u64, body.len() as u64);
                 // Saturating: a record may claim seq u64::MAX (found by fuzzing).
                 next_seq = next_seq.max(seq.saturating_add(1));
             }
-            Record::Ack { seq, acked_at_ms } => {
-                if let Some((msg, ..)) = live.remove(&seq) {
-                    acked.push((msg.dedup_key(hasher), acked_at_ms, seq));
+            Record::Ack {
+                seq,
+                acked_at_ms,
+                key,
+            } => {
+                if live.ack(seq) {
+                    let recent = live.recent.remove(&seq).map(|(k, _)| k);
+                    // Acks of earlier versions carry no key: known only
+                    // for ids published within the window.
+                    if let Some(key) = key.map(DedupKey).or(recent) {
+                        acked.push((key, acked_at_ms, seq));
+                    }
                 }
             }
             Record::Dedup(entries) => {
                 acked.extend(entries.iter().map(|(key, at)| (DedupKey(key), at, base)));
             }
             Record::Delivered { seq, count, .. } => {
-                if let Some(entry) = live.get_mut(&seq) {
-                    entry.1 = entry.1.max(count);
+                if live.holds(seq) {
+                    let n = live.deliveries.entry(seq).or_insert(0);
+                    *n = (*n).max(count);
                 }
             }
             Record::Padding => {}
         })?;
+        let framing = if walked.appendable {
+            Framing::V2
+        } else {
+            Framing::V1
+        };
+        for run in &mut live.runs[first_run..] {
+            run.framing = framing;
+        }
         out.acked.append(&mut acked);
         out.next_seq = next_seq.max(base);
         out.segments.push(RecoveredSegment {
@@ -311,16 +458,17 @@ pub fn recover_queue(dir: &Path, hasher: &DedupHasher) -> io::Result<RecoveredQu
     {
         out.next_seq += 1;
     }
-    for (seq, (msg, deliveries, segment, offset)) in live {
-        out.segments[segment].live += 1;
-        out.messages.push(RecoveredMessage {
-            seq,
-            msg,
-            deliveries,
-            segment: out.segments[segment].base,
-            offset,
-        });
+    live.runs.retain(|r| r.count > 0);
+    for run in &live.runs {
+        let i = out.segments.partition_point(|s| s.base < run.segment);
+        if let Some(segment) = out.segments.get_mut(i) {
+            segment.live += run.count;
+        }
     }
+    out.deliveries = live.deliveries.into_iter().collect();
+    out.deliveries.sort_unstable();
+    out.recent = live.recent.into_values().collect();
+    out.backlog = live.runs;
     Ok(out)
 }
 
@@ -361,8 +509,12 @@ mod tests {
         (buf, starts)
     }
 
+    /// Far longer than the tests' message times: every id is remembered.
+    const WINDOW: u64 = u64::MAX / 4;
+
     fn ids(q: &RecoveredQueue) -> Vec<String> {
-        q.messages
+        q.read_back()
+            .unwrap()
             .iter()
             .map(|m| m.msg.message_id().to_owned())
             .collect()
@@ -386,6 +538,7 @@ mod tests {
                 Record::Ack {
                     seq: 0,
                     acked_at_ms: 5,
+                    key: None,
                 },
             ],
         );
@@ -401,9 +554,10 @@ mod tests {
                 Record::Dedup(DedupEntries::new(&carried).unwrap()),
             ],
         );
-        let q = recover_queue(dir.path(), &DedupHasher::random()).unwrap();
+        let q = recover_queue(dir.path(), &DedupHasher::random(), WINDOW).unwrap();
         let got: Vec<_> = q
-            .messages
+            .read_back()
+            .unwrap()
             .iter()
             .map(|m| (m.seq, m.msg.message_id().to_owned(), m.deliveries))
             .collect();
@@ -430,7 +584,7 @@ mod tests {
         // Reading this one whole would never end; writing to it would lose data.
         let odd = segment_path(dir.path(), 1);
         std::os::unix::fs::symlink("/dev/zero", &odd).unwrap();
-        let err = recover_queue(dir.path(), &DedupHasher::random()).unwrap_err();
+        let err = recover_queue(dir.path(), &DedupHasher::random(), WINDOW).unwrap_err();
         let text = err.to_string();
         assert!(text.contains("not a regular file"), "{text}");
         assert!(text.contains(&odd.display().to_string()), "{text}");
@@ -442,7 +596,7 @@ mod tests {
         let path = segment_path(dir.path(), 0);
         let (buf, starts) = write(&path, &[msg(0, "a"), msg(1, "b")]);
         fs::write(&path, &buf[..buf.len() - 3]).unwrap();
-        let q = recover_queue(dir.path(), &DedupHasher::random()).unwrap();
+        let q = recover_queue(dir.path(), &DedupHasher::random(), WINDOW).unwrap();
         assert_eq!(ids(&q), ["a"]);
         assert!(q.damage.is_empty(), "a torn tail is no damage");
         assert_eq!(
@@ -471,7 +625,7 @@ mod tests {
         // One byte of the 4th record's length field.
         buf[starts[3] + 5] ^= 0x40;
         fs::write(&path, &buf).unwrap();
-        let q = recover_queue(dir.path(), &DedupHasher::random()).unwrap();
+        let q = recover_queue(dir.path(), &DedupHasher::random(), WINDOW).unwrap();
         assert_eq!(
             ids(&q),
             ["m0", "m1", "m2", "m4", "m5", "m6", "m7", "m8", "m9"]
@@ -486,7 +640,7 @@ mod tests {
         assert_eq!(fs::read(&saved).unwrap(), &buf[starts[3]..starts[4]]);
         assert!(d.to_string().contains(&path.display().to_string()));
         // Moved out: the next start reads the file clean, nothing lost more.
-        let again = recover_queue(dir.path(), &DedupHasher::random()).unwrap();
+        let again = recover_queue(dir.path(), &DedupHasher::random(), WINDOW).unwrap();
         assert!(again.damage.is_empty(), "{:?}", again.damage);
         assert_eq!(ids(&again), ids(&q));
         assert_eq!(fs::metadata(&path).unwrap().len(), buf.len() as u64);
@@ -500,7 +654,7 @@ mod tests {
         let last = buf.len() - 2;
         buf[last] ^= 0x01;
         fs::write(&path, &buf).unwrap();
-        let q = recover_queue(dir.path(), &DedupHasher::random()).unwrap();
+        let q = recover_queue(dir.path(), &DedupHasher::random(), WINDOW).unwrap();
         assert_eq!(ids(&q), ["a"]);
         assert_eq!(q.damage.len(), 1);
         assert!(q.torn.is_empty());
@@ -525,7 +679,7 @@ mod tests {
         );
         buf[starts[0] + 14] ^= 0x01;
         fs::write(&path, &buf).unwrap();
-        let q = recover_queue(dir.path(), &DedupHasher::random()).unwrap();
+        let q = recover_queue(dir.path(), &DedupHasher::random(), WINDOW).unwrap();
         assert_eq!(q.acked, [(DedupKey(2), 20, CARRIED)]);
         assert_eq!(q.damage.len(), 1);
     }
@@ -540,6 +694,7 @@ mod tests {
             &Record::Ack {
                 seq: 1,
                 acked_at_ms: 2,
+                key: None,
             },
             &mut v2,
         );
@@ -548,7 +703,7 @@ mod tests {
         v1.extend_from_slice(&crc32c::crc32c(body).to_le_bytes());
         v1.extend_from_slice(body);
         fs::write(&path, &v1).unwrap();
-        let q = recover_queue(dir.path(), &DedupHasher::random()).unwrap();
+        let q = recover_queue(dir.path(), &DedupHasher::random(), WINDOW).unwrap();
         assert!(!q.segments[0].appendable);
         assert_eq!(q.next_seq, 6, "the next segment needs a name of its own");
         assert!(q.damage.is_empty());
