@@ -32,6 +32,9 @@ pub enum Command {
     /// Open many idle mTLS connections to a CipherMQ broker and hold them, to
     /// measure the broker's memory per connection.
     Idle(IdleArgs),
+    /// Consume a queue filled earlier, ack everything, check every id came
+    /// once, and report the drain rate.
+    Drain(DrainArgs),
 }
 
 /// Which broker a run drives.
@@ -224,6 +227,32 @@ impl LoadArgs {
         }
         Ok(())
     }
+}
+
+/// Options of `ciphermq-bench drain`.
+#[derive(Args, Debug, Clone)]
+pub struct DrainArgs {
+    /// CipherMQ broker address.
+    #[arg(long, default_value = "127.0.0.1:5700")]
+    pub addr: String,
+    /// Directory with ca.crt and the client certificates.
+    #[arg(long, default_value = "certs")]
+    pub certs: PathBuf,
+    /// Receiver CN owning the queue.
+    #[arg(long, default_value = "receiver_1")]
+    pub receiver: String,
+    /// The queue (a load run's first queue by default).
+    #[arg(long, default_value = "receiver_1_bench_q0")]
+    pub queue: String,
+    /// Distinct messages to wait for.
+    #[arg(long)]
+    pub expect: u64,
+    /// Unacknowledged deliveries at once.
+    #[arg(long, default_value_t = 1000)]
+    pub prefetch: u32,
+    /// Give up when nothing arrives for this long.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub idle: Duration,
 }
 
 /// Options of `ciphermq-bench idle`.

@@ -11,6 +11,7 @@
 //! - [`progress`]: the progress bar on a terminal.
 //! - [`report`]: rates, quantiles, medians over runs, ratios, table and JSON.
 //! - [`idle`]: the `idle` subcommand (memory per idle connection).
+//! - [`drain`]: the `drain` subcommand (consume a filled queue, check ids).
 //!
 //! Invariants: every broker gets byte-identical bodies and the same window and
 //! prefetch; latency is measured from the scheduled send time when `--rate` is
@@ -21,6 +22,7 @@
 
 mod args;
 mod ciphermq;
+mod drain;
 mod idle;
 mod nats;
 mod payload;
@@ -48,6 +50,7 @@ fn main() -> Result<()> {
     runtime.block_on(async move {
         match cli.command {
             Some(Command::Idle(idle)) => idle::run(idle).await,
+            Some(Command::Drain(drain)) => drain::run(drain).await,
             None => load(cli.load).await,
         }
     })

@@ -741,7 +741,22 @@ impl Queue {
         out: &mut Vec<Delivery>,
         dead: &mut Vec<Entry>,
     ) {
-        let mut bytes = 0usize;
+        self.fetch_more(conn, max, 0, settings, now, out, dead);
+    }
+
+    /// [`Queue::fetch`] continued: `bytes` body bytes were fetched already
+    /// (`settings.max_fetch_bytes` bounds them with what this adds).
+    #[allow(clippy::too_many_arguments)]
+    pub fn fetch_more(
+        &mut self,
+        conn: ConnRef,
+        max: u32,
+        mut bytes: usize,
+        settings: &QueueSettings,
+        now: Instant,
+        out: &mut Vec<Delivery>,
+        dead: &mut Vec<Entry>,
+    ) {
         for _ in 0..max.min(settings.max_fetch) {
             if bytes >= settings.max_fetch_bytes {
                 return;

@@ -79,12 +79,14 @@ pub struct BacklogReads {
     pub spilled_bytes: u64,
 }
 
-/// A `fetch` that found only messages on disk: answered once they are read.
+/// A `fetch` that ran into messages on disk: answered once they are read
+/// (or it has `max`), with what it took so far.
 #[derive(Debug)]
 struct WaitingFetch {
     origin: Origin,
     queue: Arc<str>,
     max: u32,
+    got: Vec<Delivery>,
 }
 
 /// Least time between two searches for the queue to spill: a search scans
@@ -394,7 +396,7 @@ impl Shard {
             .partition(|f| f.queue == *queue);
         self.waiting_fetches = others;
         for f in mine {
-            if let Some(deliveries) = self.fetch_local(f.origin, &f.queue, f.max, now) {
+            if let Some(deliveries) = self.fetch_more(f.origin, &f.queue, f.max, f.got, now) {
                 self.complete(f.origin, Completion::Fetched(deliveries));
             }
         }
@@ -741,8 +743,9 @@ impl Shard {
             .map(Completion::Fetched)
     }
 
-    /// `None`: only messages on disk are there, so the fetch waits for
-    /// them to be read (answered by [`Shard::read_done`]).
+    /// `None`: the fetch ran into messages on disk, so it waits for them
+    /// to be read (answered by [`Shard::read_done`]): a fetch returns what
+    /// a queue holds up to `max`, wherever the bodies are.
     fn fetch_local(
         &mut self,
         origin: Origin,
@@ -750,32 +753,52 @@ impl Shard {
         max: u32,
         now: Instant,
     ) -> Option<Vec<Delivery>> {
+        self.fetch_more(origin, queue, max, Vec::new(), now)
+    }
+
+    /// [`Shard::fetch_local`] continued, `out` taken so far.
+    fn fetch_more(
+        &mut self,
+        origin: Origin,
+        queue: &str,
+        max: u32,
+        mut out: Vec<Delivery>,
+        now: Instant,
+    ) -> Option<Vec<Delivery>> {
         let conn = origin.conn;
         let settings = self.settings.clone();
-        let mut out = Vec::new();
         let mut dead = std::mem::take(&mut self.dead);
         if self.queue_mut(queue).is_some() {
             let Some(q) = self.queues.get_mut(queue) else {
                 return Some(out);
             };
-            q.fetch(conn, max, &settings, now, &mut out, &mut dead);
-            if out.is_empty() && dead.is_empty() && max > 0 && q.disk_len() > 0 {
+            let before = out.len();
+            let want = max.min(settings.max_fetch) as usize;
+            let bytes: usize = out.iter().map(|d| d.msg.body().len()).sum();
+            let left = u32::try_from(want.saturating_sub(before)).unwrap_or(0);
+            q.fetch_more(conn, left, bytes, &settings, now, &mut out, &mut dead);
+            let bytes: usize = out.iter().map(|d| d.msg.body().len()).sum();
+            if let (Some(d), false) = (&mut self.durable, out.len() == before) {
+                let log = d.log(q.name(), q.next_seq());
+                let at = unix_ms();
+                for delivery in &out[before..] {
+                    log.append_delivered(delivery.seq, delivery.count, at);
+                }
+            }
+            if out.len() < want && bytes < settings.max_fetch_bytes && q.disk_len() > 0 {
                 let name = q.name().clone();
+                if !dead.is_empty() {
+                    self.dead_letter(queue, &mut dead, now);
+                }
                 self.dead = dead;
                 self.waiting_fetches.push(WaitingFetch {
                     origin,
                     queue: name.clone(),
                     max,
+                    got: out,
                 });
                 self.want_read(&name);
                 return None;
-            }
-            if let (Some(d), false) = (&mut self.durable, out.is_empty()) {
-                let log = d.log(q.name(), q.next_seq());
-                let at = unix_ms();
-                for delivery in &out {
-                    log.append_delivered(delivery.seq, delivery.count, at);
-                }
             }
         }
         if !dead.is_empty() {
