@@ -32,6 +32,18 @@
 #               consumer, a clean stop, then the time until the restarted
 #               broker (recovering them) listens, and its memory
 #   RESTART_COUNT with restart: messages queued (1000000)
+#               backlog: BACKLOG_COUNT 1 KiB messages published into one
+#               durable queue with no consumer under a BACKLOG_BUDGET_MB
+#               memory budget, the broker's RSS sampled every second
+#               (backlog-rss.tsv), a clean stop and a timed restart, then one
+#               consumer drains it all checking every id (ciphermq-bench
+#               drain); then the same with BACKLOG_RAM_COUNT messages that fit
+#               in memory, for the in-RAM drain rate
+#   BACKLOG_COUNT      with backlog: messages (20000000: 20 GB of bodies)
+#   BACKLOG_BUDGET_MB  with backlog: storage.memory_budget_mb (256)
+#   BACKLOG_RAM_COUNT  with backlog: messages of the in-memory drain (2000000)
+#   DEDUP_WINDOW       with backlog or restart: performance.dedup_window_secs
+#               (default 120: every id published within it is remembered)
 #   BASE_BIN    with ab: a ciphermq-broker built from the commit to compare
 #               against (e.g. a git worktree's target/release/ciphermq-broker)
 #   AB_EXCHANGE with ab: the exchange type the pairs publish through (direct;
@@ -60,6 +72,9 @@ SECTIONS=${SECTIONS:-throughput latency durability rss idle pgbridge}
 BASE_BIN=${BASE_BIN:-}
 AB_EXCHANGE=${AB_EXCHANGE:-direct}
 RESTART_COUNT=${RESTART_COUNT:-1000000}
+BACKLOG_COUNT=${BACKLOG_COUNT:-20000000}
+BACKLOG_BUDGET_MB=${BACKLOG_BUDGET_MB:-256}
+BACKLOG_RAM_COUNT=${BACKLOG_RAM_COUNT:-2000000}
 PGDB=${PGDB:-ciphermq_bench}
 if [[ -n "${QUICK:-}" ]]; then
   RUNS=1 DURATION=3s STORAGES=memory SHARDS=1 SIZES=1024 PUBLISHERS=1
@@ -88,10 +103,13 @@ write_config() { # mode
   # (Durable configs leave the key out, so that the ab section's base
   # brokers, built before it existed, read them too.)
   [[ $mode == memory ]] && budget="memory_budget_mb = 16384"
+  [[ -n "${BUDGET_MB:-}" ]] && budget="memory_budget_mb = $BUDGET_MB"
   # The restart section queues more than the default max_queue_size.
   local performance=""
   [[ -n "${QUEUE_CAP:-}" ]] && performance="[performance]
 max_queue_size = $QUEUE_CAP"
+  [[ -n "${QUEUE_CAP:-}" && -n "${DEDUP_WINDOW:-}" ]] && performance="$performance
+dedup_window_secs = $DEDUP_WINDOW"
   if [[ $mode == postgres ]]; then
     mode=durable
     database="[database]
@@ -309,6 +327,58 @@ if has restart; then
     echo "restart_to_listening_s: $(python3 -c "print(round($t1 - $t0, 2))")"
     grep -E 'VmRSS|VmHWM' /proc/"$BROKER"/status | sed 's/^/recovered: /'
   } | tee -a "$OUT/restart.txt"
+fi
+
+if has backlog; then
+  # Samples the broker's RSS (KiB) every second until it exits.
+  sample_rss() { # file
+    local pid=$BROKER t0
+    t0=$(date +%s)
+    while kill -0 "$pid" 2>/dev/null; do
+      printf '%s\t%s\n' "$(($(date +%s) - t0))" "$(awk '/VmRSS/ {print $2}' /proc/"$pid"/status 2>/dev/null)"
+      sleep 1
+    done >>"$1"
+  }
+  drain() { # expect label
+    "$BIN/ciphermq-bench" drain --addr "$ADDR" --certs "$WORK/certs" --expect "$1" --idle 60s \
+      | tee "$OUT/backlog-drain-$2.txt" | grep -E "^drained|t=[0-9]*0s "
+  }
+  echo "== backlog: $BACKLOG_COUNT queued 1 KiB messages, ${BACKLOG_BUDGET_MB} MB budget (durable, 1 shard)"
+  BUDGET_MB=$BACKLOG_BUDGET_MB QUEUE_CAP=$((BACKLOG_COUNT + 1)) start_broker durable 1
+  : >"$OUT/backlog-rss.tsv"
+  sample_rss "$OUT/backlog-rss.tsv" &
+  SAMPLER=$!
+  RUNS=1 bench "backlog-fill" "durable, 1 shard, $BACKLOG_COUNT queued, ${BACKLOG_BUDGET_MB} MB budget" \
+    --target ciphermq --count "$BACKLOG_COUNT" --size 1024 --publishers 4 --consumers 0
+  sleep 2
+  {
+    grep -E 'VmRSS|VmHWM' /proc/"$BROKER"/status | sed 's/^/queued: /'
+    echo "data_dir_bytes: $(du -sb "$WORK/data-durable" | cut -f1)"
+  } | tee "$OUT/backlog.txt"
+  stop_broker
+  wait "$SAMPLER" 2>/dev/null || true
+  sync
+  t0=$(date +%s.%N)
+  launch_broker durable 1 "$BIN/ciphermq-broker" 1800
+  t1=$(date +%s.%N)
+  sample_rss "$OUT/backlog-rss-restarted.tsv" &
+  SAMPLER=$!
+  {
+    echo "restart_to_listening_s: $(python3 -c "print(round($t1 - $t0, 2))")"
+    grep -E 'VmRSS|VmHWM' /proc/"$BROKER"/status | sed 's/^/recovered: /'
+  } | tee -a "$OUT/backlog.txt"
+  drain "$BACKLOG_COUNT" disk
+  grep -E 'VmRSS|VmHWM' /proc/"$BROKER"/status | sed 's/^/drained: /' | tee -a "$OUT/backlog.txt"
+  stop_broker
+  wait "$SAMPLER" 2>/dev/null || true
+  rm -rf "$WORK/data-durable"
+  echo "== backlog in memory: $BACKLOG_RAM_COUNT queued 1 KiB messages, 16 GB budget (durable, 1 shard)"
+  BUDGET_MB=16384 QUEUE_CAP=$((BACKLOG_RAM_COUNT + 1)) start_broker durable 1
+  RUNS=1 bench "backlog-ram-fill" "durable, 1 shard, $BACKLOG_RAM_COUNT queued in memory" \
+    --target ciphermq --count "$BACKLOG_RAM_COUNT" --size 1024 --publishers 4 --consumers 0
+  drain "$BACKLOG_RAM_COUNT" ram
+  stop_broker
+  rm -rf "$WORK/data-durable"
 fi
 
 if has idle; then

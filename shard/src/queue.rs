@@ -174,9 +174,44 @@ struct Consumer {
     inflight: u32,
 }
 
+/// A moment, in 1/16 s since the process's first use of one: 4 bytes where
+/// an `Instant` takes 16, for the millions of ids a dedup window holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Tick(u32);
+
+impl Tick {
+    const PER_SEC: u128 = 16;
+
+    fn epoch() -> Instant {
+        static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+        *EPOCH.get_or_init(Instant::now)
+    }
+
+    fn ticks(t: Instant) -> u128 {
+        t.saturating_duration_since(Tick::epoch()).as_nanos() * Tick::PER_SEC
+    }
+
+    /// An expiry at `t`, rounded up: never earlier than asked.
+    fn until(t: Instant) -> Tick {
+        let n = Tick::ticks(t).div_ceil(1_000_000_000);
+        Tick(u32::try_from(n).unwrap_or(u32::MAX))
+    }
+
+    /// The present `t`, rounded down: nothing expires early.
+    fn now(t: Instant) -> Tick {
+        Tick(u32::try_from(Tick::ticks(t) / 1_000_000_000).unwrap_or(u32::MAX))
+    }
+
+    /// Time from `now` until this tick.
+    fn left(self, now: Instant) -> Duration {
+        let at = Tick::epoch() + Duration::from_nanos((u64::from(self.0) * 1_000_000_000) / 16);
+        at.saturating_duration_since(now)
+    }
+}
+
 #[derive(Debug, Clone, Copy)]
 struct Expiring {
-    until: Instant,
+    until: Tick,
     key: DedupKey,
 }
 
@@ -185,7 +220,7 @@ struct Expiring {
 struct Uncarried {
     seq: u64,
     key: DedupKey,
-    until: Instant,
+    until: Tick,
 }
 
 /// Stands for "already persisted outside the segments" in restored entries.
@@ -194,7 +229,7 @@ pub const CARRIED: u64 = u64::MAX;
 #[derive(Debug, Clone, Copy)]
 enum DedupState {
     Stored,
-    AckedUntil(Instant),
+    AckedUntil(Tick),
 }
 
 /// One queue.
@@ -314,12 +349,22 @@ impl Queue {
         self.held.add(n);
     }
 
+    /// Ids remembered for dedup (stored, or acked within the window): what
+    /// the dedup window costs in memory.
+    pub fn remembered_ids(&self) -> usize {
+        self.dedup.len()
+    }
+
     /// Registered consumers.
     pub fn consumer_count(&self) -> usize {
         self.consumers.len()
     }
 
-    fn expire_dedup(&mut self, now: Instant) {
+    /// Forgets ids whose dedup window has passed (each once: amortized
+    /// constant). Publishes and acks call it; the shard's sweep calls it
+    /// for queues that see neither.
+    pub fn expire_dedup(&mut self, now: Instant) {
+        let now = Tick::now(now);
         while let Some(&Expiring { until, key, .. }) = self.expiring.front() {
             if until > now {
                 break;
@@ -335,7 +380,7 @@ impl Queue {
 
     fn forget(&mut self, entry: &Entry, now: Instant, settings: &QueueSettings) {
         let key = entry.msg.dedup_key(&settings.dedup_hasher);
-        let until = now + settings.dedup_window;
+        let until = Tick::until(now + settings.dedup_window);
         self.dedup.insert(key, DedupState::AckedUntil(until));
         self.expiring.push_back(Expiring { until, key });
         if settings.carry_dedup {
@@ -343,7 +388,7 @@ impl Queue {
         }
     }
 
-    fn note_uncarried(&mut self, seq: u64, key: DedupKey, until: Instant) {
+    fn note_uncarried(&mut self, seq: u64, key: DedupKey, until: Tick) {
         let entry = Uncarried { seq, key, until };
         match self.uncarried.back() {
             Some(last) if last.seq > seq => {
@@ -374,8 +419,8 @@ impl Queue {
             // Expired ones are dropped. A live one is still the key's newest
             // ack: while it lasts the key is refused, so it cannot be stored
             // and acked again.
-            if until > now {
-                let left_ms = until.saturating_duration_since(now).as_millis() as u64;
+            if until > Tick::now(now) {
+                let left_ms = until.left(now).as_millis() as u64;
                 out.push((key, (now_unix_ms + left_ms).saturating_sub(window_ms)));
             }
         }
@@ -507,7 +552,7 @@ impl Queue {
             // The id stays a duplicate for the window after its publish.
             let key = e.msg.dedup_key(&settings.dedup_hasher);
             let left = (route.sent_at_ms + window_ms).saturating_sub(now_ms);
-            let until = now + Duration::from_millis(left);
+            let until = Tick::until(now + Duration::from_millis(left));
             self.dedup.insert(key, DedupState::AckedUntil(until));
             self.expiring.push_back(Expiring { until, key });
             freed += body;
@@ -595,7 +640,7 @@ impl Queue {
         for (at, key) in stored {
             // Like a spilled message: a duplicate for the window after its
             // publish.
-            let until = now + Duration::from_millis(at + window_ms - now_unix_ms);
+            let until = Tick::until(now + Duration::from_millis(at + window_ms - now_unix_ms));
             q.dedup.insert(key, DedupState::AckedUntil(until));
             q.expiring.push_back(Expiring { until, key });
         }
@@ -606,7 +651,7 @@ impl Queue {
             .collect();
         recent.sort_unstable_by_key(|(at, _, _)| *at);
         for (at, key, holder) in recent {
-            let until = now + Duration::from_millis(at + window_ms - now_unix_ms);
+            let until = Tick::until(now + Duration::from_millis(at + window_ms - now_unix_ms));
             q.dedup.insert(key, DedupState::AckedUntil(until));
             q.expiring.push_back(Expiring { until, key });
             if settings.carry_dedup && holder != CARRIED {
@@ -795,6 +840,8 @@ impl Queue {
         }
         let inflight = self.unacked.remove(&seq)?;
         self.release(conn);
+        // A queue only consumed from must age its ids out too.
+        self.expire_dedup(now);
         self.forget(&inflight.entry, now, settings);
         self.release_bytes(&inflight.entry);
         Some(inflight.entry.msg.dedup_key(&settings.dedup_hasher))
@@ -1133,6 +1180,31 @@ mod tests {
     }
 
     #[test]
+    fn a_queue_only_consumed_from_ages_its_acked_ids_out() {
+        let s = QueueSettings {
+            max_len: 100,
+            ..settings()
+        };
+        let mut q = Queue::new(Arc::from("q"), 0);
+        let t0 = Instant::now();
+        for i in 0..100 {
+            q.enqueue(msg(&format!("m{i}"), "s1"), t0, &s).unwrap();
+        }
+        let mut out = Vec::new();
+        q.fetch(conn(1), 100, &s, t0, &mut out, &mut Vec::new());
+        for d in &out[..99] {
+            assert!(q.ack(d.seq, conn(1), t0, &s));
+        }
+        assert_eq!(q.remembered_ids(), 100);
+        // No publish comes; the last ack, past the window, forgets the rest.
+        let later = t0 + s.dedup_window + Duration::from_secs(1);
+        assert!(q.ack(out[99].seq, conn(1), later, &s));
+        assert_eq!(q.remembered_ids(), 1, "only the id acked last");
+        q.expire_dedup(later + s.dedup_window + Duration::from_secs(1));
+        assert_eq!(q.remembered_ids(), 0);
+    }
+
+    #[test]
     fn acked_ids_below_a_deleted_segment_are_carried_once_and_survive_a_restore() {
         let s = QueueSettings {
             max_len: 100,
@@ -1152,7 +1224,14 @@ mod tests {
         let mut carried = Vec::new();
         q.carry_dedup(2, t0, 1_000_000, &s, &mut carried);
         assert_eq!(carried.len(), 2);
-        assert!(carried.iter().all(|(_, at)| *at == 1_000_000));
+        // Expiries are kept in 1/16 s, rounded up: the ack time comes back
+        // at most 62.5 ms late (the id is remembered that much longer).
+        assert!(
+            carried
+                .iter()
+                .all(|(_, at)| (1_000_000..=1_000_063).contains(at)),
+            "{carried:?}"
+        );
         carried.clear();
         q.carry_dedup(2, t0, 1_000_000, &s, &mut carried);
         assert!(carried.is_empty(), "each key is carried once");

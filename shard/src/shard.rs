@@ -902,6 +902,9 @@ impl Shard {
         }
         // A restart brings bodies back into memory with no commit to follow.
         self.keep_budget();
+        for q in self.queues.values_mut() {
+            q.expire_dedup(now);
+        }
         if self.settings.ack_wait.is_none() {
             return;
         }
