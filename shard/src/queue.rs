@@ -637,6 +637,8 @@ impl Queue {
             .map(|(key, at)| (*at, *key))
             .collect();
         stored.sort_unstable_by_key(|(at, _)| *at);
+        q.dedup.reserve(stored.len());
+        q.expiring.reserve(stored.len());
         for (at, key) in stored {
             // Like a spilled message: a duplicate for the window after its
             // publish.

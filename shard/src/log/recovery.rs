@@ -166,6 +166,9 @@ impl RecoveredQueue {
     }
 }
 
+/// Marks a recent id whose message was acked.
+const TAKEN: u64 = u64::MAX;
+
 /// Unacked messages found so far, as runs, while a queue's files are read.
 #[derive(Default)]
 struct LiveRuns {
@@ -173,7 +176,11 @@ struct LiveRuns {
     /// Runs were not found in sequence order (damaged logs): look up by scan.
     unsorted: bool,
     deliveries: HashMap<u64, u32>,
-    recent: HashMap<u64, (DedupKey, u64)>,
+    /// (seq, key, publish time), in the order found (sequence order but
+    /// for damaged logs): a sorted list, not a map, for millions of ids.
+    recent: Vec<(u64, DedupKey, u64)>,
+    /// `recent` is not in sequence order.
+    recent_unsorted: bool,
 }
 
 impl LiveRuns {
@@ -227,6 +234,30 @@ impl LiveRuns {
         self.find(seq).is_some()
     }
 
+    fn note_recent(&mut self, seq: u64, key: DedupKey, at: u64) {
+        if self.recent.last().is_some_and(|(last, ..)| *last >= seq) {
+            self.recent_unsorted = true;
+        }
+        self.recent.push((seq, key, at));
+    }
+
+    /// The key of `seq` if it was published within the window; marks it
+    /// taken (acked: not remembered as stored).
+    fn take_recent(&mut self, seq: u64) -> Option<DedupKey> {
+        let i = if self.recent_unsorted {
+            self.recent.iter().rposition(|(s, ..)| *s == seq)?
+        } else {
+            self.recent.binary_search_by_key(&seq, |(s, ..)| *s).ok()?
+        };
+        let entry = &mut self.recent[i];
+        if entry.2 == TAKEN {
+            return None;
+        }
+        // The seq stays, so the list stays sorted for the next search.
+        entry.2 = TAKEN;
+        Some(entry.1)
+    }
+
     /// Acks `seq`; false when it is not a live message.
     fn ack(&mut self, seq: u64) -> bool {
         self.deliveries.remove(&seq);
@@ -251,12 +282,18 @@ struct Walked {
 /// Walks the file at `path`, handing each record to `visit`, repairing it
 /// as it goes (torn end cut, damage quarantined) and noting what it found in
 /// `out`.
+///
+/// `buf` is reused from file to file: a fresh buffer per segment cost
+/// more in page faults than reading the bytes into it.
 fn walk_file(
     path: &Path,
     out: &mut RecoveredQueue,
+    buf: &mut Vec<u8>,
     mut visit: impl FnMut(Record<'_>, u64, usize),
 ) -> io::Result<Walked> {
-    let mut data = fs::read(path)?;
+    buf.clear();
+    io::Read::read_to_end(&mut fs::File::open(path)?, buf)?;
+    let data = buf;
     let layout = segment::layout(&data);
     if layout.framing == Framing::V2 && (layout.header_damaged || data.len() < FILE_HEADER.len()) {
         if layout.header_damaged {
@@ -270,7 +307,8 @@ fn walk_file(
         file.write_all_at(&FILE_HEADER, 0)?;
         file.sync_data()?;
         if data.len() < FILE_HEADER.len() {
-            data = FILE_HEADER.to_vec();
+            data.clear();
+            data.extend_from_slice(&FILE_HEADER);
         }
     }
     let mut pos = match layout.framing {
@@ -362,10 +400,11 @@ pub fn recover_queue(
 ) -> io::Result<RecoveredQueue> {
     let listing = segment::list(dir)?;
     let mut out = RecoveredQueue::default();
+    let mut buf = Vec::new();
     for (number, path) in listing.dedup_files {
         let mut newest_ms = 0u64;
         let mut acked = Vec::new();
-        let walked = walk_file(&path, &mut out, |record, _, _| {
+        let walked = walk_file(&path, &mut out, &mut buf, |record, _, _| {
             if let Record::Dedup(entries) = record {
                 for (key, at) in entries.iter() {
                     newest_ms = newest_ms.max(at);
@@ -387,7 +426,7 @@ pub fn recover_queue(
         let mut acked = Vec::new();
         let mut next_seq = out.next_seq;
         let first_run = live.runs.len();
-        let walked = walk_file(&path, &mut out, |record, at, len| match record {
+        let walked = walk_file(&path, &mut out, &mut buf, |record, at, len| match record {
             Record::Message {
                 seq,
                 sender,
@@ -398,8 +437,7 @@ pub fn recover_queue(
             } => {
                 // Only ids the dedup window still covers cost memory.
                 if sent_at_ms.saturating_add(window_ms) > now_ms {
-                    live.recent
-                        .insert(seq, (hasher.key(sender, message_id), sent_at_ms));
+                    live.note_recent(seq, hasher.key(sender, message_id), sent_at_ms);
                 }
                 live.push(seq, base, at, len as u64, body.len() as u64);
                 // Saturating: a record may claim seq u64::MAX (found by fuzzing).
@@ -411,7 +449,7 @@ pub fn recover_queue(
                 key,
             } => {
                 if live.ack(seq) {
-                    let recent = live.recent.remove(&seq).map(|(k, _)| k);
+                    let recent = live.take_recent(seq);
                     // Acks of earlier versions carry no key: known only
                     // for ids published within the window.
                     if let Some(key) = key.map(DedupKey).or(recent) {
@@ -467,7 +505,12 @@ pub fn recover_queue(
     }
     out.deliveries = live.deliveries.into_iter().collect();
     out.deliveries.sort_unstable();
-    out.recent = live.recent.into_values().collect();
+    out.recent = live
+        .recent
+        .into_iter()
+        .filter(|(_, _, at)| *at != TAKEN)
+        .map(|(_, key, at)| (key, at))
+        .collect();
     out.backlog = live.runs;
     Ok(out)
 }
