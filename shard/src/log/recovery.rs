@@ -422,69 +422,51 @@ pub fn recover_queue(
     }
     let mut live = LiveRuns::default();
     let now_ms = crate::log::unix_ms();
-    for (base, path) in listing.segments {
-        let mut acked = Vec::new();
-        let mut next_seq = out.next_seq;
-        let first_run = live.runs.len();
-        let walked = walk_file(&path, &mut out, &mut buf, |record, at, len| match record {
-            Record::Message {
-                seq,
-                sender,
-                message_id,
-                sent_at_ms,
-                body,
-                ..
-            } => {
-                // Only ids the dedup window still covers cost memory.
-                if sent_at_ms.saturating_add(window_ms) > now_ms {
-                    live.note_recent(seq, hasher.key(sender, message_id), sent_at_ms);
-                }
-                live.push(seq, base, at, len as u64, body.len() as u64);
-                // Saturating: a record may claim seq u64::MAX (found by fuzzing).
-                next_seq = next_seq.max(seq.saturating_add(1));
-            }
-            Record::Ack {
-                seq,
-                acked_at_ms,
-                key,
-            } => {
-                if live.ack(seq) {
-                    let recent = live.take_recent(seq);
-                    // Acks of earlier versions carry no key: known only
-                    // for ids published within the window.
-                    if let Some(key) = key.map(DedupKey).or(recent) {
-                        acked.push((key, acked_at_ms, seq));
-                    }
-                }
-            }
-            Record::Dedup(entries) => {
-                acked.extend(entries.iter().map(|(key, at)| (DedupKey(key), at, base)));
-            }
-            Record::Delivered { seq, count, .. } => {
-                if live.holds(seq) {
-                    let n = live.deliveries.entry(seq).or_insert(0);
-                    *n = (*n).max(count);
-                }
-            }
-            Record::Padding => {}
-        })?;
-        let framing = if walked.appendable {
-            Framing::V2
+    // Segments are read and checked on every core, a chunk at a time (each
+    // file's events kept until its turn), and replayed in order.
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
+    let mut bufs: Vec<Vec<u8>> = (0..threads).map(|_| Vec::new()).collect();
+    bufs[0] = buf;
+    for chunk in listing.segments.chunks(threads) {
+        let scans: Vec<(io::Result<FileScan>, Vec<u8>)> = if chunk.len() == 1 {
+            let mut b = std::mem::take(&mut bufs[0]);
+            let scan = scan_segment(chunk[0].0, &chunk[0].1, hasher, window_ms, now_ms, &mut b);
+            vec![(scan, b)]
         } else {
-            Framing::V1
+            std::thread::scope(|scope| {
+                let handles: Vec<_> = chunk
+                    .iter()
+                    .zip(bufs.iter_mut())
+                    .map(|((base, path), b)| {
+                        let mut b = std::mem::take(b);
+                        scope.spawn(move || {
+                            let scan = scan_segment(*base, path, hasher, window_ms, now_ms, &mut b);
+                            (scan, b)
+                        })
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| {
+                        h.join().unwrap_or_else(|_| {
+                            (
+                                Err(io::Error::other("a recovery thread panicked")),
+                                Vec::new(),
+                            )
+                        })
+                    })
+                    .collect()
+            })
         };
-        for run in &mut live.runs[first_run..] {
-            run.framing = framing;
+        let mut scanned = Vec::with_capacity(scans.len());
+        for (i, (scan, b)) in scans.into_iter().enumerate() {
+            bufs[i] = b;
+            scanned.push(scan);
         }
-        out.acked.append(&mut acked);
-        out.next_seq = next_seq.max(base);
-        out.segments.push(RecoveredSegment {
-            base,
-            path,
-            len: walked.len,
-            live: 0,
-            appendable: walked.appendable,
-        });
+        for scan in scanned {
+            let scan = scan?;
+            replay(scan, &mut live, &mut out);
+        }
     }
     // A file of an earlier version is never appended to: when the newest one
     // would take the next message, skip one sequence number so the next
@@ -513,6 +495,164 @@ pub fn recover_queue(
         .collect();
     out.backlog = live.runs;
     Ok(out)
+}
+
+/// What one segment holds, read on a worker thread: its records, less
+/// bodies, in file order.
+struct FileScan {
+    base: u64,
+    path: PathBuf,
+    walked: Walked,
+    /// Damage and torn ends found (only those fields are used).
+    findings: RecoveredQueue,
+    events: Vec<Event>,
+}
+
+/// One record of a segment, as replay needs it.
+enum Event {
+    Message {
+        seq: u64,
+        at: u64,
+        len: u64,
+        body: u64,
+        /// Its dedup key and publish time, when the window still covers it.
+        recent: Option<(DedupKey, u64)>,
+    },
+    Ack {
+        seq: u64,
+        at_ms: u64,
+        key: Option<u128>,
+    },
+    Dedup(Vec<(u128, u64)>),
+    Delivered {
+        seq: u64,
+        count: u32,
+    },
+}
+
+/// Walks (and repairs) one segment, keeping its records as events.
+fn scan_segment(
+    base: u64,
+    path: &Path,
+    hasher: &DedupHasher,
+    window_ms: u64,
+    now_ms: u64,
+    buf: &mut Vec<u8>,
+) -> io::Result<FileScan> {
+    let mut findings = RecoveredQueue::default();
+    let mut events = Vec::new();
+    let walked = walk_file(path, &mut findings, buf, |record, at, len| match record {
+        Record::Message {
+            seq,
+            sender,
+            message_id,
+            sent_at_ms,
+            body,
+            ..
+        } => {
+            // Only ids the dedup window still covers cost memory.
+            let recent = (sent_at_ms.saturating_add(window_ms) > now_ms)
+                .then(|| (hasher.key(sender, message_id), sent_at_ms));
+            events.push(Event::Message {
+                seq,
+                at,
+                len: len as u64,
+                body: body.len() as u64,
+                recent,
+            });
+        }
+        Record::Ack {
+            seq,
+            acked_at_ms,
+            key,
+        } => events.push(Event::Ack {
+            seq,
+            at_ms: acked_at_ms,
+            key,
+        }),
+        Record::Dedup(entries) => events.push(Event::Dedup(entries.iter().collect())),
+        Record::Delivered { seq, count, .. } => events.push(Event::Delivered { seq, count }),
+        Record::Padding => {}
+    })?;
+    Ok(FileScan {
+        base,
+        path: path.to_owned(),
+        walked,
+        findings,
+        events,
+    })
+}
+
+/// Applies one segment's events, in order, to what recovery found so far.
+fn replay(scan: FileScan, live: &mut LiveRuns, out: &mut RecoveredQueue) {
+    let FileScan {
+        base,
+        path,
+        walked,
+        mut findings,
+        events,
+    } = scan;
+    out.damage.append(&mut findings.damage);
+    out.torn.append(&mut findings.torn);
+    let mut next_seq = out.next_seq;
+    let first_run = live.runs.len();
+    for event in events {
+        match event {
+            Event::Message {
+                seq,
+                at,
+                len,
+                body,
+                recent,
+            } => {
+                if let Some((key, sent_at)) = recent {
+                    live.note_recent(seq, key, sent_at);
+                }
+                live.push(seq, base, at, len, body);
+                // Saturating: a record may claim seq u64::MAX (found by fuzzing).
+                next_seq = next_seq.max(seq.saturating_add(1));
+            }
+            Event::Ack { seq, at_ms, key } => {
+                if live.ack(seq) {
+                    let recent = live.take_recent(seq);
+                    // Acks of earlier versions carry no key: known only
+                    // for ids published within the window.
+                    if let Some(key) = key.map(DedupKey).or(recent) {
+                        out.acked.push((key, at_ms, seq));
+                    }
+                }
+            }
+            Event::Dedup(entries) => {
+                out.acked.extend(
+                    entries
+                        .into_iter()
+                        .map(|(key, at)| (DedupKey(key), at, base)),
+                );
+            }
+            Event::Delivered { seq, count } => {
+                if live.holds(seq) {
+                    let n = live.deliveries.entry(seq).or_insert(0);
+                    *n = (*n).max(count);
+                }
+            }
+        }
+    }
+    let framing = if walked.appendable {
+        Framing::V2
+    } else {
+        Framing::V1
+    };
+    for run in &mut live.runs[first_run..] {
+        run.framing = framing;
+    }
+    out.next_seq = next_seq.max(base);
+    out.segments.push(RecoveredSegment {
+        base,
+        path,
+        len: walked.len,
+        live: 0,
+        appendable: walked.appendable,
+    });
 }
 
 fn truncate(path: &Path, len: u64) -> io::Result<()> {
