@@ -123,7 +123,7 @@ impl Message {
 /// [`DedupHasher`], so no client can craft a collision that would make
 /// another sender's message look like a duplicate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[repr(packed(8))]
+#[repr(C, packed(8))]
 pub struct DedupKey(pub u128);
 
 /// The secret key of the dedup hash (SipHash-1-3, 128-bit output).

@@ -294,7 +294,7 @@ fn walk_file(
     buf.clear();
     io::Read::read_to_end(&mut fs::File::open(path)?, buf)?;
     let data = buf;
-    let layout = segment::layout(&data);
+    let layout = segment::layout(data);
     if layout.framing == Framing::V2 && (layout.header_damaged || data.len() < FILE_HEADER.len()) {
         if layout.header_damaged {
             // A file may be shorter than its header (found by fuzzing).
@@ -316,7 +316,7 @@ fn walk_file(
         Framing::V1 => 0,
     };
     loop {
-        match segment::step(&data, pos, layout.framing, true) {
+        match segment::step(data, pos, layout.framing, true) {
             Step::Record(record, n) => {
                 visit(record, pos as u64, n);
                 pos += n;
