@@ -842,6 +842,7 @@ impl Queue {
         }
         let inflight = self.unacked.remove(&seq)?;
         self.release(conn);
+        self.drop_stale_deadlines();
         // A queue only consumed from must age its ids out too.
         self.expire_dedup(now);
         self.forget(&inflight.entry, now, settings);
@@ -885,6 +886,27 @@ impl Queue {
         } else {
             self.requeued.insert(entry.seq, entry);
         }
+    }
+
+    /// Drops deadlines at the front whose delivery is settled: acks come
+    /// nearly in delivery order, so the deadlines held stay about as many as
+    /// the deliveries in flight, not every delivery of the last `ack_wait`.
+    fn drop_stale_deadlines(&mut self) {
+        while let Some(&(deadline, seq)) = self.deadlines.front() {
+            if self
+                .unacked
+                .get(&seq)
+                .is_some_and(|i| i.deadline == Some(deadline))
+            {
+                break;
+            }
+            self.deadlines.pop_front();
+        }
+    }
+
+    /// Deadlines held (some may be stale): what `ack_wait` costs in memory.
+    pub fn deadlines_held(&self) -> usize {
+        self.deadlines.len()
     }
 
     /// Redelivers deliveries unacked past `ack_wait`; returns how many.
@@ -1179,6 +1201,32 @@ mod tests {
             q.enqueue(msg("m1", "s1"), t0 + Duration::from_secs(11), &s),
             Ok(Enqueued::Stored(2))
         );
+    }
+
+    #[test]
+    fn acked_deliveries_do_not_keep_their_deadlines() {
+        let s = QueueSettings {
+            max_len: 1000,
+            ack_wait: Some(Duration::from_secs(300)),
+            ..settings()
+        };
+        let mut q = Queue::new(Arc::from("q"), 0);
+        let t0 = Instant::now();
+        for i in 0..1000 {
+            q.enqueue(msg(&format!("m{i}"), "s1"), t0, &s).unwrap();
+        }
+        let mut out = Vec::new();
+        q.fetch(conn(1), 1000, &s, t0, &mut out, &mut Vec::new());
+        assert_eq!(q.deadlines_held(), 1000);
+        // One stays unacked in the middle: only it and those after it stay.
+        for d in out.iter().filter(|d| d.seq != 500) {
+            assert!(q.ack(d.seq, conn(1), t0, &s));
+        }
+        assert_eq!(q.deadlines_held(), 500, "deadlines from the unacked one on");
+        // It is still redelivered when its deadline passes.
+        let late = t0 + Duration::from_secs(301);
+        assert_eq!(q.expire_deliveries(late, &s, &mut Vec::new()), 1);
+        assert_eq!(q.deadlines_held(), 0);
     }
 
     #[test]
