@@ -280,13 +280,17 @@ impl Shard {
         ok
     }
 
-    /// Past its part of the memory budget, the shard moves the bodies of
-    /// the queue holding the most in memory to disk, down to 7/8 of its
-    /// part: the biggest backlog pays, a queue served from memory does not.
+    /// Past 7/8 of its part of the memory budget, the shard moves the
+    /// bodies of the queue holding the most in memory to disk, down to 3/4
+    /// of its part: the biggest backlog pays, a queue served from memory
+    /// does not. The last eighth is for what a body in memory costs besides
+    /// its bytes (its message and queue entries, about 100 bytes), so that
+    /// the budget bounds memory, not only body bytes.
     fn keep_budget(&mut self) {
-        let Some(cap) = self.settings.spill_bytes else {
+        let Some(part) = self.settings.spill_bytes else {
             return;
         };
+        let cap = part / 8 * 7;
         let held = self.held.get();
         if held <= cap {
             return;
@@ -299,7 +303,7 @@ impl Shard {
             return;
         }
         self.last_spill_search = Some(now);
-        let want = held - cap / 8 * 7;
+        let want = held - part / 4 * 3;
         let Some(q) = self.queues.values_mut().max_by_key(|q| q.resident_bytes()) else {
             return;
         };
@@ -596,7 +600,9 @@ impl Shard {
                     log.append_delivered(delivery.seq, delivery.count, at);
                 }
             }
-            if q.disk_len() > 0 && !q.is_reading() {
+            // Only a consumer with room wants the next batch (a fetch asks
+            // for itself): publishes into a backlog wake no reader.
+            if q.disk_len() > 0 && !q.is_reading() && q.has_consumer_room() {
                 let name = q.name().clone();
                 self.want_read(&name);
             }
