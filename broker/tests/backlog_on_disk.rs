@@ -140,17 +140,44 @@ async fn drain(r: &mut Connection, queue: &str) -> Vec<(String, u32)> {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_backlog_many_times_the_budget_is_served_in_order_across_a_restart() {
-    let data = tempfile::tempdir().expect("tempdir");
-    let mut broker = start(1, data.path(), "127.0.0.1:0", "");
-    let addr = broker.addr.clone();
+/// A 1-shard broker over `data` (with `performance` keys `perf`), `ex`
+/// declared, `receiver_1_queue` bound to it, and connections of its
+/// receiver and of `sender_1`.
+struct OneQueue {
+    broker: TestBroker,
+    admin: SocketAddr,
+    r: Connection,
+    s: Connection,
+}
+
+const QUEUE: &str = "receiver_1_queue";
+
+async fn one_queue(data: &std::path::Path, perf: &str) -> OneQueue {
+    let broker = start(1, data, "127.0.0.1:0", perf);
     let admin = broker.admin_addr().expect("admin endpoint");
     let mut a = connect_as(&broker, "admin").await;
     check(&mut a, "declare_exchange ex", "OK declare_exchange ex").await;
-    let queue = "receiver_1_queue";
-    let mut r = receiver_with_queue(&broker, "receiver_1", queue).await;
-    let mut s = connect_as(&broker, "sender_1").await;
+    let r = receiver_with_queue(&broker, "receiver_1", QUEUE).await;
+    let s = connect_as(&broker, "sender_1").await;
+    OneQueue {
+        broker,
+        admin,
+        r,
+        s,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backlog_many_times_the_budget_is_served_in_order_across_a_restart() {
+    let data = tempfile::tempdir().expect("tempdir");
+    let OneQueue {
+        mut broker,
+        admin,
+        mut r,
+        mut s,
+    } = one_queue(data.path(), "").await;
+    let addr = broker.addr.clone();
+    let queue = QUEUE;
 
     // 1,500 messages of about 10 KB: 15 times the budget.
     let all = ids("m", 1500);
@@ -199,7 +226,6 @@ async fn a_backlog_many_times_the_budget_is_served_in_order_across_a_restart() {
     // The other four stay unacked across the restart.
     drop(r);
     drop(s);
-    drop(a);
     broker.stop();
 
     let broker = start(1, data.path(), &addr, "");
@@ -291,13 +317,13 @@ async fn the_budget_holds_with_many_queues_over_two_shards() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn messages_read_back_from_disk_are_dead_lettered_after_max_deliveries() {
     let data = tempfile::tempdir().expect("tempdir");
-    let broker = start(1, data.path(), "127.0.0.1:0", "max_deliveries = 2");
-    let admin = broker.admin_addr().expect("admin endpoint");
-    let mut a = connect_as(&broker, "admin").await;
-    check(&mut a, "declare_exchange ex", "OK declare_exchange ex").await;
-    let queue = "receiver_1_queue";
-    let mut r = receiver_with_queue(&broker, "receiver_1", queue).await;
-    let mut s = connect_as(&broker, "sender_1").await;
+    let OneQueue {
+        broker: _broker,
+        admin,
+        mut r,
+        mut s,
+    } = one_queue(data.path(), "max_deliveries = 2").await;
+    let queue = QUEUE;
     let all = ids("d", 600);
     publish_all(&mut s, "receiver_1", "receiver_1", &all).await;
     settle(admin, 1, queue, 400).await;
