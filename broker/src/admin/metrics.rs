@@ -401,35 +401,31 @@ pub(crate) fn render(ctx: &AdminContext, admin: &SlotStats) -> String {
         &[],
         ctx.shared.settings.memory_budget_bytes,
     );
-    e.family(
-        "ciphermq_shard_queued_bytes",
-        Kind::Gauge,
-        "Body bytes all queues of a shard hold, ready and unacked.",
-    );
-    let mut per_shard = vec![0u64; ctx.shared.shards];
-    for q in &queues {
-        if let Some(sum) = per_shard.get_mut(q.shard) {
-            *sum += q.bytes;
+    type ShardSum = (&'static str, &'static str, fn(&status::QueueEntry) -> u64);
+    let shard_sums: [ShardSum; 2] = [
+        (
+            "ciphermq_shard_queued_bytes",
+            "Body bytes all queues of a shard hold, ready and unacked.",
+            |q| q.bytes,
+        ),
+        (
+            "ciphermq_shard_memory_bytes",
+            "Body bytes a shard's queues hold in memory: what its part of storage.memory_budget_mb bounds.",
+            |q| q.memory_bytes,
+        ),
+    ];
+    for (name, help, get) in shard_sums {
+        e.family(name, Kind::Gauge, help);
+        let mut per_shard = vec![0u64; ctx.shared.shards];
+        for q in &queues {
+            if let Some(sum) = per_shard.get_mut(q.shard) {
+                *sum += get(q);
+            }
         }
-    }
-    for (shard, bytes) in per_shard.iter().enumerate() {
-        let shard = shard.to_string();
-        e.sample_u64("ciphermq_shard_queued_bytes", &[("shard", &shard)], *bytes);
-    }
-    e.family(
-        "ciphermq_shard_memory_bytes",
-        Kind::Gauge,
-        "Body bytes a shard's queues hold in memory: what its part of storage.memory_budget_mb bounds.",
-    );
-    let mut in_memory = vec![0u64; ctx.shared.shards];
-    for q in &queues {
-        if let Some(sum) = in_memory.get_mut(q.shard) {
-            *sum += q.memory_bytes;
+        for (shard, bytes) in per_shard.iter().enumerate() {
+            let shard = shard.to_string();
+            e.sample_u64(name, &[("shard", &shard)], *bytes);
         }
-    }
-    for (shard, bytes) in in_memory.iter().enumerate() {
-        let shard = shard.to_string();
-        e.sample_u64("ciphermq_shard_memory_bytes", &[("shard", &shard)], *bytes);
     }
     type BacklogCounter = (&'static str, &'static str, fn(&BacklogReads) -> u64);
     let backlog: [BacklogCounter; 5] = [
