@@ -348,3 +348,51 @@ async fn messages_read_back_from_disk_are_dead_lettered_after_max_deliveries() {
         [("d-0", 1)]
     );
 }
+
+/// DESIGN §4: an id is a duplicate while its message "is still there",
+/// however long ago it was published; the window only covers acked ones.
+/// A body on disk does not change that, nor does a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_on_disk_stays_a_duplicate_past_the_window_and_across_a_restart() {
+    let data = tempfile::tempdir().expect("tempdir");
+    let perf = "dedup_window_secs = 1";
+    let OneQueue {
+        mut broker,
+        admin,
+        r,
+        mut s,
+    } = one_queue(data.path(), perf).await;
+    let all = ids("w", 400);
+    publish_all(&mut s, "receiver_1", "receiver_1", &all).await;
+    settle(admin, 1, QUEUE, 250).await;
+    // Past the window: every retry, on disk or in memory, stores nothing.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    publish_all(&mut s, "receiver_1", "receiver_1", &all).await;
+    drop(r);
+    drop(s);
+    broker.stop();
+
+    let broker = start(1, data.path(), "127.0.0.1:0", perf);
+    let mut s = connect_as(&broker, "sender_1").await;
+    publish_all(&mut s, "receiver_1", "receiver_1", &all).await;
+    let mut r = connect_as(&broker, "receiver_1").await;
+    let got: Vec<String> = drain(&mut r, QUEUE)
+        .await
+        .into_iter()
+        .map(|(id, _)| id)
+        .collect();
+    assert_eq!(
+        got.len(),
+        all.len(),
+        "each message once: 0 lost, 0 duplicated"
+    );
+    assert_eq!(got, all, "in order");
+    // Once acked and past the window, an id may be stored again.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    publish_all(&mut s, "receiver_1", "receiver_1", &all[..1]).await;
+    let again = fetch(&mut r, QUEUE, 10).await;
+    assert_eq!(
+        again.iter().map(|g| g.id.as_str()).collect::<Vec<_>>(),
+        ["w-0"]
+    );
+}

@@ -104,5 +104,5 @@ fn summary(q: &RecoveredQueue) -> impl PartialEq + std::fmt::Debug {
         .iter()
         .map(|d| (d.number, d.newest_ms))
         .collect();
-    (messages, acked, segments, dedup)
+    (messages, acked, segments, dedup, q.dedup.len())
 }

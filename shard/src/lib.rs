@@ -14,6 +14,8 @@
 //! - [`durability`]: a shard's logs, group-commit rounds and waiting publishes.
 //! - [`backlog`]: ready messages whose bodies are only in the log (past the
 //!   memory budget), and decoding them when they are read back.
+//! - [`dedup`]: the ids a queue remembers (stored, or acked within the
+//!   window), about 15 bytes each.
 //! - [`queue`]: one queue's state machine: ready messages, unacked deliveries,
 //!   competing consumers, dedup, dead-lettering.
 //! - [`mailbox`]: how a shard hands replies and deliveries to a connection task.
@@ -36,6 +38,7 @@
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod backlog;
+pub mod dedup;
 pub mod durability;
 pub mod hashers;
 pub mod log;

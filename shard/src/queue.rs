@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::backlog::{Absorbed, DiskBacklog};
+use crate::dedup::{IdSet, Tick};
 use crate::log::record::{message_record_bytes, Framing};
 use crate::message::{DedupHasher, DedupKey, Message};
 use crate::placement::{ConnRef, ShardId};
@@ -174,47 +175,6 @@ struct Consumer {
     inflight: u32,
 }
 
-/// A moment, in 1/16 s since the process's first use of one: 4 bytes where
-/// an `Instant` takes 16, for the millions of ids a dedup window holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-struct Tick(u32);
-
-impl Tick {
-    const PER_SEC: u128 = 16;
-
-    fn epoch() -> Instant {
-        static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-        *EPOCH.get_or_init(Instant::now)
-    }
-
-    fn ticks(t: Instant) -> u128 {
-        t.saturating_duration_since(Tick::epoch()).as_nanos() * Tick::PER_SEC
-    }
-
-    /// An expiry at `t`, rounded up: never earlier than asked.
-    fn until(t: Instant) -> Tick {
-        let n = Tick::ticks(t).div_ceil(1_000_000_000);
-        Tick(u32::try_from(n).unwrap_or(u32::MAX))
-    }
-
-    /// The present `t`, rounded down: nothing expires early.
-    fn now(t: Instant) -> Tick {
-        Tick(u32::try_from(Tick::ticks(t) / 1_000_000_000).unwrap_or(u32::MAX))
-    }
-
-    /// Time from `now` until this tick.
-    fn left(self, now: Instant) -> Duration {
-        let at = Tick::epoch() + Duration::from_nanos((u64::from(self.0) * 1_000_000_000) / 16);
-        at.saturating_duration_since(now)
-    }
-}
-
-#[derive(Debug, Clone, Copy)]
-struct Expiring {
-    until: Tick,
-    key: DedupKey,
-}
-
 /// An acked key whose only evidence is its message's log segment.
 #[derive(Debug)]
 struct Uncarried {
@@ -223,14 +183,12 @@ struct Uncarried {
     until: Tick,
 }
 
+/// What one remembered id costs in memory, about (see [`crate::dedup`]):
+/// the memory budget charges it for every message whose body is on disk.
+pub const ID_BYTES: u64 = 16;
+
 /// Stands for "already persisted outside the segments" in restored entries.
 pub const CARRIED: u64 = u64::MAX;
-
-#[derive(Debug, Clone, Copy)]
-enum DedupState {
-    Stored,
-    AckedUntil(Tick),
-}
 
 /// One queue.
 #[derive(Debug)]
@@ -243,8 +201,11 @@ pub struct Queue {
     bytes: u64,
     /// The part of `bytes` held in memory: what the shard's meter counts.
     resident: u64,
-    /// The shard's meter, which `resident` is part of.
+    /// The shard's meter, which `resident` and `charged` are part of.
     held: HeldBytes,
+    /// What the ids of its messages on disk are charged on the meter
+    /// ([`ID_BYTES`] each): past the budget, a backlog's cost in memory.
+    charged: u64,
     /// Ready messages in memory, oldest first: all of them while `disk` is
     /// empty, else those read back ahead of the consumers.
     ready: VecDeque<Entry>,
@@ -259,9 +220,8 @@ pub struct Queue {
     unacked: HashMap<u64, Inflight, crate::hashers::BuildIntHasher>,
     consumers: Vec<Consumer>,
     next_consumer: usize,
-    dedup: HashMap<DedupKey, DedupState, crate::hashers::BuildPassThroughHasher>,
-    /// Acked keys in expiry order.
-    expiring: VecDeque<Expiring>,
+    /// Ids of the messages it holds and of those acked within the window.
+    dedup: IdSet,
     /// With durable logs: acked keys whose only evidence is their message's
     /// log segment, in sequence order, until that segment is deleted and
     /// they are carried to the dedup file (each key once). Acks come nearly
@@ -272,14 +232,21 @@ pub struct Queue {
 }
 
 impl Queue {
-    /// An empty queue named `name` on `shard`, counted on a meter of its own.
+    /// An empty queue named `name` on `shard`, counted on a meter of its
+    /// own, with the default dedup window.
     pub fn new(name: Arc<str>, shard: ShardId) -> Queue {
-        Queue::metered(name, shard, HeldBytes::default())
+        let window = QueueSettings::default().dedup_window;
+        Queue::metered(name, shard, HeldBytes::default(), window)
     }
 
     /// An empty queue named `name` on `shard` whose bodies count on `held`
-    /// (its shard's meter).
-    pub fn metered(name: Arc<str>, shard: ShardId, held: HeldBytes) -> Queue {
+    /// (its shard's meter), remembering acked ids for `dedup_window`.
+    pub fn metered(
+        name: Arc<str>,
+        shard: ShardId,
+        held: HeldBytes,
+        dedup_window: Duration,
+    ) -> Queue {
         Queue {
             name,
             shard,
@@ -287,6 +254,7 @@ impl Queue {
             bytes: 0,
             resident: 0,
             held,
+            charged: 0,
             ready: VecDeque::new(),
             disk: DiskBacklog::default(),
             tail: VecDeque::new(),
@@ -294,8 +262,7 @@ impl Queue {
             unacked: HashMap::default(),
             consumers: Vec::new(),
             next_consumer: 0,
-            dedup: HashMap::default(),
-            expiring: VecDeque::new(),
+            dedup: IdSet::new(dedup_window),
             uncarried: VecDeque::new(),
             deadlines: VecDeque::new(),
         }
@@ -341,6 +308,17 @@ impl Queue {
         self.held.sub(n);
     }
 
+    /// Brings the meter's charge for ids on disk up to date.
+    fn recharge(&mut self) {
+        let charge = self.disk.len() * ID_BYTES;
+        if charge > self.charged {
+            self.held.add(charge - self.charged);
+        } else {
+            self.held.sub(self.charged - charge);
+        }
+        self.charged = charge;
+    }
+
     /// Accounts for a message joining the queue.
     fn hold_bytes(&mut self, msg: &Message) {
         let n = msg.body().len() as u64;
@@ -355,34 +333,37 @@ impl Queue {
         self.dedup.len()
     }
 
+    /// Heap bytes the remembered ids take.
+    pub fn dedup_bytes(&self) -> u64 {
+        self.dedup.heap_bytes()
+    }
+
     /// Registered consumers.
     pub fn consumer_count(&self) -> usize {
         self.consumers.len()
     }
 
-    /// Forgets ids whose dedup window has passed (each once: amortized
-    /// constant). Publishes and acks call it; the shard's sweep calls it
-    /// for queues that see neither.
+    /// Forgets some ids whose dedup window has passed: publishes and acks
+    /// each pay a bounded share of a sweep (see [`IdSet::expire`]).
     pub fn expire_dedup(&mut self, now: Instant) {
-        let now = Tick::now(now);
-        while let Some(&Expiring { until, key, .. }) = self.expiring.front() {
-            if until > now {
-                break;
-            }
-            self.expiring.pop_front();
-            if let Some(DedupState::AckedUntil(t)) = self.dedup.get(&key) {
-                if *t <= now {
-                    self.dedup.remove(&key);
-                }
-            }
-        }
+        self.dedup.expire(now);
+    }
+
+    /// The shard's once-a-second share of the sweep, for queues that see
+    /// neither publishes nor acks.
+    pub fn sweep_dedup(&mut self, now: Instant) {
+        self.dedup.sweep(now);
+    }
+
+    /// Forgets every id whose window has passed, at once (tests).
+    pub fn expire_all_dedup(&mut self, now: Instant) {
+        self.dedup.expire_all(now);
     }
 
     fn forget(&mut self, entry: &Entry, now: Instant, settings: &QueueSettings) {
         let key = entry.msg.dedup_key(&settings.dedup_hasher);
         let until = Tick::until(now + settings.dedup_window);
-        self.dedup.insert(key, DedupState::AckedUntil(until));
-        self.expiring.push_back(Expiring { until, key });
+        self.dedup.ack(key, until);
         if settings.carry_dedup {
             self.note_uncarried(entry.seq, key, until);
         }
@@ -435,23 +416,20 @@ impl Queue {
     ) -> Result<Enqueued, QueueFull> {
         self.expire_dedup(now);
         let key = msg.dedup_key(&settings.dedup_hasher);
-        if self.dedup.contains_key(&key) {
+        // One probe on the way in; a refusal takes the id back out.
+        if !self.dedup.store_new(key, now) {
             return Ok(Enqueued::Duplicate);
         }
-        if self.ready_len() + self.unacked.len() >= settings.max_len {
-            return Err(QueueFull);
-        }
         let body = msg.body().len() as u64;
-        if settings.max_bytes > 0 && self.bytes.saturating_add(body) > settings.max_bytes {
-            return Err(QueueFull);
-        }
-        if settings
-            .shard_bytes
-            .is_some_and(|cap| self.held.get().saturating_add(body) > cap)
+        if self.ready_len() + self.unacked.len() >= settings.max_len
+            || (settings.max_bytes > 0 && self.bytes.saturating_add(body) > settings.max_bytes)
+            || settings
+                .shard_bytes
+                .is_some_and(|cap| self.held.get().saturating_add(body) > cap)
         {
+            self.dedup.remove(key);
             return Err(QueueFull);
         }
-        self.dedup.insert(key, DedupState::Stored);
         Ok(Enqueued::Stored(self.push(msg)))
     }
 
@@ -503,9 +481,8 @@ impl Queue {
     /// until about `want` bytes are freed; returns the bytes freed. A queue
     /// that has messages on disk also moves every durable message published
     /// since (`want` 0 does only that): what is behind a backlog waits for
-    /// it anyway. Ids inside the dedup window stay remembered; past it, an
-    /// id on disk is no longer (its dedup entry is what would cost memory).
-    pub fn spill(&mut self, want: u64, now: Instant, settings: &QueueSettings) -> u64 {
+    /// it anyway. Their ids stay remembered as stored.
+    pub fn spill(&mut self, want: u64) -> u64 {
         let mut moved = Vec::new();
         if !self.disk.is_empty() {
             while self.tail.front().is_some_and(|e| e.offset != UNPLACED) {
@@ -527,8 +504,6 @@ impl Queue {
             self.tail = rest.split_off(placed - from);
             moved.extend(rest);
         }
-        let now_ms = crate::log::unix_ms();
-        let window_ms = settings.dedup_window.as_millis() as u64;
         let mut freed = 0;
         for e in moved {
             let body = e.msg.body().len() as u64;
@@ -549,16 +524,11 @@ impl Queue {
                 body,
                 e.deliveries,
             );
-            // The id stays a duplicate for the window after its publish.
-            let key = e.msg.dedup_key(&settings.dedup_hasher);
-            let left = (route.sent_at_ms + window_ms).saturating_sub(now_ms);
-            let until = Tick::until(now + Duration::from_millis(left));
-            self.dedup.insert(key, DedupState::AckedUntil(until));
-            self.expiring.push_back(Expiring { until, key });
             freed += body;
         }
         self.resident = self.resident.saturating_sub(freed);
         self.held.sub(freed);
+        self.recharge();
         freed
     }
 
@@ -600,6 +570,7 @@ impl Queue {
         if self.disk.is_empty() {
             self.ready.append(&mut self.tail);
         }
+        self.recharge();
         done
     }
 
@@ -609,10 +580,11 @@ impl Queue {
     }
 
     /// Rebuilds a queue from its log: unacked messages in order, on disk
-    /// (read back as consumers want them), and the dedup state: ids of
-    /// unacked messages published within the window (`recent`: key, Unix
-    /// ms of the publish) and ids acked within it (`acked`: key, Unix ms of
-    /// the ack, and the seq whose segment holds that evidence).
+    /// (read back as consumers want them), and the ids recovery found
+    /// (`dedup`: every unacked message's, and those acked within the
+    /// window). `evidence` lists the acked ids whose only evidence is a
+    /// segment (key, Unix ms of the ack, a seq of that segment), to carry
+    /// to the dedup file when it is deleted.
     #[allow(clippy::too_many_arguments)]
     pub fn restore(
         name: Arc<str>,
@@ -620,44 +592,25 @@ impl Queue {
         held: HeldBytes,
         next_seq: u64,
         backlog: DiskBacklog,
-        recent: &[(DedupKey, u64)],
-        acked: &[(DedupKey, u64, u64)],
+        dedup: IdSet,
+        evidence: &[(DedupKey, u64, u64)],
         settings: &QueueSettings,
         now: Instant,
         now_unix_ms: u64,
     ) -> Queue {
-        let mut q = Queue::metered(name, shard, held);
+        let mut q = Queue::metered(name, shard, held, settings.dedup_window);
         q.next_seq = next_seq;
         q.bytes = backlog.bytes();
         q.disk = backlog;
-        let window_ms = settings.dedup_window.as_millis() as u64;
-        let mut stored: Vec<(u64, DedupKey)> = recent
-            .iter()
-            .filter(|(_, at)| at + window_ms > now_unix_ms)
-            .map(|(key, at)| (*at, *key))
-            .collect();
-        stored.sort_unstable_by_key(|(at, _)| *at);
-        q.dedup.reserve(stored.len());
-        q.expiring.reserve(stored.len());
-        for (at, key) in stored {
-            // Like a spilled message: a duplicate for the window after its
-            // publish.
-            let until = Tick::until(now + Duration::from_millis(at + window_ms - now_unix_ms));
-            q.dedup.insert(key, DedupState::AckedUntil(until));
-            q.expiring.push_back(Expiring { until, key });
-        }
-        let mut recent: Vec<(u64, DedupKey, u64)> = acked
-            .iter()
-            .filter(|(key, at, _)| at + window_ms > now_unix_ms && !q.dedup.contains_key(key))
-            .map(|(key, at, holder)| (*at, *key, *holder))
-            .collect();
-        recent.sort_unstable_by_key(|(at, _, _)| *at);
-        for (at, key, holder) in recent {
-            let until = Tick::until(now + Duration::from_millis(at + window_ms - now_unix_ms));
-            q.dedup.insert(key, DedupState::AckedUntil(until));
-            q.expiring.push_back(Expiring { until, key });
-            if settings.carry_dedup && holder != CARRIED {
-                q.note_uncarried(holder, key, until);
+        q.recharge();
+        q.dedup = dedup;
+        if settings.carry_dedup {
+            let window_ms = settings.dedup_window.as_millis() as u64;
+            for &(key, at, holder) in evidence {
+                if holder != CARRIED && at.saturating_add(window_ms) > now_unix_ms {
+                    let until = Tick::after_unix_ms(at, window_ms, now, now_unix_ms);
+                    q.note_uncarried(holder, key, until);
+                }
             }
         }
         q
@@ -687,9 +640,7 @@ impl Queue {
                     None => continue,
                 },
             };
-            if matches!(self.dedup.get(&key), Some(DedupState::Stored)) {
-                self.dedup.remove(&key);
-            }
+            self.dedup.remove_stored(key);
             if let Some(entry) = entry {
                 self.release_bytes(&entry);
                 gone.push(seq);
@@ -981,7 +932,7 @@ impl Queue {
 /// its shard's meter.
 impl Drop for Queue {
     fn drop(&mut self) {
-        self.held.sub(self.resident);
+        self.held.sub(self.resident + self.charged);
     }
 }
 
@@ -1120,8 +1071,8 @@ mod tests {
         };
         let now = Instant::now();
         let held = HeldBytes::default();
-        let mut a = Queue::metered(Arc::from("a"), 0, held.clone());
-        let mut b = Queue::metered(Arc::from("b"), 0, held.clone());
+        let mut a = Queue::metered(Arc::from("a"), 0, held.clone(), s.dedup_window);
+        let mut b = Queue::metered(Arc::from("b"), 0, held.clone(), s.dedup_window);
         a.enqueue(msg("a1", "s"), now, &s).unwrap();
         a.enqueue(msg("a2", "s"), now, &s).unwrap();
         b.enqueue(msg("b1", "s"), now, &s).unwrap();
@@ -1133,7 +1084,7 @@ mod tests {
         assert!(a.ack(out[0].seq, conn(1), now, &s));
         assert_eq!(held.get(), 4);
         assert_eq!(b.enqueue(msg("b2", "s"), now, &s), Ok(Enqueued::Stored(1)));
-        let mut dlq = Queue::metered(Arc::from("a.dlq"), 0, held.clone());
+        let mut dlq = Queue::metered(Arc::from("a.dlq"), 0, held.clone(), s.dedup_window);
         dlq.enqueue_dead(msg("x", "s"));
         assert_eq!(held.get(), 8, "a dead letter is taken past the cap");
         // A restored queue's messages are on disk: counted in its bytes,
@@ -1146,7 +1097,7 @@ mod tests {
             held.clone(),
             1,
             backlog,
-            &[],
+            IdSet::new(s.dedup_window),
             &[],
             &s,
             now,
@@ -1246,11 +1197,16 @@ mod tests {
             assert!(q.ack(d.seq, conn(1), t0, &s));
         }
         assert_eq!(q.remembered_ids(), 100);
-        // No publish comes; the last ack, past the window, forgets the rest.
-        let later = t0 + s.dedup_window + Duration::from_secs(1);
+        // No publish comes: the last ack, past the window, and the shard's
+        // sweeps forget the rest.
+        let mut later = t0 + s.dedup_window + Duration::from_secs(1);
         assert!(q.ack(out[99].seq, conn(1), later, &s));
+        for _ in 0..5 {
+            later += Duration::from_secs(1);
+            q.sweep_dedup(later);
+        }
         assert_eq!(q.remembered_ids(), 1, "only the id acked last");
-        q.expire_dedup(later + s.dedup_window + Duration::from_secs(1));
+        q.expire_all_dedup(later + s.dedup_window + Duration::from_secs(1));
         assert_eq!(q.remembered_ids(), 0);
     }
 
@@ -1290,15 +1246,19 @@ mod tests {
         assert!(carried.is_empty());
 
         // A restart within the window: a carried id is still a duplicate.
-        let a = (s.dedup_hasher.key("s1", "a"), 1_000_000, CARRIED);
+        let mut ids = IdSet::new(s.dedup_window);
+        ids.ack(
+            s.dedup_hasher.key("s1", "a"),
+            Tick::after_unix_ms(1_000_000, 10_000, t0, 1_004_000),
+        );
         let mut r = Queue::restore(
             Arc::from("q"),
             0,
             HeldBytes::default(),
             3,
             DiskBacklog::default(),
+            ids,
             &[],
-            &[a],
             &s,
             t0,
             1_004_000,

@@ -58,6 +58,11 @@ pub struct QueueStats {
     pub on_disk: u64,
     /// The part of `bytes` held in memory.
     pub memory_bytes: u64,
+    /// Ids it remembers for dedup (its messages', and those acked within
+    /// the window).
+    pub dedup_ids: usize,
+    /// Heap bytes those ids take.
+    pub dedup_bytes: u64,
 }
 
 /// How reading backlogs back from disk went on one shard, since it started.
@@ -175,7 +180,7 @@ impl Shard {
             self.held.clone(),
             recovered.next_seq,
             backlog,
-            &recovered.recent,
+            recovered.dedup,
             &recovered.acked,
             &self.settings,
             now,
@@ -245,8 +250,7 @@ impl Shard {
                 &job.message_offsets,
             );
             if self.settings.spill_bytes.is_some() && q.disk_len() > 0 {
-                let now = Instant::now();
-                self.backlog.spilled_bytes += q.spill(0, now, &self.settings);
+                self.backlog.spilled_bytes += q.spill(0);
             }
         }
         if ok {
@@ -307,7 +311,7 @@ impl Shard {
         let Some(q) = self.queues.values_mut().max_by_key(|q| q.resident_bytes()) else {
             return;
         };
-        let freed = q.spill(want, now, &self.settings);
+        let freed = q.spill(want);
         if freed > 0 {
             tracing::debug!(queue = %q.name(), freed, "bodies moved out of memory past the budget");
         }
@@ -538,7 +542,12 @@ impl Shard {
                 return None;
             }
             let name = info.name.clone();
-            let queue = Queue::metered(name.clone(), self.id, self.held.clone());
+            let queue = Queue::metered(
+                name.clone(),
+                self.id,
+                self.held.clone(),
+                self.settings.dedup_window,
+            );
             self.queues.insert(name, queue);
         }
         self.queues.get_mut(name)
@@ -909,7 +918,7 @@ impl Shard {
         // A restart brings bodies back into memory with no commit to follow.
         self.keep_budget();
         for q in self.queues.values_mut() {
-            q.expire_dedup(now);
+            q.sweep_dedup(now);
         }
         if self.settings.ack_wait.is_none() {
             return;
@@ -1003,7 +1012,8 @@ impl Shard {
         }
     }
 
-    /// Body bytes all queues of this shard hold, ready and unacked.
+    /// What the memory budget counts on this shard: bodies in memory, and
+    /// [`crate::queue::ID_BYTES`] for each message whose body is on disk.
     pub fn held_bytes(&self) -> u64 {
         self.held.get()
     }
@@ -1020,6 +1030,8 @@ impl Shard {
                 consumers: q.consumer_count(),
                 on_disk: q.disk_len(),
                 memory_bytes: q.resident_bytes(),
+                dedup_ids: q.remembered_ids(),
+                dedup_bytes: q.dedup_bytes(),
             })
             .collect()
     }

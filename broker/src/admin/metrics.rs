@@ -359,7 +359,7 @@ pub(crate) fn render(ctx: &AdminContext, admin: &SlotStats) -> String {
     }
 
     let queues = status::queues(ctx);
-    let gauges: [QueueGauge; 6] = [
+    let gauges: [QueueGauge; 7] = [
         (
             "ciphermq_queue_ready",
             "Messages waiting in a queue.",
@@ -386,6 +386,11 @@ pub(crate) fn render(ctx: &AdminContext, admin: &SlotStats) -> String {
             |q| q.on_disk,
         ),
         (
+            "ciphermq_queue_dedup_ids",
+            "Ids a queue remembers for dedup: its messages', and those acked within performance.dedup_window_secs.",
+            |q| q.dedup_ids as u64,
+        ),
+        (
             "ciphermq_queue_consumers",
             "Consumers registered on a queue.",
             |q| q.consumers as u64,
@@ -402,7 +407,7 @@ pub(crate) fn render(ctx: &AdminContext, admin: &SlotStats) -> String {
         ctx.shared.settings.memory_budget_bytes,
     );
     type ShardSum = (&'static str, &'static str, fn(&status::QueueEntry) -> u64);
-    let shard_sums: [ShardSum; 2] = [
+    let shard_sums: [ShardSum; 3] = [
         (
             "ciphermq_shard_queued_bytes",
             "Body bytes all queues of a shard hold, ready and unacked.",
@@ -410,8 +415,13 @@ pub(crate) fn render(ctx: &AdminContext, admin: &SlotStats) -> String {
         ),
         (
             "ciphermq_shard_memory_bytes",
-            "Body bytes a shard's queues hold in memory: what its part of storage.memory_budget_mb bounds.",
+            "Body bytes a shard's queues hold in memory: with 16 bytes for each message on disk (its remembered id), what its part of storage.memory_budget_mb bounds.",
             |q| q.memory_bytes,
+        ),
+        (
+            "ciphermq_shard_dedup_bytes",
+            "Heap bytes of the ids a shard's queues remember for dedup (about 15 per id).",
+            |q| q.dedup_bytes,
         ),
     ];
     for (name, help, get) in shard_sums {

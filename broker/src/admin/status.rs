@@ -133,6 +133,11 @@ pub(crate) struct QueueEntry {
     pub(crate) memory_bytes: u64,
     /// Ready messages whose bodies are in the log only.
     pub(crate) on_disk: u64,
+    /// Ids remembered for dedup: its messages', and those acked within
+    /// the window.
+    pub(crate) dedup_ids: usize,
+    /// Heap bytes those ids take.
+    pub(crate) dedup_bytes: u64,
     pub(crate) consumers: usize,
     pub(crate) shard: usize,
 }
@@ -339,6 +344,8 @@ pub(crate) fn queues(ctx: &AdminContext) -> Vec<QueueEntry> {
                 bytes: 0,
                 memory_bytes: 0,
                 on_disk: 0,
+                dedup_ids: 0,
+                dedup_bytes: 0,
                 consumers: 0,
                 shard: info.shard as usize,
             },
@@ -354,6 +361,8 @@ pub(crate) fn queues(ctx: &AdminContext) -> Vec<QueueEntry> {
                 bytes: 0,
                 memory_bytes: 0,
                 on_disk: 0,
+                dedup_ids: 0,
+                dedup_bytes: 0,
                 consumers: 0,
                 shard: shard.shard,
             });
@@ -362,6 +371,8 @@ pub(crate) fn queues(ctx: &AdminContext) -> Vec<QueueEntry> {
             entry.bytes = q.bytes;
             entry.memory_bytes = q.memory_bytes;
             entry.on_disk = q.on_disk;
+            entry.dedup_ids = q.dedup_ids;
+            entry.dedup_bytes = q.dedup_bytes;
             entry.consumers = q.consumers;
             entry.shard = shard.shard;
         }

@@ -15,13 +15,14 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use crate::backlog::{DiskBacklog, Run};
+use crate::dedup::{IdSet, Tick};
 use crate::log::dedup_file::RecoveredDedupFile;
 use crate::log::record::{padding, Framing, Record, SYNC};
 use crate::log::segment::{self, End, Step, FILE_HEADER};
 use crate::message::{DedupHasher, DedupKey, Message};
-use crate::queue::CARRIED;
 
 /// A segment found on disk.
 #[derive(Debug, Clone)]
@@ -99,16 +100,18 @@ pub struct RecoveredQueue {
     pub backlog: Vec<Run>,
     /// Delivery counts of unacked messages delivered before, by seq.
     pub deliveries: Vec<(u64, u32)>,
-    /// Dedup keys of unacked messages published within the dedup window,
-    /// with when they were published (Unix ms).
-    pub recent: Vec<(DedupKey, u64)>,
+    /// The ids to remember: every unacked message's (stored), and those
+    /// acked within the dedup window.
+    pub dedup: IdSet,
     /// The next sequence number to use.
     pub next_seq: u64,
     /// Segments in base order.
     pub segments: Vec<RecoveredSegment>,
-    /// Acked ids with their ack time (Unix ms) and the sequence number whose
-    /// segment holds that evidence (the message's own, or the segment of a
-    /// carried dedup record): the dedup window outlives a restart.
+    /// Acked ids within the window whose evidence is a segment, with their
+    /// ack time (Unix ms) and a sequence number of that segment (the
+    /// message's own, or the segment of a carried dedup record): carried to
+    /// the dedup file when that segment goes. Those whose evidence is a
+    /// dedup file are only in `dedup`.
     pub acked: Vec<(DedupKey, u64, u64)>,
     /// Damaged ranges found, each moved to a quarantine file.
     pub damage: Vec<Damage>,
@@ -166,9 +169,6 @@ impl RecoveredQueue {
     }
 }
 
-/// Marks a recent id whose message was acked.
-const TAKEN: u64 = u64::MAX;
-
 /// Unacked messages found so far, as runs, while a queue's files are read.
 #[derive(Default)]
 struct LiveRuns {
@@ -176,11 +176,9 @@ struct LiveRuns {
     /// Runs were not found in sequence order (damaged logs): look up by scan.
     unsorted: bool,
     deliveries: HashMap<u64, u32>,
-    /// (seq, key, publish time), in the order found (sequence order but
-    /// for damaged logs): a sorted list, not a map, for millions of ids.
-    recent: Vec<(u64, DedupKey, u64)>,
-    /// `recent` is not in sequence order.
-    recent_unsorted: bool,
+    /// Acks of an earlier version's logs, which carry no key: (seq, Unix ms
+    /// of the ack), resolved once every segment is read.
+    keyless_acks: Vec<(u64, u64)>,
 }
 
 impl LiveRuns {
@@ -232,30 +230,6 @@ impl LiveRuns {
 
     fn holds(&mut self, seq: u64) -> bool {
         self.find(seq).is_some()
-    }
-
-    fn note_recent(&mut self, seq: u64, key: DedupKey, at: u64) {
-        if self.recent.last().is_some_and(|(last, ..)| *last >= seq) {
-            self.recent_unsorted = true;
-        }
-        self.recent.push((seq, key, at));
-    }
-
-    /// The key of `seq` if it was published within the window; marks it
-    /// taken (acked: not remembered as stored).
-    fn take_recent(&mut self, seq: u64) -> Option<DedupKey> {
-        let i = if self.recent_unsorted {
-            self.recent.iter().rposition(|(s, ..)| *s == seq)?
-        } else {
-            self.recent.binary_search_by_key(&seq, |(s, ..)| *s).ok()?
-        };
-        let entry = &mut self.recent[i];
-        if entry.2 == TAKEN {
-            return None;
-        }
-        // The seq stays, so the list stays sorted for the next search.
-        entry.2 = TAKEN;
-        Some(entry.1)
     }
 
     /// Acks `seq`; false when it is not a live message.
@@ -391,28 +365,36 @@ fn write_synced(path: &Path, bytes: &[u8]) -> io::Result<()> {
 
 /// Reads every file of the queue in `dir`: replays the records, truncates
 /// torn ends, quarantines damage (see the module doc).
-/// `window_ms` is the dedup window: ids of unacked messages published
-/// longer ago are not remembered (their bodies stay on disk, unread).
+/// `window_ms` is the dedup window: ids acked longer ago are not
+/// remembered; every unacked message's id is (its body stays on disk,
+/// unread).
 pub fn recover_queue(
     dir: &Path,
     hasher: &DedupHasher,
     window_ms: u64,
 ) -> io::Result<RecoveredQueue> {
     let listing = segment::list(dir)?;
-    let mut out = RecoveredQueue::default();
+    let mut out = RecoveredQueue {
+        dedup: IdSet::new(Duration::from_millis(window_ms)),
+        ..RecoveredQueue::default()
+    };
     let mut buf = Vec::new();
+    let window = Window::new(window_ms);
     for (number, path) in listing.dedup_files {
         let mut newest_ms = 0u64;
-        let mut acked = Vec::new();
+        let mut dedup = std::mem::take(&mut out.dedup);
         let walked = walk_file(&path, &mut out, &mut buf, |record, _, _| {
             if let Record::Dedup(entries) = record {
                 for (key, at) in entries.iter() {
                     newest_ms = newest_ms.max(at);
-                    acked.push((DedupKey(key), at, CARRIED));
+                    if let Some(until) = window.until(at) {
+                        dedup.ack(DedupKey(key), until);
+                    }
                 }
             }
-        })?;
-        out.acked.append(&mut acked);
+        });
+        out.dedup = dedup;
+        let walked = walked?;
         out.dedup_files.push(RecoveredDedupFile {
             number,
             path,
@@ -421,7 +403,6 @@ pub fn recover_queue(
         });
     }
     let mut live = LiveRuns::default();
-    let now_ms = crate::log::unix_ms();
     // Segments are read and checked on every core, a chunk at a time (each
     // file's events kept until its turn), and replayed in order.
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
@@ -430,7 +411,7 @@ pub fn recover_queue(
     for chunk in listing.segments.chunks(threads) {
         let scans: Vec<(io::Result<FileScan>, Vec<u8>)> = if chunk.len() == 1 {
             let mut b = std::mem::take(&mut bufs[0]);
-            let scan = scan_segment(chunk[0].0, &chunk[0].1, hasher, window_ms, now_ms, &mut b);
+            let scan = scan_segment(chunk[0].0, &chunk[0].1, hasher, &mut b);
             vec![(scan, b)]
         } else {
             std::thread::scope(|scope| {
@@ -440,7 +421,7 @@ pub fn recover_queue(
                     .map(|((base, path), b)| {
                         let mut b = std::mem::take(b);
                         scope.spawn(move || {
-                            let scan = scan_segment(*base, path, hasher, window_ms, now_ms, &mut b);
+                            let scan = scan_segment(*base, path, hasher, &mut b);
                             (scan, b)
                         })
                     })
@@ -465,9 +446,11 @@ pub fn recover_queue(
         }
         for scan in scanned {
             let scan = scan?;
-            replay(scan, &mut live, &mut out);
+            replay(scan, &window, &mut live, &mut out);
         }
     }
+    let keyless = std::mem::take(&mut live.keyless_acks);
+    resolve_keyless_acks(keyless, hasher, &window, &mut out, &mut bufs[0])?;
     // A file of an earlier version is never appended to: when the newest one
     // would take the next message, skip one sequence number so the next
     // segment gets a name of its own.
@@ -487,12 +470,6 @@ pub fn recover_queue(
     }
     out.deliveries = live.deliveries.into_iter().collect();
     out.deliveries.sort_unstable();
-    out.recent = live
-        .recent
-        .into_iter()
-        .filter(|(_, _, at)| *at != TAKEN)
-        .map(|(_, key, at)| (key, at))
-        .collect();
     out.backlog = live.runs;
     Ok(out)
 }
@@ -515,8 +492,7 @@ enum Event {
         at: u64,
         len: u64,
         body: u64,
-        /// Its dedup key and publish time, when the window still covers it.
-        recent: Option<(DedupKey, u64)>,
+        key: DedupKey,
     },
     Ack {
         seq: u64,
@@ -535,8 +511,6 @@ fn scan_segment(
     base: u64,
     path: &Path,
     hasher: &DedupHasher,
-    window_ms: u64,
-    now_ms: u64,
     buf: &mut Vec<u8>,
 ) -> io::Result<FileScan> {
     let mut findings = RecoveredQueue::default();
@@ -546,19 +520,15 @@ fn scan_segment(
             seq,
             sender,
             message_id,
-            sent_at_ms,
             body,
             ..
         } => {
-            // Only ids the dedup window still covers cost memory.
-            let recent = (sent_at_ms.saturating_add(window_ms) > now_ms)
-                .then(|| (hasher.key(sender, message_id), sent_at_ms));
             events.push(Event::Message {
                 seq,
                 at,
                 len: len as u64,
                 body: body.len() as u64,
-                recent,
+                key: hasher.key(sender, message_id),
             });
         }
         Record::Ack {
@@ -584,7 +554,7 @@ fn scan_segment(
 }
 
 /// Applies one segment's events, in order, to what recovery found so far.
-fn replay(scan: FileScan, live: &mut LiveRuns, out: &mut RecoveredQueue) {
+fn replay(scan: FileScan, window: &Window, live: &mut LiveRuns, out: &mut RecoveredQueue) {
     let FileScan {
         base,
         path,
@@ -603,31 +573,28 @@ fn replay(scan: FileScan, live: &mut LiveRuns, out: &mut RecoveredQueue) {
                 at,
                 len,
                 body,
-                recent,
+                key,
             } => {
-                if let Some((key, sent_at)) = recent {
-                    live.note_recent(seq, key, sent_at);
-                }
+                out.dedup.store(key);
                 live.push(seq, base, at, len, body);
                 // Saturating: a record may claim seq u64::MAX (found by fuzzing).
                 next_seq = next_seq.max(seq.saturating_add(1));
             }
             Event::Ack { seq, at_ms, key } => {
                 if live.ack(seq) {
-                    let recent = live.take_recent(seq);
-                    // Acks of earlier versions carry no key: known only
-                    // for ids published within the window.
-                    if let Some(key) = key.map(DedupKey).or(recent) {
-                        out.acked.push((key, at_ms, seq));
+                    match key {
+                        Some(key) => window.acked(DedupKey(key), at_ms, seq, out),
+                        None => live.keyless_acks.push((seq, at_ms)),
                     }
                 }
             }
             Event::Dedup(entries) => {
-                out.acked.extend(
-                    entries
-                        .into_iter()
-                        .map(|(key, at)| (DedupKey(key), at, base)),
-                );
+                for (key, at) in entries {
+                    if let Some(until) = window.until(at) {
+                        out.dedup.ack_unless_stored(DedupKey(key), until);
+                        out.acked.push((DedupKey(key), at, base));
+                    }
+                }
             }
             Event::Delivered { seq, count } => {
                 if live.holds(seq) {
@@ -655,6 +622,87 @@ fn replay(scan: FileScan, live: &mut LiveRuns, out: &mut RecoveredQueue) {
     });
 }
 
+/// The dedup window as recovery applies it: when an ack made at a given
+/// Unix ms stops counting.
+struct Window {
+    window_ms: u64,
+    now: Instant,
+    now_ms: u64,
+}
+
+impl Window {
+    fn new(window_ms: u64) -> Window {
+        Window {
+            window_ms,
+            now: Instant::now(),
+            now_ms: crate::log::unix_ms(),
+        }
+    }
+
+    /// When an ack at `at_ms` leaves the window; `None` if it has.
+    fn until(&self, at_ms: u64) -> Option<Tick> {
+        (at_ms.saturating_add(self.window_ms) > self.now_ms)
+            .then(|| Tick::after_unix_ms(at_ms, self.window_ms, self.now, self.now_ms))
+    }
+
+    /// The message `seq` holding `key` was acked at `at_ms`.
+    fn acked(&self, key: DedupKey, at_ms: u64, seq: u64, out: &mut RecoveredQueue) {
+        match self.until(at_ms) {
+            Some(until) => {
+                out.dedup.ack(key, until);
+                out.acked.push((key, at_ms, seq));
+            }
+            None => {
+                out.dedup.remove(key);
+            }
+        }
+    }
+}
+
+/// Finds the keys of messages acked by an earlier version's ack records
+/// (which carry none) by reading those messages' segments again; only logs
+/// written before acks carried keys pay for it.
+fn resolve_keyless_acks(
+    mut acks: Vec<(u64, u64)>,
+    hasher: &DedupHasher,
+    window: &Window,
+    out: &mut RecoveredQueue,
+    buf: &mut Vec<u8>,
+) -> io::Result<()> {
+    if acks.is_empty() {
+        return Ok(());
+    }
+    acks.sort_unstable();
+    let mut found = Vec::new();
+    let mut scratch = RecoveredQueue::default();
+    for (i, segment) in out.segments.iter().enumerate() {
+        let end = out.segments.get(i + 1).map_or(u64::MAX, |s| s.base);
+        let from = acks.partition_point(|(seq, _)| *seq < segment.base);
+        let to = acks.partition_point(|(seq, _)| *seq < end);
+        let mine = &acks[from..to];
+        if mine.is_empty() {
+            continue;
+        }
+        walk_file(&segment.path, &mut scratch, buf, |record, _, _| {
+            if let Record::Message {
+                seq,
+                sender,
+                message_id,
+                ..
+            } = record
+            {
+                if let Ok(j) = mine.binary_search_by_key(&seq, |(s, _)| *s) {
+                    found.push((hasher.key(sender, message_id), mine[j].1, seq));
+                }
+            }
+        })?;
+    }
+    for (key, at_ms, seq) in found {
+        window.acked(key, at_ms, seq, out);
+    }
+    Ok(())
+}
+
 fn truncate(path: &Path, len: u64) -> io::Result<()> {
     let file = fs::OpenOptions::new().write(true).open(path)?;
     file.set_len(len)?;
@@ -664,6 +712,7 @@ fn truncate(path: &Path, len: u64) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dedup::IdState;
     use crate::log::record::{encode, DedupEntries};
     use crate::log::segment_path;
 
@@ -737,7 +786,8 @@ mod tests {
                 Record::Dedup(DedupEntries::new(&carried).unwrap()),
             ],
         );
-        let q = recover_queue(dir.path(), &DedupHasher::random(), WINDOW).unwrap();
+        let hasher = DedupHasher::random();
+        let mut q = recover_queue(dir.path(), &hasher, WINDOW).unwrap();
         let got: Vec<_> = q
             .read_back()
             .unwrap()
@@ -746,13 +796,24 @@ mod tests {
             .collect();
         assert_eq!(got, [(1, "b".into(), 2), (2, "c".into(), 1)]);
         assert_eq!(q.next_seq, 3);
+        q.acked.sort_unstable_by_key(|(_, _, holder)| *holder);
         assert_eq!(q.acked.len(), 2);
-        assert_eq!((q.acked[0].1, q.acked[0].2), (5, 0), "acked message 0");
+        assert_eq!(
+            q.acked[0],
+            (hasher.key("s1", "a"), 5, 0),
+            "acked message 0: an earlier version's ack, with no key, found by its seq"
+        );
         assert_eq!(
             q.acked[1],
             (DedupKey(99), 4, 2),
             "carried, held by segment 2"
         );
+        let now = Instant::now();
+        let state = |id: &str| q.dedup.state(hasher.key("s1", id), now);
+        assert_eq!(state("a"), Some(IdState::Acked));
+        assert_eq!(state("b"), Some(IdState::Stored));
+        assert_eq!(state("c"), Some(IdState::Stored));
+        assert_eq!(q.dedup.state(DedupKey(99), now), Some(IdState::Acked));
         assert_eq!(
             q.segments.iter().map(|s| s.live).collect::<Vec<_>>(),
             [1, 1]
@@ -863,7 +924,14 @@ mod tests {
         buf[starts[0] + 14] ^= 0x01;
         fs::write(&path, &buf).unwrap();
         let q = recover_queue(dir.path(), &DedupHasher::random(), WINDOW).unwrap();
-        assert_eq!(q.acked, [(DedupKey(2), 20, CARRIED)]);
+        let now = Instant::now();
+        assert_eq!(q.dedup.state(DedupKey(2), now), Some(IdState::Acked));
+        assert_eq!(
+            q.dedup.state(DedupKey(1), now),
+            None,
+            "its record was damaged"
+        );
+        assert!(q.acked.is_empty(), "a dedup file's ids need no carrying");
         assert_eq!(q.damage.len(), 1);
     }
 
