@@ -176,11 +176,31 @@ async fn watch_policy(local: Rc<ShardLocal>, shard: usize) {
     }
 }
 
-/// Redelivers deliveries unacked past `performance.ack_wait_secs`.
+/// Bytes a shard frees from memory (bodies moved to disk, or acked) before
+/// it hands the heap's free pages back to the kernel.
+const RELEASE_AFTER_BYTES: u64 = 64 << 20;
+
+/// Redelivers deliveries unacked past `performance.ack_wait_secs`, and
+/// gives freed memory back once a second when a lot was freed.
 async fn sweep_deliveries(local: Rc<ShardLocal>) {
+    let mut peak = 0u64;
     loop {
         glommio::timer::sleep(Duration::from_secs(1)).await;
-        local.with_shard(|shard| shard.sweep(Instant::now()));
+        let held = local.with_shard(|shard| {
+            shard.sweep(Instant::now());
+            shard.resident_bytes()
+        });
+        peak = peak.max(held);
+        if peak - held >= RELEASE_AFTER_BYTES {
+            let started = Instant::now();
+            crate::sys::release_free_memory();
+            tracing::debug!(
+                freed = peak - held,
+                took_us = started.elapsed().as_micros() as u64,
+                "free heap pages returned"
+            );
+            peak = held;
+        }
         if local.shared.stats.collects() {
             local.stats.refresh(&local.shard.borrow());
         }

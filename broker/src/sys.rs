@@ -1,6 +1,6 @@
 //! The crate's only `unsafe` code: moving a socket between executors, two
-//! start-up probes of the kernel, and the free-space query of the disk
-//! watcher.
+//! start-up probes of the kernel, the free-space query of the disk watcher,
+//! and handing freed heap memory back to the kernel.
 //!
 //! glommio 0.9 streams cannot be sent between executors, so the accepting
 //! shard duplicates the socket's file descriptor into an [`OwnedFd`] (which is
@@ -112,4 +112,17 @@ pub fn available_bytes(path: &std::path::Path) -> io::Result<u64> {
         stat.assume_init()
     };
     Ok((stat.f_bavail as u64).saturating_mul(stat.f_frsize as u64))
+}
+
+/// Hands the heap's free pages back to the kernel (glibc's `malloc_trim`).
+///
+/// Bodies moved out of memory past the budget are freed in the middle of
+/// the heap, where glibc keeps them: without this, a backlog's memory would
+/// be the bodies' peak plus its ids, not the budget.
+pub fn release_free_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim takes no pointers and only returns free pages.
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }

@@ -219,6 +219,19 @@ impl DiskBacklog {
         self.runs.push_back(run);
     }
 
+    /// Puts `front`'s messages, which all come before this backlog's, at
+    /// its head: bodies read back and then moved out again when the budget
+    /// needs room. Not while a read is in flight (the read is of the head).
+    pub fn prepend(&mut self, mut front: DiskBacklog) {
+        debug_assert!(!self.reading);
+        front.runs.extend(self.runs.drain(..));
+        front.deliveries.extend(self.deliveries.drain());
+        self.runs = front.runs;
+        self.deliveries = front.deliveries;
+        self.len += front.len;
+        self.bytes += front.bytes;
+    }
+
     /// Adopts delivery counts of messages held (before a restart).
     pub fn push_deliveries(&mut self, deliveries: impl IntoIterator<Item = (u64, u32)>) {
         self.deliveries.extend(deliveries);

@@ -724,3 +724,41 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod timing {
+    use super::*;
+
+    #[test]
+    #[ignore = "a measurement: cargo test --release -p ciphermq-shard dedup::timing -- --ignored --nocapture"]
+    fn inserting_twenty_million_ids() {
+        let hasher = crate::message::DedupHasher::random();
+        let keys: Vec<DedupKey> = (0..20_000_000u64)
+            .map(|n| hasher.key("s", &n.to_string()))
+            .collect();
+        let now = Instant::now();
+        let mut set = IdSet::new(Duration::from_secs(120));
+        let t = Instant::now();
+        for k in &keys {
+            set.store(*k);
+        }
+        eprintln!(
+            "store: {:?}, {} bytes ({:.1} an id), {} tables",
+            t.elapsed(),
+            set.heap_bytes(),
+            set.heap_bytes() as f64 / 2e7,
+            set.tables.len()
+        );
+        let t = Instant::now();
+        let mut found = 0;
+        for k in &keys {
+            found += usize::from(set.state(*k, now).is_some());
+        }
+        eprintln!("lookup hits: {:?} ({found})", t.elapsed());
+        let t = Instant::now();
+        for n in 0..20_000_000u64 {
+            set.state(DedupKey(u128::from(n) << 64 | u128::from(n)), now);
+        }
+        eprintln!("lookup misses: {:?}", t.elapsed());
+    }
+}

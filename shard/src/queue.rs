@@ -110,6 +110,30 @@ pub struct Entry {
 pub const UNPLACED: u32 = u32::MAX;
 
 impl Entry {
+    /// Adds it to a backlog on disk (its body stays in its log only);
+    /// returns its body bytes.
+    fn push_to(&self, disk: &mut DiskBacklog) -> u64 {
+        let body = self.msg.body().len() as u64;
+        let route = self.msg.route();
+        let record = message_record_bytes(
+            self.msg.sender(),
+            self.msg.message_id(),
+            route.exchange,
+            route.routing_key,
+            body,
+        );
+        disk.push(
+            self.seq,
+            self.segment,
+            Framing::V2,
+            u64::from(self.offset),
+            record,
+            body,
+            self.deliveries,
+        );
+        body
+    }
+
     /// A message not on disk yet.
     pub fn unplaced(seq: u64, msg: Arc<Message>, deliveries: u32) -> Entry {
         Entry {
@@ -484,9 +508,23 @@ impl Queue {
     /// it anyway. Their ids stay remembered as stored.
     pub fn spill(&mut self, want: u64) -> u64 {
         let mut moved = Vec::new();
+        let mut head = Vec::new();
         if !self.disk.is_empty() {
             while self.tail.front().is_some_and(|e| e.offset != UNPLACED) {
                 moved.extend(self.tail.pop_front());
+            }
+            // The ids of a backlog fill the budget as it grows: what was
+            // read back, or kept when it started, goes back to disk, but for
+            // a read-ahead batch in front of the consumers.
+            if want > 0 && !self.disk.is_reading() {
+                let keep = crate::backlog::READAHEAD_MESSAGES.min(self.ready.len());
+                let mut from = self.ready.len();
+                let mut sum = 0u64;
+                while from > keep && sum < want && self.ready[from - 1].offset != UNPLACED {
+                    from -= 1;
+                    sum += self.ready[from].msg.body().len() as u64;
+                }
+                head.extend(self.ready.drain(from..));
             }
         } else if want > 0 {
             // Placed messages come first: placing follows commits, in order.
@@ -505,26 +543,15 @@ impl Queue {
             moved.extend(rest);
         }
         let mut freed = 0;
-        for e in moved {
-            let body = e.msg.body().len() as u64;
-            let route = e.msg.route();
-            let record = message_record_bytes(
-                e.msg.sender(),
-                e.msg.message_id(),
-                route.exchange,
-                route.routing_key,
-                body,
-            );
-            self.disk.push(
-                e.seq,
-                e.segment,
-                Framing::V2,
-                u64::from(e.offset),
-                record,
-                body,
-                e.deliveries,
-            );
-            freed += body;
+        let mut front = DiskBacklog::default();
+        for e in &head {
+            freed += e.push_to(&mut front);
+        }
+        for e in &moved {
+            freed += e.push_to(&mut self.disk);
+        }
+        if !front.is_empty() {
+            self.disk.prepend(front);
         }
         self.resident = self.resident.saturating_sub(freed);
         self.held.sub(freed);
@@ -939,6 +966,7 @@ impl Drop for Queue {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backlog::READAHEAD_MESSAGES;
 
     fn msg(id: &str, sender: &str) -> Arc<Message> {
         Message::new(id, "{}", Arc::from(sender))
@@ -1088,7 +1116,7 @@ mod tests {
         dlq.enqueue_dead(msg("x", "s"));
         assert_eq!(held.get(), 8, "a dead letter is taken past the cap");
         // A restored queue's messages are on disk: counted in its bytes,
-        // not on the meter until read back.
+        // and on the meter only for their ids until read back.
         let mut backlog = DiskBacklog::default();
         backlog.push(0, 0, Framing::V2, 16, 60, 2, 0);
         let restored = Queue::restore(
@@ -1103,7 +1131,7 @@ mod tests {
             now,
             0,
         );
-        assert_eq!((restored.bytes(), held.get()), (2, 8));
+        assert_eq!((restored.bytes(), held.get()), (2, 8 + ID_BYTES));
         // A queue that goes takes its bodies off the meter.
         drop(restored);
         drop(a);
@@ -1178,6 +1206,84 @@ mod tests {
         let late = t0 + Duration::from_secs(301);
         assert_eq!(q.expire_deliveries(late, &s, &mut Vec::new()), 1);
         assert_eq!(q.deadlines_held(), 0);
+    }
+
+    /// The queue's messages, in order, encoded as one segment (with its
+    /// file header): (bytes, offset of each record).
+    fn segment_of(q: &Queue) -> (Vec<u8>, Vec<u32>) {
+        let mut bytes = crate::log::segment::FILE_HEADER.to_vec();
+        let mut offsets = Vec::new();
+        for e in &q.ready {
+            offsets.push(bytes.len() as u32);
+            let route = e.msg.route();
+            crate::log::record::encode(
+                &crate::log::record::Record::Message {
+                    seq: e.seq,
+                    sender: e.msg.sender(),
+                    message_id: e.msg.message_id(),
+                    exchange: route.exchange,
+                    routing_key: route.routing_key,
+                    sent_at_ms: route.sent_at_ms,
+                    body: e.msg.body(),
+                },
+                &mut bytes,
+            );
+        }
+        (bytes, offsets)
+    }
+
+    fn read_back(q: &mut Queue, segment: &[u8]) {
+        let (seg, offset, len) = q.next_read(true).expect("a read is due");
+        let end = (offset as usize + len).min(segment.len());
+        q.absorb(seg, offset, len, &segment[offset as usize..end]);
+    }
+
+    #[test]
+    fn bodies_read_back_go_to_disk_again_but_for_a_read_ahead_batch() {
+        let s = QueueSettings {
+            max_len: 10_000,
+            ..settings()
+        };
+        let now = Instant::now();
+        let mut q = Queue::new(Arc::from("q"), 0);
+        let body = format!("\"{}\"", "b".repeat(1000));
+        let ids: Vec<String> = (0..3000).map(|i| format!("m{i}")).collect();
+        for id in &ids {
+            let m = Message::new(id, &body, Arc::from("s1"));
+            q.enqueue(m, now, &s).unwrap();
+        }
+        let (segment, offsets) = segment_of(&q);
+        let seqs: Vec<u64> = (0..3000).collect();
+        q.place(0, 0, &seqs, &offsets);
+        assert!(q.spill(u64::MAX) > 0);
+        assert_eq!((q.ready.len(), q.disk_len()), (0, 3000));
+        // Two reads of about 1 MiB each: some 2,000 bodies back in memory.
+        read_back(&mut q, &segment);
+        read_back(&mut q, &segment);
+        let in_memory = q.ready.len();
+        assert!(
+            in_memory > READAHEAD_MESSAGES && q.disk_len() > 0,
+            "{in_memory}"
+        );
+        let resident = q.resident_bytes();
+        let freed = q.spill(u64::MAX);
+        assert_eq!(
+            q.ready.len(),
+            READAHEAD_MESSAGES,
+            "a read-ahead batch stays"
+        );
+        assert_eq!(q.resident_bytes(), resident - freed);
+        assert_eq!(q.disk_len(), 3000 - READAHEAD_MESSAGES as u64);
+        // Consumed and read back again, everything comes in order, once.
+        let mut got: Vec<String> = Vec::new();
+        loop {
+            got.extend(q.ready.drain(..).map(|e| e.msg.message_id().to_owned()));
+            if q.disk_len() == 0 {
+                break;
+            }
+            read_back(&mut q, &segment);
+        }
+        assert_eq!(got, ids);
     }
 
     #[test]

@@ -1012,6 +1012,11 @@ impl Shard {
         }
     }
 
+    /// Body bytes this shard's queues hold in memory.
+    pub fn resident_bytes(&self) -> u64 {
+        self.queues.values().map(Queue::resident_bytes).sum()
+    }
+
     /// What the memory budget counts on this shard: bodies in memory, and
     /// [`crate::queue::ID_BYTES`] for each message whose body is on disk.
     pub fn held_bytes(&self) -> u64 {

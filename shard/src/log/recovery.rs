@@ -253,6 +253,45 @@ struct Walked {
     appendable: bool,
 }
 
+/// Bytes of a file recovery holds at once, unless one record is larger: a
+/// window slides over the file, so a restart's memory does not grow with
+/// segment size times cores.
+const WALK_WINDOW: usize = 4 << 20;
+
+/// Reads up to `want` more bytes of `file` at `offset` onto the end of `buf`.
+fn read_more(file: &fs::File, offset: u64, want: usize, buf: &mut Vec<u8>) -> io::Result<()> {
+    let start = buf.len();
+    buf.resize(start + want, 0);
+    let mut got = 0;
+    while got < want {
+        match file.read_at(&mut buf[start + got..], offset + got as u64) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    buf.truncate(start + got);
+    Ok(())
+}
+
+/// Whether the sync marker occurs anywhere in `file` from `offset` on, read
+/// a window at a time (a marker may straddle two windows).
+fn sync_marker_after(file: &fs::File, offset: u64, buf: &mut Vec<u8>) -> io::Result<bool> {
+    let mut at = offset;
+    loop {
+        buf.clear();
+        read_more(file, at, WALK_WINDOW, buf)?;
+        if memchr::memmem::find(buf, &SYNC).is_some() {
+            return Ok(true);
+        }
+        if buf.len() < WALK_WINDOW {
+            return Ok(false);
+        }
+        at += (buf.len() - (SYNC.len() - 1)) as u64;
+    }
+}
+
 /// Walks the file at `path`, handing each record to `visit`, repairing it
 /// as it goes (torn end cut, damage quarantined) and noting what it found in
 /// `out`.
@@ -265,14 +304,28 @@ fn walk_file(
     buf: &mut Vec<u8>,
     mut visit: impl FnMut(Record<'_>, u64, usize),
 ) -> io::Result<Walked> {
+    let file = fs::File::open(path)?;
+    let file_len = file.metadata()?.len();
     buf.clear();
-    io::Read::read_to_end(&mut fs::File::open(path)?, buf)?;
-    let data = buf;
-    let layout = segment::layout(data);
-    if layout.framing == Framing::V2 && (layout.header_damaged || data.len() < FILE_HEADER.len()) {
+    read_more(&file, 0, WALK_WINDOW, buf)?;
+    let mut layout = segment::layout(buf);
+    if layout.framing == Framing::V1 && (buf.len() as u64) < file_len {
+        // v1 or a damaged v2 header: told by a sync marker anywhere in it.
+        let mut scratch = Vec::new();
+        if sync_marker_after(
+            &file,
+            buf.len() as u64 - (SYNC.len() as u64 - 1),
+            &mut scratch,
+        )? {
+            layout.framing = Framing::V2;
+            layout.header_damaged = true;
+        }
+    }
+    let mut file_len = file_len;
+    if layout.framing == Framing::V2 && (layout.header_damaged || buf.len() < FILE_HEADER.len()) {
         if layout.header_damaged {
             // A file may be shorter than its header (found by fuzzing).
-            let header = data[..FILE_HEADER.len().min(data.len())].to_vec();
+            let header = buf[..FILE_HEADER.len().min(buf.len())].to_vec();
             let damage = quarantine(path, 0, &header, "damaged file header");
             out.damage.push(damage);
         }
@@ -280,57 +333,85 @@ fn walk_file(
         let file = fs::OpenOptions::new().write(true).open(path)?;
         file.write_all_at(&FILE_HEADER, 0)?;
         file.sync_data()?;
-        if data.len() < FILE_HEADER.len() {
-            data.clear();
-            data.extend_from_slice(&FILE_HEADER);
+        if buf.len() < FILE_HEADER.len() {
+            buf.clear();
+            buf.extend_from_slice(&FILE_HEADER);
+            file_len = FILE_HEADER.len() as u64;
         }
     }
-    let mut pos = match layout.framing {
-        Framing::V2 => FILE_HEADER.len(),
+    let mut pos: u64 = match layout.framing {
+        Framing::V2 => FILE_HEADER.len() as u64,
         Framing::V1 => 0,
     };
+    // `buf` holds the file's bytes from `window` on.
+    let mut window = 0u64;
     loop {
-        match segment::step(data, pos, layout.framing, true) {
+        let at_eof = window + buf.len() as u64 >= file_len;
+        let rel = (pos - window) as usize;
+        let step = if rel >= buf.len() && !at_eof {
+            // The window ends exactly at a frame's end.
+            Step::NeedMore
+        } else {
+            segment::step(buf, rel, layout.framing, at_eof)
+        };
+        match step {
             Step::Record(record, n) => {
-                visit(record, pos as u64, n);
-                pos += n;
+                visit(record, pos, n);
+                pos += n as u64;
             }
             Step::Damaged { len, why } => {
-                let damage = quarantine(path, pos as u64, &data[pos..pos + len], why);
+                let damage = quarantine(path, pos, &buf[rel..rel + len], why);
                 // Replaced by padding, the range reads clean from now on.
                 if let Some(pad) = padding(layout.framing, len) {
                     let file = fs::OpenOptions::new().write(true).open(path)?;
-                    file.write_all_at(&pad, pos as u64)?;
+                    file.write_all_at(&pad, pos)?;
                     file.sync_data()?;
                 }
                 out.damage.push(damage);
-                pos += len;
+                pos += len as u64;
             }
             Step::End(end) => {
                 match end {
                     End::Clean => {}
                     End::Torn { len } => {
                         tracing::warn!(file = %path.display(), offset = pos, bytes = len, "torn tail truncated (a write cut short by a crash; never acknowledged)");
-                        out.torn.push((path.to_owned(), pos as u64, len as u64));
-                        truncate(path, pos as u64)?;
+                        out.torn.push((path.to_owned(), pos, len as u64));
+                        truncate(path, pos)?;
                     }
                     End::Damaged { why, .. } => {
-                        let damage = quarantine(path, pos as u64, &data[pos..], why);
+                        let damage = quarantine(path, pos, &buf[rel..], why);
                         out.damage.push(damage);
-                        truncate(path, pos as u64)?;
+                        truncate(path, pos)?;
                     }
                 }
                 return Ok(Walked {
-                    len: pos as u64,
+                    len: pos,
                     appendable: layout.framing == Framing::V2,
                 });
             }
-            // `at_eof` is set: the whole file is at hand.
-            Step::NeedMore => {
+            Step::NeedMore if at_eof => {
                 return Err(io::Error::other(format!(
                     "{}: offset {pos}: could not be decided with the whole file read",
                     path.display()
                 )))
+            }
+            // The window ends inside a frame (or a damaged range): slide it
+            // to `pos`, and widen it when one frame fills it.
+            Step::NeedMore => {
+                let rel = rel.min(buf.len());
+                buf.drain(..rel);
+                window = pos;
+                let more = if rel == 0 {
+                    buf.len().max(WALK_WINDOW / 4)
+                } else {
+                    WALK_WINDOW.saturating_sub(buf.len()).max(WALK_WINDOW / 4)
+                };
+                let end = window + buf.len() as u64;
+                read_more(&file, end, more, buf)?;
+                if window + buf.len() as u64 == end {
+                    // The file is shorter than it was: take the end as it is.
+                    file_len = end;
+                }
             }
         }
     }
@@ -853,6 +934,56 @@ mod tests {
         );
         assert_eq!(fs::metadata(&path).unwrap().len(), starts[1] as u64);
         assert_eq!(q.segments[0].len, starts[1] as u64);
+    }
+
+    #[test]
+    fn records_and_damage_across_read_windows_are_found_as_in_one_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = segment_path(dir.path(), 0);
+        let body = format!("\"{}\"", "x".repeat(3000));
+        let names: Vec<String> = (0..4000).map(|i| format!("m{i}")).collect();
+        let records: Vec<_> = names
+            .iter()
+            .enumerate()
+            .map(|(i, id)| Record::Message {
+                seq: i as u64,
+                sender: "s1",
+                message_id: id,
+                exchange: "e",
+                routing_key: "k",
+                sent_at_ms: 1,
+                body: &body,
+            })
+            .collect();
+        let (mut buf, starts) = write(&path, &records);
+        assert!(buf.len() > 2 * WALK_WINDOW + WALK_WINDOW / 2);
+        // Damage in the records that straddle the first two window ends
+        // (a length byte, so the walk must look past the window to resync),
+        // and a torn tail.
+        let straddling = |edge: usize| starts.iter().rposition(|s| *s < edge).unwrap();
+        let hit = [straddling(WALK_WINDOW), straddling(2 * WALK_WINDOW)];
+        for i in hit {
+            buf[starts[i] + 5] ^= 0x40;
+        }
+        buf.truncate(buf.len() - 100);
+        fs::write(&path, &buf).unwrap();
+        let q = recover_queue(dir.path(), &DedupHasher::random(), WINDOW).unwrap();
+        let want: Vec<String> = names
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !hit.contains(i) && *i != names.len() - 1)
+            .map(|(_, id)| id.clone())
+            .collect();
+        assert_eq!(ids(&q), want);
+        let damaged: Vec<_> = q.damage.iter().map(|d| (d.offset, d.bytes)).collect();
+        let expect: Vec<_> = hit
+            .iter()
+            .map(|&i| (starts[i] as u64, (starts[i + 1] - starts[i]) as u64))
+            .collect();
+        assert_eq!(damaged, expect);
+        assert_eq!(q.torn.len(), 1, "the cut last record");
+        assert_eq!(q.torn[0].1, starts[names.len() - 1] as u64);
+        assert_eq!(q.next_seq, names.len() as u64 - 1);
     }
 
     #[test]
