@@ -506,7 +506,10 @@ impl Queue {
     /// that has messages on disk also moves every durable message published
     /// since (`want` 0 does only that): what is behind a backlog waits for
     /// it anyway. Their ids stay remembered as stored.
-    pub fn spill(&mut self, want: u64) -> u64 {
+    ///
+    /// `keep_head`: a queue with nothing on disk yet also keeps a read-ahead
+    /// batch at its head (one with a backlog always does).
+    pub fn spill(&mut self, want: u64, keep_head: bool) -> u64 {
         let mut moved = Vec::new();
         let mut head = Vec::new();
         if !self.disk.is_empty() {
@@ -529,9 +532,14 @@ impl Queue {
         } else if want > 0 {
             // Placed messages come first: placing follows commits, in order.
             let placed = self.ready.partition_point(|e| e.offset != UNPLACED);
+            let keep = if keep_head {
+                crate::backlog::READAHEAD_MESSAGES.min(placed)
+            } else {
+                0
+            };
             let mut from = placed;
             let mut sum = 0u64;
-            while from > 0 && sum < want {
+            while from > keep && sum < want {
                 from -= 1;
                 sum += self.ready[from].msg.body().len() as u64;
             }
@@ -1255,7 +1263,7 @@ mod tests {
         let (segment, offsets) = segment_of(&q);
         let seqs: Vec<u64> = (0..3000).collect();
         q.place(0, 0, &seqs, &offsets);
-        assert!(q.spill(u64::MAX) > 0);
+        assert!(q.spill(u64::MAX, false) > 0);
         assert_eq!((q.ready.len(), q.disk_len()), (0, 3000));
         // Two reads of about 1 MiB each: some 2,000 bodies back in memory.
         read_back(&mut q, &segment);
@@ -1266,7 +1274,7 @@ mod tests {
             "{in_memory}"
         );
         let resident = q.resident_bytes();
-        let freed = q.spill(u64::MAX);
+        let freed = q.spill(u64::MAX, true);
         assert_eq!(
             q.ready.len(),
             READAHEAD_MESSAGES,
@@ -1274,6 +1282,19 @@ mod tests {
         );
         assert_eq!(q.resident_bytes(), resident - freed);
         assert_eq!(q.disk_len(), 3000 - READAHEAD_MESSAGES as u64);
+        // With nothing on disk yet, keeping the head keeps the same batch.
+        let mut fresh = Queue::new(Arc::from("f"), 0);
+        for id in &ids {
+            fresh
+                .enqueue(Message::new(id, &body, Arc::from("s1")), now, &s)
+                .unwrap();
+        }
+        fresh.place(0, 0, &seqs, &offsets);
+        assert!(fresh.spill(u64::MAX, true) > 0);
+        assert_eq!(
+            (fresh.ready.len(), fresh.disk_len()),
+            (READAHEAD_MESSAGES, 3000 - READAHEAD_MESSAGES as u64)
+        );
         // Consumed and read back again, everything comes in order, once.
         let mut got: Vec<String> = Vec::new();
         loop {

@@ -250,7 +250,7 @@ impl Shard {
                 &job.message_offsets,
             );
             if self.settings.spill_bytes.is_some() && q.disk_len() > 0 {
-                self.backlog.spilled_bytes += q.spill(0);
+                self.backlog.spilled_bytes += q.spill(0, false);
             }
         }
         if ok {
@@ -308,10 +308,26 @@ impl Shard {
         }
         self.last_spill_search = Some(now);
         let want = held - part / 4 * 3;
-        let Some(q) = self.queues.values_mut().max_by_key(|q| q.resident_bytes()) else {
+        let mut resident = 0;
+        let mut biggest: Option<&mut Queue> = None;
+        for q in self.queues.values_mut() {
+            resident += q.resident_bytes();
+            if biggest
+                .as_ref()
+                .is_none_or(|b| q.resident_bytes() > b.resident_bytes())
+            {
+                biggest = Some(q);
+            }
+        }
+        let Some(q) = biggest else {
             return;
         };
-        let freed = q.spill(want);
+        // When the ids of messages on disk take half the part, bodies alone
+        // cannot bring the shard back under it: every queue keeps a
+        // read-ahead batch at its head, so one whose consumers keep up is
+        // still served from memory.
+        let ids_dominate = held.saturating_sub(resident) >= part / 2;
+        let freed = q.spill(want, ids_dominate);
         if freed > 0 {
             tracing::debug!(queue = %q.name(), freed, "bodies moved out of memory past the budget");
         }
