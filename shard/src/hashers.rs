@@ -2,20 +2,14 @@
 //!
 //! std's default, SipHash-1-3 with a random key, resists collision flooding
 //! but costs tens of nanoseconds per lookup, and the delivery path does
-//! several lookups per message. Two kinds of keys do not need that protection:
-//!
-//! - numbers the broker assigns itself (queue sequence numbers, connection
-//!   ids): a client cannot pick them, so it cannot make them collide. They get
-//!   [`IntHasher`], one multiplication.
-//! - keys that already are the output of a keyed hash ([`DedupKey`], a
-//!   SipHash-1-3 of sender and id under a secret key): their bits are uniform
-//!   and unpredictable, so hashing them again adds nothing. They get
-//!   [`PassThroughHasher`], which uses the low 64 bits as they are.
+//! several lookups per message. Numbers the broker assigns itself (queue
+//! sequence numbers, connection ids) do not need that protection: a client
+//! cannot pick them, so it cannot make them collide. They get [`IntHasher`],
+//! one multiplication. (Dedup keys, already the output of a keyed hash, live
+//! in a table of their own: [`crate::dedup`].)
 //!
 //! Maps keyed by bytes a client chooses (queue names, message ids) keep the
 //! std hasher.
-//!
-//! [`DedupKey`]: crate::message::DedupKey
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -81,51 +75,8 @@ impl Hasher for IntHasher {
     }
 }
 
-/// Uses a key that is already a uniformly random hash as its own hash.
-///
-/// Only for such keys: the first `u64` or `u128` written keeps its low 64 bits
-/// as they are. Anything after it, and byte strings, are mixed as by
-/// [`IntHasher`], so a wrong use is slow, never incorrect.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct PassThroughHasher {
-    /// The hash so far.
-    state: IntHasher,
-    /// Something was written: further words are mixed in.
-    written: bool,
-}
-
-impl Hasher for PassThroughHasher {
-    #[inline]
-    fn finish(&self) -> u64 {
-        self.state.finish()
-    }
-
-    #[inline]
-    fn write(&mut self, bytes: &[u8]) {
-        self.written = true;
-        self.state.write(bytes);
-    }
-
-    #[inline]
-    fn write_u64(&mut self, n: u64) {
-        if self.written {
-            self.state.write_u64(n);
-        } else {
-            self.state = IntHasher(n);
-            self.written = true;
-        }
-    }
-
-    #[inline]
-    fn write_u128(&mut self, n: u128) {
-        self.write_u64(n as u64);
-    }
-}
-
 /// Builds [`IntHasher`]s.
 pub type BuildIntHasher = BuildHasherDefault<IntHasher>;
-/// Builds [`PassThroughHasher`]s.
-pub type BuildPassThroughHasher = BuildHasherDefault<PassThroughHasher>;
 /// A map keyed by broker-assigned integers.
 pub type IntMap<K, V> = HashMap<K, V, BuildIntHasher>;
 
@@ -134,8 +85,6 @@ mod tests {
     use super::*;
     use std::collections::HashSet;
     use std::hash::BuildHasher;
-
-    use crate::message::{DedupHasher, DedupKey};
 
     #[test]
     fn consecutive_integers_fill_distinct_buckets_and_tags() {
@@ -152,29 +101,13 @@ mod tests {
     }
 
     #[test]
-    fn dedup_keys_pass_through_their_low_bits() {
-        let build = BuildPassThroughHasher::default();
-        let key = DedupHasher::random().key("sender", "m-1");
-        assert_eq!(build.hash_one(key), key.0 as u64);
-        assert_eq!(build.hash_one(DedupKey(0x1234)), 0x1234);
-    }
-
-    #[test]
-    fn maps_work_with_both_hashers() {
+    fn maps_work_with_the_int_hasher() {
         let mut ints: IntMap<u64, u64> = IntMap::default();
         for n in 0..10_000 {
             ints.insert(n * 3, n);
         }
         assert_eq!(ints.get(&2_997), Some(&999));
         assert_eq!(ints.get(&2_998), None);
-
-        let h = DedupHasher::random();
-        let mut keys: HashMap<DedupKey, usize, BuildPassThroughHasher> = HashMap::default();
-        for n in 0..10_000 {
-            keys.insert(h.key("s", &n.to_string()), n);
-        }
-        assert_eq!(keys.get(&h.key("s", "42")), Some(&42));
-        assert_eq!(keys.get(&h.key("t", "42")), None);
     }
 
     #[test]

@@ -116,12 +116,12 @@ impl Message {
 
 /// A 128-bit keyed hash of (sender CN, message id).
 ///
-/// Dedup entries outlive their messages for `dedup_window_secs`, so they must
-/// be small: a window holds one per id published or acked in it, millions at
-/// full rate. Aligned to 8 bytes rather than a `u128`'s 16, so an entry with
-/// a 4-byte time takes 24 bytes, not 32. The hash is keyed with a secret
-/// [`DedupHasher`], so no client can craft a collision that would make
-/// another sender's message look like a duplicate.
+/// Queues remember 80 bits of it per id ([`crate::dedup`]); acked ids carried
+/// out of deleted segments keep all 128 in the dedup file. Aligned to 8
+/// bytes rather than a `u128`'s 16, so lists of keys with a time stay
+/// small. The hash is keyed with a secret [`DedupHasher`], so no client can
+/// craft a collision that would make another sender's message look like a
+/// duplicate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(C, packed(8))]
 pub struct DedupKey(pub u128);
