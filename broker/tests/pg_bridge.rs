@@ -85,6 +85,15 @@ async fn consume_and_ack(receiver: &mut Connection, count: usize) {
     }
 }
 
+/// Waits (bounded) until the mirror has `n` rows with an ack time.
+async fn wait_until_all_acked(db: &TestDb, n: usize) {
+    let complete = "SELECT count(*) FROM message_metadata WHERE acknowledged_time IS NOT NULL";
+    let rows = db
+        .wait_for(complete, n as i64, Duration::from_secs(120))
+        .await;
+    assert_eq!(rows, n as i64, "rows with an ack time");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_publish_and_ack_becomes_one_row_with_its_times() {
     const N: usize = 100_000;
@@ -101,11 +110,7 @@ async fn every_publish_and_ack_becomes_one_row_with_its_times() {
     consume_and_ack(&mut receiver, N).await;
     let _sender = publishing.await.expect("publisher");
 
-    let complete = "SELECT count(*) FROM message_metadata WHERE acknowledged_time IS NOT NULL";
-    let rows = db
-        .wait_for(complete, N as i64, Duration::from_secs(120))
-        .await;
-    assert_eq!(rows, N as i64, "rows with an ack time");
+    wait_until_all_acked(&db, N).await;
     let client = db.client().await;
     let row = client
         .query_one(
@@ -158,11 +163,7 @@ async fn a_backlog_on_disk_across_a_restart_is_mirrored_row_for_row() {
     let broker = ciphermq_broker::start(&config(data.path())).expect("broker restarts");
     let mut receiver = connect(&broker, "receiver_1").await;
     consume_and_ack(&mut receiver, N).await;
-    let complete = "SELECT count(*) FROM message_metadata WHERE acknowledged_time IS NOT NULL";
-    let rows = db
-        .wait_for(complete, N as i64, Duration::from_secs(120))
-        .await;
-    assert_eq!(rows, N as i64, "rows with an ack time");
+    wait_until_all_acked(&db, N).await;
     let client = db.client().await;
     let row = client
         .query_one(
