@@ -12,11 +12,11 @@ use std::sync::Arc;
 use anyhow::{bail, Context, Result};
 use ciphermq_clients::connection::{Connection, TlsClientOptions};
 use ciphermq_proto::{Delivery, Reply};
-use hdrhistogram::Histogram;
 use tokio::sync::mpsc;
 
 use crate::args::{ExchangeArg, LoadArgs};
 use crate::payload::{Body, Opener};
+use crate::timeline::Latencies;
 use crate::scenario::{self, ConsumerCtx, Outcome, PublisherCtx, PublisherReport, FLUSH_BYTES};
 
 /// Names of the bench's exchange, queues and keys for one scenario.
@@ -196,7 +196,7 @@ async fn consumer(
     args: Arc<LoadArgs>,
     names: Arc<Names>,
     mut ctx: ConsumerCtx,
-) -> Result<Histogram<u64>> {
+) -> Result<Latencies> {
     let queue = names.queues[ctx.queue].clone();
     let mut conn = connect(&args, &args.receiver).await?;
     expect_ok(&mut conn, &format!("consume {queue} {}", args.prefetch)).await?;

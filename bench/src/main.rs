@@ -10,6 +10,7 @@
 //! - [`ciphermq`], [`rabbitmq`], [`nats`]: a publisher and a consumer per broker.
 //! - [`progress`]: the progress bar on a terminal.
 //! - [`report`]: rates, quantiles, medians over runs, ratios, table and JSON.
+//! - [`timeline`]: the worst latency per 100 ms of a run, and its stalls.
 //! - [`idle`]: the `idle` subcommand (memory per idle connection).
 //! - [`drain`]: the `drain` subcommand (consume a filled queue, check ids).
 //!
@@ -30,6 +31,7 @@ mod progress;
 mod rabbitmq;
 mod report;
 mod scenario;
+mod timeline;
 
 use std::sync::Arc;
 

@@ -22,11 +22,11 @@ use async_nats::jetstream::stream::{Config as StreamConfig, RetentionPolicy, Sto
 use async_nats::jetstream::{self, Context};
 use bytes::Bytes;
 use futures_lite::StreamExt;
-use hdrhistogram::Histogram;
 use tokio::sync::mpsc;
 
 use crate::args::{ExchangeArg, LoadArgs};
 use crate::payload::{Body, Opener};
+use crate::timeline::Latencies;
 use crate::scenario::{self, ConsumerCtx, Outcome, PublisherCtx, PublisherReport};
 
 /// The bench's stream.
@@ -170,7 +170,7 @@ async fn publisher(
     Ok(report)
 }
 
-async fn consumer(args: Arc<LoadArgs>, mut ctx: ConsumerCtx) -> Result<Histogram<u64>> {
+async fn consumer(args: Arc<LoadArgs>, mut ctx: ConsumerCtx) -> Result<Latencies> {
     let js = context(&args).await?;
     let stream = js.get_stream(STREAM).await?;
     let consumer: PullConsumer = stream

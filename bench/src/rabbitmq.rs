@@ -13,7 +13,6 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use futures_lite::StreamExt;
-use hdrhistogram::Histogram;
 use lapin::options::{
     BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
     ConfirmSelectOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
@@ -28,6 +27,7 @@ use tokio::sync::mpsc;
 
 use crate::args::{ExchangeArg, LoadArgs};
 use crate::payload::{Body, Opener};
+use crate::timeline::Latencies;
 use crate::scenario::{self, ConsumerCtx, Outcome, PublisherCtx, PublisherReport};
 
 /// Names of the bench's exchange, queues and keys.
@@ -208,7 +208,7 @@ async fn consumer(
     args: Arc<LoadArgs>,
     names: Arc<Names>,
     mut ctx: ConsumerCtx,
-) -> Result<Histogram<u64>> {
+) -> Result<Latencies> {
     let (conn, ch) = channel(&args).await?;
     let prefetch = u16::try_from(args.prefetch).unwrap_or(u16::MAX);
     ch.basic_qos(prefetch, BasicQosOptions::default()).await?;

@@ -8,6 +8,7 @@ use serde::Serialize;
 
 use crate::args::{ExchangeArg, LoadArgs, PayloadArg};
 use crate::scenario::Outcome;
+use crate::timeline::Timeline;
 
 /// Latency quantiles in milliseconds.
 #[derive(Debug, Clone, Copy, Default, Serialize, PartialEq)]
@@ -168,6 +169,10 @@ pub struct RunResult {
     pub publish_to_ack: Quantiles,
     /// Publish → delivery latency (same origin).
     pub publish_to_delivery: Quantiles,
+    /// Worst publish → acknowledgement latency per 100 ms, and the stalls.
+    pub ack_timeline: Timeline,
+    /// Worst publish → delivery latency per 100 ms, and the stalls.
+    pub delivery_timeline: Timeline,
     /// Broker memory after the run (CipherMQ with `--broker-pid`).
     pub broker_memory: Option<Memory>,
     /// The machine's 1-minute load average after the run: above the core
@@ -200,8 +205,10 @@ impl RunResult {
             publish_mb_per_sec: publish * size as f64 / 1e6,
             consume_msgs_per_sec: consume,
             consume_mb_per_sec: consume * size as f64 / 1e6,
-            publish_to_ack: Quantiles::of(&o.ack_latency),
-            publish_to_delivery: Quantiles::of(&o.e2e_latency),
+            publish_to_ack: Quantiles::of(&o.ack_latency.histogram),
+            publish_to_delivery: Quantiles::of(&o.e2e_latency.histogram),
+            ack_timeline: o.ack_latency.timeline(o.t0_us),
+            delivery_timeline: o.e2e_latency.timeline(o.t0_us),
             broker_memory: None,
             load_average: load_average(),
         }
@@ -239,6 +246,16 @@ impl RunResult {
             .load_average
             .map(|l| format!("; load {l:.1}"))
             .unwrap_or_default()
+            + &self.stall_note()
+    }
+
+    /// "; stalls: …" when a 100 ms window's worst latency was over 50 ms.
+    fn stall_note(&self) -> String {
+        let (a, d) = (&self.ack_timeline, &self.delivery_timeline);
+        if a.stalls.is_empty() && d.stalls.is_empty() {
+            return String::new();
+        }
+        format!("; STALLS ack: {}, delivery: {}", a.describe(), d.describe())
     }
 }
 

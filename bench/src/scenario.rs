@@ -17,6 +17,7 @@ use hdrhistogram::Histogram;
 use tokio::sync::{mpsc, oneshot, watch, Semaphore};
 
 use crate::args::LoadArgs;
+use crate::timeline::Latencies;
 use crate::payload::{Body, Opener};
 
 /// A new latency histogram: microseconds, 1 µs .. 10 min, 3 significant digits.
@@ -221,10 +222,7 @@ impl AckRecorder {
     pub fn record(&mut self, stamp_us: u64, ok: bool) {
         let now = self.clock.now_us();
         if ok {
-            let _ = self
-                .report
-                .latency
-                .record(now.saturating_sub(stamp_us).max(1));
+            self.report.latency.record(stamp_us, now);
             self.report.acked += 1;
             self.stats.acked.fetch_add(1, Ordering::Relaxed);
             self.stats.last_ack_us.fetch_max(now, Ordering::Relaxed);
@@ -256,8 +254,8 @@ pub struct PublisherReport {
     pub acked: u64,
     /// Refused publishes.
     pub nacked: u64,
-    /// Publish → acknowledgement latency, µs.
-    pub latency: Histogram<u64>,
+    /// Publish → acknowledgement latency.
+    pub latency: Latencies,
 }
 
 impl Default for PublisherReport {
@@ -265,7 +263,7 @@ impl Default for PublisherReport {
         PublisherReport {
             acked: 0,
             nacked: 0,
-            latency: histogram(),
+            latency: Latencies::default(),
         }
     }
 }
@@ -289,8 +287,8 @@ pub struct ConsumerCtx {
     pub id_prefix: Arc<str>,
     /// In live mode, decrypts every delivery.
     pub opener: Option<Opener>,
-    /// Publish → delivery latency, µs.
-    pub latency: Histogram<u64>,
+    /// Publish → delivery latency.
+    pub latency: Latencies,
 }
 
 impl ConsumerCtx {
@@ -312,7 +310,7 @@ impl ConsumerCtx {
                     self.stats.undecryptable.fetch_add(1, Ordering::Relaxed);
                 }
                 let now = self.clock.now_us();
-                let _ = self.latency.record(now.saturating_sub(stamp).max(1));
+                self.latency.record(stamp, now);
                 self.stats.delivered.fetch_add(1, Ordering::Relaxed);
                 self.stats
                     .last_delivery_us
@@ -353,10 +351,10 @@ pub struct Outcome {
     pub last_ack_us: u64,
     /// Clock time of the last delivery.
     pub last_delivery_us: u64,
-    /// Publish → acknowledgement latency, µs.
-    pub ack_latency: Histogram<u64>,
-    /// Publish → delivery latency, µs.
-    pub e2e_latency: Histogram<u64>,
+    /// Publish → acknowledgement latency.
+    pub ack_latency: Latencies,
+    /// Publish → delivery latency.
+    pub e2e_latency: Latencies,
 }
 
 /// Runs one scenario: consumers first, then publishers, then the drain.
@@ -374,7 +372,7 @@ where
     P: Fn(PublisherCtx) -> PF,
     PF: Future<Output = Result<PublisherReport>> + Send + 'static,
     C: Fn(ConsumerCtx) -> CF,
-    CF: Future<Output = Result<Histogram<u64>>> + Send + 'static,
+    CF: Future<Output = Result<Latencies>> + Send + 'static,
 {
     let clock = Clock::new();
     let stats = Arc::new(Stats::default());
@@ -395,7 +393,7 @@ where
             stats: stats.clone(),
             id_prefix: id_prefix.clone(),
             opener: opener.clone(),
-            latency: histogram(),
+            latency: Latencies::default(),
         })));
     }
     for (i, ready) in readies.into_iter().enumerate() {
@@ -453,7 +451,7 @@ where
         })
         .collect();
 
-    let mut ack_latency = histogram();
+    let mut ack_latency = Latencies::default();
     let mut first_error = None;
     for p in publishers {
         match p.await.context("publisher task panicked")? {
@@ -498,7 +496,7 @@ where
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let _ = stop_tx.send(true);
-    let mut e2e_latency = histogram();
+    let mut e2e_latency = Latencies::default();
     for c in consumers {
         e2e_latency.add(&c.await.context("consumer task panicked")??)?;
     }

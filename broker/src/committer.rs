@@ -37,6 +37,7 @@ use glommio::io::Directory;
 use glommio::{GlommioError, Latency, Shares, Task};
 
 use crate::context::ShardLocal;
+use crate::file_deleter::{self, FileDeleter};
 use crate::stats::ShardStats;
 
 type IoResult<T> = Result<T, GlommioError<()>>;
@@ -47,12 +48,25 @@ pub const COMMIT_LATENCY: Duration = Duration::from_micros(500);
 
 /// Starts the committer of this shard in its own latency-sensitive task queue.
 pub fn spawn(local: Rc<ShardLocal>, busy: Rc<Cell<usize>>) {
+    let deleter = match FileDeleter::start(format!("shard-{}-delete", local.stats.shard)) {
+        Ok(d) => Some(Rc::new(d)),
+        Err(e) => {
+            tracing::warn!(error = %e, "no thread for deleting acked segments; the committer deletes them itself");
+            None
+        }
+    };
     let queue = glommio::executor().create_task_queue(
         Shares::default(),
         Latency::Matters(COMMIT_LATENCY),
         "commit",
     );
-    match glommio::spawn_local_into(run(local.clone(), busy.clone()), queue) {
+    let stages = Stages {
+        local: local.clone(),
+        busy: busy.clone(),
+        queue: Some(queue),
+        deleter: deleter.clone(),
+    };
+    match glommio::spawn_local_into(run(stages), queue) {
         Ok(task) => {
             task.detach();
         }
@@ -60,7 +74,39 @@ pub fn spawn(local: Rc<ShardLocal>, busy: Rc<Cell<usize>>) {
         // the shard's default queue rather than run without a committer.
         Err(e) => {
             tracing::warn!(error = %e, "commit task queue unavailable; committing from the default queue");
-            glommio::spawn_local(run(local, busy)).detach();
+            glommio::spawn_local(run(Stages {
+                local,
+                busy,
+                queue: None,
+                deleter,
+            }))
+            .detach();
+        }
+    }
+}
+
+/// What the committer's stages share.
+#[derive(Clone)]
+struct Stages {
+    local: Rc<ShardLocal>,
+    /// Rounds not finished yet, so shutdown can wait for them.
+    busy: Rc<Cell<usize>>,
+    /// The latency-sensitive task queue every stage runs in. Its blocking
+    /// calls are answered with a forced wake-up of the shard; from the
+    /// default queue glommio may let the shard sleep through a finished
+    /// call until its next timer (measured: rounds stuck for 0.6-0.9 s
+    /// until the 1 s sweep, docs/BENCHMARKS.md "Tail latency").
+    queue: Option<glommio::TaskQueueHandle>,
+    /// Takes the files a round frees (`file_deleter.rs`).
+    deleter: Option<Rc<FileDeleter>>,
+}
+
+impl Stages {
+    fn spawn<T: 'static>(&self, f: impl std::future::Future<Output = T> + 'static) -> Task<T> {
+        match self.queue {
+            Some(q) => glommio::spawn_local_into(f, q)
+                .unwrap_or_else(|_| unreachable!("the commit queue lives as long as the shard")),
+            None => glommio::spawn_local(f),
         }
     }
 }
@@ -294,15 +340,18 @@ async fn write_dedup(w: &DedupWrite, dir: &Path, stats: &ShardStats) -> IoResult
 /// A round whose bytes are durable (or failed to be), waiting for its
 /// directory syncs and answers.
 struct WrittenRound {
+    /// When the round was taken.
+    taken: Instant,
     jobs: Vec<CommitJob>,
     /// Per job: its file, its bytes written (and synced when awaited).
     written: Vec<IoResult<Arc<File>>>,
 }
 
 /// Runs commit rounds for one shard until the executor ends (started by
-/// [`spawn`]). `busy` counts rounds not finished yet, so shutdown can wait
-/// for them.
-async fn run(local: Rc<ShardLocal>, busy: Rc<Cell<usize>>) {
+/// [`spawn`]).
+async fn run(stages: Stages) {
+    let local = stages.local.clone();
+    let busy = stages.busy.clone();
     let files = Rc::new(RefCell::new(Files::default()));
     let mut jobs: Vec<CommitJob> = Vec::new();
     let mut syncing: Option<Task<()>> = None;
@@ -318,19 +367,15 @@ async fn run(local: Rc<ShardLocal>, busy: Rc<Cell<usize>>) {
         })
         .await;
         busy.set(busy.get() + 1);
+        let taken = Instant::now();
         local.shard.borrow_mut().take_commit_jobs(&mut jobs);
-        let round = write_round(&local, &files, std::mem::take(&mut jobs)).await;
+        let round = write_round(&local, &files, std::mem::take(&mut jobs), taken).await;
         // Depth two: this round is finished after the previous one, and the
         // next round is taken only once that one is done.
         if let Some(previous) = syncing.take() {
             previous.await;
         }
-        syncing = Some(glommio::spawn_local(sync_round(
-            local.clone(),
-            files.clone(),
-            round,
-            busy.clone(),
-        )));
+        syncing = Some(stages.spawn(sync_round(stages.clone(), files.clone(), round)));
     }
 }
 
@@ -340,6 +385,7 @@ async fn write_round(
     local: &ShardLocal,
     files: &RefCell<Files>,
     mut jobs: Vec<CommitJob>,
+    taken: Instant,
 ) -> WrittenRound {
     let mut prepared = Vec::with_capacity(jobs.len());
     for job in &jobs {
@@ -363,18 +409,22 @@ async fn write_round(
             shard.commit_written(job, outcome.is_ok());
         }
     });
-    WrittenRound { jobs, written }
+    WrittenRound {
+        taken,
+        jobs,
+        written,
+    }
 }
 
 /// Finishes a written round: syncs the directories of new files, then answers
 /// its waiters and deletes what its jobs free.
-async fn sync_round(
-    local: Rc<ShardLocal>,
-    files: Rc<RefCell<Files>>,
-    round: WrittenRound,
-    busy: Rc<Cell<usize>>,
-) {
-    let WrittenRound { jobs, written } = round;
+async fn sync_round(stages: Stages, files: Rc<RefCell<Files>>, round: WrittenRound) {
+    let local = &stages.local;
+    let WrittenRound {
+        taken,
+        jobs,
+        written,
+    } = round;
     let io: Vec<IoResult<()>> = join_all(jobs.iter().zip(written).map(|(job, file)| async move {
         file?;
         if job.create {
@@ -403,6 +453,9 @@ async fn sync_round(
         Some(format!("queue {}: {}: {e}", job.queue, job.path.display()))
     });
     local.stats.commit_round(failure);
+    if !jobs.is_empty() {
+        local.stats.commit_round_latency.observe(taken.elapsed());
+    }
     // Fully acked segments go whatever the write did: on a full disk that is
     // what frees space (QueueLog::give_back says why it is safe).
     let mut deletions = Vec::new();
@@ -414,13 +467,27 @@ async fn sync_round(
         deletions.extend(job.delete.into_iter().map(|(_, path)| path));
         deletions.extend(job.dedup_delete);
     }
+    // Handed to the deleter: nothing waits for a deletion.
+    let mut inline = Vec::new();
     for path in deletions {
         files.borrow_mut().close(&path);
-        if let Err(e) = glommio::io::remove(&path).await {
-            tracing::warn!(path = %path.display(), error = %e, "could not delete an acked segment");
+        match &stages.deleter {
+            Some(deleter) => {
+                if let Err(path) = deleter.delete(path) {
+                    inline.push(path);
+                }
+            }
+            None => inline.push(path),
         }
     }
-    busy.set(busy.get() - 1);
+    if !inline.is_empty() {
+        let _ = blocking(move || {
+            inline.iter().for_each(|p| file_deleter::remove(p));
+            Ok(())
+        })
+        .await;
+    }
+    stages.busy.set(stages.busy.get() - 1);
 }
 
 #[cfg(test)]

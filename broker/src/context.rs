@@ -1,7 +1,8 @@
 //! What a connection needs besides its socket: settings and services shared by
 //! every shard ([`Shared`]), and the state of the shard serving it ([`ShardLocal`]).
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
+use std::panic::Location;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -124,6 +125,9 @@ pub struct ShardLocal {
     /// Rendered replies on their way into rustls, shared by the shard's
     /// connections (used only inside one synchronous step).
     pub staging: RefCell<Vec<u8>>,
+    /// Where the last [`ShardLocal::with_shard`] was called from, named by
+    /// the stall watch (`stall_watch.rs`) when a turn comes late.
+    last_step: Cell<Option<&'static Location<'static>>>,
 }
 
 impl ShardLocal {
@@ -136,13 +140,22 @@ impl ShardLocal {
             shared,
             stats,
             staging: RefCell::new(Vec::new()),
+            last_step: Cell::new(None),
         }
     }
 
+    /// The caller of the last [`ShardLocal::with_shard`].
+    pub fn last_step(&self) -> Option<&'static Location<'static>> {
+        self.last_step.get()
+    }
+
     /// Runs `f` on the shard and sends what it buffered for other shards.
-    /// Never call across an `.await`.
+    /// Never call across an `.await`. Notes the caller for the stall watch
+    /// (a store, no clock read).
     #[inline]
+    #[track_caller]
     pub fn with_shard<T>(&self, f: impl FnOnce(&mut Shard) -> T) -> T {
+        self.last_step.set(Some(Location::caller()));
         let mut shard = self.shard.borrow_mut();
         let value = f(&mut shard);
         shard.flush();

@@ -39,6 +39,19 @@ pub const PUBLISH_ACK_BOUNDS_US: &[u64] = &[
     5_000_000, 10_000_000,
 ];
 
+/// Upper bounds (µs) of the shard loop lag buckets (`stall_watch.rs`): how
+/// late a turn asked for comes; tens of microseconds when all is well.
+pub const LOOP_LAG_BOUNDS_US: &[u64] = &[
+    50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 20_000, 50_000, 100_000, 250_000, 1_000_000,
+];
+
+/// Upper bounds (µs) of the commit round buckets: from taking a round's
+/// appends to releasing their answers (write, fdatasync, directory syncs).
+pub const COMMIT_ROUND_BOUNDS_US: &[u64] = &[
+    100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000,
+    1_000_000, 2_500_000,
+];
+
 /// A monotonically increasing count with one writer thread.
 #[derive(Debug, Default)]
 pub struct Counter(AtomicU64);
@@ -167,6 +180,12 @@ pub struct ShardStats {
     pub publish_ack_latency: Histogram,
     /// Duration of each `fdatasync`.
     pub fsync_latency: Histogram,
+    /// From taking a commit round to releasing its answers.
+    pub commit_round_latency: Histogram,
+    /// How late each turn the stall watch asked for came.
+    pub loop_lag: Histogram,
+    /// Turns that came [`crate::stall_watch::STALL_THRESHOLD`] late or more.
+    pub stalls: Counter,
     /// Open connections served by this shard, as of the last refresh.
     open_connections: AtomicU64,
     /// This shard's queues as of the last refresh.
@@ -199,6 +218,9 @@ impl ShardStats {
             commit_failures: Counter::default(),
             publish_ack_latency: Histogram::new(PUBLISH_ACK_BOUNDS_US),
             fsync_latency: Histogram::new(FSYNC_BOUNDS_US),
+            commit_round_latency: Histogram::new(COMMIT_ROUND_BOUNDS_US),
+            loop_lag: Histogram::new(LOOP_LAG_BOUNDS_US),
+            stalls: Counter::default(),
             open_connections: AtomicU64::new(0),
             queues: Mutex::new(Arc::new(Vec::new())),
             backlog: Mutex::new(Default::default()),

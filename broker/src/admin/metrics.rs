@@ -292,6 +292,27 @@ pub(crate) fn render(ctx: &AdminContext, admin: &SlotStats) -> String {
         "Duration of each fdatasync of a queue log.",
         |s| s.fsync_latency.snapshot(),
     );
+    shard_histogram(
+        &mut e,
+        shards,
+        "ciphermq_commit_round_seconds",
+        "From taking a group-commit round to releasing its answers (writes, fdatasync, directory syncs).",
+        |s| s.commit_round_latency.snapshot(),
+    );
+    shard_histogram(
+        &mut e,
+        shards,
+        "ciphermq_shard_loop_lag_seconds",
+        "How late a shard's loop gives a turn asked for every 5 ms: time the thread was held by other work.",
+        |s| s.loop_lag.snapshot(),
+    );
+    shard_counter(
+        &mut e,
+        shards,
+        "ciphermq_shard_stalls_total",
+        "Shard loop turns that came 20 ms late or more; each is logged with the shard step begun last.",
+        |s| s.stalls.get(),
+    );
 
     e.family(
         "ciphermq_connections",
