@@ -21,7 +21,7 @@
 #   WINDOW      publish window             (1000)
 #   PORT        CipherMQ port              (5917; must be free)
 #   SECTIONS    any of: throughput latency durability rss idle pgbridge ab
-#               restart (all but ab and restart)
+#               restart backlog tail mixed (default: the first six)
 #               durability: the price of durability as adjacent pairs
 #               (durable run, then in-memory run, RUNS times), 1 KiB, 1 shard,
 #               each PUBLISHERS count; the ratio is taken within each pair
@@ -39,6 +39,14 @@
 #               consumer drains it all checking every id (ciphermq-bench
 #               drain); then the same with BACKLOG_RAM_COUNT messages that fit
 #               in memory, for the in-RAM drain rate
+#               tail: TAIL_RUNS consecutive CipherMQ runs at a fixed
+#               5,000 msg/s, durable, 1 KiB, 1 shard, 1 publisher, 1 consumer,
+#               each with its worst latency per 100 ms (stalls: over 50 ms)
+#               mixed: 1 KiB, durable, 1 shard, max rate: RUNS adjacent pairs
+#               of publish-only (no consumer) then 1 publisher + 1 consumer;
+#               then 4 and 16 publishers with 1 consumer; with MIXED_SINGLE=1
+#               consumers ack with one `ack` line a delivery (no ack_batch)
+#   TAIL_RUNS   with tail: runs (20)
 #   BACKLOG_COUNT      with backlog: messages (20000000: 20 GB of bodies)
 #   BACKLOG_BUDGET_MB  with backlog: storage.memory_budget_mb (256)
 #   BACKLOG_RAM_COUNT  with backlog: messages of the in-memory drain (2000000)
@@ -69,6 +77,7 @@ PUBLISHERS=${PUBLISHERS:-1 4 16}
 WINDOW=${WINDOW:-1000}
 PORT=${PORT:-5917}
 SECTIONS=${SECTIONS:-throughput latency durability rss idle pgbridge}
+TAIL_RUNS=${TAIL_RUNS:-20}
 BASE_BIN=${BASE_BIN:-}
 AB_EXCHANGE=${AB_EXCHANGE:-direct}
 RESTART_COUNT=${RESTART_COUNT:-1000000}
@@ -293,6 +302,32 @@ if has ab; then
           --exchange "$AB_EXCHANGE"
       done
     done
+  done
+fi
+
+if has tail; then
+  echo "== tail latency: $TAIL_RUNS consecutive runs at 5,000 msg/s, durable, 1 KiB, 1 shard, 1 publisher, 1 consumer"
+  start_broker durable 1
+  RUNS=$TAIL_RUNS bench "tail-durable-5000" "durable, 1 shard, 5,000 msg/s, $TAIL_RUNS runs" \
+    --target ciphermq --rate 5000 --duration "$DURATION" --size 1024 --publishers 1 --consumers 1
+fi
+
+if has mixed; then
+  single=""
+  [[ -n "${MIXED_SINGLE:-}" ]] && single="--single-acks"
+  echo "== mixed load: publish-only then 1 publisher + 1 consumer, adjacent pairs, durable, 1 KiB, 1 shard, max rate ${single}"
+  for run in $(seq "$RUNS"); do
+    for consumers in 0 1; do
+      # Publish-only queues 2-3 million messages in 10 s.
+      QUEUE_CAP=${QUEUE_CAP:-100000000} start_broker durable 1
+      RUNS=1 bench "mixed-p1-c$consumers-r$run" "durable, 1 shard, 1 publisher, $consumers consumer(s)" \
+        --target ciphermq --duration "$DURATION" --size 1024 --publishers 1 --consumers "$consumers" $single
+    done
+  done
+  for pubs in 4 16; do
+    QUEUE_CAP=${QUEUE_CAP:-100000000} start_broker durable 1
+    bench "mixed-p$pubs-c1" "durable, 1 shard, $pubs publishers, 1 consumer" \
+      --target ciphermq --duration "$DURATION" --size 1024 --publishers "$pubs" --consumers 1 $single
   done
 fi
 

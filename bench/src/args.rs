@@ -141,6 +141,10 @@ pub struct LoadArgs {
     /// Unacknowledged deliveries per consumer.
     #[arg(long, default_value_t = 1000)]
     pub prefetch: u32,
+    /// CipherMQ consumers settle each delivery with its own `ack` line
+    /// instead of `ack_batch` lines (what clients without it cost).
+    #[arg(long)]
+    pub single_acks: bool,
     /// Total messages to publish (over all publishers). Default 200,000 without
     /// `--duration`; with it, an optional upper bound.
     #[arg(long)]

@@ -16,8 +16,8 @@ use tokio::sync::mpsc;
 
 use crate::args::{ExchangeArg, LoadArgs};
 use crate::payload::{Body, Opener};
-use crate::timeline::Latencies;
 use crate::scenario::{self, ConsumerCtx, Outcome, PublisherCtx, PublisherReport, FLUSH_BYTES};
+use crate::timeline::Latencies;
 
 /// Names of the bench's exchange, queues and keys for one scenario.
 #[derive(Debug, Clone)]
@@ -192,6 +192,53 @@ async fn publisher(
     Ok(report)
 }
 
+/// Most ids in one `ack_batch` line (about 30 KiB of the bench's ids).
+const ACK_BATCH_IDS: usize = 1000;
+
+/// A consumer's acks as lines: one `ack_batch` line for whatever is waiting
+/// (at most [`ACK_BATCH_IDS`] ids a line), or one `ack` line per delivery.
+struct AckLines {
+    queue: String,
+    single: bool,
+    /// Ids in the open `ack_batch` line.
+    ids: usize,
+}
+
+impl AckLines {
+    fn push(&mut self, wr: &mut ciphermq_clients::ConnectionWriter, id: &str) {
+        if self.single {
+            for part in [
+                b"ack ".as_slice(),
+                id.as_bytes(),
+                b" ",
+                self.queue.as_bytes(),
+                b"\n",
+            ] {
+                wr.queue_bytes(part);
+            }
+            return;
+        }
+        if self.ids == ACK_BATCH_IDS {
+            self.end(wr);
+        }
+        if self.ids == 0 {
+            wr.queue_bytes(b"ack_batch ");
+            wr.queue_bytes(self.queue.as_bytes());
+        }
+        wr.queue_bytes(b" ");
+        wr.queue_bytes(id.as_bytes());
+        self.ids += 1;
+    }
+
+    /// Ends the open `ack_batch` line, if any.
+    fn end(&mut self, wr: &mut ciphermq_clients::ConnectionWriter) {
+        if self.ids > 0 {
+            wr.queue_bytes(b"\n");
+            self.ids = 0;
+        }
+    }
+}
+
 async fn consumer(
     args: Arc<LoadArgs>,
     names: Arc<Names>,
@@ -202,18 +249,18 @@ async fn consumer(
     expect_ok(&mut conn, &format!("consume {queue} {}", args.prefetch)).await?;
     let (mut rd, mut wr) = conn.into_split();
     let (ack_tx, mut ack_rx) = mpsc::unbounded_channel::<String>();
-    let ack_suffix = format!(" {queue}\n");
+    let mut lines = AckLines {
+        queue,
+        single: args.single_acks,
+        ids: 0,
+    };
     let acker = tokio::spawn(async move {
-        let push = |wr: &mut ciphermq_clients::ConnectionWriter, id: &str| {
-            wr.queue_bytes(b"ack ");
-            wr.queue_bytes(id.as_bytes());
-            wr.queue_bytes(ack_suffix.as_bytes());
-        };
         while let Some(first) = ack_rx.recv().await {
-            push(&mut wr, &first);
+            lines.push(&mut wr, &first);
             while let Ok(more) = ack_rx.try_recv() {
-                push(&mut wr, &more);
+                lines.push(&mut wr, &more);
             }
+            lines.end(&mut wr);
             wr.flush().await?;
         }
         anyhow::Ok(())
@@ -229,7 +276,7 @@ async fn consumer(
         if let Some(d) = Delivery::parse(&line) {
             ctx.delivered(d.body.as_bytes());
             let _ = ack_tx.send(d.message_id.to_owned());
-        } else if !line.starts_with("ACK_CONFIRMED ") {
+        } else if !line.starts_with("ACK_CONFIRMED ") && !line.starts_with("OK ack_batch ") {
             bail!("unexpected line for a consumer: {line}");
         }
     }

@@ -97,6 +97,9 @@ async fn load(args: LoadArgs) -> Result<()> {
             };
             let body = Arc::new(body);
             let title = format!("{} {run}/{}", name(target), args.runs);
+            let cpu_before = (target == TargetArg::Ciphermq)
+                .then(|| args.broker_pid.and_then(report::cpu_secs))
+                .flatten();
             let outcome = match target {
                 TargetArg::Ciphermq => ciphermq::run(&args, body, opener, &title).await,
                 TargetArg::Rabbitmq => rabbitmq::run(&args, body, opener, &title).await,
@@ -107,6 +110,12 @@ async fn load(args: LoadArgs) -> Result<()> {
             let mut result = RunResult::new(name(target), run, args.size, &outcome);
             if target == TargetArg::Ciphermq {
                 result.broker_memory = args.broker_pid.and_then(Memory::of);
+                let cpu_after = args.broker_pid.and_then(report::cpu_secs);
+                if let (Some(a), Some(b)) = (cpu_before, cpu_after) {
+                    if outcome.acked > 0 {
+                        result.broker_cpu_us_per_msg = Some((b - a) * 1e6 / outcome.acked as f64);
+                    }
+                }
             }
             println!("{}", result.line(args.runs));
             results.push(result);

@@ -26,8 +26,8 @@ use tokio::sync::mpsc;
 
 use crate::args::{ExchangeArg, LoadArgs};
 use crate::payload::{Body, Opener};
-use crate::timeline::Latencies;
 use crate::scenario::{self, ConsumerCtx, Outcome, PublisherCtx, PublisherReport};
+use crate::timeline::Latencies;
 
 /// The bench's stream.
 const STREAM: &str = "CIPHERMQ_BENCH";

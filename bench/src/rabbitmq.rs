@@ -27,8 +27,8 @@ use tokio::sync::mpsc;
 
 use crate::args::{ExchangeArg, LoadArgs};
 use crate::payload::{Body, Opener};
-use crate::timeline::Latencies;
 use crate::scenario::{self, ConsumerCtx, Outcome, PublisherCtx, PublisherReport};
+use crate::timeline::Latencies;
 
 /// Names of the bench's exchange, queues and keys.
 #[derive(Debug, Clone)]

@@ -83,6 +83,19 @@ impl Memory {
     }
 }
 
+/// CPU time the process `pid` has used so far (user + system, all its
+/// threads), seconds; `None` if it is gone. `/proc` counts it in USER_HZ
+/// ticks, 100 a second on Linux.
+pub fn cpu_secs(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces: count from its ')'.
+    let after = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = after.split(' ').collect();
+    // utime and stime are fields 14 and 15, the 12th and 13th after the name.
+    let ticks = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
+    Some(ticks / 100.0)
+}
+
 /// The scenario, as recorded with every result.
 #[derive(Debug, Clone, Serialize)]
 pub struct ScenarioInfo {
@@ -175,6 +188,10 @@ pub struct RunResult {
     pub delivery_timeline: Timeline,
     /// Broker memory after the run (CipherMQ with `--broker-pid`).
     pub broker_memory: Option<Memory>,
+    /// Broker CPU time over the run (connect and drain included) per
+    /// acknowledged publish, µs: its publish, delivery and ack together
+    /// (CipherMQ with `--broker-pid`; 10 ms resolution of the total).
+    pub broker_cpu_us_per_msg: Option<f64>,
     /// The machine's 1-minute load average after the run: above the core
     /// count, something else competed for the CPU.
     pub load_average: Option<f64>,
@@ -210,6 +227,7 @@ impl RunResult {
             ack_timeline: o.ack_latency.timeline(o.t0_us),
             delivery_timeline: o.e2e_latency.timeline(o.t0_us),
             broker_memory: None,
+            broker_cpu_us_per_msg: None,
             load_average: load_average(),
         }
     }
@@ -241,7 +259,11 @@ impl RunResult {
             },
             self.broker_memory
                 .map(|m| format!("; broker RSS {:.0} MiB", m.rss_mib))
-                .unwrap_or_default(),
+                .unwrap_or_default()
+                + &self
+                    .broker_cpu_us_per_msg
+                    .map(|us| format!(", CPU {us:.1} µs/msg"))
+                    .unwrap_or_default(),
         ) + &self
             .load_average
             .map(|l| format!("; load {l:.1}"))

@@ -17,8 +17,8 @@ use hdrhistogram::Histogram;
 use tokio::sync::{mpsc, oneshot, watch, Semaphore};
 
 use crate::args::LoadArgs;
-use crate::timeline::Latencies;
 use crate::payload::{Body, Opener};
+use crate::timeline::Latencies;
 
 /// A new latency histogram: microseconds, 1 µs .. 10 min, 3 significant digits.
 pub fn histogram() -> Histogram<u64> {
@@ -248,7 +248,7 @@ impl Drop for AckRecorder {
 }
 
 /// One publisher's totals.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct PublisherReport {
     /// Acknowledged publishes.
     pub acked: u64,
@@ -258,15 +258,6 @@ pub struct PublisherReport {
     pub latency: Latencies,
 }
 
-impl Default for PublisherReport {
-    fn default() -> Self {
-        PublisherReport {
-            acked: 0,
-            nacked: 0,
-            latency: Latencies::default(),
-        }
-    }
-}
 
 /// What a consumer task is given.
 pub struct ConsumerCtx {

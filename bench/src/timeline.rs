@@ -150,7 +150,12 @@ mod tests {
         let at: Vec<f64> = t.stalls.iter().map(|s| s.at_secs).collect();
         assert_eq!(at, [0.5, 0.6, 1.5]);
         assert_eq!(t.stalls[0].worst_ms, 80.0);
-        assert!(t.describe().starts_with("3 window(s) over 50 ms, worst 80.0 ms at 0.5 s"), "{}", t.describe());
+        assert!(
+            t.describe()
+                .starts_with("3 window(s) over 50 ms, worst 80.0 ms at 0.5 s"),
+            "{}",
+            t.describe()
+        );
         assert_eq!(a.histogram.len(), 201);
     }
 }

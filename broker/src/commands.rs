@@ -151,6 +151,11 @@ impl Session {
                     self.settle(message_id, queue, true, now);
                 }
             }
+            Request::AckBatch { queue, ids } => {
+                if self.check(Op::Ack) {
+                    self.settle_batch(queue, ids, now);
+                }
+            }
             Request::Nack { message_id, queue } => {
                 if self.check(Op::Nack { queue }) {
                     self.settle(message_id, queue, false, now);
@@ -285,6 +290,28 @@ impl Session {
             "NACK_CONFIRMED"
         };
         self.replies.line(format!("{word} {message_id}"));
+    }
+
+    /// `ack_batch`: acks this connection's outstanding deliveries of `ids`
+    /// from `queue` in one shard step and answers how many were settled;
+    /// ids with none outstanding are skipped (a redelivered message acked
+    /// late, a duplicate id in the batch).
+    fn settle_batch(&mut self, queue: &str, ids: &str, now: Instant) {
+        let mut owed = Vec::new();
+        for id in Request::batch_ids(ids) {
+            self.tracker.take(id, Some(queue), &mut owed);
+        }
+        if !owed.is_empty() {
+            let conn = self.conn;
+            self.local.with_shard(|shard| {
+                for d in &owed {
+                    shard.ack(conn, d, now);
+                }
+            });
+            self.local.stats.settled(true, owed.len());
+        }
+        self.replies
+            .line(format!("OK ack_batch {queue} {}", owed.len()));
     }
 
     /// Who this session is to the topology's ownership rules.

@@ -5,9 +5,14 @@
 //!
 //! A job's write and its `fdatasync` run as one call on the shard's own
 //! blocking-I/O thread (see [`persist`]); the committer runs in a task queue
-//! that asks glommio for low latency, so the call's completion preempts the
-//! connections (they yield when glommio asks, `connection.rs`) instead of
-//! waiting for the shard to run out of work.
+//! of its own, sharing the shard fairly with the connections (they yield
+//! when glommio asks, `connection.rs`).
+//!
+//! The queue does not ask glommio for low latency (`Latency::Matters`): with
+//! such a queue in the executor, a shard on this kernel (6.18) now and then
+//! slept through its completions and its own timers for 0.3-1 s, ended only
+//! by an unrelated 1 s timer (10-25% of 10 s runs at 5,000 msg/s; none in 16
+//! runs without, docs/BENCHMARKS.md "Tail latency").
 //!
 //! Rounds are pipelined two deep: once a round's bytes are durable, its
 //! directory syncs and answers run in their own task while the next round is
@@ -42,11 +47,7 @@ use crate::stats::ShardStats;
 
 type IoResult<T> = Result<T, GlommioError<()>>;
 
-/// How soon a finished write must get the shard's attention: the task queue
-/// the committer runs in asks glommio for this latency.
-pub const COMMIT_LATENCY: Duration = Duration::from_micros(500);
-
-/// Starts the committer of this shard in its own latency-sensitive task queue.
+/// Starts the committer of this shard in its own task queue.
 pub fn spawn(local: Rc<ShardLocal>, busy: Rc<Cell<usize>>) {
     let deleter = match FileDeleter::start(format!("shard-{}-delete", local.stats.shard)) {
         Ok(d) => Some(Rc::new(d)),
@@ -55,11 +56,8 @@ pub fn spawn(local: Rc<ShardLocal>, busy: Rc<Cell<usize>>) {
             None
         }
     };
-    let queue = glommio::executor().create_task_queue(
-        Shares::default(),
-        Latency::Matters(COMMIT_LATENCY),
-        "commit",
-    );
+    let queue =
+        glommio::executor().create_task_queue(Shares::default(), Latency::NotImportant, "commit");
     let stages = Stages {
         local: local.clone(),
         busy: busy.clone(),
@@ -91,11 +89,8 @@ struct Stages {
     local: Rc<ShardLocal>,
     /// Rounds not finished yet, so shutdown can wait for them.
     busy: Rc<Cell<usize>>,
-    /// The latency-sensitive task queue every stage runs in. Its blocking
-    /// calls are answered with a forced wake-up of the shard; from the
-    /// default queue glommio may let the shard sleep through a finished
-    /// call until its next timer (measured: rounds stuck for 0.6-0.9 s
-    /// until the 1 s sweep, docs/BENCHMARKS.md "Tail latency").
+    /// The task queue every stage runs in, so the committer's share of the
+    /// shard does not depend on how many connections the default queue holds.
     queue: Option<glommio::TaskQueueHandle>,
     /// Takes the files a round frees (`file_deleter.rs`).
     deleter: Option<Rc<FileDeleter>>,

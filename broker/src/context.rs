@@ -2,8 +2,8 @@
 //! every shard ([`Shared`]), and the state of the shard serving it ([`ShardLocal`]).
 
 use std::cell::{Cell, RefCell};
-use std::panic::Location;
 use std::collections::HashMap;
+use std::panic::Location;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

@@ -175,3 +175,97 @@ async fn acks_are_read_after_a_large_burst_of_deliveries() {
         assert_eq!(line, format!("ACK_CONFIRMED big-{i}"));
     }
 }
+
+/// `ack_batch` settles many deliveries in one line and counts them: ids
+/// not outstanding (unknown, repeated, or from another queue) are skipped,
+/// and a line with a bad id settles nothing. What it settled is not
+/// redelivered; what it skipped is.
+async fn ack_batch_settles_many(shards: usize) {
+    let broker = TestBroker::start(shards);
+    let mut receiver = broker.connect("receiver_1").await;
+    setup_receiver(&mut receiver, "receiver_1").await;
+    let mut sender = broker
+        .connect(broker.sender_on_other_shard("receiver_1"))
+        .await;
+    for i in 0..5 {
+        let b = body(&format!("m-{i}"), "receiver_1");
+        expect(
+            &mut sender,
+            &format!("publish ex receiver_1 {b}"),
+            &format!("ACK m-{i}"),
+        )
+        .await;
+    }
+    expect(
+        &mut receiver,
+        "consume receiver_1_queue",
+        "OK consume receiver_1_queue",
+    )
+    .await;
+    for i in 0..5 {
+        let line = next(&mut receiver).await;
+        assert!(
+            line.starts_with(&format!("Message: m-{i} receiver_1_queue 1 ")),
+            "{line}"
+        );
+    }
+    let bad = next_reply(&mut receiver, "ack_batch receiver_1_queue m-0 b@d").await;
+    assert!(bad.starts_with("Error: "), "{bad}");
+    expect(
+        &mut receiver,
+        "ack_batch other_queue m-0 m-1",
+        "OK ack_batch other_queue 0",
+    )
+    .await;
+    expect(
+        &mut receiver,
+        "ack_batch receiver_1_queue m-0 m-1 nope m-1  m-3",
+        "OK ack_batch receiver_1_queue 3",
+    )
+    .await;
+    expect(
+        &mut receiver,
+        "ack m-1",
+        "Error: no outstanding delivery m-1",
+    )
+    .await;
+    // The connection goes: only m-2 and m-4 come back.
+    drop(receiver);
+    let mut receiver = broker.connect("receiver_1").await;
+    expect(
+        &mut receiver,
+        "consume receiver_1_queue",
+        "OK consume receiver_1_queue",
+    )
+    .await;
+    for id in ["m-2", "m-4"] {
+        let line = next(&mut receiver).await;
+        assert!(
+            line.starts_with(&format!("Message: {id} receiver_1_queue 2 ")),
+            "{line}"
+        );
+    }
+    expect(
+        &mut receiver,
+        "ack_batch receiver_1_queue m-2 m-4",
+        "OK ack_batch receiver_1_queue 2",
+    )
+    .await;
+    expect(&mut receiver, "heartbeat", "OK heartbeat").await;
+}
+
+async fn next_reply(conn: &mut ciphermq_clients::connection::Connection, line: &str) -> String {
+    conn.queue_line(line);
+    conn.flush().await.unwrap();
+    next(conn).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ack_batch_settles_many_with_one_shard() {
+    ack_batch_settles_many(1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ack_batch_settles_many_across_shards() {
+    ack_batch_settles_many(2).await;
+}

@@ -9,13 +9,13 @@
 //! 2. each delivery is checked (`message_id` and `receiver_client_id` are ours to
 //!    match), decrypted and staged in the [`Journal`]; a batch is committed (one
 //!    write, one fsync) when full or after `batch_delay_ms`, and only then are its
-//!    messages acknowledged (`ack <id> <queue>`);
+//!    messages acknowledged, a batch a line (`ack_batch <queue> <id> …`);
 //! 3. a message already in the journal is acknowledged without being written
 //!    again (a redelivery after a crash or a lost ack): exactly-once processing on
 //!    top of at-least-once delivery. A message is known by its sender
 //!    (`sender_client_id`, which the broker verified) and its id, so a sender
 //!    that uses another's id first cannot get the other's message dropped as a
-//!    duplicate. Since `ack <id> <queue>` settles every delivery of that id on
+//!    duplicate. Since an ack of `<id>` from `<queue>` settles every delivery of that id on
 //!    the connection, whoever sent it, an ack waits while another sender's
 //!    message with the same id is still being decrypted;
 //! 4. a message that cannot be decrypted is logged and `nack`ed, never written: the
@@ -289,7 +289,8 @@ enum SetupError {
 /// A command whose reply is still owed, for matching replies by order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Owed {
-    Ack,
+    /// An `ack_batch` line: its reply counts the deliveries it settled.
+    AckBatch,
     Nack,
     Heartbeat,
 }
@@ -615,13 +616,17 @@ impl Session {
             return;
         };
         match (owed, reply) {
-            (Owed::Ack, Reply::AckConfirmed(_)) => {
-                self.stats.acked.fetch_add(1, Relaxed);
-            }
-            // After a reconnect the old connection's deliveries are no longer
-            // ours to ack; they come back and are deduplicated.
-            (Owed::Ack, Reply::Error(reason)) if reason.starts_with("no outstanding delivery") => {
-                tracing::debug!(line, "ack of a delivery the broker no longer holds for us");
+            // Ids the broker no longer holds for us (after a reconnect the old
+            // connection's deliveries come back and are deduplicated) are not
+            // counted in the reply.
+            (Owed::AckBatch, Reply::Ok(text)) if text.starts_with("ack_batch ") => {
+                let settled = text.rsplit(' ').next().and_then(|n| n.parse::<u64>().ok());
+                match settled {
+                    Some(n) => {
+                        self.stats.acked.fetch_add(n, Relaxed);
+                    }
+                    None => tracing::warn!(line, "unexpected ack_batch reply"),
+                }
             }
             (Owed::Nack, Reply::NackConfirmed(_)) => {}
             (Owed::Heartbeat, Reply::Ok(text)) if *text == "heartbeat" => {}
@@ -650,8 +655,11 @@ impl Session {
         if acks.is_empty() {
             return Ok(true);
         }
-        link.owed.extend(std::iter::repeat_n(Owed::Ack, acks.len()));
-        let lines: String = acks.into_iter().map(|ack| ack.line).collect();
+        let lines = ack_batch_lines(&acks);
+        link.owed.extend(std::iter::repeat_n(
+            Owed::AckBatch,
+            lines.matches('\n').count(),
+        ));
         Ok(link.lines.send(lines))
     }
 
@@ -742,17 +750,56 @@ impl Link {
     fn queue_ack(&mut self, message_id: &str, queue: &str) {
         self.acks_after_commit.push(PendingAck {
             message_id: message_id.to_owned(),
-            line: format!("ack {message_id} {queue}\n"),
+            queue: queue.to_owned(),
         });
     }
+}
+
+/// Longest `ack_batch` line the receiver writes, bytes: far below the
+/// broker's default `performance.max_line_bytes` (1 MiB + 4 KiB).
+const ACK_BATCH_LINE_BYTES: usize = 32 * 1024;
+
+/// `acks` as `ack_batch <queue> <id> …` lines: one per queue in the order
+/// the queues first appear, split where a line would pass
+/// [`ACK_BATCH_LINE_BYTES`].
+fn ack_batch_lines(acks: &[PendingAck]) -> String {
+    let mut queues: Vec<&str> = Vec::new();
+    for ack in acks {
+        if !queues.contains(&ack.queue.as_str()) {
+            queues.push(&ack.queue);
+        }
+    }
+    let mut out = String::new();
+    for queue in queues {
+        let mut open = 0usize;
+        for ack in acks.iter().filter(|a| a.queue == queue) {
+            if open > 0 && open + 1 + ack.message_id.len() > ACK_BATCH_LINE_BYTES {
+                out.push('\n');
+                open = 0;
+            }
+            if open == 0 {
+                let start = out.len();
+                out.push_str("ack_batch ");
+                out.push_str(queue);
+                open = out.len() - start;
+            }
+            out.push(' ');
+            out.push_str(&ack.message_id);
+            open += 1 + ack.message_id.len();
+        }
+        if open > 0 {
+            out.push('\n');
+        }
+    }
+    out
 }
 
 /// An `ack` waiting for a commit.
 struct PendingAck {
     /// The id it settles (every delivery of it from its queue).
     message_id: String,
-    /// The command line.
-    line: String,
+    /// The queue it came from.
+    queue: String,
 }
 
 /// Seconds since the Unix epoch (0 if the clock is before it).
@@ -760,4 +807,33 @@ fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
+}
+
+#[cfg(test)]
+mod ack_line_tests {
+    use super::*;
+
+    fn ack(id: &str, queue: &str) -> PendingAck {
+        PendingAck {
+            message_id: id.into(),
+            queue: queue.into(),
+        }
+    }
+
+    #[test]
+    fn acks_become_one_batch_line_per_queue_split_at_the_line_cap() {
+        let acks = [ack("a", "q1"), ack("b", "q2"), ack("c", "q1")];
+        assert_eq!(ack_batch_lines(&acks), "ack_batch q1 a c\nack_batch q2 b\n");
+        assert_eq!(ack_batch_lines(&[]), "");
+        let id = "x".repeat(200);
+        let many: Vec<PendingAck> = (0..400).map(|_| ack(&id, "q")).collect();
+        let lines = ack_batch_lines(&many);
+        let lines: Vec<&str> = lines.lines().collect();
+        assert!(lines.len() > 1);
+        assert!(lines
+            .iter()
+            .all(|l| l.len() <= ACK_BATCH_LINE_BYTES && l.starts_with("ack_batch q ")));
+        let ids: usize = lines.iter().map(|l| l.split(' ').count() - 2).sum();
+        assert_eq!(ids, 400);
+    }
 }

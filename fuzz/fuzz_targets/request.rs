@@ -60,6 +60,11 @@ fn check(line: &str) {
             assert!(is_valid_name(message_id));
             assert!(queue.is_none_or(is_valid_name));
         }
+        Request::AckBatch { queue, ids } => {
+            assert!(is_valid_name(queue));
+            assert!(Request::batch_ids(ids).count() > 0);
+            assert!(Request::batch_ids(ids).all(is_valid_name));
+        }
         Request::RegisterPublicKey { key_b64 } => assert!(!key_b64.is_empty()),
         Request::GetPublicKey { client_id } => assert!(is_valid_name(client_id)),
         Request::Resend | Request::Heartbeat | Request::Quit => {}

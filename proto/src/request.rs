@@ -110,6 +110,16 @@ pub enum Request<'a> {
         /// Limit the ack to deliveries from this queue.
         queue: Option<&'a str>,
     },
+    /// `ack_batch <q> <message_id> [<message_id> …]`: settles many
+    /// deliveries from one queue in one line; ids with no outstanding
+    /// delivery are skipped (counted out of the reply).
+    AckBatch {
+        /// The queue the deliveries came from.
+        queue: &'a str,
+        /// The ids, space-separated, each checked against the name rule
+        /// (iterate them with [`Request::batch_ids`]).
+        ids: &'a str,
+    },
     /// `nack <message_id> [<q>]`
     Nack {
         /// The delivered message's id.
@@ -147,6 +157,7 @@ impl Request<'_> {
             Request::Consume { .. } => "consume",
             Request::Fetch { .. } => "fetch",
             Request::Ack { .. } => "ack",
+            Request::AckBatch { .. } => "ack_batch",
             Request::Nack { .. } => "nack",
             Request::Resend => "resend",
             Request::RegisterPublicKey { .. } => "register_public_key",
@@ -197,6 +208,7 @@ const USAGE_CONSUME: &str = "consume <queue> [prefetch]";
 const USAGE_FETCH: &str = "fetch <queue> [max]";
 const USAGE_ACK: &str = "ack <message_id> [queue]";
 const USAGE_NACK: &str = "nack <message_id> [queue]";
+const USAGE_ACK_BATCH: &str = "ack_batch <queue> <message_id> [message_id ...]";
 const USAGE_RESEND: &str = "resend";
 const USAGE_REGISTER: &str = "register_public_key <base64>";
 const USAGE_GET_KEY: &str = "get_public_key <client_id>";
@@ -280,6 +292,11 @@ fn publish_parts(rest: &str) -> Result<(&str, &str, &str), ParseError> {
 }
 
 impl<'a> Request<'a> {
+    /// The ids of an [`Request::AckBatch`], in order.
+    pub fn batch_ids(ids: &'a str) -> impl Iterator<Item = &'a str> {
+        ids.split(' ').filter(|id| !id.is_empty())
+    }
+
     /// Parses one line (without its `\n`; a trailing `\r` is ignored).
     pub fn parse(line: &'a str) -> Result<Request<'a>, ParseError> {
         let line = line.strip_suffix('\r').unwrap_or(line);
@@ -315,6 +332,18 @@ impl<'a> Request<'a> {
                 } else {
                     Request::Nack { message_id, queue }
                 }
+            }
+            "ack_batch" => {
+                let (queue, ids) = next_arg(rest);
+                let queue = name(queue, "queue", USAGE_ACK_BATCH)?;
+                let ids = ids.trim_matches(' ');
+                if ids.is_empty() {
+                    return Err(ParseError::Usage(USAGE_ACK_BATCH));
+                }
+                for id in Request::batch_ids(ids) {
+                    name(id, "message id", USAGE_ACK_BATCH)?;
+                }
+                Request::AckBatch { queue, ids }
             }
             "heartbeat" => {
                 no_args(rest, USAGE_HEARTBEAT)?;
@@ -476,6 +505,26 @@ mod tests {
                 message_id: "m1",
                 queue: Some("q")
             })
+        );
+        let Ok(Request::AckBatch { queue, ids }) = Request::parse("ack_batch q m1  m2 m3 ") else {
+            panic!("ack_batch parses");
+        };
+        assert_eq!(queue, "q");
+        assert_eq!(
+            Request::batch_ids(ids).collect::<Vec<_>>(),
+            ["m1", "m2", "m3"]
+        );
+        assert_eq!(
+            Request::parse("ack_batch q"),
+            Err(ParseError::Usage(USAGE_ACK_BATCH))
+        );
+        assert_eq!(
+            Request::parse("ack_batch"),
+            Err(ParseError::Usage(USAGE_ACK_BATCH))
+        );
+        assert_eq!(
+            Request::parse("ack_batch q m1 b@d"),
+            Err(ParseError::InvalidName { what: "message id" })
         );
         assert_eq!(
             Request::parse("nack m1 q"),
