@@ -54,6 +54,8 @@
 #               (default 120: every id published within it is remembered)
 #   BASE_BIN    with ab: a ciphermq-broker built from the commit to compare
 #               against (e.g. a git worktree's target/release/ciphermq-broker)
+#   AB_ARGS     with ab: more ciphermq-bench options for both sides, e.g.
+#               --single-acks when BASE_BIN predates ack_batch
 #   AB_EXCHANGE with ab: the exchange type the pairs publish through (direct;
 #               topic binds `<receiver>.*.q<j>.#` and routes through the
 #               topic matcher)
@@ -299,7 +301,7 @@ if has ab; then
         start_broker durable 1 "$bin"
         RUNS=1 bench "ab-$side-p$pubs-r$run" "$side, durable, 1 shard, $AB_EXCHANGE" \
           --target ciphermq --duration "$DURATION" --size 1024 --publishers "$pubs" --consumers 1 \
-          --exchange "$AB_EXCHANGE"
+          --exchange "$AB_EXCHANGE" ${AB_ARGS:-}
       done
     done
   done

@@ -258,7 +258,6 @@ pub struct PublisherReport {
     pub latency: Latencies,
 }
 
-
 /// What a consumer task is given.
 pub struct ConsumerCtx {
     /// The consumer's index (0-based).
