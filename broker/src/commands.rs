@@ -303,11 +303,8 @@ impl Session {
         }
         if !owed.is_empty() {
             let conn = self.conn;
-            self.local.with_shard(|shard| {
-                for d in &owed {
-                    shard.ack(conn, d, now);
-                }
-            });
+            self.local
+                .with_shard(|shard| shard.ack_many(conn, &owed, now));
             self.local.stats.settled(true, owed.len());
         }
         self.replies

@@ -379,6 +379,17 @@ impl IdSet {
         }
     }
 
+    /// Starts loading the slot where `key`'s lookup begins: a caller with
+    /// many keys at hand (an `ack_batch`) prefetches them all first, so
+    /// their cache misses, the cost of a large set, overlap.
+    pub fn prefetch(&self, key: DedupKey) {
+        let probe = Slot::of(key, 0);
+        let t = &self.tables[self.table_of(probe)];
+        if let Some(slot) = t.slots.get(t.home(probe.hi)) {
+            crate::prefetch::prefetch(slot);
+        }
+    }
+
     /// Remembers `key` as stored unless it is remembered already (stored,
     /// or acked and inside its window); returns whether it was new.
     pub fn store_new(&mut self, key: DedupKey, now: Instant) -> bool {

@@ -386,10 +386,15 @@ impl Queue {
 
     fn forget(&mut self, entry: &Entry, now: Instant, settings: &QueueSettings) {
         let key = entry.msg.dedup_key(&settings.dedup_hasher);
+        self.forget_keyed(entry.seq, key, now, settings);
+    }
+
+    /// [`Queue::forget`] with the message's dedup key already computed.
+    fn forget_keyed(&mut self, seq: u64, key: DedupKey, now: Instant, settings: &QueueSettings) {
         let until = Tick::until(now + settings.dedup_window);
         self.dedup.ack(key, until);
         if settings.carry_dedup {
-            self.note_uncarried(entry.seq, key, until);
+            self.note_uncarried(seq, key, until);
         }
     }
 
@@ -822,18 +827,70 @@ impl Queue {
         now: Instant,
         settings: &QueueSettings,
     ) -> Option<DedupKey> {
-        match self.unacked.get(&seq) {
-            Some(inflight) if inflight.conn == conn => {}
+        let key = match self.unacked.get(&seq) {
+            Some(inflight) if inflight.conn == conn => {
+                inflight.entry.msg.dedup_key(&settings.dedup_hasher)
+            }
             _ => return None,
+        };
+        self.settle_acked(seq, key, conn, now, settings).then_some(key)
+    }
+
+    /// Acks the deliveries `seqs` made to `conn` (an `ack_batch`), and
+    /// pushes each acked one's sequence number and dedup key onto `acked`
+    /// (for the log's ack records); seqs with no such delivery are skipped.
+    /// Every dedup slot is prefetched before the first is touched, so the
+    /// batch waits for its cache misses together.
+    pub fn ack_many(
+        &mut self,
+        seqs: impl Iterator<Item = u64>,
+        conn: ConnRef,
+        now: Instant,
+        settings: &QueueSettings,
+        acked: &mut Vec<(u64, DedupKey)>,
+    ) {
+        let start = acked.len();
+        for seq in seqs {
+            if let Some(inflight) = self.unacked.get(&seq) {
+                if inflight.conn == conn {
+                    let key = inflight.entry.msg.dedup_key(&settings.dedup_hasher);
+                    self.dedup.prefetch(key);
+                    acked.push((seq, key));
+                }
+            }
         }
-        let inflight = self.unacked.remove(&seq)?;
+        // A seq given twice is acked once.
+        let mut kept = start;
+        for i in start..acked.len() {
+            let (seq, key) = acked[i];
+            if self.settle_acked(seq, key, conn, now, settings) {
+                acked[kept] = (seq, key);
+                kept += 1;
+            }
+        }
+        acked.truncate(kept);
+    }
+
+    /// Removes the delivery `seq` (known to be `conn`'s, with dedup key
+    /// `key`) and remembers its id as acked; false when it is gone already.
+    fn settle_acked(
+        &mut self,
+        seq: u64,
+        key: DedupKey,
+        conn: ConnRef,
+        now: Instant,
+        settings: &QueueSettings,
+    ) -> bool {
+        let Some(inflight) = self.unacked.remove(&seq) else {
+            return false;
+        };
         self.release(conn);
         self.drop_stale_deadlines();
         // A queue only consumed from must age its ids out too.
         self.expire_dedup(now);
-        self.forget(&inflight.entry, now, settings);
+        self.forget_keyed(inflight.entry.seq, key, now, settings);
         self.release_bytes(&inflight.entry);
-        Some(inflight.entry.msg.dedup_key(&settings.dedup_hasher))
+        true
     }
 
     /// Puts the delivery `seq` made to `conn` back for redelivery (nack,
@@ -1188,6 +1245,46 @@ mod tests {
             q.enqueue(msg("m1", "s1"), t0 + Duration::from_secs(11), &s),
             Ok(Enqueued::Stored(2))
         );
+    }
+
+    #[test]
+    fn ack_many_settles_only_the_connections_deliveries_once_each_and_keeps_their_ids() {
+        let s = QueueSettings {
+            max_len: 10,
+            ..settings()
+        };
+        let t0 = Instant::now();
+        let mut q = Queue::new(Arc::from("q"), 0);
+        for id in ["a", "b", "c", "d"] {
+            assert!(matches!(q.enqueue(msg(id, "s"), t0, &s), Ok(Enqueued::Stored(_))));
+        }
+        let (mut mine, mut theirs) = (Vec::new(), Vec::new());
+        q.fetch(conn(1), 3, &s, t0, &mut mine, &mut Vec::new());
+        q.fetch(conn(2), 1, &s, t0, &mut theirs, &mut Vec::new());
+        let seqs = [mine[0].seq, mine[2].seq, mine[0].seq, theirs[0].seq, 99];
+        let mut acked = vec![(7, DedupKey(7))];
+        q.ack_many(seqs.into_iter(), conn(1), t0, &s, &mut acked);
+        // What was there stays; each of conn 1's two acked ids comes once,
+        // with the key the log's ack record needs.
+        let key = |m: &Arc<Message>| m.dedup_key(&s.dedup_hasher);
+        assert_eq!(
+            acked,
+            [
+                (7, DedupKey(7)),
+                (mine[0].seq, key(&mine[0].msg)),
+                (mine[2].seq, key(&mine[2].msg)),
+            ]
+        );
+        assert_eq!(q.unacked_len(), 2, "conn 1's unacked one and conn 2's stay");
+        assert!(!q.ack(mine[0].seq, conn(1), t0, &s), "settled already");
+        assert!(q.ack(theirs[0].seq, conn(2), t0, &s), "not conn 1's to settle");
+        // Acked ids are still duplicates within the window, then free again.
+        let again = msg(mine[0].msg.message_id(), "s");
+        assert_eq!(q.enqueue(again.clone(), t0, &s), Ok(Enqueued::Duplicate));
+        assert!(matches!(
+            q.enqueue(again, t0 + Duration::from_secs(11), &s),
+            Ok(Enqueued::Stored(_))
+        ));
     }
 
     #[test]

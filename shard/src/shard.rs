@@ -18,7 +18,7 @@ use crate::durability::{Durability, TicketKind};
 use crate::log::{unix_ms, CommitJob, QueueLog, RecoveredQueue};
 use crate::mailbox::{Completion, ConnEvent, Mailbox};
 use crate::mesh::{MeshOutbound, Origin, ShardMsg};
-use crate::message::Message;
+use crate::message::{DedupKey, Message};
 use crate::placement::{ConnRef, ShardId};
 use crate::queue::{Delivery, Enqueued, Entry, HeldBytes, Queue, QueueFull, QueueSettings};
 use crate::routing::Target;
@@ -122,6 +122,8 @@ pub struct Shard {
     targets: Vec<Target>,
     deliveries: Vec<(ConnRef, Delivery)>,
     dead: Vec<Entry>,
+    /// Scratch for [`Shard::ack_many`]: the batch's acked seqs and keys.
+    acked: Vec<(u64, DedupKey)>,
     /// Logs and group commit; `None` for in-memory queues.
     durable: Option<Durability>,
     /// Queues that may want a read of their backlog, checked when the
@@ -157,6 +159,7 @@ impl Shard {
             targets: Vec::new(),
             deliveries: Vec::new(),
             dead: Vec::new(),
+            acked: Vec::new(),
             durable,
             to_read: Vec::new(),
             read_retry: Vec::new(),
@@ -868,6 +871,50 @@ impl Shard {
                 .append_ack(seq, unix_ms(), Some(key));
         }
         self.dispatch(queue, now);
+    }
+
+    /// Acks many outstanding deliveries of `conn` (an `ack_batch`): each
+    /// run of them from one local queue takes one queue lookup, one
+    /// dispatch, and dedup lookups whose cache misses overlap.
+    pub fn ack_many(&mut self, conn: ConnRef, owed: &[Outstanding], now: Instant) {
+        let mut rest = owed;
+        while let Some(first) = rest.first() {
+            let run = rest
+                .iter()
+                .take_while(|d| d.shard == first.shard && d.queue == first.queue)
+                .count();
+            let (batch, tail) = rest.split_at(run);
+            rest = tail;
+            if first.shard == self.id {
+                self.ack_local_many(conn, &first.queue, batch, now);
+            } else {
+                for d in batch {
+                    self.ack(conn, d, now);
+                }
+            }
+        }
+    }
+
+    fn ack_local_many(&mut self, conn: ConnRef, queue: &str, batch: &[Outstanding], now: Instant) {
+        let settings = self.settings.clone();
+        let Some(q) = self.queues.get_mut(queue) else {
+            return;
+        };
+        let mut acked = std::mem::take(&mut self.acked);
+        acked.clear();
+        q.ack_many(batch.iter().map(|d| d.seq), conn, now, &settings, &mut acked);
+        if let (Some(d), false) = (&mut self.durable, acked.is_empty()) {
+            let log = d.log(q.name(), q.next_seq());
+            let at = unix_ms();
+            for &(seq, key) in &acked {
+                log.append_ack(seq, at, Some(key));
+            }
+        }
+        let any = !acked.is_empty();
+        self.acked = acked;
+        if any {
+            self.dispatch(queue, now);
+        }
     }
 
     /// Gives an outstanding delivery of `conn` back for redelivery.
