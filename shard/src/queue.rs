@@ -833,7 +833,8 @@ impl Queue {
             }
             _ => return None,
         };
-        self.settle_acked(seq, key, conn, now, settings).then_some(key)
+        self.settle_acked(seq, key, conn, now, settings)
+            .then_some(key)
     }
 
     /// Acks the deliveries `seqs` made to `conn` (an `ack_batch`), and
@@ -1256,7 +1257,10 @@ mod tests {
         let t0 = Instant::now();
         let mut q = Queue::new(Arc::from("q"), 0);
         for id in ["a", "b", "c", "d"] {
-            assert!(matches!(q.enqueue(msg(id, "s"), t0, &s), Ok(Enqueued::Stored(_))));
+            assert!(matches!(
+                q.enqueue(msg(id, "s"), t0, &s),
+                Ok(Enqueued::Stored(_))
+            ));
         }
         let (mut mine, mut theirs) = (Vec::new(), Vec::new());
         q.fetch(conn(1), 3, &s, t0, &mut mine, &mut Vec::new());
@@ -1277,7 +1281,10 @@ mod tests {
         );
         assert_eq!(q.unacked_len(), 2, "conn 1's unacked one and conn 2's stay");
         assert!(!q.ack(mine[0].seq, conn(1), t0, &s), "settled already");
-        assert!(q.ack(theirs[0].seq, conn(2), t0, &s), "not conn 1's to settle");
+        assert!(
+            q.ack(theirs[0].seq, conn(2), t0, &s),
+            "not conn 1's to settle"
+        );
         // Acked ids are still duplicates within the window, then free again.
         let again = msg(mine[0].msg.message_id(), "s");
         assert_eq!(q.enqueue(again.clone(), t0, &s), Ok(Enqueued::Duplicate));

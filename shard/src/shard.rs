@@ -902,7 +902,13 @@ impl Shard {
         };
         let mut acked = std::mem::take(&mut self.acked);
         acked.clear();
-        q.ack_many(batch.iter().map(|d| d.seq), conn, now, &settings, &mut acked);
+        q.ack_many(
+            batch.iter().map(|d| d.seq),
+            conn,
+            now,
+            &settings,
+            &mut acked,
+        );
         if let (Some(d), false) = (&mut self.durable, acked.is_empty()) {
             let log = d.log(q.name(), q.next_seq());
             let at = unix_ms();

@@ -455,6 +455,13 @@ pub fn recover_queue(
     window_ms: u64,
 ) -> io::Result<RecoveredQueue> {
     let listing = segment::list(dir)?;
+    // Files whose deletion a crash interrupted hold acked records only.
+    for path in &listing.freeing {
+        match fs::remove_file(path) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+    }
     let mut out = RecoveredQueue {
         dedup: IdSet::new(Duration::from_millis(window_ms)),
         ..RecoveredQueue::default()
@@ -913,6 +920,31 @@ mod tests {
         let text = err.to_string();
         assert!(text.contains("not a regular file"), "{text}");
         assert!(text.contains(&odd.display().to_string()), "{text}");
+    }
+
+    #[test]
+    fn a_file_whose_deletion_was_under_way_is_deleted_unread() {
+        let dir = tempfile::tempdir().unwrap();
+        // Segment 0 was fully acked and half given back when the broker
+        // died: its message's ack was in the half that is gone.
+        let freed = segment::freeing_path(&segment_path(dir.path(), 0));
+        let (buf, starts) = write(
+            &freed,
+            &[
+                msg(0, "a"),
+                Record::Ack {
+                    seq: 0,
+                    acked_at_ms: 5,
+                    key: None,
+                },
+            ],
+        );
+        fs::write(&freed, &buf[..starts[1]]).unwrap();
+        write(&segment_path(dir.path(), 1), &[msg(1, "b")]);
+        let q = recover_queue(dir.path(), &DedupHasher::random(), WINDOW).unwrap();
+        assert_eq!(ids(&q), ["b"], "the acked message does not come back");
+        assert!(!freed.exists());
+        assert!(q.damage.is_empty() && q.torn.is_empty());
     }
 
     #[test]

@@ -215,6 +215,9 @@ pub struct Listing {
     pub segments: Vec<(u64, PathBuf)>,
     /// Dedup files: (number, path).
     pub dedup_files: Vec<(u64, PathBuf)>,
+    /// Fully acked files whose deletion was under way (see
+    /// [`freeing_path`]): never read, only deleted.
+    pub freeing: Vec<PathBuf>,
 }
 
 impl Listing {
@@ -248,6 +251,13 @@ pub fn list(dir: &Path) -> io::Result<Listing> {
         let entry = entry?;
         let name = entry.file_name();
         let Some(name) = name.to_str() else { continue };
+        if name
+            .strip_suffix(FREEING_SUFFIX)
+            .is_some_and(|log| segment_base(log).is_some() || dedup_number(log).is_some())
+        {
+            out.freeing.push(entry.path());
+            continue;
+        }
         let (list, number) = match (segment_base(name), dedup_number(name)) {
             (Some(base), _) => (&mut out.segments, base),
             (_, Some(number)) => (&mut out.dedup_files, number),
@@ -264,6 +274,19 @@ pub fn list(dir: &Path) -> io::Result<Listing> {
     out.segments.sort();
     out.dedup_files.sort();
     Ok(out)
+}
+
+/// Ends the name a log file takes while it is being deleted.
+const FREEING_SUFFIX: &str = ".freeing";
+
+/// The name a fully acked log file takes before it is given back to the
+/// filesystem a few megabytes at a time (the broker's deleter): from then on
+/// it is never read, so a crash halfway through leaves a file that recovery
+/// deletes, not a shortened log that would bring acked messages back.
+pub fn freeing_path(file: &Path) -> PathBuf {
+    let mut name = file.file_name().unwrap_or_default().to_os_string();
+    name.push(FREEING_SUFFIX);
+    file.with_file_name(name)
 }
 
 /// The file of the segment starting at `base`.
@@ -453,12 +476,24 @@ mod tests {
             "segment-00000000000000000000.log",
             "dedup-00000000000000000001.log",
             "segment-00000000000000000000.log.00000000000000000016.quarantined",
+            "segment-00000000000000000003.log.freeing",
+            "dedup-00000000000000000000.log.freeing",
+            "notes.freeing",
         ] {
             fs::write(dir.path().join(name), b"").unwrap();
         }
         let l = list(dir.path()).unwrap();
         assert_eq!(l.bases().collect::<Vec<_>>(), [0, 7]);
         assert_eq!(l.dedup_files.len(), 1);
+        let mut freeing = l.freeing.clone();
+        freeing.sort();
+        assert_eq!(
+            freeing,
+            [
+                freeing_path(&dir.path().join("dedup-00000000000000000000.log")),
+                freeing_path(&segment_path(dir.path(), 3)),
+            ]
+        );
         assert!(l.is_complete(0) && !l.is_complete(7));
         assert!(list(&dir.path().join("missing"))
             .unwrap()
