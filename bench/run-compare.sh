@@ -21,7 +21,7 @@
 #   WINDOW      publish window             (1000)
 #   PORT        CipherMQ port              (5917; must be free)
 #   SECTIONS    any of: throughput latency durability rss idle pgbridge ab
-#               restart backlog tail mixed (default: the first six)
+#               restart backlog tail mixed load soak (default: the first six)
 #               durability: the price of durability as adjacent pairs
 #               (durable run, then in-memory run, RUNS times), 1 KiB, 1 shard,
 #               each PUBLISHERS count; the ratio is taken within each pair
@@ -46,7 +46,17 @@
 #               of publish-only (no consumer) then 1 publisher + 1 consumer;
 #               then 4 and 16 publishers with 1 consumer; with MIXED_SINGLE=1
 #               consumers ack with one `ack` line a delivery (no ack_batch)
+#               load: CipherMQ's sustainable peak (RUNS max-rate runs, 1 KiB,
+#               durable, 1 shard, 1 publisher + 1 consumer: the median of the
+#               lower of publish and consume rates), then LOAD_RUNS runs at
+#               50% and at 80% of it, latency from the scheduled send times
+#               soak: SOAK_DURATION at 50% of that peak (measured here unless
+#               the load section ran first), broker RSS and CPU every second;
+#               RSS is judged after SOAK_WARM_UP; soak.svg plots it all
 #   TAIL_RUNS   with tail: runs (20)
+#   LOAD_RUNS   with load: runs at each fraction of peak (5)
+#   SOAK_DURATION, SOAK_WARM_UP  with soak: 10m and 3m (more than the 120 s
+#               dedup window, whose ids fill memory until it has passed)
 #   BACKLOG_COUNT      with backlog: messages (20000000: 20 GB of bodies)
 #   BACKLOG_BUDGET_MB  with backlog: storage.memory_budget_mb (256)
 #   BACKLOG_RAM_COUNT  with backlog: messages of the in-memory drain (2000000)
@@ -80,6 +90,9 @@ WINDOW=${WINDOW:-1000}
 PORT=${PORT:-5917}
 SECTIONS=${SECTIONS:-throughput latency durability rss idle pgbridge}
 TAIL_RUNS=${TAIL_RUNS:-20}
+LOAD_RUNS=${LOAD_RUNS:-5}
+SOAK_DURATION=${SOAK_DURATION:-10m}
+SOAK_WARM_UP=${SOAK_WARM_UP:-3m}
 BASE_BIN=${BASE_BIN:-}
 AB_EXCHANGE=${AB_EXCHANGE:-direct}
 RESTART_COUNT=${RESTART_COUNT:-1000000}
@@ -331,6 +344,46 @@ if has mixed; then
     bench "mixed-p$pubs-c1" "durable, 1 shard, $pubs publishers, 1 consumer" \
       --target ciphermq --duration "$DURATION" --size 1024 --publishers "$pubs" --consumers 1 $single
   done
+fi
+
+# CipherMQ's sustainable rate at 1 KiB, durable, 1 shard, 1 publisher and 1
+# consumer: the median over runs of the lower of publish and consume rates.
+peak_of() { # json...
+  python3 -c "
+import json, statistics, sys
+runs = [r for f in sys.argv[1:] for r in json.load(open(f))['runs'] if r['target'] == 'ciphermq']
+print(int(statistics.median(min(r['publish_msgs_per_sec'], r['consume_msgs_per_sec']) for r in runs)))" "$@"
+}
+
+if has load || has soak; then
+  if [[ ! -f $OUT/load-peak.json ]]; then
+    echo "== load: CipherMQ's peak, $RUNS max-rate runs, durable, 1 KiB, 1 shard, 1 publisher, 1 consumer"
+    QUEUE_CAP=${QUEUE_CAP:-100000000} start_broker durable 1
+    bench "load-peak" "durable, 1 shard, max rate" \
+      --target ciphermq --duration "$DURATION" --size 1024 --publishers 1 --consumers 1
+  fi
+  PEAK=$(peak_of "$OUT/load-peak.json")
+  echo "peak=$PEAK msg/s" | tee "$OUT/load-peak.txt"
+fi
+
+if has load; then
+  for pct in 50 80; do
+    rate=$((PEAK * pct / 100))
+    echo "== load: $LOAD_RUNS runs at $pct% of peak ($rate msg/s)"
+    start_broker durable 1
+    RUNS=$LOAD_RUNS bench "load-$pct" "durable, 1 shard, $pct% of peak ($rate msg/s)" \
+      --target ciphermq --rate "$rate" --duration "$DURATION" --size 1024 --publishers 1 --consumers 1
+  done
+fi
+
+if has soak; then
+  rate=$((PEAK / 2))
+  echo "== soak: $SOAK_DURATION at 50% of peak ($rate msg/s), durable, 1 KiB, 1 shard, warm-up $SOAK_WARM_UP"
+  start_broker durable 1
+  RUNS=1 bench "soak" "durable, 1 shard, $SOAK_DURATION at $rate msg/s" \
+    --target ciphermq --rate "$rate" --duration "$SOAK_DURATION" --warm-up "$SOAK_WARM_UP" \
+    --size 1024 --publishers 1 --consumers 1
+  "$BIN/ciphermq-bench" plot "$OUT/soak.json" --out "$OUT/soak.svg"
 fi
 
 if has rss; then

@@ -122,6 +122,37 @@ def latency(out, lines):
     lines.append("")
 
 
+def load_levels(out, lines):
+    """The load section: latency at 50% and 80% of peak, and the soak."""
+    files = [out / f"load-{pct}.json" for pct in (50, 80)] + [out / "soak.json"]
+    files = [f for f in files if f.exists()]
+    if not files:
+        return
+    peak = out / "load-peak.txt"
+    lines.append("### Latency under load (from the scheduled send time)\n")
+    if peak.exists():
+        lines.append(f"Sustainable peak: {peak.read_text().strip()} (median of the lower of publish and consume rates).\n")
+    lines.append(
+        "| scenario | runs | publish→ACK p50 / p99 / p99.9 / max ms (medians) | worst run's p99 / max ms "
+        "| publish→delivery p50 / p99 / p99.9 ms | windows over 50 ms | RSS after warm-up → end MiB (slope MiB/min) |"
+    )
+    lines.append("|---|---:|---|---|---|---:|---|")
+    for p in files:
+        r = load(p)
+        s = r["summary"]["ciphermq"]
+        runs = [x for x in r["runs"] if x["target"] == "ciphermq"]
+        q = lambda x: " / ".join(ms(x[k]) for k in ("p50_ms", "p99_ms", "p999_ms"))
+        worst = f"{ms(max(x['publish_to_ack']['p99_ms'] for x in runs))} / {ms(max(x['publish_to_ack']['max_ms'] for x in runs))}"
+        stalls = sum(len(x["ack_timeline"]["stalls"]) + len(x["delivery_timeline"]["stalls"]) for x in runs)
+        trend = [x["rss_trend"] for x in runs if x.get("rss_trend")]
+        rss = "; ".join(f"{ms(t['after_warm_up_mib'])} → {ms(t['end_mib'])} ({t['slope_mib_per_min']:+.2f})" for t in trend) if p.name == "soak.json" else "-"
+        lines.append(
+            f"| {r['scenario']['label']} | {len(runs)} | {q(s['publish_to_ack'])} / {ms(s['publish_to_ack']['max_ms'])} | {worst} "
+            f"| {q(s['publish_to_delivery'])} | {stalls} | {rss} |"
+        )
+    lines.append("")
+
+
 def memory(out, lines):
     rss = sorted(out.glob("rss-*.json"))
     idle = out / "idle.json"
@@ -283,6 +314,7 @@ def main():
     latency(out, lines)
     durability(out, lines)
     ab(out, lines)
+    load_levels(out, lines)
     memory(out, lines)
     pgbridge(out, lines)
     print("\n".join(lines))

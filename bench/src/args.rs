@@ -35,6 +35,9 @@ pub enum Command {
     /// Consume a queue filled earlier, ack everything, check every id came
     /// once, and report the drain rate.
     Drain(DrainArgs),
+    /// Draw a run of a `--json` result as an SVG image: latency per second
+    /// (p50, p99, the worst per 100 ms) above the broker's RSS and CPU.
+    Plot(PlotArgs),
 }
 
 /// Which broker a run drives.
@@ -164,9 +167,14 @@ pub struct LoadArgs {
     /// Longest wait for the last deliveries after publishing ends.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub drain_timeout: Duration,
-    /// PID of the CipherMQ broker: its RSS is read after each CipherMQ run.
+    /// PID of the CipherMQ broker: its RSS and CPU are read every second of
+    /// each CipherMQ run and after it.
     #[arg(long)]
     pub broker_pid: Option<u32>,
+    /// The first part of each run that does not count when judging whether
+    /// broker RSS grows (caches and the dedup window fill up during it).
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    pub warm_up: Duration,
     /// Label stored in the JSON (for example `in-memory, 2 shards`).
     #[arg(long, default_value = "")]
     pub label: String,
@@ -286,6 +294,19 @@ pub struct IdleArgs {
     /// Write the results as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
+}
+
+/// `ciphermq-bench plot`.
+#[derive(Args, Debug, Clone)]
+pub struct PlotArgs {
+    /// A result written by `--json`.
+    pub json: PathBuf,
+    /// The SVG file to write.
+    #[arg(long, short)]
+    pub out: PathBuf,
+    /// Which CipherMQ run of the file to draw (1-based).
+    #[arg(long, default_value_t = 1)]
+    pub run: usize,
 }
 
 /// Parses `250ms`, `30s`, `2m` or a bare number of seconds.

@@ -10,7 +10,11 @@
 //! - [`ciphermq`], [`rabbitmq`], [`nats`]: a publisher and a consumer per broker.
 //! - [`progress`]: the progress bar on a terminal.
 //! - [`report`]: rates, quantiles, medians over runs, ratios, table and JSON.
-//! - [`timeline`]: the worst latency per 100 ms of a run, and its stalls.
+//! - [`timeline`]: the worst latency per 100 ms of a run, its stalls, and
+//!   the median and p99 of each second.
+//! - [`broker_sampler`]: broker RSS and CPU every second of a run, and
+//!   whether RSS grows after warm-up.
+//! - [`plot`]: the `plot` subcommand (a run's timelines as an SVG image).
 //! - [`idle`]: the `idle` subcommand (memory per idle connection).
 //! - [`drain`]: the `drain` subcommand (consume a filled queue, check ids).
 //!
@@ -22,11 +26,13 @@
 #![forbid(unsafe_code)]
 
 mod args;
+mod broker_sampler;
 mod ciphermq;
 mod drain;
 mod idle;
 mod nats;
 mod payload;
+mod plot;
 mod progress;
 mod rabbitmq;
 mod report;
@@ -39,6 +45,7 @@ use anyhow::{Context, Result};
 use clap::Parser;
 
 use crate::args::{Cli, Command, LoadArgs, PayloadArg, TargetArg};
+use crate::broker_sampler::{BrokerSampler, RssTrend};
 use crate::payload::{Body, Live, Opener, Template};
 use crate::report::{Memory, Report, RunResult};
 
@@ -53,6 +60,7 @@ fn main() -> Result<()> {
         match cli.command {
             Some(Command::Idle(idle)) => idle::run(idle).await,
             Some(Command::Drain(drain)) => drain::run(drain).await,
+            Some(Command::Plot(plot)) => plot::run(&plot),
             None => load(cli.load).await,
         }
     })
@@ -100,6 +108,10 @@ async fn load(args: LoadArgs) -> Result<()> {
             let cpu_before = (target == TargetArg::Ciphermq)
                 .then(|| args.broker_pid.and_then(report::cpu_secs))
                 .flatten();
+            let sampler = args
+                .broker_pid
+                .filter(|_| target == TargetArg::Ciphermq)
+                .map(BrokerSampler::start);
             let outcome = match target {
                 TargetArg::Ciphermq => ciphermq::run(&args, body, opener, &title).await,
                 TargetArg::Rabbitmq => rabbitmq::run(&args, body, opener, &title).await,
@@ -108,6 +120,10 @@ async fn load(args: LoadArgs) -> Result<()> {
             }
             .with_context(|| format!("{} run {run}", name(target)))?;
             let mut result = RunResult::new(name(target), run, args.size, &outcome);
+            if let Some(sampler) = sampler {
+                result.broker_timeline = sampler.finish();
+                result.rss_trend = RssTrend::of(&result.broker_timeline, args.warm_up);
+            }
             if target == TargetArg::Ciphermq {
                 result.broker_memory = args.broker_pid.and_then(Memory::of);
                 let cpu_after = args.broker_pid.and_then(report::cpu_secs);

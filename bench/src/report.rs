@@ -7,6 +7,7 @@ use hdrhistogram::Histogram;
 use serde::Serialize;
 
 use crate::args::{ExchangeArg, LoadArgs, PayloadArg};
+use crate::broker_sampler::{BrokerSample, RssTrend};
 use crate::scenario::Outcome;
 use crate::timeline::Timeline;
 
@@ -195,6 +196,11 @@ pub struct RunResult {
     /// The machine's 1-minute load average after the run: above the core
     /// count, something else competed for the CPU.
     pub load_average: Option<f64>,
+    /// Broker RSS and CPU every second of the run (CipherMQ with
+    /// `--broker-pid`).
+    pub broker_timeline: Vec<BrokerSample>,
+    /// Whether broker RSS grew after `--warm-up`.
+    pub rss_trend: Option<RssTrend>,
 }
 
 impl RunResult {
@@ -229,6 +235,8 @@ impl RunResult {
             broker_memory: None,
             broker_cpu_us_per_msg: None,
             load_average: load_average(),
+            broker_timeline: Vec::new(),
+            rss_trend: None,
         }
     }
 
@@ -268,6 +276,15 @@ impl RunResult {
             .load_average
             .map(|l| format!("; load {l:.1}"))
             .unwrap_or_default()
+            + &self
+                .rss_trend
+                .map(|t| {
+                    format!(
+                        "; RSS after warm-up {:.0} → {:.0} MiB ({:+.2} MiB/min)",
+                        t.after_warm_up_mib, t.end_mib, t.slope_mib_per_min
+                    )
+                })
+                .unwrap_or_default()
             + &self.stall_note()
     }
 

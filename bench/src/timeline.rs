@@ -1,7 +1,9 @@
 //! Latency as it happened over time: besides the histogram of a run, the
 //! worst latency of the messages sent in each 100 ms window, so a stall (a
 //! window whose worst message waited over 50 ms) shows when it happened and
-//! how long it lasted, instead of vanishing into a percentile.
+//! how long it lasted, instead of vanishing into a percentile; and the
+//! median and p99 of each second, so a long run (a soak) shows whether its
+//! latency drifts.
 
 use hdrhistogram::Histogram;
 use serde::Serialize;
@@ -14,6 +16,16 @@ pub const WINDOW_US: u64 = 100_000;
 /// A window whose worst latency is above this is a stall, ms.
 pub const STALL_MS: f64 = 50.0;
 
+/// Width of a window of the per-second percentiles, µs.
+const SECOND_US: u64 = 1_000_000;
+
+/// A histogram for one second of one stream: one significant figure (a
+/// percentile within 10%, plenty for a plot) keeps it near 2 KB, so a
+/// 10-minute soak holds its seconds in about a megabyte per stream.
+fn second_histogram() -> Histogram<u32> {
+    Histogram::new_with_bounds(1, 600_000_000, 1).expect("valid histogram bounds")
+}
+
 /// The latencies of one stream of messages (a publisher's acks, a
 /// consumer's deliveries), merged over streams by [`Latencies::add`].
 #[derive(Debug, Clone)]
@@ -23,6 +35,8 @@ pub struct Latencies {
     /// Worst latency, µs, of the messages sent in window `i`
     /// (`[i * WINDOW_US, (i + 1) * WINDOW_US)` on the run's clock).
     worst: Vec<u32>,
+    /// Latencies, µs, of the messages sent in second `i` of the run's clock.
+    seconds: Vec<Histogram<u32>>,
 }
 
 impl Default for Latencies {
@@ -30,6 +44,7 @@ impl Default for Latencies {
         Latencies {
             histogram: histogram(),
             worst: Vec::new(),
+            seconds: Vec::new(),
         }
     }
 }
@@ -46,6 +61,11 @@ impl Latencies {
         }
         let w = &mut self.worst[i];
         *w = (*w).max(took.min(u32::MAX as u64) as u32);
+        let s = (sent_us / SECOND_US) as usize;
+        if s >= self.seconds.len() {
+            self.seconds.resize_with(s + 1, second_histogram);
+        }
+        let _ = self.seconds[s].record(took);
     }
 
     /// Adds another stream's latencies.
@@ -56,6 +76,13 @@ impl Latencies {
         }
         for (w, o) in self.worst.iter_mut().zip(&other.worst) {
             *w = (*w).max(*o);
+        }
+        if other.seconds.len() > self.seconds.len() {
+            self.seconds
+                .resize_with(other.seconds.len(), second_histogram);
+        }
+        for (s, o) in self.seconds.iter_mut().zip(&other.seconds) {
+            s.add(o)?;
         }
         Ok(())
     }
@@ -78,10 +105,27 @@ impl Latencies {
                 worst_ms: *ms,
             })
             .collect();
+        // Seconds on the run's clock, from the one holding t0; a second with
+        // nothing sent in it shows 0.
+        let quantile = |q: f64| -> Vec<f64> {
+            self.seconds
+                .iter()
+                .skip((t0_us / SECOND_US) as usize)
+                .map(|h| {
+                    if h.is_empty() {
+                        0.0
+                    } else {
+                        (h.value_at_quantile(q) as f64 / 10.0).round() / 100.0
+                    }
+                })
+                .collect()
+        };
         Timeline {
             window_ms: WINDOW_US / 1000,
             worst_ms,
             stalls,
+            p50_ms_per_sec: quantile(0.5),
+            p99_ms_per_sec: quantile(0.99),
         }
     }
 }
@@ -96,6 +140,12 @@ pub struct Timeline {
     pub worst_ms: Vec<f64>,
     /// The windows over [`STALL_MS`].
     pub stalls: Vec<Stall>,
+    /// Median latency of the messages sent in each second of the run's
+    /// clock (starting with the one holding the first publish), ms, to
+    /// within 10%.
+    pub p50_ms_per_sec: Vec<f64>,
+    /// The same seconds' p99, ms.
+    pub p99_ms_per_sec: Vec<f64>,
 }
 
 /// A window whose worst message waited over [`STALL_MS`].
@@ -157,5 +207,23 @@ mod tests {
             t.describe()
         );
         assert_eq!(a.histogram.len(), 201);
+        // Second 0 of the timeline (1-2 s on the clock): 20 of its 100
+        // messages waited 80 ms; second 1: one of 101 waited 60 ms.
+        assert_eq!(t.p50_ms_per_sec.len(), 2);
+        assert!(
+            (t.p50_ms_per_sec[0] - 0.5).abs() < 0.06,
+            "{:?}",
+            t.p50_ms_per_sec
+        );
+        assert!(
+            (t.p99_ms_per_sec[0] - 80.0).abs() < 8.0,
+            "{:?}",
+            t.p99_ms_per_sec
+        );
+        assert!(
+            (t.p99_ms_per_sec[1] - 0.5).abs() < 0.06,
+            "{:?}",
+            t.p99_ms_per_sec
+        );
     }
 }
