@@ -44,7 +44,8 @@
 #               each with its worst latency per 100 ms (stalls: over 50 ms)
 #               mixed: 1 KiB, durable, 1 shard, max rate: RUNS adjacent pairs
 #               of publish-only (no consumer) then 1 publisher + 1 consumer;
-#               then 4 and 16 publishers with 1 consumer; with MIXED_SINGLE=1
+#               then 4 and 16 publishers with 1 consumer, and 16 with a
+#               consumer prefetch of 10,000; with MIXED_SINGLE=1
 #               consumers ack with one `ack` line a delivery (no ack_batch)
 #               load: CipherMQ's sustainable peak (RUNS max-rate runs, 1 KiB,
 #               durable, 1 shard, 1 publisher + 1 consumer: the median of the
@@ -71,6 +72,9 @@
 #               topic matcher)
 #   PGDB        database the pgbridge section recreates (ciphermq_bench, on
 #               127.0.0.1:5432 as user postgres)
+#   BROKER_BIN  a ciphermq-broker to run instead of target/release's (e.g. the
+#               load section against an older build, with its load-peak.json
+#               copied into OUT so both use the same rates)
 #   SKIP_BUILD  1 to use the binaries already in target/release
 #
 # Peers run with their stock settings; RabbitMQ and NATS are reached over
@@ -196,7 +200,7 @@ start_broker() { # mode shards [broker binary]
   stop_broker
   write_config "$1"
   rm -rf "$WORK/data-$1"
-  launch_broker "$1" "$2" "${3:-$BIN/ciphermq-broker}" 10
+  launch_broker "$1" "$2" "${3:-${BROKER_BIN:-$BIN/ciphermq-broker}}" 10
 }
 
 # Starts a broker on the data directory as it is (recovering what is there),
@@ -344,6 +348,11 @@ if has mixed; then
     bench "mixed-p$pubs-c1" "durable, 1 shard, $pubs publishers, 1 consumer" \
       --target ciphermq --duration "$DURATION" --size 1024 --publishers "$pubs" --consumers 1 $single
   done
+  # With 1,000 deliveries of prefetch a consumer gets at most 1,000 per
+  # round trip, and under 16 publishers' load a round trip is 7-10 ms.
+  QUEUE_CAP=${QUEUE_CAP:-100000000} start_broker durable 1
+  bench "mixed-p16-c1-prefetch10000" "durable, 1 shard, 16 publishers, 1 consumer, prefetch 10,000" \
+    --target ciphermq --duration "$DURATION" --size 1024 --publishers 16 --consumers 1 --prefetch 10000 $single
 fi
 
 # CipherMQ's sustainable rate at 1 KiB, durable, 1 shard, 1 publisher and 1

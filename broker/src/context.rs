@@ -13,6 +13,7 @@ use ciphermq_shard::{Quotas, Shard, TopologyStore};
 use crate::config::Config;
 use crate::policy::{Policy, PolicyStore};
 use crate::rate_limit::CnLimiter;
+use crate::serving::Serving;
 use crate::stats::{BrokerStats, ShardStats};
 
 /// Kept at its old path; it lives with the buckets it configures.
@@ -128,11 +129,14 @@ pub struct ShardLocal {
     /// Where the last [`ShardLocal::with_shard`] was called from, named by
     /// the stall watch (`stall_watch.rs`) when a turn comes late.
     last_step: Cell<Option<&'static Location<'static>>>,
+    /// The task queues connections are served from (`serving.rs`).
+    pub serving: Serving,
 }
 
 impl ShardLocal {
-    /// The state of a shard around `shard`, as its executor starts it:
-    /// no rate-limit buckets yet, an empty staging buffer.
+    /// The state of a shard around `shard`, as its executor starts it (on
+    /// that executor: it makes the connection task queues there): no
+    /// rate-limit buckets yet, an empty staging buffer.
     pub fn new(shard: Shard, shared: Arc<Shared>, stats: Arc<ShardStats>) -> ShardLocal {
         ShardLocal {
             shard: RefCell::new(shard),
@@ -141,6 +145,7 @@ impl ShardLocal {
             stats,
             staging: RefCell::new(Vec::new()),
             last_step: Cell::new(None),
+            serving: Serving::new(),
         }
     }
 

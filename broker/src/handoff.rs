@@ -111,8 +111,9 @@ pub(crate) async fn adopt_handoffs(local: Rc<ShardLocal>, inbox: HandoffInbox) {
     while let Some(h) = std::future::poll_fn(|cx| poll_channel(&rx, &waker, cx)).await {
         let stream = sys::adopt(h.fd);
         let session = TlsSession::new(h.tls, &h.leftover);
+        let role = h.identity.role;
         let conn = Connection::new(local.clone(), stream, session, h.identity, h.slot);
-        glommio::spawn_local(conn.run()).detach();
+        local.serving.serve(role, conn.run());
     }
 }
 
@@ -207,9 +208,9 @@ pub(crate) async fn handshake(
     let owner = shard_of(&cn, shared.shards) as usize;
     let here = local.shard.borrow().id() as usize;
     if owner == here {
-        Connection::new(local, stream, session, identity, slot)
-            .run()
-            .await;
+        let role = identity.role;
+        let conn = Connection::new(local.clone(), stream, session, identity, slot);
+        local.serving.serve(role, conn.run());
         return;
     }
     let fd = match sys::duplicate(&stream) {

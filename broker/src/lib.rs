@@ -54,6 +54,7 @@ pub mod policy;
 pub mod rate_limit;
 pub mod replies;
 pub mod server;
+pub mod serving;
 mod session;
 mod shard_runtime;
 mod shutdown;

@@ -1,0 +1,67 @@
+//! The task queues a shard serves its connections from.
+//!
+//! glommio shares a busy executor between task queues, and runs the tasks
+//! of one queue in turn. With every connection in one queue, a consumer
+//! behind 16 publishers got one turn in 17: its acks, and the deliveries
+//! they make room for, waited for 16 publishers' turns, and with 1,000
+//! deliveries of prefetch it fell behind for good (about 95,000 deliveries
+//! a second against 135,000-165,000 published). Receivers are therefore
+//! served from a queue of their own with the same shares as the rest:
+//! however many publishers a shard has, its consumers get turns at least
+//! once a preempt period (`server.rs`), and the publishers, held to the
+//! other half of a contended shard, are slowed down in turn, which is the
+//! backpressure that keeps a queue from growing without end.
+//!
+//! The queue does not ask for low latency (see `committer.rs` on what
+//! `Latency::Matters` queues did to this glommio).
+
+use std::future::Future;
+
+use glommio::{Latency, Shares, TaskQueueHandle};
+
+use crate::acl::Role;
+
+/// One shard's connection task queues.
+#[derive(Debug)]
+pub struct Serving {
+    /// Receivers' connections; `None` if glommio would not make the queue
+    /// (they share the default queue then).
+    receivers: Option<TaskQueueHandle>,
+}
+
+impl Serving {
+    /// Makes the queues on the current executor.
+    pub fn new() -> Serving {
+        let receivers = glommio::executor().create_task_queue(
+            Shares::default(),
+            Latency::NotImportant,
+            "receivers",
+        );
+        Serving {
+            receivers: Some(receivers),
+        }
+    }
+
+    /// Runs `connection`, a connection of `role`, from its role's queue.
+    pub fn serve(&self, role: Role, connection: impl Future<Output = ()> + 'static) {
+        match (role, self.receivers) {
+            (Role::Receiver, Some(queue)) => match glommio::spawn_local_into(connection, queue) {
+                Ok(task) => {
+                    task.detach();
+                }
+                // Only an unknown queue fails, and this one lives as long
+                // as the shard.
+                Err(e) => tracing::error!(error = %e, "cannot serve a receiver's connection"),
+            },
+            _ => {
+                glommio::spawn_local(connection).detach();
+            }
+        }
+    }
+}
+
+impl Default for Serving {
+    fn default() -> Serving {
+        Serving::new()
+    }
+}
