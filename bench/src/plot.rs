@@ -6,6 +6,7 @@
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
+use plotters::coord::ranged1d::ValueFormatter;
 use plotters::prelude::*;
 use serde_json::Value;
 
@@ -164,29 +165,30 @@ where
     if log {
         let lo = (y_min.min(y_max) * 0.8).max(0.01);
         let mut chart = builder.build_cartesian_2d(x, (lo..y_max).log_scale())?;
-        chart
-            .configure_mesh()
-            .x_desc("seconds")
-            .y_desc(y_desc)
-            .draw()?;
-        lines(&mut chart, series)
+        lines(&mut chart, y_desc, series)
     } else {
         let mut chart = builder.build_cartesian_2d(x, 0.0..y_max)?;
-        chart
-            .configure_mesh()
-            .x_desc("seconds")
-            .y_desc(y_desc)
-            .draw()?;
-        lines(&mut chart, series)
+        lines(&mut chart, y_desc, series)
     }
 }
 
-fn lines<'a, DB, CT>(chart: &mut ChartContext<'a, DB, CT>, series: &[Series]) -> Result<()>
+/// The axes, `series` and their legend.
+fn lines<'a, DB, X, Y>(
+    chart: &mut ChartContext<'a, DB, Cartesian2d<X, Y>>,
+    y_desc: &str,
+    series: &[Series],
+) -> Result<()>
 where
     DB: DrawingBackend + 'a,
     DB::ErrorType: 'static,
-    CT: CoordTranslate<From = (f64, f64)>,
+    X: Ranged<ValueType = f64> + ValueFormatter<f64>,
+    Y: Ranged<ValueType = f64> + ValueFormatter<f64>,
 {
+    chart
+        .configure_mesh()
+        .x_desc("seconds")
+        .y_desc(y_desc)
+        .draw()?;
     for s in series {
         let color = s.color;
         chart
