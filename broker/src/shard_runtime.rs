@@ -12,6 +12,7 @@ use std::cell::Cell;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -182,9 +183,12 @@ async fn watch_policy(local: Rc<ShardLocal>, shard: usize) {
 const RELEASE_AFTER_BYTES: u64 = 64 << 20;
 
 /// Redelivers deliveries unacked past `performance.ack_wait_secs`, and
-/// gives freed memory back once a second when a lot was freed.
+/// gives freed memory back (on a short-lived thread) once a second when a
+/// lot was freed.
 async fn sweep_deliveries(local: Rc<ShardLocal>) {
     let mut peak = 0u64;
+    // A trim in progress on its own thread: one at a time.
+    let trimming = Arc::new(AtomicBool::new(false));
     loop {
         glommio::timer::sleep(Duration::from_secs(1)).await;
         let held = local.with_shard(|shard| {
@@ -192,14 +196,25 @@ async fn sweep_deliveries(local: Rc<ShardLocal>) {
             shard.resident_bytes()
         });
         peak = peak.max(held);
-        if peak - held >= RELEASE_AFTER_BYTES {
-            let started = Instant::now();
-            crate::sys::release_free_memory();
-            tracing::debug!(
-                freed = peak - held,
-                took_us = started.elapsed().as_micros() as u64,
-                "free heap pages returned"
-            );
+        if peak - held >= RELEASE_AFTER_BYTES && !trimming.swap(true, Ordering::AcqRel) {
+            // `malloc_trim` walks every arena: 7-12 ms, too long for the
+            // shard's thread or for its blocking thread (commit rounds).
+            let (freed, done) = (peak - held, trimming.clone());
+            let spawned = std::thread::Builder::new()
+                .name(format!("shard-{}-trim", local.stats.shard))
+                .spawn(move || {
+                    let started = Instant::now();
+                    crate::sys::release_free_memory();
+                    tracing::debug!(
+                        freed,
+                        took_us = started.elapsed().as_micros() as u64,
+                        "free heap pages returned"
+                    );
+                    done.store(false, Ordering::Release);
+                });
+            if spawned.is_err() {
+                trimming.store(false, Ordering::Release);
+            }
             peak = held;
         }
         if local.shared.stats.collects() {
