@@ -134,9 +134,8 @@ pub struct ShardLocal {
 }
 
 impl ShardLocal {
-    /// The state of a shard around `shard`, as its executor starts it (on
-    /// that executor: it makes the connection task queues there): no
-    /// rate-limit buckets yet, an empty staging buffer.
+    /// The state of a shard around `shard`, as its executor starts it:
+    /// no rate-limit buckets yet, an empty staging buffer.
     pub fn new(shard: Shard, shared: Arc<Shared>, stats: Arc<ShardStats>) -> ShardLocal {
         ShardLocal {
             shard: RefCell::new(shard),
@@ -145,7 +144,7 @@ impl ShardLocal {
             stats,
             staging: RefCell::new(Vec::new()),
             last_step: Cell::new(None),
-            serving: Serving::new(),
+            serving: Serving::default(),
         }
     }
 

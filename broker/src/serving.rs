@@ -15,37 +15,26 @@
 //! The queue does not ask for low latency (see `committer.rs` on what
 //! `Latency::Matters` queues did to this glommio).
 
+use std::cell::Cell;
 use std::future::Future;
 
 use glommio::{Latency, Shares, TaskQueueHandle};
 
 use crate::acl::Role;
 
-/// One shard's connection task queues.
-#[derive(Debug)]
+/// One shard's connection task queues, made on first use (on the shard's
+/// executor; a shard's state may be built elsewhere, in tests).
+#[derive(Debug, Default)]
 pub struct Serving {
-    /// Receivers' connections; `None` if glommio would not make the queue
-    /// (they share the default queue then).
-    receivers: Option<TaskQueueHandle>,
+    /// Receivers' connections.
+    receivers: Cell<Option<TaskQueueHandle>>,
 }
 
 impl Serving {
-    /// Makes the queues on the current executor.
-    pub fn new() -> Serving {
-        let receivers = glommio::executor().create_task_queue(
-            Shares::default(),
-            Latency::NotImportant,
-            "receivers",
-        );
-        Serving {
-            receivers: Some(receivers),
-        }
-    }
-
     /// Runs `connection`, a connection of `role`, from its role's queue.
     pub fn serve(&self, role: Role, connection: impl Future<Output = ()> + 'static) {
-        match (role, self.receivers) {
-            (Role::Receiver, Some(queue)) => match glommio::spawn_local_into(connection, queue) {
+        match role {
+            Role::Receiver => match glommio::spawn_local_into(connection, self.receivers()) {
                 Ok(task) => {
                     task.detach();
                 }
@@ -58,10 +47,17 @@ impl Serving {
             }
         }
     }
-}
 
-impl Default for Serving {
-    fn default() -> Serving {
-        Serving::new()
+    fn receivers(&self) -> TaskQueueHandle {
+        if let Some(queue) = self.receivers.get() {
+            return queue;
+        }
+        let queue = glommio::executor().create_task_queue(
+            Shares::default(),
+            Latency::NotImportant,
+            "receivers",
+        );
+        self.receivers.set(Some(queue));
+        queue
     }
 }
