@@ -31,6 +31,10 @@ pub enum Role {
     Receiver,
     /// May do everything, including the admin endpoint.
     Admin,
+    /// Reads the admin endpoint's metrics and status, and nothing else: a
+    /// scraper's certificate that cannot change the broker if it leaks. On
+    /// the broker port it may only send `heartbeat` (and `quit`).
+    Monitor,
     /// In no list: refused before the command loop; every command is denied.
     Unknown,
 }
@@ -42,6 +46,7 @@ impl Role {
             Role::Sender => "sender",
             Role::Receiver => "receiver",
             Role::Admin => "admin",
+            Role::Monitor => "monitor",
             Role::Unknown => "unknown",
         }
     }
@@ -157,8 +162,11 @@ pub struct Acl {
     admins: FnvHashSet<String>,
     /// CNs with the sender role (checked second).
     senders: FnvHashSet<String>,
-    /// CNs with the receiver role (checked last).
+    /// CNs with the receiver role (checked third).
     receivers: FnvHashSet<String>,
+    /// CNs with the monitor role (checked last: a CN listed elsewhere too
+    /// keeps that role).
+    monitors: FnvHashSet<String>,
     /// The receiver CNs, deduplicated and sorted longest first, so the first
     /// prefix match in a scan is the longest one (the owner).
     receivers_longest_first: Vec<String>,
@@ -177,12 +185,19 @@ impl Acl {
             admins: set(admin),
             senders: set(sender),
             receivers,
+            monitors: FnvHashSet::default(),
             receivers_longest_first,
         }
     }
 
+    /// The same ACL with `monitor` as its monitor CNs (`acl.monitor_cns`).
+    pub fn with_monitors(mut self, monitor: &[String]) -> Acl {
+        self.monitors = monitor.iter().cloned().collect();
+        self
+    }
+
     /// The role of a certificate CN: admin if listed there, else sender, else
-    /// receiver, else unknown.
+    /// receiver, else monitor, else unknown.
     pub fn role_of(&self, cn: &str) -> Role {
         if self.admins.contains(cn) {
             Role::Admin
@@ -190,6 +205,8 @@ impl Acl {
             Role::Sender
         } else if self.receivers.contains(cn) {
             Role::Receiver
+        } else if self.monitors.contains(cn) {
+            Role::Monitor
         } else {
             Role::Unknown
         }
@@ -265,6 +282,10 @@ impl Acl {
             Role::Admin => Ok(()),
             Role::Sender => check_sender(op),
             Role::Receiver => self.check_receiver(cn, op),
+            Role::Monitor => match op {
+                Op::Heartbeat | Op::Quit => Ok(()),
+                _ => Denied::new("monitors may only send heartbeats"),
+            },
         }
     }
 
@@ -330,7 +351,7 @@ impl Acl {
             Some(Actor::Receiver(cn)) => match self.role_of(cn) {
                 Role::Admin => return Ok(()),
                 Role::Receiver => cn,
-                Role::Sender | Role::Unknown => {
+                Role::Sender | Role::Monitor | Role::Unknown => {
                     return Err(Denied {
                         reason: format!("{cn}, who made it, is no longer a receiver"),
                     })
@@ -493,11 +514,17 @@ mod tests {
         assert_eq!(a.role_of("r"), Role::Receiver);
         assert_eq!(a.role_of("R"), Role::Unknown);
         assert_eq!(a.role_of(""), Role::Unknown);
-        let shown: Vec<String> = [Role::Sender, Role::Receiver, Role::Admin, Role::Unknown]
-            .iter()
-            .map(ToString::to_string)
-            .collect();
-        assert_eq!(shown, ["sender", "receiver", "admin", "unknown"]);
+        let shown: Vec<String> = [
+            Role::Sender,
+            Role::Receiver,
+            Role::Admin,
+            Role::Monitor,
+            Role::Unknown,
+        ]
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+        assert_eq!(shown, ["sender", "receiver", "admin", "monitor", "unknown"]);
     }
 
     #[test]
@@ -610,6 +637,28 @@ mod tests {
         ];
         for op in foreign {
             assert!(allowed(&a, Role::Admin, "admin", op), "{op:?}");
+        }
+    }
+
+    #[test]
+    fn monitors_may_only_send_heartbeats_and_quit() {
+        let a = Acl::new(&strings(&["boss"]), &strings(&["s"]), &strings(&["r"]))
+            .with_monitors(&strings(&["m", "boss", "s", "r"]));
+        assert_eq!(a.role_of("m"), Role::Monitor);
+        // Listed elsewhere too, a CN keeps that role.
+        assert_eq!(a.role_of("boss"), Role::Admin);
+        assert_eq!(a.role_of("s"), Role::Sender);
+        assert_eq!(a.role_of("r"), Role::Receiver);
+        for op in own_ops() {
+            let verdict = a.check(Role::Monitor, "m", op);
+            match op {
+                Op::Heartbeat | Op::Quit => assert!(verdict.is_ok(), "{op:?}"),
+                _ => assert_eq!(
+                    verdict.unwrap_err().reason,
+                    "monitors may only send heartbeats",
+                    "{op:?}"
+                ),
+            }
         }
     }
 

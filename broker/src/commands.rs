@@ -317,7 +317,7 @@ impl Session {
             Role::Admin => Actor::Admin,
             // Senders and unknown clients never get this far (the ACL); were
             // one to, it would get no more than a receiver of its CN.
-            Role::Receiver | Role::Sender | Role::Unknown => {
+            Role::Receiver | Role::Sender | Role::Monitor | Role::Unknown => {
                 Actor::Receiver(self.identity.cn.clone())
             }
         }

@@ -830,7 +830,8 @@ impl Default for RateLimitConfig {
 }
 
 /// `[acl]`: role membership by certificate CN (DESIGN.md §2). A CN in several
-/// lists gets the first role of admin, sender, receiver. Reloaded on `SIGHUP`.
+/// lists gets the first role of admin, sender, receiver, monitor. Reloaded on
+/// `SIGHUP`.
 #[derive(Debug, Clone, PartialEq, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AclConfig {
@@ -840,6 +841,11 @@ pub struct AclConfig {
     pub sender_cns: Vec<String>,
     /// CNs that may declare, bind and consume their own queues. Default empty.
     pub receiver_cns: Vec<String>,
+    /// CNs that may read the admin endpoint (`/metrics`, `/api/*`) and do
+    /// nothing else: give scrapers and dashboards these, not admin
+    /// certificates. On the broker port they may only send heartbeats.
+    /// Default empty.
+    pub monitor_cns: Vec<String>,
     /// Whether every publish must name its sender in the body
     /// (`sender_client_id`, checked against the publisher's CN): without it a
     /// receiver cannot tell two senders' messages apart by more than their
@@ -1265,6 +1271,7 @@ impl Config {
             ("acl.admin_cns", &self.acl.admin_cns),
             ("acl.sender_cns", &self.acl.sender_cns),
             ("acl.receiver_cns", &self.acl.receiver_cns),
+            ("acl.monitor_cns", &self.acl.monitor_cns),
         ] {
             for (i, cn) in cns.iter().enumerate() {
                 if !is_valid_cn(cn) {
@@ -1825,7 +1832,7 @@ mod tests {
             ("storage", 6),
             ("admin", 7),
             ("rate_limit", 7),
-            ("acl", 4),
+            ("acl", 5),
         ] {
             let t = table.get(section).and_then(|v| v.as_table());
             assert_eq!(t.map(|t| t.len()), Some(keys), "section [{section}]");

@@ -47,7 +47,8 @@ impl Policy {
                 &config.acl.admin_cns,
                 &config.acl.sender_cns,
                 &config.acl.receiver_cns,
-            ),
+            )
+            .with_monitors(&config.acl.monitor_cns),
             rate: r.enabled.then_some(RateSettings {
                 global_rps: r.global_rps,
                 global_burst: r.global_burst,

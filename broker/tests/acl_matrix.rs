@@ -173,6 +173,57 @@ async fn sender_column() {
     assert_closed(&mut s).await;
 }
 
+/// A monitor (`acl.monitor_cns`) reads the admin endpoint; on the broker
+/// port it may send heartbeats (and quit), and every other command is
+/// refused, leaving nothing behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn monitor_column() {
+    let (broker, mut admin) = world().await;
+    let mut m = connect_as(&broker, "monitor_1").await;
+    assert_eq!(m.hello().role, "monitor");
+    stock(&mut admin, "m-1").await;
+
+    check(&mut m, "heartbeat", "OK heartbeat").await;
+    for cmd in [
+        "declare_queue monitor_1_queue",
+        "declare_queue receiver_1_queue",
+        "declare_exchange mx direct",
+        "bind receiver_1_queue ex monitor_1",
+        "consume receiver_1_queue",
+        "fetch receiver_1_queue 10",
+        "ack m-1",
+        "ack m-1 receiver_1_queue",
+        "nack m-1 receiver_1_queue",
+        "resend",
+        "get_public_key receiver_1",
+        &format!("register_public_key {}", key_b64(3)),
+    ] {
+        check_denied(&mut m, cmd, "monitor").await;
+    }
+    publish_expect(&mut m, "ex", "receiver_1", "m-2", "NACK m-2 access_denied").await;
+    batch_expect(&mut m, "receiver_1", &["b-1"], "NACK", " access_denied").await;
+    // Nothing was taken, stored or changed.
+    assert_eq!(
+        ids(&fetch(&mut admin, "receiver_1_queue", 10).await),
+        ["m-1"]
+    );
+    check(
+        &mut admin,
+        "bind receiver_1_queue mx receiver_1",
+        "Error: unknown exchange mx",
+    )
+    .await;
+    check(
+        &mut admin,
+        "get_public_key monitor_1",
+        "Error: no public key for monitor_1",
+    )
+    .await;
+
+    check(&mut m, "quit", "OK bye").await;
+    assert_closed(&mut m).await;
+}
+
 /// A receiver declares, binds, consumes and acknowledges on its own
 /// resources and registers its own key; it never publishes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

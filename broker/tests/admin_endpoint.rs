@@ -137,7 +137,7 @@ async fn health_and_ready_answer_any_certificate_the_ca_signed() {
 }
 
 #[tokio::test]
-async fn other_routes_answer_admin_cns_only() {
+async fn other_routes_answer_admin_and_monitor_cns_only() {
     let broker = AdminBroker::start(2, false);
     for cn in ["sender_1", "receiver_1", "stranger"] {
         for path in ["/api/status", "/api/queues", "/api/connections", "/metrics"] {
@@ -149,9 +149,17 @@ async fn other_routes_answer_admin_cns_only() {
             );
         }
     }
-    for path in ["/api/status", "/api/queues", "/api/connections", "/metrics"] {
-        assert_eq!(broker.get("admin", path).await.status, 200, "{path}");
+    for cn in ["admin", "monitor_1"] {
+        for path in ["/api/status", "/api/queues", "/api/connections", "/metrics"] {
+            assert_eq!(broker.get(cn, path).await.status, 200, "{path} as {cn}");
+        }
     }
+    // Reading is all a monitor may do: nothing but GET is served to anyone
+    // (a route that changes the broker will ask for an admin).
+    let reply = request(broker.admin, Some("monitor_1"), "POST", "/api/status")
+        .await
+        .expect("POST answered");
+    assert_eq!(reply.status, 405);
 }
 
 #[tokio::test]

@@ -1,8 +1,9 @@
 //! Who may see what: `/health` and `/ready` answer any client whose
-//! certificate the CA signed; every other route answers admin CNs only (the
-//! current, reloadable `acl.admin_cns`). Unknown paths are 404, other
-//! methods than GET on a known path 405; every answer is JSON except the
-//! Prometheus text of `/metrics`.
+//! certificate the CA signed; every other route answers admin and monitor
+//! CNs only (the current, reloadable `acl.admin_cns` and `acl.monitor_cns`:
+//! every route here only reads). Unknown paths are 404, other methods than
+//! GET on a known path 405; every answer is JSON except the Prometheus text
+//! of `/metrics`.
 
 use std::net::SocketAddr;
 
@@ -59,8 +60,8 @@ pub(crate) fn respond(
     let Some(route) = Route::of(path) else {
         return json_response(StatusCode::NOT_FOUND, &json!({ "error": "not found" }));
     };
-    if !route.is_public() && ctx.shared.policy.current().acl.role_of(cn) != Role::Admin {
-        tracing::warn!(%cn, %peer, %path, "admin endpoint: forbidden (not an admin CN)");
+    if !route.is_public() && !may_read(ctx.shared.policy.current().acl.role_of(cn)) {
+        tracing::warn!(%cn, %peer, %path, "admin endpoint: forbidden (neither an admin nor a monitor CN)");
         return json_response(StatusCode::FORBIDDEN, &json!({ "error": "forbidden" }));
     }
     if method != Method::GET {
@@ -108,6 +109,12 @@ pub(crate) fn respond(
             )
         }
     }
+}
+
+/// Whether `role` may read the routes that are not public. A route that
+/// changes the broker must ask for [`Role::Admin`] alone.
+fn may_read(role: Role) -> bool {
+    matches!(role, Role::Admin | Role::Monitor)
 }
 
 fn json_response(code: StatusCode, body: &serde_json::Value) -> Response<Full<Bytes>> {

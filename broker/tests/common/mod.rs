@@ -25,6 +25,7 @@ pub const CNS: &[&str] = &[
     "receiver_1",
     "receiver_2",
     "receiver_1_2",
+    "monitor_1",
     "stranger",
 ];
 
@@ -100,6 +101,7 @@ mode = "memory"
 admin_cns = ["admin"]
 sender_cns = ["sender_1", "sender_2", "sender_3", "sender_4"]
 receiver_cns = ["receiver_1", "receiver_2", "receiver_1_2"]
+monitor_cns = ["monitor_1"]
 {extra}
 "#,
         certs = certs.display(),
