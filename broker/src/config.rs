@@ -733,6 +733,11 @@ pub struct AdminConfig {
     /// (a client that then does not read it is closed at the idle timeout).
     /// Default 10.
     pub response_timeout_secs: u64,
+    /// A loopback `ip:port` that also serves `/health` and `/ready` over
+    /// plain HTTP, without client certificates, for liveness and readiness
+    /// probes that cannot present one. Every other path is 404 there.
+    /// Default none.
+    pub probe_address: Option<String>,
 }
 
 impl Default for AdminConfig {
@@ -745,6 +750,7 @@ impl Default for AdminConfig {
             header_timeout_secs: 5,
             idle_timeout_secs: 10,
             response_timeout_secs: 10,
+            probe_address: None,
         }
     }
 }
@@ -753,6 +759,31 @@ impl AdminConfig {
     /// The address and the bounds of the connection limits.
     fn validate(&self) -> Result<(), ConfigError> {
         check_host_port("admin.address", &self.address)?;
+        if let Some(probe) = &self.probe_address {
+            // No certificate is asked for there: loopback only.
+            let loopback = probe
+                .parse::<SocketAddr>()
+                .is_ok_and(|a| a.ip().is_loopback());
+            if !loopback {
+                return Err(ConfigError::invalid(
+                    "admin.probe_address",
+                    format!("{probe:?} is not a loopback ip:port (e.g. \"127.0.0.1:9092\"): it serves plain HTTP without client certificates"),
+                ));
+            }
+            if !self.enabled {
+                return Err(ConfigError::invalid(
+                    "admin.probe_address",
+                    "is served by the admin endpoint: set admin.enabled = true too",
+                ));
+            }
+            // Port 0 (any free port) differs each time it is bound.
+            if *probe == self.address && !probe.ends_with(":0") {
+                return Err(ConfigError::invalid(
+                    "admin.probe_address",
+                    format!("{probe:?} is admin.address too; give the probes a port of their own"),
+                ));
+            }
+        }
         if !(1..=MAX_ADMIN_CONNECTIONS).contains(&self.max_connections) {
             return Err(ConfigError::invalid(
                 "admin.max_connections",
@@ -1554,6 +1585,24 @@ mod tests {
         assert!(parse("[server]\naddress = \"localhost:70000\"").is_err());
         assert!(err("[server]\nshards = 1025").starts_with("server.shards:"));
         assert!(err("[admin]\naddress = \"nope\"").starts_with("admin.address:"));
+        for (probe, why) in [
+            ("0.0.0.0:9092", "is not a loopback"),
+            ("10.0.0.1:9092", "is not a loopback"),
+            ("localhost:9092", "is not a loopback"),
+            ("127.0.0.1:9091", "is admin.address too"),
+        ] {
+            let e = err(&format!(
+                "[admin]\nenabled = true\nprobe_address = \"{probe}\""
+            ));
+            assert!(
+                e.starts_with("admin.probe_address:") && e.contains(why),
+                "{e}"
+            );
+        }
+        let e = err("[admin]\nprobe_address = \"127.0.0.1:9092\"");
+        assert!(e.contains("admin.enabled = true"), "{e}");
+        let c = parse("[admin]\nenabled = true\nprobe_address = \"[::1]:9092\"").unwrap();
+        assert_eq!(c.admin.probe_address.as_deref(), Some("[::1]:9092"));
         for (bad, key) in [
             ("max_connections = 0", "admin.max_connections:"),
             ("max_connections = 4097", "admin.max_connections:"),

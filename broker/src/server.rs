@@ -113,6 +113,12 @@ impl BrokerHandle {
         self.admin.as_ref().map(AdminServer::local_addr)
     }
 
+    /// Where `/health` and `/ready` are served over plain HTTP, when
+    /// `admin.probe_address` is set.
+    pub fn probe_addr(&self) -> Option<SocketAddr> {
+        self.admin.as_ref().and_then(AdminServer::probe_addr)
+    }
+
     /// Stops accepting, closes connections and waits for the shards to end.
     pub fn shutdown(self) {
         self.shared.stats.set_lifecycle(Lifecycle::Stopping);

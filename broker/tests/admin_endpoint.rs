@@ -2,7 +2,8 @@
 //! `/health` and `/ready` answer any certificate the broker's CA signed;
 //! `/api/*` and `/metrics` answer admin CNs only (others get 403); the status
 //! and the metrics reflect what clients did; a client without a certificate
-//! never gets an answer; a taken `admin.address` stops the start.
+//! never gets an answer; a taken `admin.address` stops the start; the
+//! optional plain-HTTP probe address serves `/health` and `/ready` alone.
 
 mod common;
 
@@ -11,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use ciphermq_broker::{BrokerHandle, Config};
 use ciphermq_clients::connection::{Connection, TlsClientOptions};
-use common::admin_http::{request, Reply};
+use common::admin_http::{plain_request, request, Reply};
 use common::*;
 use serde_json::Value;
 
@@ -449,6 +450,82 @@ async fn ready_turns_503_once_the_broker_is_stopping() {
     assert_eq!(json["reason"], "shutting down");
     assert_eq!(broker.get("sender_1", "/health").await.status, 200);
     handle.join();
+}
+
+#[tokio::test]
+async fn the_probe_address_serves_health_and_ready_alone_over_plain_http() {
+    let data = tempfile::tempdir().expect("tempdir");
+    let config = admin_config(
+        1,
+        false,
+        data.path(),
+        "\n[admin]\nenabled = true\naddress = \"127.0.0.1:0\"\nprobe_address = \"127.0.0.1:0\"\n",
+    );
+    let handle = ciphermq_broker::start(&config).expect("broker starts");
+    let probe = handle.probe_addr().expect("probe address configured");
+    assert_ne!(Some(probe), handle.admin_addr());
+    let get = |path: &'static str| async move {
+        plain_request(probe, "GET", path)
+            .await
+            .unwrap_or_else(|e| panic!("GET {path} on the probe address: {e}"))
+    };
+    let health = get("/health").await;
+    assert_eq!(
+        (health.status, health.body.trim()),
+        (200, r#"{"status":"ok"}"#)
+    );
+    let ready = get("/ready").await;
+    assert_eq!(
+        (ready.status, ready.body.trim()),
+        (200, r#"{"status":"ready"}"#)
+    );
+    // Nothing but the probes exists there, whoever asks.
+    for path in [
+        "/metrics",
+        "/api/status",
+        "/api/queues",
+        "/api/connections",
+        "/nope",
+    ] {
+        let reply = get(path).await;
+        assert_eq!(reply.status, 404, "{path}: {}", reply.body);
+        assert!(!reply.body.contains("ciphermq_"), "{path}: {}", reply.body);
+    }
+    let post = plain_request(probe, "POST", "/health").await.expect("POST");
+    assert_eq!(post.status, 405);
+    // The mTLS endpoint is unchanged beside it.
+    let admin = handle.admin_addr().expect("admin endpoint");
+    let metrics = request(admin, Some("admin"), "GET", "/metrics")
+        .await
+        .expect("metrics over mTLS");
+    assert_eq!(metrics.status, 200);
+    handle.shutdown();
+}
+
+#[test]
+fn a_taken_probe_address_is_a_start_error_naming_its_key() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let address = taken.local_addr().expect("address");
+    let data = tempfile::tempdir().expect("tempdir");
+    let config = admin_config(
+        1,
+        false,
+        data.path(),
+        &format!(
+            "\n[admin]\nenabled = true\naddress = \"127.0.0.1:0\"\nprobe_address = \"{address}\"\n"
+        ),
+    );
+    let err = match ciphermq_broker::start(&config) {
+        Ok(handle) => {
+            handle.shutdown();
+            panic!("started although {address} is taken");
+        }
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        err.starts_with(&format!("admin.probe_address: cannot listen on {address}")),
+        "{err}"
+    );
 }
 
 #[test]

@@ -12,6 +12,9 @@
 //! and for how long (`[admin]` limits: deadlines, per-address and global
 //! caps, replacing idle connections for newcomers); `routes` decides who may
 //! see what, `status` builds the JSON, `metrics` the Prometheus text.
+//! With `admin.probe_address` a second, plain-HTTP loopback listener serves
+//! the same routes as for a client without a certificate (`/health` and
+//! `/ready` only), under slots of its own.
 
 mod metrics;
 mod routes;
@@ -54,9 +57,12 @@ const MAX_BUF_BYTES: usize = 64 * 1024;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum AdminError {
-    /// `admin.address` could not be bound (in use, not a local address …).
-    #[error("admin.address: cannot listen on {address}: {reason}")]
+    /// `admin.address` or `admin.probe_address` could not be bound (in
+    /// use, not a local address …).
+    #[error("{key}: cannot listen on {address}: {reason}")]
     Bind {
+        /// The config key of the address.
+        key: &'static str,
         /// The configured address.
         address: String,
         /// The OS error.
@@ -88,6 +94,8 @@ pub struct AdminContext {
 #[derive(Debug)]
 pub struct AdminListener {
     listener: std::net::TcpListener,
+    /// `admin.probe_address`'s plain-HTTP socket, when configured.
+    probe: Option<std::net::TcpListener>,
     limits: AdminLimits,
 }
 
@@ -107,6 +115,7 @@ impl AdminListener {
 /// [`AdminServer::shutdown`].
 pub struct AdminServer {
     addr: SocketAddr,
+    probe_addr: Option<SocketAddr>,
     stop: Option<oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -124,15 +133,13 @@ impl AdminServer {
     /// start before any shard serves; the listener keeps the section's
     /// connection limits for [`AdminServer::start`].
     pub fn bind(admin: &AdminConfig) -> Result<AdminListener, AdminError> {
-        let address = admin.address.as_str();
-        let err = |e: std::io::Error| AdminError::Bind {
-            address: address.to_owned(),
-            reason: e.to_string(),
+        let probe = match &admin.probe_address {
+            Some(address) => Some(listen("admin.probe_address", address)?),
+            None => None,
         };
-        let listener = std::net::TcpListener::bind(address).map_err(err)?;
-        listener.set_nonblocking(true).map_err(err)?;
         Ok(AdminListener {
-            listener,
+            listener: listen("admin.address", &admin.address)?,
+            probe,
             limits: AdminLimits::from_config(admin),
         })
     }
@@ -146,6 +153,14 @@ impl AdminServer {
             .listener
             .local_addr()
             .map_err(|e| AdminError::Thread(e.to_string()))?;
+        let probe_addr = match &listener.probe {
+            Some(probe) => Some(
+                probe
+                    .local_addr()
+                    .map_err(|e| AdminError::Thread(e.to_string()))?,
+            ),
+            None => None,
+        };
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_io()
             .enable_time()
@@ -162,8 +177,12 @@ impl AdminServer {
             })
             .map_err(|e| AdminError::Thread(e.to_string()))?;
         tracing::info!(%addr, "admin endpoint listening");
+        if let Some(probe) = probe_addr {
+            tracing::info!(%probe, "health and readiness probes served over plain HTTP");
+        }
         Ok(AdminServer {
             addr,
+            probe_addr,
             stop: Some(stop),
             thread: Some(thread),
         })
@@ -172,6 +191,12 @@ impl AdminServer {
     /// The address it listens on (the real port when 0 was configured).
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// Where `/health` and `/ready` are served over plain HTTP, when
+    /// `admin.probe_address` is set (the real port when 0 was configured).
+    pub fn probe_addr(&self) -> Option<SocketAddr> {
+        self.probe_addr
     }
 
     /// Stops accepting, drops open admin connections and joins the thread.
@@ -205,32 +230,73 @@ async fn serve(
     context: Arc<AdminContext>,
     mut stop: oneshot::Receiver<()>,
 ) {
-    let AdminListener { listener, limits } = listener;
-    let listener = match TcpListener::from_std(listener) {
-        Ok(l) => l,
+    let AdminListener {
+        listener,
+        probe,
+        limits,
+    } = listener;
+    let tokio_listener = |l| match TcpListener::from_std(l) {
+        Ok(l) => Some(l),
         Err(e) => {
             tracing::error!(error = %e, "admin endpoint cannot use its socket; not serving");
-            return;
+            None
         }
     };
+    let Some(listener) = tokio_listener(listener) else {
+        return;
+    };
+    let probe = probe.and_then(tokio_listener);
     let acceptor = TlsAcceptor::from(context.shared.tls.clone());
-    let slots = Arc::new(Slots::new(limits));
     let endpoint = Arc::new(Endpoint {
+        context: context.clone(),
+        slots: Arc::new(Slots::new(limits)),
+    });
+    // Probes get slots of their own: they all come from loopback, and
+    // must not compete with certificate holders for its per-address share.
+    let probe_endpoint = Arc::new(Endpoint {
         context,
-        slots: slots.clone(),
+        slots: Arc::new(Slots::new(limits)),
     });
     loop {
         tokio::select! {
             _ = &mut stop => break,
             accepted = listener.accept() => match accepted {
-                Ok((stream, peer)) => admit(stream, peer, &acceptor, &endpoint),
-                Err(e) => {
-                    tracing::warn!(error = %e, "admin endpoint: accept failed");
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                }
+                Ok((stream, peer)) => admit(stream, peer, Some(&acceptor), &endpoint),
+                Err(e) => accept_failed(e).await,
+            },
+            accepted = accept_probe(probe.as_ref()) => match accepted {
+                Ok((stream, peer)) => admit(stream, peer, None, &probe_endpoint),
+                Err(e) => accept_failed(e).await,
             },
         }
     }
+}
+
+/// Binds one of the endpoint's addresses, non-blocking; errors name `key`.
+fn listen(key: &'static str, address: &str) -> Result<std::net::TcpListener, AdminError> {
+    let err = |e: std::io::Error| AdminError::Bind {
+        key,
+        address: address.to_owned(),
+        reason: e.to_string(),
+    };
+    let listener = std::net::TcpListener::bind(address).map_err(err)?;
+    listener.set_nonblocking(true).map_err(err)?;
+    Ok(listener)
+}
+
+/// The next connection to the probe address; never, without one.
+async fn accept_probe(probe: Option<&TcpListener>) -> std::io::Result<(TcpStream, SocketAddr)> {
+    match probe {
+        Some(listener) => listener.accept().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Logs a failed accept and pauses, so a persistent failure (out of
+/// descriptors) does not spin the thread.
+async fn accept_failed(e: std::io::Error) {
+    tracing::warn!(error = %e, "admin endpoint: accept failed");
+    tokio::time::sleep(Duration::from_millis(10)).await;
 }
 
 /// What every connection task shares.
@@ -239,8 +305,14 @@ struct Endpoint {
     slots: Arc<Slots>,
 }
 
-/// Gives `stream` a slot and its own task, or closes it at once.
-fn admit(stream: TcpStream, peer: SocketAddr, acceptor: &TlsAcceptor, endpoint: &Arc<Endpoint>) {
+/// Gives `stream` a slot and its own task, or closes it at once. Without an
+/// `acceptor` it is a probe connection: plain HTTP, no certificate.
+fn admit(
+    stream: TcpStream,
+    peer: SocketAddr,
+    acceptor: Option<&TlsAcceptor>,
+    endpoint: &Arc<Endpoint>,
+) {
     let now = Instant::now();
     let slots = &endpoint.slots;
     match slots.admit(peer, now) {
@@ -277,7 +349,7 @@ fn admit(stream: TcpStream, peer: SocketAddr, acceptor: &TlsAcceptor, endpoint: 
             tokio::spawn(connection(
                 stream,
                 peer,
-                acceptor.clone(),
+                acceptor.cloned(),
                 endpoint.clone(),
                 ticket,
             ));
@@ -369,18 +441,22 @@ impl Watch {
 /// One admin connection: the TLS handshake (a client certificate signed by
 /// the broker's CA is required), then HTTP/1.1 requests answered for its CN,
 /// each phase under its deadline and the whole while under the watch of
-/// its slot.
+/// its slot. Without an `acceptor`, a probe connection: plain HTTP,
+/// answered as for no certificate.
 async fn connection(
     stream: TcpStream,
     peer: SocketAddr,
-    acceptor: TlsAcceptor,
+    acceptor: Option<TlsAcceptor>,
     endpoint: Arc<Endpoint>,
     ticket: Ticket,
 ) {
     let _ = stream.set_nodelay(true);
-    let id = ticket.id();
     let slots = endpoint.slots.clone();
     let mut watch = Watch::new(slots.clone(), ticket);
+    let Some(acceptor) = acceptor else {
+        slots.authenticated(watch.ticket.id(), Instant::now());
+        return serve_http(stream, None, peer, endpoint, watch).await;
+    };
     let tls = match watch.run(acceptor.accept(stream)).await {
         Ok(Ok(tls)) => tls,
         Ok(Err(e)) => {
@@ -391,7 +467,7 @@ async fn connection(
         }
         Err(stop) => return watch.report(stop, peer),
     };
-    slots.authenticated(id, Instant::now());
+    slots.authenticated(watch.ticket.id(), Instant::now());
     let Some(cn) = tls
         .get_ref()
         .1
@@ -401,14 +477,29 @@ async fn connection(
         tracing::warn!(%peer, "admin endpoint: client certificate without a CN; closed");
         return;
     };
-    let service_endpoint = endpoint.clone();
+    serve_http(tls, Some(cn), peer, endpoint, watch).await;
+}
+
+/// Answers HTTP/1.1 requests on `io` for `cn` (`None`: a probe connection)
+/// until the client closes, the connection is too old, or its watch fires.
+async fn serve_http<S>(
+    io: S,
+    cn: Option<String>,
+    peer: SocketAddr,
+    endpoint: Arc<Endpoint>,
+    mut watch: Watch,
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let id = watch.ticket.id();
+    let service_endpoint = endpoint;
     let service = service_fn(move |request: Request<Incoming>| {
         let Endpoint { context, slots } = &*service_endpoint;
         let number = slots.request_started(id, Instant::now());
         let response = routes::respond(
             context,
             slots,
-            &cn,
+            cn.as_deref(),
             peer,
             request.method(),
             request.uri().path(),
@@ -426,7 +517,7 @@ async fn connection(
         .header_read_timeout(None)
         .keep_alive(true)
         .max_buf_size(MAX_BUF_BYTES);
-    let conn = builder.serve_connection(TokioIo::new(tls), service);
+    let conn = builder.serve_connection(TokioIo::new(io), service);
     let mut conn = pin!(conn);
     let mut too_old = pin!(tokio::time::sleep(MAX_CONNECTION_AGE));
     let mut closing = false;

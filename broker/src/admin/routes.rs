@@ -48,17 +48,24 @@ impl Route {
 }
 
 /// The answer to `method path` from the client whose certificate CN is `cn`
-/// (`slots`: the endpoint's own connection numbers, for `/metrics`).
+/// (`slots`: the endpoint's own connection numbers, for `/metrics`). `None`:
+/// a probe on `admin.probe_address`, to which only the public routes exist.
 pub(crate) fn respond(
     ctx: &AdminContext,
     slots: &Slots,
-    cn: &str,
+    cn: Option<&str>,
     peer: SocketAddr,
     method: &Method,
     path: &str,
 ) -> Response<Full<Bytes>> {
+    let not_found = || json_response(StatusCode::NOT_FOUND, &json!({ "error": "not found" }));
     let Some(route) = Route::of(path) else {
-        return json_response(StatusCode::NOT_FOUND, &json!({ "error": "not found" }));
+        return not_found();
+    };
+    let cn = match cn {
+        Some(cn) => cn,
+        None if route.is_public() => "",
+        None => return not_found(),
     };
     if !route.is_public() && !may_read(ctx.shared.policy.current().acl.role_of(cn)) {
         tracing::warn!(%cn, %peer, %path, "admin endpoint: forbidden (neither an admin nor a monitor CN)");

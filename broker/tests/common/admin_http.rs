@@ -75,19 +75,38 @@ pub async fn request(
         let tcp = TcpStream::connect(addr).await?;
         let name =
             rustls::pki_types::ServerName::try_from("localhost").map_err(std::io::Error::other)?;
-        let mut tls = connector.connect(name, tcp).await?;
-        let head = format!("{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
-        tls.write_all(head.as_bytes()).await?;
-        tls.flush().await?;
-        let mut raw = Vec::new();
-        match tls.read_to_end(&mut raw).await {
-            Ok(_) => {}
-            // A peer that closes without close_notify after a full answer.
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof && !raw.is_empty() => {}
-            Err(e) => return Err(e),
-        }
-        Ok(raw)
+        let tls = connector.connect(name, tcp).await?;
+        send_and_read(tls, method, path).await
     };
+    answer(exchange).await
+}
+
+/// One request over plain HTTP (the probe address), no TLS at all.
+pub async fn plain_request(addr: SocketAddr, method: &str, path: &str) -> std::io::Result<Reply> {
+    answer(async { send_and_read(TcpStream::connect(addr).await?, method, path).await }).await
+}
+
+async fn send_and_read<S: AsyncReadExt + AsyncWriteExt + Unpin>(
+    mut io: S,
+    method: &str,
+    path: &str,
+) -> std::io::Result<Vec<u8>> {
+    let head = format!("{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    io.write_all(head.as_bytes()).await?;
+    io.flush().await?;
+    let mut raw = Vec::new();
+    match io.read_to_end(&mut raw).await {
+        Ok(_) => {}
+        // A peer that closes without close_notify after a full answer.
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof && !raw.is_empty() => {}
+        Err(e) => return Err(e),
+    }
+    Ok(raw)
+}
+
+async fn answer(
+    exchange: impl std::future::Future<Output = std::io::Result<Vec<u8>>>,
+) -> std::io::Result<Reply> {
     let raw = tokio::time::timeout(TIMEOUT, exchange)
         .await
         .map_err(|_| std::io::Error::other("no answer in time"))??;
