@@ -38,6 +38,14 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
+# promtool (Debian's prometheus package) for broker/tests/metrics_exposition.rs.
+# Its post-install does not start a Prometheus server where policy-rc.d
+# forbids it (containers); where one starts, it listens on 9090, which no
+# test uses.
+command -v promtool >/dev/null || {
+  echo "== installing promtool (Debian's prometheus package)"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+}
 echo "== cargo test"
 python3 -c 'import nacl' 2>/dev/null || python3 -m pip install --quiet pynacl  # libsodium for clients/tests/libsodium_interop.rs
 cargo test --workspace 2>&1 | tee target/test-output.log

@@ -482,8 +482,10 @@ impl Session {
             shard.publish(origin, exchange, routing_key, Arc::clone(&msg), now)
         });
         match status {
-            PublishStatus::Done(outcome) => self.replies.publish(msg, outcome, 0),
-            PublishStatus::Pending { local, remote } => self.replies.publish(msg, local, remote),
+            PublishStatus::Done(outcome) => self.replies.publish(msg, outcome, 0, now),
+            PublishStatus::Pending { local, remote } => {
+                self.replies.publish(msg, local, remote, now)
+            }
         };
     }
 

@@ -8,6 +8,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::time::Instant;
 
 use ciphermq_proto::delivery::{format_u32, write_delivery};
 use ciphermq_proto::reply::{write_ack, write_line, write_nack};
@@ -24,6 +25,9 @@ enum Slot {
         msg: Arc<Message>,
         outcome: Result<(), NackReason>,
         waiting: u32,
+        /// When the broker began handling the publish's line, for the
+        /// publish-to-ACK latency.
+        accepted: Instant,
     },
     /// A refused publish whose message was never built.
     Nack {
@@ -116,17 +120,20 @@ impl ReplyQueue {
         })
     }
 
-    /// A publish: `local` is the outcome so far, `waiting` the shards still to report.
+    /// A publish accepted at `accepted`: `local` is the outcome so far,
+    /// `waiting` the shards still to report.
     pub fn publish(
         &mut self,
         msg: Arc<Message>,
         local: Result<(), NackReason>,
         waiting: u32,
+        accepted: Instant,
     ) -> u64 {
         self.push(Slot::Publish {
             msg,
             outcome: local,
             waiting,
+            accepted,
         })
     }
 
@@ -224,9 +231,9 @@ impl ReplyQueue {
             self.base += 1;
             written += 1;
             match &slot {
-                Slot::Publish { msg, outcome, .. } => {
-                    crate::stats::publish_answered(msg, outcome, &mut clock)
-                }
+                Slot::Publish {
+                    outcome, accepted, ..
+                } => crate::stats::publish_answered(*accepted, outcome, &mut clock),
                 Slot::Nack { .. } => crate::stats::publish_nacked(),
                 _ => {}
             }
@@ -282,8 +289,8 @@ mod tests {
     #[test]
     fn replies_leave_in_command_order() {
         let mut q = ReplyQueue::default();
-        let a = q.publish(msg("a"), Ok(()), 1);
-        q.publish(msg("b"), Ok(()), 0);
+        let a = q.publish(msg("a"), Ok(()), 1, Instant::now());
+        q.publish(msg("b"), Ok(()), 0, Instant::now());
         q.line("OK heartbeat");
         let mut out = Vec::new();
         assert_eq!(q.render(&mut out, usize::MAX), 0, "head still waits");

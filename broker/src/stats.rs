@@ -20,8 +20,7 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError, TryLockError};
 use std::time::{Duration, Instant};
 
 use ciphermq_shard::durability::DiskSpace;
-use ciphermq_shard::log::unix_ms;
-use ciphermq_shard::{Message, QueueStats, Shard};
+use ciphermq_shard::{QueueStats, Shard};
 
 /// Upper bounds (µs) of the fsync latency buckets: an `fdatasync` takes tens
 /// of microseconds on NVMe and up to seconds on a struggling disk.
@@ -30,13 +29,15 @@ pub const FSYNC_BOUNDS_US: &[u64] = &[
     1_000_000, 2_500_000,
 ];
 
-/// Upper bounds (µs) of the publish-to-ACK latency buckets. The latency is
-/// measured in whole milliseconds (from the message's acceptance time), so
-/// the first bucket is 1 ms; the `_sum` is still unbiased, because both ends
-/// are truncated the same way.
+/// Upper bounds (µs) of the publish-to-ACK latency buckets. On a healthy
+/// broker the median is about half a millisecond, so the ladder starts at
+/// 50 µs and steps 1, 2.5, 5 per decade; it ends at 10 s, where a stalled
+/// disk or shard shows. 17 bounds plus `+Inf`: 18 counters per shard.
+/// The latency runs from the monotonic instant the broker began handling
+/// the publish's line to the rendering of its `ACK`.
 pub const PUBLISH_ACK_BOUNDS_US: &[u64] = &[
-    1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000, 1_000_000, 2_500_000,
-    5_000_000, 10_000_000,
+    50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000,
+    1_000_000, 2_500_000, 5_000_000, 10_000_000,
 ];
 
 /// Upper bounds (µs) of the shard loop lag buckets (`stall_watch.rs`): how
@@ -482,36 +483,32 @@ fn with_current(f: impl FnOnce(&ShardStats)) {
     });
 }
 
-/// The wall clock in milliseconds, read at most once per rendering pass:
-/// a pass writes many `ACK`s within microseconds, so they share one reading.
+/// The monotonic clock, read at most once per rendering pass: a pass
+/// writes many `ACK`s within microseconds, so they share one reading.
 #[derive(Debug, Default)]
-pub struct LazyClock(Option<u64>);
+pub struct LazyClock(Option<Instant>);
 
 impl LazyClock {
-    /// Milliseconds since the Unix epoch, as first read by this clock.
+    /// Now, as first read by this clock.
     #[inline]
-    pub fn unix_ms(&mut self) -> u64 {
-        *self.0.get_or_insert_with(unix_ms)
+    pub fn now(&mut self) -> Instant {
+        *self.0.get_or_insert_with(Instant::now)
     }
 }
 
-/// The reply to a publish of `msg` is being written: an `ACK` (`Ok`) is
-/// counted and its latency observed, a `NACK` counted. `clock` lives for one
-/// rendering pass.
+/// The reply to a publish accepted at `accepted` is being written: an `ACK`
+/// (`Ok`) is counted and its latency observed, a `NACK` counted. `clock`
+/// lives for one rendering pass.
 #[inline]
-pub fn publish_answered<E>(msg: &Message, outcome: &Result<(), E>, clock: &mut LazyClock) {
+pub fn publish_answered<E>(accepted: Instant, outcome: &Result<(), E>, clock: &mut LazyClock) {
     if outcome.is_err() {
         publish_nacked();
         return;
     }
     with_current(|s| {
         s.publishes.add(1);
-        let accepted_ms = msg.route().sent_at_ms;
-        if accepted_ms != 0 {
-            let waited_ms = clock.unix_ms().saturating_sub(accepted_ms);
-            s.publish_ack_latency
-                .observe_us(waited_ms.saturating_mul(1000));
-        }
+        s.publish_ack_latency
+            .observe(clock.now().saturating_duration_since(accepted));
     });
 }
 
@@ -547,6 +544,19 @@ mod tests {
         total.merge(&s);
         assert_eq!(total.counts, vec![4, 4, 2]);
         assert_eq!(total.sum_us, 444);
+    }
+
+    #[test]
+    fn publish_ack_buckets_start_at_50_us_and_end_at_10_s() {
+        assert_eq!(PUBLISH_ACK_BOUNDS_US.first(), Some(&50));
+        assert_eq!(PUBLISH_ACK_BOUNDS_US.last(), Some(&10_000_000));
+        assert!(PUBLISH_ACK_BOUNDS_US.windows(2).all(|w| w[0] < w[1]));
+        // Half a millisecond, the usual median, falls in a bucket of its own.
+        let h = Histogram::new(PUBLISH_ACK_BOUNDS_US);
+        h.observe_us(400);
+        let s = h.snapshot();
+        assert_eq!(s.counts.len(), PUBLISH_ACK_BOUNDS_US.len() + 1);
+        assert_eq!(s.counts[..5], [0, 0, 0, 1, 0]);
     }
 
     #[test]

@@ -282,7 +282,7 @@ pub(crate) fn render(ctx: &AdminContext, admin: &SlotStats) -> String {
         &mut e,
         shards,
         "ciphermq_publish_ack_seconds",
-        "Time from a publish's acceptance to its ACK being written (1 ms resolution).",
+        "Time from the broker taking up a publish's line to writing its ACK.",
         |s| s.publish_ack_latency.snapshot(),
     );
     shard_histogram(
@@ -676,10 +676,38 @@ mod tests {
     }
 
     #[test]
+    fn publish_ack_buckets_run_from_50_us_to_10_s() {
+        let stats = ShardStats::new(0);
+        stats.publish_ack_latency.observe_us(420);
+        let mut e = Exposition::default();
+        e.histogram(
+            "ciphermq_publish_ack_seconds",
+            &[("shard", "0")],
+            &stats.publish_ack_latency.snapshot(),
+        );
+        let text = e.finish();
+        let buckets: Vec<&str> = text.lines().filter(|l| l.contains("_bucket{")).collect();
+        assert_eq!(buckets.len(), crate::stats::PUBLISH_ACK_BOUNDS_US.len() + 1);
+        assert_eq!(
+            buckets[..4],
+            [
+                "ciphermq_publish_ack_seconds_bucket{shard=\"0\",le=\"0.00005\"} 0",
+                "ciphermq_publish_ack_seconds_bucket{shard=\"0\",le=\"0.0001\"} 0",
+                "ciphermq_publish_ack_seconds_bucket{shard=\"0\",le=\"0.00025\"} 0",
+                "ciphermq_publish_ack_seconds_bucket{shard=\"0\",le=\"0.0005\"} 1",
+            ]
+        );
+        assert!(text.contains("ciphermq_publish_ack_seconds_bucket{shard=\"0\",le=\"10\"} 1\n"));
+        assert!(text.contains("ciphermq_publish_ack_seconds_sum{shard=\"0\"} 0.00042\n"));
+    }
+
+    #[test]
     fn every_bucket_bound_prints_as_a_plain_decimal() {
         for &us in crate::stats::FSYNC_BOUNDS_US
             .iter()
             .chain(crate::stats::PUBLISH_ACK_BOUNDS_US)
+            .chain(crate::stats::COMMIT_ROUND_BOUNDS_US)
+            .chain(crate::stats::LOOP_LAG_BOUNDS_US)
         {
             let text = format_value(us as f64 / 1e6);
             assert!(

@@ -1,0 +1,146 @@
+//! `/metrics` as Prometheus itself reads it: a durable broker serves some
+//! traffic, and its exposition text must pass `promtool check metrics`
+//! (Debian's `prometheus` package; `scripts/test.sh` installs it) without a
+//! single lint problem. The publish-to-ACK histogram starts at 50 µs.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::admin_http::request;
+use common::*;
+
+const ADMIN: &str = "\n[admin]\nenabled = true\naddress = \"127.0.0.1:0\"\n";
+
+/// Messages published, delivered and acked before the scrape.
+const MESSAGES: usize = 5;
+
+/// `promtool`: `$PROMTOOL`, else the first on `PATH`, else Debian's path.
+/// Fails the test (never skips it) when there is none.
+fn promtool() -> PathBuf {
+    if let Some(path) = std::env::var_os("PROMTOOL") {
+        return PathBuf::from(path);
+    }
+    let on_path = std::env::var_os("PATH")
+        .map(|paths| std::env::split_paths(&paths).collect::<Vec<_>>())
+        .unwrap_or_default()
+        .into_iter()
+        .map(|dir| dir.join("promtool"));
+    on_path
+        .chain([PathBuf::from("/usr/bin/promtool")])
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| {
+            panic!(
+                "promtool not found (on PATH, at /usr/bin/promtool or in $PROMTOOL): \
+                 install Debian's `prometheus` package \
+                 (`apt-get install --no-install-recommends prometheus`; \
+                 ./scripts/test.sh does it)"
+            )
+        })
+}
+
+/// The sum of every sample of `name` (any labels) in a metrics text.
+fn total(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            (series.split('{').next()? == name).then(|| value.parse::<f64>().ok())?
+        })
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_pass_promtool_check_metrics() {
+    let promtool = promtool();
+    let data = tempfile::tempdir().expect("tempdir");
+    let broker = TestBroker::start_durable_with(1, data.path(), "127.0.0.1:0", ADMIN);
+    let admin = broker.admin_addr().expect("admin endpoint enabled");
+
+    // Traffic, so that counters and histograms are not all zero.
+    let mut receiver = connect_as(&broker, "receiver_1").await;
+    setup_receiver(&mut receiver, "receiver_1").await;
+    let mut pushed = Vec::new();
+    check_skipping(
+        &mut receiver,
+        "consume receiver_1_queue",
+        "OK consume receiver_1_queue",
+        &mut pushed,
+    )
+    .await;
+    let mut sender = connect_as(&broker, "sender_1").await;
+    for i in 0..MESSAGES {
+        let id = format!("prom-{i}");
+        publish_expect(&mut sender, "ex", "receiver_1", &id, &format!("ACK {id}")).await;
+    }
+    while pushed.len() < MESSAGES {
+        pushed.push(next_delivery(&mut receiver).await);
+    }
+    for got in std::mem::take(&mut pushed) {
+        let id = got.id;
+        check_skipping(
+            &mut receiver,
+            &format!("ack {id}"),
+            &format!("ACK_CONFIRMED {id}"),
+            &mut pushed,
+        )
+        .await;
+    }
+    assert!(pushed.is_empty(), "redelivered: {pushed:?}");
+
+    // The counters are the shard's own; poll until the acks show.
+    let deadline = Instant::now() + TIMEOUT;
+    let text = loop {
+        let reply = request(admin, Some("admin"), "GET", "/metrics")
+            .await
+            .unwrap_or_else(|e| panic!("GET /metrics as admin: {e}"));
+        assert_eq!(reply.status, 200, "GET /metrics: {}", reply.body);
+        if total(&reply.body, "ciphermq_acks_total") >= MESSAGES as f64 {
+            break reply.body;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "acks never counted:\n{}",
+            reply.body
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    drop(sender);
+    drop(receiver);
+
+    let n = MESSAGES as f64;
+    assert_eq!(total(&text, "ciphermq_publishes_total"), n, "{text}");
+    assert_eq!(
+        total(&text, "ciphermq_publish_ack_seconds_count"),
+        n,
+        "{text}"
+    );
+    assert!(
+        total(&text, "ciphermq_fsync_seconds_count") >= 1.0,
+        "{text}"
+    );
+
+    let file = tempfile::NamedTempFile::new().expect("temp file");
+    std::fs::write(file.path(), &text).expect("write the scrape");
+    let out = Command::new(&promtool)
+        .args(["check", "metrics"])
+        .stdin(std::fs::File::open(file.path()).expect("open the scrape"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap_or_else(|e| panic!("run {}: {e}", promtool.display()));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stdout.trim().is_empty() && stderr.trim().is_empty(),
+        "promtool check metrics: {}\n--- stdout\n{stdout}--- stderr\n{stderr}--- scrape\n{text}",
+        out.status
+    );
+    // The first publish-to-ACK bucket is 50 µs (written as a plain decimal).
+    assert!(
+        text.contains("ciphermq_publish_ack_seconds_bucket{shard=\"0\",le=\"0.00005\"} "),
+        "no 50 µs publish-to-ACK bucket:\n{text}"
+    );
+}
