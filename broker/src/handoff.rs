@@ -179,7 +179,10 @@ pub(crate) async fn handshake(
         .map(|cn| policy.acl.role_of(cn))
         .unwrap_or(Role::Unknown);
     let Some(cn) = cn.filter(|_| role != Role::Unknown) else {
-        local.stats.connections_refused.add(1);
+        local
+            .stats
+            .connections_refused
+            .add(crate::stats::REFUSED_UNKNOWN_CLIENT);
         tracing::warn!(%peer, "refused: unknown client");
         refuse(
             &mut stream,
@@ -192,7 +195,10 @@ pub(crate) async fn handshake(
     let slot = match shared.policy.conn_limits.try_acquire(peer.ip(), &cn) {
         Ok(slot) => Some(slot),
         Err(e) => {
-            local.stats.connections_refused.add(1);
+            local
+                .stats
+                .connections_refused
+                .add(crate::stats::REFUSED_CONNECTION_LIMIT);
             tracing::warn!(%peer, %cn, reason = %e, "refused: connection limit");
             refuse(&mut stream, &mut session, "Error: connection limit reached").await;
             return;

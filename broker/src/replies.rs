@@ -234,7 +234,7 @@ impl ReplyQueue {
                 Slot::Publish {
                     outcome, accepted, ..
                 } => crate::stats::publish_answered(*accepted, outcome, &mut clock),
-                Slot::Nack { .. } => crate::stats::publish_nacked(),
+                Slot::Nack { reason, .. } => crate::stats::publish_nacked(*reason),
                 _ => {}
             }
             match slot {

@@ -19,6 +19,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, TryLockError};
 use std::time::{Duration, Instant};
 
+use ciphermq_proto::NackReason;
 use ciphermq_shard::durability::DiskSpace;
 use ciphermq_shard::{QueueStats, Shard};
 
@@ -70,6 +71,55 @@ impl Counter {
     #[inline]
     pub fn get(&self) -> u64 {
         self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// Why a connection is refused after its handshake: its CN is in no ACL
+/// list ([`REFUSED_UNKNOWN_CLIENT`]), or a per-IP or per-CN connection cap
+/// is reached ([`REFUSED_CONNECTION_LIMIT`]).
+pub const CONNECTION_REFUSALS: &[&str] = &["unknown_client", "connection_limit"];
+/// Index of `unknown_client` in [`CONNECTION_REFUSALS`].
+pub const REFUSED_UNKNOWN_CLIENT: usize = 0;
+/// Index of `connection_limit` in [`CONNECTION_REFUSALS`].
+pub const REFUSED_CONNECTION_LIMIT: usize = 1;
+
+/// Counters for a fixed, small set of reasons: one `reason` label each in
+/// `/metrics`, so the series stay bounded whatever clients send.
+#[derive(Debug)]
+pub struct ReasonCounters {
+    reasons: Box<[&'static str]>,
+    counts: Box<[Counter]>,
+}
+
+impl ReasonCounters {
+    /// Zeroed counters for `reasons`.
+    pub fn new(reasons: Vec<&'static str>) -> ReasonCounters {
+        let counts = reasons.iter().map(|_| Counter::default()).collect();
+        ReasonCounters {
+            reasons: reasons.into_boxed_slice(),
+            counts,
+        }
+    }
+
+    /// Counts one of reason `index` (an index past the set is ignored).
+    #[inline]
+    pub fn add(&self, index: usize) {
+        if let Some(c) = self.counts.get(index) {
+            c.add(1);
+        }
+    }
+
+    /// Every reason with its count, in order.
+    pub fn by_reason(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
+        self.reasons
+            .iter()
+            .copied()
+            .zip(self.counts.iter().map(Counter::get))
+    }
+
+    /// All reasons together.
+    pub fn total(&self) -> u64 {
+        self.counts.iter().map(Counter::get).sum()
     }
 }
 
@@ -155,8 +205,8 @@ pub struct ShardStats {
     pub shard: usize,
     /// Publishes answered `ACK` (durable in every target queue).
     pub publishes: Counter,
-    /// Publishes answered `NACK` (any reason).
-    pub publish_nacks: Counter,
+    /// Publishes answered `NACK`, by reason (`NackReason as usize`).
+    pub publish_nacks: ReasonCounters,
     /// Deliveries settled by `ack`.
     pub acks: Counter,
     /// Deliveries requeued by `nack`.
@@ -165,8 +215,9 @@ pub struct ShardStats {
     pub deliveries: Counter,
     /// Connections that passed the handshake and the ACL on this shard.
     pub connections_accepted: Counter,
-    /// Connections refused after the handshake (unknown CN, connection caps).
-    pub connections_refused: Counter,
+    /// Connections refused after the handshake, by reason
+    /// ([`CONNECTION_REFUSALS`]).
+    pub connections_refused: ReasonCounters,
     /// TLS handshakes that failed or timed out.
     pub handshake_failures: Counter,
     /// Connections closed before their handshake: too many in progress.
@@ -206,12 +257,12 @@ impl ShardStats {
         ShardStats {
             shard,
             publishes: Counter::default(),
-            publish_nacks: Counter::default(),
+            publish_nacks: ReasonCounters::new(NackReason::ALL.map(NackReason::as_str).to_vec()),
             acks: Counter::default(),
             nacks: Counter::default(),
             deliveries: Counter::default(),
             connections_accepted: Counter::default(),
-            connections_refused: Counter::default(),
+            connections_refused: ReasonCounters::new(CONNECTION_REFUSALS.to_vec()),
             handshake_failures: Counter::default(),
             handshakes_refused: Counter::default(),
             fsyncs: Counter::default(),
@@ -500,9 +551,13 @@ impl LazyClock {
 /// (`Ok`) is counted and its latency observed, a `NACK` counted. `clock`
 /// lives for one rendering pass.
 #[inline]
-pub fn publish_answered<E>(accepted: Instant, outcome: &Result<(), E>, clock: &mut LazyClock) {
-    if outcome.is_err() {
-        publish_nacked();
+pub fn publish_answered(
+    accepted: Instant,
+    outcome: &Result<(), NackReason>,
+    clock: &mut LazyClock,
+) {
+    if let Err(reason) = outcome {
+        publish_nacked(*reason);
         return;
     }
     with_current(|s| {
@@ -514,8 +569,8 @@ pub fn publish_answered<E>(accepted: Instant, outcome: &Result<(), E>, clock: &m
 
 /// A publish `NACK` is being written.
 #[inline]
-pub fn publish_nacked() {
-    with_current(|s| s.publish_nacks.add(1));
+pub fn publish_nacked(reason: NackReason) {
+    with_current(|s| s.publish_nacks.add(reason as usize));
 }
 
 /// `n` deliveries are being written.
@@ -585,7 +640,7 @@ mod tests {
     #[test]
     fn hooks_do_nothing_off_a_shard_thread() {
         std::thread::spawn(|| {
-            publish_nacked();
+            publish_nacked(NackReason::QueueFull);
             delivered(3);
         })
         .join()
@@ -594,12 +649,17 @@ mod tests {
         let s = stats.clone();
         std::thread::spawn(move || {
             enter(s);
-            publish_nacked();
+            publish_nacked(NackReason::QueueFull);
+            publish_nacked(NackReason::Timeout);
             delivered(3);
         })
         .join()
         .expect("no panic");
-        assert_eq!(stats.publish_nacks.get(), 1);
+        assert_eq!(stats.publish_nacks.total(), 2);
+        let by_reason: Vec<_> = stats.publish_nacks.by_reason().collect();
+        assert_eq!(by_reason.len(), NackReason::ALL.len());
+        assert!(by_reason.contains(&("queue_full", 1)) && by_reason.contains(&("timeout", 1)));
+        assert_eq!(by_reason.iter().filter(|(_, n)| *n == 0).count(), 7);
         assert_eq!(stats.deliveries.get(), 3);
     }
 }

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use ciphermq_clients::connection::{ClientError, Connection};
 use common::admin_http::request;
 use common::*;
 
@@ -89,6 +90,15 @@ async fn metrics_pass_promtool_check_metrics() {
         .await;
     }
     assert!(pushed.is_empty(), "redelivered: {pushed:?}");
+    // Refusals, counted by their reason.
+    publish_expect(&mut sender, "ex", "nobody", "lost", "NACK lost no_route").await;
+    let stranger = ciphermq_clients::connection::TlsClientOptions::for_cn(&pki().certs, "stranger");
+    match tokio::time::timeout(TIMEOUT, Connection::connect(&broker.addr, &stranger)).await {
+        Ok(Err(ClientError::Refused(line))) => {
+            assert_eq!(line, "Access denied: unknown client (role=unknown)")
+        }
+        other => panic!("stranger not refused: {:?}", other.map(|r| r.map(|_| ()))),
+    }
 
     // The counters are the shard's own; poll until the acks show.
     let deadline = Instant::now() + TIMEOUT;
@@ -97,7 +107,9 @@ async fn metrics_pass_promtool_check_metrics() {
             .await
             .unwrap_or_else(|e| panic!("GET /metrics as admin: {e}"));
         assert_eq!(reply.status, 200, "GET /metrics: {}", reply.body);
-        if total(&reply.body, "ciphermq_acks_total") >= MESSAGES as f64 {
+        if total(&reply.body, "ciphermq_acks_total") >= MESSAGES as f64
+            && total(&reply.body, "ciphermq_connections_refused_total") >= 1.0
+        {
             break reply.body;
         }
         assert!(
@@ -138,6 +150,14 @@ async fn metrics_pass_promtool_check_metrics() {
         "promtool check metrics: {}\n--- stdout\n{stdout}--- stderr\n{stderr}--- scrape\n{text}",
         out.status
     );
+    for series in [
+        "ciphermq_publish_nacks_total{shard=\"0\",reason=\"no_route\"} 1\n",
+        "ciphermq_publish_nacks_total{shard=\"0\",reason=\"queue_full\"} 0\n",
+        "ciphermq_connections_refused_total{shard=\"0\",reason=\"unknown_client\"} 1\n",
+        "ciphermq_connections_refused_total{shard=\"0\",reason=\"connection_limit\"} 0\n",
+    ] {
+        assert!(text.contains(series), "no {series:?} in:\n{text}");
+    }
     // The first publish-to-ACK bucket is 50 µs (written as a plain decimal).
     assert!(
         text.contains("ciphermq_publish_ack_seconds_bucket{shard=\"0\",le=\"0.00005\"} "),

@@ -30,6 +30,20 @@ pub enum NackReason {
 }
 
 impl NackReason {
+    /// Every reason, in declaration order (`reason as usize` indexes it):
+    /// a bounded label set for metrics.
+    pub const ALL: [NackReason; 9] = [
+        NackReason::AccessDenied,
+        NackReason::RateLimited,
+        NackReason::NoRoute,
+        NackReason::Invalid,
+        NackReason::TooLarge,
+        NackReason::QueueFull,
+        NackReason::DiskFull,
+        NackReason::Storage,
+        NackReason::Timeout,
+    ];
+
     /// The protocol word.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -213,6 +227,14 @@ impl<'a> Reply<'a> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn all_lists_every_reason_at_its_own_index() {
+        for (i, reason) in super::NackReason::ALL.iter().enumerate() {
+            assert_eq!(*reason as usize, i);
+            assert_eq!(super::NackReason::parse(reason.as_str()), Some(*reason));
+        }
+    }
+
     use super::*;
 
     #[test]

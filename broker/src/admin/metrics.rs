@@ -10,7 +10,7 @@ use ciphermq_shard::shard::BacklogReads;
 
 use super::slots::{Cap, SlotStats};
 use super::{status, AdminContext};
-use crate::stats::{HistogramSnapshot, ShardStats};
+use crate::stats::{HistogramSnapshot, ReasonCounters, ShardStats};
 
 /// A metric family's type, as the `# TYPE` line spells it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -147,6 +147,24 @@ fn shard_counter(
     }
 }
 
+/// A per-shard counter family with a `reason` label from a fixed set
+/// (every reason is shown, zeros included, so a rate over it is defined).
+fn shard_reason_counter(
+    e: &mut Exposition,
+    shards: &[std::sync::Arc<ShardStats>],
+    name: &str,
+    help: &str,
+    get: impl Fn(&ShardStats) -> &ReasonCounters,
+) {
+    e.family(name, Kind::Counter, help);
+    for s in shards {
+        let shard = s.shard.to_string();
+        for (reason, n) in get(s).by_reason() {
+            e.sample_u64(name, &[("shard", &shard), ("reason", reason)], n);
+        }
+    }
+}
+
 /// A per-shard histogram family.
 fn shard_histogram(
     e: &mut Exposition,
@@ -201,12 +219,12 @@ pub(crate) fn render(ctx: &AdminContext, admin: &SlotStats) -> String {
         "Publishes answered ACK (durable in every target queue).",
         |s| s.publishes.get(),
     );
-    shard_counter(
+    shard_reason_counter(
         &mut e,
         shards,
         "ciphermq_publish_nacks_total",
-        "Publishes answered NACK, any reason.",
-        |s| s.publish_nacks.get(),
+        "Publishes answered NACK, by the reason the NACK gives.",
+        |s| &s.publish_nacks,
     );
     shard_counter(
         &mut e,
@@ -236,12 +254,12 @@ pub(crate) fn render(ctx: &AdminContext, admin: &SlotStats) -> String {
         "Client connections that passed the handshake and the ACL.",
         |s| s.connections_accepted.get(),
     );
-    shard_counter(
+    shard_reason_counter(
         &mut e,
         shards,
         "ciphermq_connections_refused_total",
-        "Client connections refused after the handshake (unknown CN, connection caps).",
-        |s| s.connections_refused.get(),
+        "Client connections refused after the handshake: unknown_client (CN in no ACL list), connection_limit (per-IP or per-CN cap).",
+        |s| &s.connections_refused,
     );
     shard_counter(
         &mut e,

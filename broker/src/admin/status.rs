@@ -313,12 +313,12 @@ pub(crate) fn counters(ctx: &AdminContext) -> Counters {
     let mut c = Counters::default();
     for s in ctx.shared.stats.shards() {
         c.publishes += s.publishes.get();
-        c.publish_nacks += s.publish_nacks.get();
+        c.publish_nacks += s.publish_nacks.total();
         c.acks += s.acks.get();
         c.nacks += s.nacks.get();
         c.deliveries += s.deliveries.get();
         c.connections_accepted += s.connections_accepted.get();
-        c.connections_refused += s.connections_refused.get();
+        c.connections_refused += s.connections_refused.total();
         c.handshake_failures += s.handshake_failures.get();
         c.handshakes_refused += s.handshakes_refused.get();
         c.fsyncs += s.fsyncs.get();
