@@ -313,6 +313,7 @@ pub fn start(config: &Config) -> Result<BrokerHandle, StartError> {
                     .as_ref()
                     .map(|(dir, _)| dir.display().to_string()),
                 bridge: bridge.clone(),
+                certificates: certificate_expiries(config),
             };
             match AdminServer::start(listener, context) {
                 Ok(admin) => Some(admin),
@@ -424,4 +425,24 @@ fn probe_port(address: &str) -> Result<(), StartError> {
         )),
         Err(_) => Ok(()),
     }
+}
+
+/// When the server certificate and the CA expire, for `/metrics` (already
+/// loaded once by the TLS setup, so a failure here is only logged).
+fn certificate_expiries(config: &Config) -> Vec<(&'static str, i64)> {
+    [
+        ("server", "tls.cert_path", &config.tls.cert_path),
+        ("ca", "tls.ca_cert_path", &config.tls.ca_cert_path),
+    ]
+    .into_iter()
+    .filter_map(
+        |(name, key, path)| match crate::tls::earliest_expiry(key, path) {
+            Ok(t) => Some((name, t)),
+            Err(e) => {
+                tracing::warn!(error = %e, "certificate expiry not exported");
+                None
+            }
+        },
+    )
+    .collect()
 }

@@ -1,6 +1,7 @@
 //! The crate's only `unsafe` code: moving a socket between executors, two
 //! start-up probes of the kernel, the free-space query of the disk watcher,
-//! and handing freed heap memory back to the kernel.
+//! two `sysconf` values the process metrics need, and handing freed heap
+//! memory back to the kernel.
 //!
 //! glommio 0.9 streams cannot be sent between executors, so the accepting
 //! shard duplicates the socket's file descriptor into an [`OwnedFd`] (which is
@@ -125,4 +126,20 @@ pub fn release_free_memory() {
     unsafe {
         libc::malloc_trim(0);
     }
+}
+
+/// Clock ticks per second (`_SC_CLK_TCK`), the unit of `/proc` CPU times;
+/// 0 if unknown.
+pub fn clock_ticks_per_second() -> u64 {
+    // SAFETY: sysconf takes a constant and touches no memory of ours.
+    let n = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    u64::try_from(n).unwrap_or(0)
+}
+
+/// The memory page size (`_SC_PAGESIZE`), the unit of `/proc` RSS; 4096
+/// if unknown.
+pub fn page_size() -> u64 {
+    // SAFETY: as above.
+    let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    u64::try_from(n).ok().filter(|n| *n > 0).unwrap_or(4096)
 }

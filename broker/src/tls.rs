@@ -44,6 +44,25 @@ fn load_certs(key: &'static str, path: &Path) -> Result<Vec<CertificateDer<'stat
     Ok(certs)
 }
 
+/// When the first certificate of the PEM file at `path` to expire does
+/// (Unix seconds): for the server certificate, its chain's; for the CA
+/// bundle, the earliest CA's. `key` names the config key in errors.
+pub fn earliest_expiry(key: &'static str, path: &Path) -> Result<i64, TlsError> {
+    let err = |reason: String| TlsError::Load {
+        key,
+        path: path.display().to_string(),
+        reason,
+    };
+    load_certs(key, path)?
+        .iter()
+        .map(|der| {
+            x509_parser::parse_x509_certificate(der.as_ref())
+                .map(|(_, cert)| cert.validity().not_after.timestamp())
+                .map_err(|e| err(e.to_string()))
+        })
+        .try_fold(i64::MAX, |earliest, t| Ok(earliest.min(t?)))
+}
+
 /// Builds the server configuration: TLS 1.2 and 1.3, client certificate
 /// required and verified against the CA.
 pub fn server_config(cert: &Path, key: &Path, ca: &Path) -> Result<Arc<ServerConfig>, TlsError> {

@@ -158,6 +158,38 @@ async fn metrics_pass_promtool_check_metrics() {
     ] {
         assert!(text.contains(series), "no {series:?} in:\n{text}");
     }
+    // The process and its certificates, as the kernel and the PEM files
+    // have them.
+    assert!(
+        total(&text, "ciphermq_process_cpu_seconds_total") > 0.0,
+        "{text}"
+    );
+    assert!(
+        total(&text, "ciphermq_process_resident_memory_bytes") > 1e6,
+        "{text}"
+    );
+    let fds = total(&text, "ciphermq_process_open_fds");
+    assert!(
+        fds >= 3.0 && fds <= total(&text, "ciphermq_process_max_fds"),
+        "{text}"
+    );
+    let started = total(&text, "ciphermq_process_start_time_seconds");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    assert!(started > now - 86_400.0 && started <= now + 1.0, "{text}");
+    for certificate in ["server", "ca"] {
+        let series =
+            format!("ciphermq_tls_certificate_expiry_seconds{{certificate=\"{certificate}\"}} ");
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(&series))
+            .unwrap_or_else(|| panic!("no {series:?} in:\n{text}"));
+        let secs: f64 = line[series.len()..].parse().expect("a number");
+        // Freshly issued: valid for days at least, not for a century.
+        assert!(secs > 86_400.0 && secs < 100.0 * 365.0 * 86_400.0, "{line}");
+    }
     // The first publish-to-ACK bucket is 50 µs (written as a plain decimal).
     assert!(
         text.contains("ciphermq_publish_ack_seconds_bucket{shard=\"0\",le=\"0.00005\"} "),

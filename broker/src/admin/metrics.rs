@@ -147,6 +147,81 @@ fn shard_counter(
     }
 }
 
+/// The process's own numbers (`process.rs`); a figure that could not be
+/// read is left out.
+fn process_series(e: &mut Exposition, p: &super::process::ProcessStats) {
+    let gauges: [(&str, Kind, &str, Option<f64>); 6] = [
+        (
+            "ciphermq_process_cpu_seconds_total",
+            Kind::Counter,
+            "User and system CPU time of the broker process.",
+            p.cpu_seconds,
+        ),
+        (
+            "ciphermq_process_resident_memory_bytes",
+            Kind::Gauge,
+            "Resident memory of the broker process.",
+            p.resident_bytes.map(|b| b as f64),
+        ),
+        (
+            "ciphermq_process_virtual_memory_bytes",
+            Kind::Gauge,
+            "Virtual memory of the broker process.",
+            p.virtual_bytes.map(|b| b as f64),
+        ),
+        (
+            "ciphermq_process_open_fds",
+            Kind::Gauge,
+            "Open file descriptors (connections, segment files, sockets).",
+            p.open_fds.map(|n| n as f64),
+        ),
+        (
+            "ciphermq_process_max_fds",
+            Kind::Gauge,
+            "The soft limit on open file descriptors.",
+            p.max_fds.map(|n| n as f64),
+        ),
+        (
+            "ciphermq_process_start_time_seconds",
+            Kind::Gauge,
+            "When the broker process started, in seconds since the Unix epoch.",
+            p.start_time_seconds,
+        ),
+    ];
+    for (name, kind, help, value) in gauges {
+        if let Some(value) = value {
+            e.family(name, kind, help);
+            e.sample(name, &[], value);
+        }
+    }
+}
+
+/// Seconds until each TLS certificate expires (negative once it has).
+fn certificate_series(e: &mut Exposition, certificates: &[(&'static str, i64)], now: i64) {
+    if certificates.is_empty() {
+        return;
+    }
+    let name = "ciphermq_tls_certificate_expiry_seconds";
+    e.family(
+        name,
+        Kind::Gauge,
+        "Seconds until a TLS certificate expires, as loaded at start: certificate=\"server\" (tls.cert_path), \"ca\" (the earliest of tls.ca_cert_path).",
+    );
+    for (certificate, not_after) in certificates {
+        e.sample(
+            name,
+            &[("certificate", certificate)],
+            (not_after - now) as f64,
+        );
+    }
+}
+
+fn unix_seconds() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+}
+
 /// A per-shard counter family with a `reason` label from a fixed set
 /// (every reason is shown, zeros included, so a rate over it is defined).
 fn shard_reason_counter(
@@ -211,6 +286,8 @@ pub(crate) fn render(ctx: &AdminContext, admin: &SlotStats) -> String {
     e.sample("ciphermq_uptime_seconds", &[], stats.uptime().as_secs_f64());
     e.family("ciphermq_shards", Kind::Gauge, "Shards (pinned executors).");
     e.sample_u64("ciphermq_shards", &[], shards.len() as u64);
+    process_series(&mut e, &super::process::read());
+    certificate_series(&mut e, &ctx.certificates, unix_seconds());
 
     shard_counter(
         &mut e,

@@ -17,6 +17,7 @@
 //! `/ready` only), under slots of its own.
 
 mod metrics;
+mod process;
 mod routes;
 mod slots;
 mod status;
@@ -86,6 +87,9 @@ pub struct AdminContext {
     pub data_dir: Option<String>,
     /// The Postgres bridge, when `database.backend = "postgres"`.
     pub bridge: Option<Arc<PgBridge>>,
+    /// When the TLS certificates expire (Unix seconds), by name (`server`,
+    /// `ca`): as loaded at start.
+    pub certificates: Vec<(&'static str, i64)>,
 }
 
 /// The bound admin socket and the `[admin]` limits it will be served with:
