@@ -58,6 +58,7 @@ impl Session {
                     .local
                     .allow(&self.policy, &self.identity.cn, now, false)
                 {
+                    self.local.stats.rate_limited.add(1);
                     self.replies.line("Rate limited");
                     return;
                 }

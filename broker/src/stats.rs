@@ -238,6 +238,11 @@ pub struct ShardStats {
     pub loop_lag: Histogram,
     /// Turns that came [`crate::stall_watch::STALL_THRESHOLD`] late or more.
     pub stalls: Counter,
+    /// Commands answered `Rate limited` (publishes limited are counted as
+    /// `NACK rate_limited` in `publish_nacks`).
+    pub rate_limited: Counter,
+    /// Messages moved to dead-letter queues, as of the last refresh.
+    dead_lettered: AtomicU64,
     /// Open connections served by this shard, as of the last refresh.
     open_connections: AtomicU64,
     /// This shard's queues as of the last refresh.
@@ -273,6 +278,8 @@ impl ShardStats {
             commit_round_latency: Histogram::new(COMMIT_ROUND_BOUNDS_US),
             loop_lag: Histogram::new(LOOP_LAG_BOUNDS_US),
             stalls: Counter::default(),
+            rate_limited: Counter::default(),
+            dead_lettered: AtomicU64::new(0),
             open_connections: AtomicU64::new(0),
             queues: Mutex::new(Arc::new(Vec::new())),
             backlog: Mutex::new(Default::default()),
@@ -287,6 +294,8 @@ impl ShardStats {
     pub fn refresh(&self, shard: &Shard) {
         self.open_connections
             .store(shard.mailboxes().count() as u64, Ordering::Relaxed);
+        self.dead_lettered
+            .store(shard.dead_lettered(), Ordering::Relaxed);
         if let Ok(mut b) = self.backlog.try_lock() {
             *b = shard.backlog_reads();
         }
@@ -304,6 +313,11 @@ impl ShardStats {
     #[inline]
     pub fn settled(&self, ack: bool, n: usize) {
         if ack { &self.acks } else { &self.nacks }.add(n as u64);
+    }
+
+    /// Messages moved to dead-letter queues, as of the last refresh.
+    pub fn dead_lettered(&self) -> u64 {
+        self.dead_lettered.load(Ordering::Relaxed)
     }
 
     /// Backlog reads as of the last refresh.

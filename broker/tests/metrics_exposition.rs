@@ -196,3 +196,57 @@ async fn metrics_pass_promtool_check_metrics() {
         "no 50 µs publish-to-ACK bucket:\n{text}"
     );
 }
+
+/// Dead-letter moves and rate-limited commands are counted: a message
+/// nacked past `max_deliveries` goes to its `.dlq`, and a CN past its
+/// command bucket is answered `Rate limited`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letters_and_rate_limited_commands_are_counted() {
+    let broker = TestBroker::start_with(
+        1,
+        &format!(
+            "\n[performance]\nmax_deliveries = 1\n\
+             [rate_limit]\nenabled = true\nglobal_rps = 1\nglobal_burst = 40\n{ADMIN}"
+        ),
+    );
+    let admin = broker.admin_addr().expect("admin endpoint enabled");
+    let mut receiver = connect_as(&broker, "receiver_1").await;
+    setup_receiver(&mut receiver, "receiver_1").await;
+    let mut sender = connect_as(&broker, "sender_1").await;
+    publish_expect(&mut sender, "ex", "receiver_1", "dl-1", "ACK dl-1").await;
+    let got = fetch(&mut receiver, "receiver_1_queue", 1).await;
+    assert_eq!(got.len(), 1);
+    check(&mut receiver, "nack dl-1", "NACK_CONFIRMED dl-1").await;
+    let dead = fetch(&mut receiver, "receiver_1_queue.dlq", 10).await;
+    assert_eq!(dead.len(), 1, "dl-1 is in the dead-letter queue");
+    // A bucket of 40 at 1 a second: the rest of a quick run of heartbeats
+    // is refused.
+    let mut limited = 0;
+    for _ in 0..60 {
+        match ask(&mut sender, "heartbeat").await.as_str() {
+            "OK heartbeat" => {}
+            "Rate limited" => limited += 1,
+            other => panic!("heartbeat answered {other:?}"),
+        }
+    }
+    assert!(limited >= 15, "{limited} heartbeats limited");
+
+    // Dead-letter moves are published with the shard's 1 s refresh.
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        let reply = request(admin, Some("monitor_1"), "GET", "/metrics")
+            .await
+            .expect("/metrics as a monitor");
+        let text = reply.body;
+        let rate_limited = total(&text, "ciphermq_rate_limited_total");
+        assert!(rate_limited >= limited as f64, "{text}");
+        if total(&text, "ciphermq_dead_lettered_total") == 1.0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "dead letter never counted:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

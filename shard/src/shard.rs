@@ -135,6 +135,8 @@ pub struct Shard {
     reader: Option<std::task::Waker>,
     waiting_fetches: Vec<WaitingFetch>,
     backlog: BacklogReads,
+    /// Messages moved to a dead-letter queue since start.
+    dead_lettered: u64,
     last_spill_search: Option<Instant>,
 }
 
@@ -166,6 +168,7 @@ impl Shard {
             reader: None,
             waiting_fetches: Vec::new(),
             backlog: BacklogReads::default(),
+            dead_lettered: 0,
             last_spill_search: None,
         }
     }
@@ -432,6 +435,11 @@ impl Shard {
     /// How reading backlogs back went.
     pub fn backlog_reads(&self) -> BacklogReads {
         self.backlog
+    }
+
+    /// Messages this shard moved to a dead-letter queue since it started.
+    pub fn dead_lettered(&self) -> u64 {
+        self.dead_lettered
     }
 
     fn log_ack(&mut self, queue: &Arc<str>, seq: u64, key: crate::DedupKey) {
@@ -709,6 +717,7 @@ impl Shard {
             };
             let seq = dlq.enqueue_dead(entry.msg.clone());
             let next = dlq.next_seq();
+            self.dead_lettered += 1;
             if let (Some(d), Some(source)) = (&mut self.durable, &source) {
                 // The source forgets the message only once the dead-letter
                 // queue has it on disk: a crash in between keeps it in both.

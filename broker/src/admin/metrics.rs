@@ -306,6 +306,20 @@ pub(crate) fn render(ctx: &AdminContext, admin: &SlotStats) -> String {
     shard_counter(
         &mut e,
         shards,
+        "ciphermq_rate_limited_total",
+        "Commands answered Rate limited by the per-CN command bucket (limited publishes are ciphermq_publish_nacks_total{reason=\"rate_limited\"}).",
+        |s| s.rate_limited.get(),
+    );
+    shard_counter(
+        &mut e,
+        shards,
+        "ciphermq_dead_lettered_total",
+        "Messages moved to a dead-letter queue ({queue}.dlq) after performance.max_deliveries (refreshed every second).",
+        |s| s.dead_lettered(),
+    );
+    shard_counter(
+        &mut e,
+        shards,
         "ciphermq_acks_total",
         "Deliveries settled by a consumer's ack.",
         |s| s.acks.get(),
