@@ -503,51 +503,34 @@ async fn the_probe_address_serves_health_and_ready_alone_over_plain_http() {
 }
 
 #[test]
-fn a_taken_probe_address_is_a_start_error_naming_its_key() {
-    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    let address = taken.local_addr().expect("address");
-    let data = tempfile::tempdir().expect("tempdir");
-    let config = admin_config(
-        1,
-        false,
-        data.path(),
-        &format!(
-            "\n[admin]\nenabled = true\naddress = \"127.0.0.1:0\"\nprobe_address = \"{address}\"\n"
+fn a_taken_admin_or_probe_address_is_a_start_error_naming_its_key() {
+    for (key, section) in [
+        ("admin.address", "address = \"{taken}\""),
+        (
+            "admin.probe_address",
+            "address = \"127.0.0.1:0\"\nprobe_address = \"{taken}\"",
         ),
-    );
-    let err = match ciphermq_broker::start(&config) {
-        Ok(handle) => {
-            handle.shutdown();
-            panic!("started although {address} is taken");
-        }
-        Err(e) => e.to_string(),
-    };
-    assert!(
-        err.starts_with(&format!("admin.probe_address: cannot listen on {address}")),
-        "{err}"
-    );
-}
-
-#[test]
-fn a_taken_admin_address_is_a_start_error_naming_the_key() {
-    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    let address = taken.local_addr().expect("address");
-    let data = tempfile::tempdir().expect("tempdir");
-    let config = admin_config(
-        1,
-        false,
-        data.path(),
-        &format!("\n[admin]\nenabled = true\naddress = \"{address}\"\n"),
-    );
-    let err = match ciphermq_broker::start(&config) {
-        Ok(handle) => {
-            handle.shutdown();
-            panic!("started although {address} is taken");
-        }
-        Err(e) => e.to_string(),
-    };
-    assert!(
-        err.starts_with(&format!("admin.address: cannot listen on {address}")),
-        "{err}"
-    );
+    ] {
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let address = taken.local_addr().expect("address").to_string();
+        let data = tempfile::tempdir().expect("tempdir");
+        let section = section.replace("{taken}", &address);
+        let config = admin_config(
+            1,
+            false,
+            data.path(),
+            &format!("\n[admin]\nenabled = true\n{section}\n"),
+        );
+        let err = match ciphermq_broker::start(&config) {
+            Ok(handle) => {
+                handle.shutdown();
+                panic!("started although {address} ({key}) is taken");
+            }
+            Err(e) => e.to_string(),
+        };
+        assert!(
+            err.starts_with(&format!("{key}: cannot listen on {address}")),
+            "{err}"
+        );
+    }
 }

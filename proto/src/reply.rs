@@ -227,14 +227,6 @@ impl<'a> Reply<'a> {
 
 #[cfg(test)]
 mod tests {
-    #[test]
-    fn all_lists_every_reason_at_its_own_index() {
-        for (i, reason) in super::NackReason::ALL.iter().enumerate() {
-            assert_eq!(*reason as usize, i);
-            assert_eq!(super::NackReason::parse(reason.as_str()), Some(*reason));
-        }
-    }
-
     use super::*;
 
     #[test]
@@ -298,18 +290,10 @@ mod tests {
 
     #[test]
     fn reasons_round_trip() {
-        for r in [
-            NackReason::AccessDenied,
-            NackReason::RateLimited,
-            NackReason::NoRoute,
-            NackReason::Invalid,
-            NackReason::TooLarge,
-            NackReason::QueueFull,
-            NackReason::DiskFull,
-            NackReason::Storage,
-            NackReason::Timeout,
-        ] {
+        for (i, r) in NackReason::ALL.into_iter().enumerate() {
             assert_eq!(NackReason::parse(r.as_str()), Some(r));
+            // `ALL` is indexed by the reason (metrics count by it).
+            assert_eq!(r as usize, i);
         }
         // A full disk frees up as consumers drain: senders retry it.
         assert!(NackReason::DiskFull.is_retriable());
