@@ -131,7 +131,16 @@ impl Connection {
     /// Greets the client and serves it until it quits, fails or times out.
     pub async fn run(mut self) {
         self.session.greet();
-        let end = std::future::poll_fn(|cx| self.poll_run(cx)).await;
+        let end = std::future::poll_fn(|cx| {
+            let polled = self.poll_run(cx);
+            // Counted once a turn, not per socket call.
+            let (read, written) = self.tls.take_traffic();
+            let stats = &self.session.local.stats;
+            stats.bytes_received.add(read);
+            stats.bytes_sent.add(written);
+            polled
+        })
+        .await;
         let (cn, peer) = (&self.session.identity.cn, self.session.identity.peer);
         match &end {
             End::Clean | End::PeerClosed => tracing::debug!(%cn, %peer, "connection closed"),

@@ -238,6 +238,11 @@ pub struct ShardStats {
     pub loop_lag: Histogram,
     /// Turns that came [`crate::stall_watch::STALL_THRESHOLD`] late or more.
     pub stalls: Counter,
+    /// TLS bytes read from client connections once they are served (after
+    /// the handshake).
+    pub bytes_received: Counter,
+    /// TLS bytes written to client connections once they are served.
+    pub bytes_sent: Counter,
     /// Commands answered `Rate limited` (publishes limited are counted as
     /// `NACK rate_limited` in `publish_nacks`).
     pub rate_limited: Counter,
@@ -278,6 +283,8 @@ impl ShardStats {
             commit_round_latency: Histogram::new(COMMIT_ROUND_BOUNDS_US),
             loop_lag: Histogram::new(LOOP_LAG_BOUNDS_US),
             stalls: Counter::default(),
+            bytes_received: Counter::default(),
+            bytes_sent: Counter::default(),
             rate_limited: Counter::default(),
             dead_lettered: AtomicU64::new(0),
             open_connections: AtomicU64::new(0),

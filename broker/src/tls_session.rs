@@ -42,6 +42,9 @@ pub struct TlsSession {
     outgoing_pos: usize,
     /// The peer closed its side of the socket.
     pub eof: bool,
+    /// Ciphertext bytes read from / written to the socket and not yet taken
+    /// by [`TlsSession::take_traffic`] (for `/metrics`).
+    traffic: (u64, u64),
 }
 
 impl TlsSession {
@@ -57,7 +60,13 @@ impl TlsSession {
             outgoing: Vec::new(),
             outgoing_pos: 0,
             eof: false,
+            traffic: (0, 0),
         }
+    }
+
+    /// Bytes read and written on the socket since the last call.
+    pub fn take_traffic(&mut self) -> (u64, u64) {
+        std::mem::take(&mut self.traffic)
     }
 
     /// Splits the session for a hand-off: rustls state and unconsumed ciphertext.
@@ -110,6 +119,7 @@ impl TlsSession {
         let result = Pin::new(stream).poll_read(cx, room);
         if let Poll::Ready(Ok(n)) = result {
             self.incoming.commit(n);
+            self.traffic.0 += n as u64;
             self.read_size = next_read_size(self.read_size, offered, n);
             if n == 0 {
                 self.eof = true;
@@ -173,7 +183,10 @@ impl TlsSession {
             }
             match Pin::new(&mut *stream).poll_write(cx, &self.outgoing[self.outgoing_pos..]) {
                 Poll::Ready(Ok(0)) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
-                Poll::Ready(Ok(n)) => self.outgoing_pos += n,
+                Poll::Ready(Ok(n)) => {
+                    self.outgoing_pos += n;
+                    self.traffic.1 += n as u64;
+                }
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
                 Poll::Pending => return Poll::Pending,
             }

@@ -158,6 +158,13 @@ async fn metrics_pass_promtool_check_metrics() {
     ] {
         assert!(text.contains(series), "no {series:?} in:\n{text}");
     }
+    // Bytes on the wire: at least the published bodies in, the deliveries
+    // out (each about 200 bytes of JSON plus TLS framing).
+    let (received, sent) = (
+        total(&text, "ciphermq_received_bytes_total"),
+        total(&text, "ciphermq_sent_bytes_total"),
+    );
+    assert!(received > 200.0 * n && sent > 200.0 * n, "{text}");
     // The process and its certificates, as the kernel and the PEM files
     // have them.
     assert!(

@@ -306,6 +306,20 @@ pub(crate) fn render(ctx: &AdminContext, admin: &SlotStats) -> String {
     shard_counter(
         &mut e,
         shards,
+        "ciphermq_received_bytes_total",
+        "TLS bytes read from client connections after their handshake.",
+        |s| s.bytes_received.get(),
+    );
+    shard_counter(
+        &mut e,
+        shards,
+        "ciphermq_sent_bytes_total",
+        "TLS bytes written to client connections after their handshake.",
+        |s| s.bytes_sent.get(),
+    );
+    shard_counter(
+        &mut e,
+        shards,
         "ciphermq_rate_limited_total",
         "Commands answered Rate limited by the per-CN command bucket (limited publishes are ciphermq_publish_nacks_total{reason=\"rate_limited\"}).",
         |s| s.rate_limited.get(),
