@@ -1,1 +1,34 @@
-//! placeholder
+//! What the CipherMQ broker reports, and how operators read it.
+//!
+//! Map:
+//! - [`stats`]: the figures every shard publishes without waiting (relaxed
+//!   counters, histograms, queue snapshots) and the broker's lifecycle.
+//! - [`broker_view`]: what else the endpoint reads from the broker (identity,
+//!   access, limits, connections, topology), as a trait the broker implements.
+//! - [`config`]: the `[admin]` section of the broker's config.
+//! - `endpoint`: the admin endpoint's thread, listeners and connections
+//!   (HTTP/1.1 over mutual TLS, and plain-HTTP probes on loopback).
+//! - `slots`: which connections may hold one of the endpoint's slots, and for
+//!   how long.
+//! - `routes`: who may see what; `status`: the JSON; `metrics`: the
+//!   Prometheus text; `process`: the process's own figures from `/proc`.
+//!
+//! Invariants: nothing here runs on a shard or makes a shard wait; every
+//! answer is built from snapshots and atomic reads.
+
+#![warn(missing_docs, unreachable_pub)]
+
+pub mod broker_view;
+pub mod config;
+mod endpoint;
+mod metrics;
+mod process;
+mod routes;
+mod slots;
+pub mod stats;
+mod status;
+
+pub use broker_view::{Access, BrokerView, Limits};
+pub use config::AdminConfig;
+pub use endpoint::{AdminContext, AdminError, AdminListener, AdminServer};
+pub use slots::AdminLimits;

@@ -16,8 +16,8 @@ use ciphermq_shard::{
 };
 
 use crate::acl::{Op, Role};
-use crate::log_throttle::LogThrottle;
 use crate::session::{PendingReply, Session};
+use ciphermq_shard::log_throttle::LogThrottle;
 
 impl Session {
     /// Executes one request line (without its newline).

@@ -44,7 +44,7 @@ use glommio::{GlommioError, Latency, Shares, Task};
 
 use crate::context::ShardLocal;
 use crate::file_deleter::{self, FileDeleter};
-use crate::stats::ShardStats;
+use ciphermq_admin::stats::ShardStats;
 
 type IoResult<T> = Result<T, GlommioError<()>>;
 

@@ -20,6 +20,7 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use base64::Engine as _;
+pub use ciphermq_admin::config::{AdminConfig, MAX_ADMIN_CONNECTIONS, MAX_ADMIN_TIMEOUT_SECS};
 use serde::Deserialize;
 
 /// Environment variable consulted for the AES key when neither
@@ -691,131 +692,65 @@ impl Default for StorageConfig {
     }
 }
 
-/// Upper bound of `admin.max_connections`: the endpoint serves a few
-/// dashboards and scrapers, and a full slot table is scanned on each accept.
-pub const MAX_ADMIN_CONNECTIONS: u32 = 4096;
-
-/// Upper bound of the `admin.*_timeout_secs` keys: they exist to drop idle
-/// and slow clients promptly, and an hour is no longer prompt.
-pub const MAX_ADMIN_TIMEOUT_SECS: u64 = 3600;
-
-/// `[admin]`: the HTTP/1.1-over-mTLS admin endpoint (DESIGN.md §8). Its
-/// connection limits keep monitoring served while hostile clients hold
-/// connections (idle sockets, slowloris, one address taking every slot).
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct AdminConfig {
-    /// Start the admin endpoint. Default false.
-    pub enabled: bool,
-    /// Its listen address, `host:port`. Default `127.0.0.1:9091`.
-    pub address: String,
-    /// Admin connections open at once, 1 to [`MAX_ADMIN_CONNECTIONS`]. When
-    /// all are taken a newcomer replaces the connection most worth dropping
-    /// (still in its handshake, then without a finished request, then idle
-    /// longest); it is refused only while every connection is answering a
-    /// request. Default 64.
-    pub max_connections: u32,
-    /// Admin connections open at once from one client address (an IPv6 /64
-    /// counts as one), 1 to `max_connections`, so one address cannot take
-    /// every slot. At the cap a newcomer replaces that address's oldest
-    /// connection without a finished request, else it is refused. Default 8.
-    pub max_connections_per_ip: u32,
-    /// Seconds from accept within which the TLS handshake and the first
-    /// request's headers must be done, else the connection is closed (idle
-    /// sockets, slowloris), 1 to [`MAX_ADMIN_TIMEOUT_SECS`]. Default 5.
-    pub header_timeout_secs: u64,
-    /// Seconds a kept-alive connection has, after a response, until the next
-    /// request's headers are complete, 1 to [`MAX_ADMIN_TIMEOUT_SECS`].
-    /// Default 10.
-    pub idle_timeout_secs: u64,
-    /// Seconds to produce a response and hand all of it to the connection
-    /// once the request's headers are in, 1 to [`MAX_ADMIN_TIMEOUT_SECS`]
-    /// (a client that then does not read it is closed at the idle timeout).
-    /// Default 10.
-    pub response_timeout_secs: u64,
-    /// A loopback `ip:port` that also serves `/health` and `/ready` over
-    /// plain HTTP, without client certificates, for liveness and readiness
-    /// probes that cannot present one. Every other path is 404 there.
-    /// Default none.
-    pub probe_address: Option<String>,
-}
-
-impl Default for AdminConfig {
-    fn default() -> Self {
-        AdminConfig {
-            enabled: false,
-            address: "127.0.0.1:9091".to_owned(),
-            max_connections: 64,
-            max_connections_per_ip: 8,
-            header_timeout_secs: 5,
-            idle_timeout_secs: 10,
-            response_timeout_secs: 10,
-            probe_address: None,
-        }
-    }
-}
-
-impl AdminConfig {
-    /// The address and the bounds of the connection limits.
-    fn validate(&self) -> Result<(), ConfigError> {
-        check_host_port("admin.address", &self.address)?;
-        if let Some(probe) = &self.probe_address {
-            // No certificate is asked for there: loopback only.
-            let loopback = probe
-                .parse::<SocketAddr>()
-                .is_ok_and(|a| a.ip().is_loopback());
-            if !loopback {
-                return Err(ConfigError::invalid(
-                    "admin.probe_address",
-                    format!("{probe:?} is not a loopback ip:port (e.g. \"127.0.0.1:9092\"): it serves plain HTTP without client certificates"),
-                ));
-            }
-            if !self.enabled {
-                return Err(ConfigError::invalid(
-                    "admin.probe_address",
-                    "is served by the admin endpoint: set admin.enabled = true too",
-                ));
-            }
-            // Port 0 (any free port) differs each time it is bound.
-            if *probe == self.address && !probe.ends_with(":0") {
-                return Err(ConfigError::invalid(
-                    "admin.probe_address",
-                    format!("{probe:?} is admin.address too; give the probes a port of their own"),
-                ));
-            }
-        }
-        if !(1..=MAX_ADMIN_CONNECTIONS).contains(&self.max_connections) {
+/// `[admin]`: the address and the bounds of the connection limits.
+fn validate_admin(admin: &AdminConfig) -> Result<(), ConfigError> {
+    check_host_port("admin.address", &admin.address)?;
+    if let Some(probe) = &admin.probe_address {
+        // No certificate is asked for there: loopback only.
+        let loopback = probe
+            .parse::<SocketAddr>()
+            .is_ok_and(|a| a.ip().is_loopback());
+        if !loopback {
             return Err(ConfigError::invalid(
-                "admin.max_connections",
-                format!(
-                    "{} is not between 1 and {MAX_ADMIN_CONNECTIONS}",
-                    self.max_connections
-                ),
+                "admin.probe_address",
+                format!("{probe:?} is not a loopback ip:port (e.g. \"127.0.0.1:9092\"): it serves plain HTTP without client certificates"),
             ));
         }
-        if !(1..=self.max_connections).contains(&self.max_connections_per_ip) {
+        if !admin.enabled {
             return Err(ConfigError::invalid(
-                "admin.max_connections_per_ip",
-                format!(
-                    "{} is not between 1 and admin.max_connections ({})",
-                    self.max_connections_per_ip, self.max_connections
-                ),
+                "admin.probe_address",
+                "is served by the admin endpoint: set admin.enabled = true too",
             ));
         }
-        for (key, secs) in [
-            ("admin.header_timeout_secs", self.header_timeout_secs),
-            ("admin.idle_timeout_secs", self.idle_timeout_secs),
-            ("admin.response_timeout_secs", self.response_timeout_secs),
-        ] {
-            if !(1..=MAX_ADMIN_TIMEOUT_SECS).contains(&secs) {
-                return Err(ConfigError::invalid(
-                    key,
-                    format!("{secs} is not between 1 and {MAX_ADMIN_TIMEOUT_SECS}"),
-                ));
-            }
+        // Port 0 (any free port) differs each time it is bound.
+        if *probe == admin.address && !probe.ends_with(":0") {
+            return Err(ConfigError::invalid(
+                "admin.probe_address",
+                format!("{probe:?} is admin.address too; give the probes a port of their own"),
+            ));
         }
-        Ok(())
     }
+    if !(1..=MAX_ADMIN_CONNECTIONS).contains(&admin.max_connections) {
+        return Err(ConfigError::invalid(
+            "admin.max_connections",
+            format!(
+                "{} is not between 1 and {MAX_ADMIN_CONNECTIONS}",
+                admin.max_connections
+            ),
+        ));
+    }
+    if !(1..=admin.max_connections).contains(&admin.max_connections_per_ip) {
+        return Err(ConfigError::invalid(
+            "admin.max_connections_per_ip",
+            format!(
+                "{} is not between 1 and admin.max_connections ({})",
+                admin.max_connections_per_ip, admin.max_connections
+            ),
+        ));
+    }
+    for (key, secs) in [
+        ("admin.header_timeout_secs", admin.header_timeout_secs),
+        ("admin.idle_timeout_secs", admin.idle_timeout_secs),
+        ("admin.response_timeout_secs", admin.response_timeout_secs),
+    ] {
+        if !(1..=MAX_ADMIN_TIMEOUT_SECS).contains(&secs) {
+            return Err(ConfigError::invalid(
+                key,
+                format!("{secs} is not between 1 and {MAX_ADMIN_TIMEOUT_SECS}"),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// `[rate_limit]`: per-CN token buckets and connection caps (DESIGN.md §2).
@@ -953,7 +888,7 @@ impl Config {
         self.validate_encryption()?;
         self.validate_performance()?;
         self.validate_storage()?;
-        self.admin.validate()?;
+        validate_admin(&self.admin)?;
         self.validate_rate_limit()?;
         self.validate_acl()
     }

@@ -14,7 +14,7 @@ use crate::config::Config;
 use crate::policy::{Policy, PolicyStore};
 use crate::rate_limit::CnLimiter;
 use crate::serving::Serving;
-use crate::stats::{BrokerStats, ShardStats};
+use ciphermq_admin::stats::{BrokerStats, ShardStats};
 
 /// Kept at its old path; it lives with the buckets it configures.
 pub use crate::rate_limit::RateSettings;

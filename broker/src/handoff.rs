@@ -24,12 +24,12 @@ use rustls::ServerConnection;
 use crate::acl::Role;
 use crate::connection::{Connection, Identity};
 use crate::context::ShardLocal;
-use crate::log_throttle::LogThrottle;
 use crate::rate_limit::ConnectionSlot;
 use crate::shutdown::ShutdownSignal;
 use crate::sys;
 use crate::tls::peer_common_name;
 use crate::tls_session::TlsSession;
+use ciphermq_shard::log_throttle::LogThrottle;
 
 /// A connection on its way to the shard that owns its CN: the socket, its
 /// TLS session with any bytes already read past the handshake, who the client
@@ -182,7 +182,7 @@ pub(crate) async fn handshake(
         local
             .stats
             .connections_refused
-            .add(crate::stats::REFUSED_UNKNOWN_CLIENT);
+            .add(ciphermq_admin::stats::REFUSED_UNKNOWN_CLIENT);
         tracing::warn!(%peer, "refused: unknown client");
         refuse(
             &mut stream,
@@ -198,7 +198,7 @@ pub(crate) async fn handshake(
             local
                 .stats
                 .connections_refused
-                .add(crate::stats::REFUSED_CONNECTION_LIMIT);
+                .add(ciphermq_admin::stats::REFUSED_CONNECTION_LIMIT);
             tracing::warn!(%peer, %cn, reason = %e, "refused: connection limit");
             refuse(&mut stream, &mut session, "Error: connection limit reached").await;
             return;

@@ -27,8 +27,9 @@
 //! - [`topology_file`]: `topology.json` and its `.prev` copy, loaded at start
 //!   and written by the topology store's saver thread (never on a shard);
 //!   the other files of the data directory go through `ciphermq-datadir`.
-//! - [`stats`], [`admin`]: numbers each shard publishes without waiting, and
-//!   the admin endpoint (HTTP/1.1 over mTLS on its own thread) that reads them.
+//! - `admin_view`: what the admin endpoint (`ciphermq-admin`, on its own
+//!   thread) reads of this broker; the figures each shard publishes without
+//!   waiting are `ciphermq_admin::stats`.
 //!
 //! Invariants: a shard's state is touched only by its own thread; nothing on a
 //! shard blocks; replies leave in command order; a `RefCell` borrow never spans
@@ -37,7 +38,7 @@
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod acl;
-pub mod admin;
+mod admin_view;
 pub mod backlog_reader;
 mod commands;
 pub mod committer;
@@ -49,7 +50,6 @@ pub mod file_deleter;
 mod handoff;
 pub mod handshake_gate;
 pub mod line_buffer;
-pub mod log_throttle;
 pub mod policy;
 pub mod rate_limit;
 pub mod replies;
@@ -59,7 +59,6 @@ mod session;
 mod shard_runtime;
 mod shutdown;
 pub mod stall_watch;
-pub mod stats;
 pub mod storage;
 pub mod sys;
 pub mod tls;

@@ -211,8 +211,7 @@ pub enum LimitExceeded {
     },
 }
 
-/// Open connections by IP and by CN, as returned by [`ConnectionLimits::snapshot`].
-pub type ConnectionCounts = (Vec<(IpAddr, u32)>, Vec<(String, u32)>);
+pub use ciphermq_admin::broker_view::ConnectionCounts;
 
 /// Open-connection counts per IP and per CN, shared by every shard. Pass
 /// `u32::MAX` as a limit to turn it off.

@@ -10,6 +10,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
 
+use ciphermq_admin::stats;
 use ciphermq_proto::delivery::{format_u32, write_delivery};
 use ciphermq_proto::reply::{write_ack, write_line, write_nack};
 use ciphermq_proto::NackReason;
@@ -210,7 +211,7 @@ impl ReplyQueue {
     /// `limit` bytes of buffer). Returns how many slots were written whole.
     pub fn render(&mut self, out: &mut Vec<u8>, limit: usize) -> usize {
         let mut written = 0;
-        let mut clock = crate::stats::LazyClock::default();
+        let mut clock = stats::LazyClock::default();
         while out.len() < limit && self.head_ready() {
             if let Some(Slot::Fetch {
                 deliveries: Some(deliveries),
@@ -233,8 +234,8 @@ impl ReplyQueue {
             match &slot {
                 Slot::Publish {
                     outcome, accepted, ..
-                } => crate::stats::publish_answered(*accepted, outcome, &mut clock),
-                Slot::Nack { reason, .. } => crate::stats::publish_nacked(*reason),
+                } => stats::publish_answered(*accepted, outcome, &mut clock),
+                Slot::Nack { reason, .. } => stats::publish_nacked(*reason),
                 _ => {}
             }
             match slot {
@@ -268,7 +269,7 @@ impl ReplyQueue {
 }
 
 fn write_delivery_line(out: &mut Vec<u8>, d: &Delivery) {
-    crate::stats::delivered(1);
+    stats::delivered(1);
     write_delivery(
         out,
         d.msg.message_id(),

@@ -18,17 +18,19 @@ use ciphermq_shard::durability::DiskSpace;
 use ciphermq_shard::{Mesh, QueueSettings};
 use glommio::{LocalExecutorBuilder, Placement, PoolPlacement};
 
-use crate::admin::{AdminContext, AdminError, AdminServer};
+use ciphermq_admin::{AdminContext, AdminError, AdminServer};
+
+use crate::admin_view::AdminView;
 use crate::config::Config;
 use crate::context::{Settings, Shared};
 use crate::handoff::handoff_channels;
 use crate::policy::PolicyStore;
 use crate::shard_runtime::{run_shard, ShardStart};
 use crate::shutdown::ShutdownSignal;
-use crate::stats::{BrokerStats, Lifecycle};
 use crate::storage::{Storage, StorageError};
 use crate::sys;
 use crate::tls::server_config;
+use ciphermq_admin::stats::{BrokerStats, Lifecycle};
 
 /// How long a task queue runs before glommio looks at finished I/O again
 /// (default 100 ms). The committer's queue does not ask for low latency
@@ -206,7 +208,11 @@ pub fn start(config: &Config) -> Result<BrokerHandle, StartError> {
             StartError::Storage(format!("cannot start the disk space watcher thread: {e}"))
         })?;
         if min_free > 0 {
-            shared.stats.watch_disk(disk.clone(), min_free);
+            shared.stats.watch_disk(
+                disk.clone(),
+                min_free,
+                crate::disk_watch::resume_at(min_free),
+            );
         }
         shared.stats.set_findings(storage.findings());
     }
@@ -305,7 +311,7 @@ pub fn start(config: &Config) -> Result<BrokerHandle, StartError> {
         None => None,
         Some(listener) => {
             let context = AdminContext {
-                shared: shared.clone(),
+                broker: Arc::new(AdminView::new(shared.clone())),
                 name: config.server.name.clone(),
                 storage_mode: config.storage.mode.as_str(),
                 data_dir: storage

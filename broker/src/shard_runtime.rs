@@ -26,8 +26,8 @@ use crate::committer;
 use crate::context::{ShardLocal, Shared};
 use crate::handoff::{adopt_handoffs, handshake, Doorbells, HandoffInbox};
 use crate::handshake_gate::HandshakeGate;
-use crate::log_throttle::LogThrottle;
 use crate::shutdown::{drain_shard, InFlight, ShutdownSignal};
+use ciphermq_shard::log_throttle::LogThrottle;
 
 /// What one shard's executor starts with.
 pub(crate) struct ShardStart {
@@ -94,7 +94,7 @@ pub(crate) async fn run_shard(
         state.restore_queue(name, queue, now);
     }
     let stats = ctx.shared.stats.shard(ctx.shard).clone();
-    crate::stats::enter(stats.clone());
+    ciphermq_admin::stats::enter(stats.clone());
     let local = Rc::new(ShardLocal::new(state, ctx.shared.clone(), stats));
     glommio::spawn_local(drain_mesh(local.clone(), inbound)).detach();
     glommio::spawn_local(adopt_handoffs(local.clone(), ctx.handoffs)).detach();

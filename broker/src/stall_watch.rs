@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use glommio::{Latency, Shares};
 
 use crate::context::ShardLocal;
-use crate::log_throttle::LogThrottle;
+use ciphermq_shard::log_throttle::LogThrottle;
 
 /// How often the watch wants a turn.
 pub const TICK: Duration = Duration::from_millis(5);

@@ -27,8 +27,8 @@ use ciphermq_shard::{DedupHasher, RecoveredQueue, Topology, TopologyChange, Topo
 
 use crate::acl::Acl;
 use crate::config::{Config, DatabaseBackend, StorageMode};
-use crate::stats::StorageFindings;
 use crate::topology_file::{self, TopologyFile};
+use ciphermq_admin::stats::StorageFindings;
 
 /// Why the data directory (or the Postgres bridge behind it) could not be
 /// opened: one message naming the file or setting to fix. Start-up reports it

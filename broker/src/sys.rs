@@ -127,19 +127,3 @@ pub fn release_free_memory() {
         libc::malloc_trim(0);
     }
 }
-
-/// Clock ticks per second (`_SC_CLK_TCK`), the unit of `/proc` CPU times;
-/// 0 if unknown.
-pub fn clock_ticks_per_second() -> u64 {
-    // SAFETY: sysconf takes a constant and touches no memory of ours.
-    let n = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    u64::try_from(n).unwrap_or(0)
-}
-
-/// The memory page size (`_SC_PAGESIZE`), the unit of `/proc` RSS; 4096
-/// if unknown.
-pub fn page_size() -> u64 {
-    // SAFETY: as above.
-    let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    u64::try_from(n).ok().filter(|n| *n > 0).unwrap_or(4096)
-}

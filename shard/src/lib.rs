@@ -11,6 +11,8 @@
 //!   topology.
 //! - [`routing`]: direct, fanout and topic matching inside a snapshot.
 //! - [`log`]: durable per-queue segment logs: record format, write side, recovery.
+//! - [`log_throttle`]: at most one log line per interval for events a client
+//!   can cause at will.
 //! - [`durability`]: a shard's logs, group-commit rounds and waiting publishes.
 //! - [`backlog`]: ready messages whose bodies are only in the log (past the
 //!   memory budget), and decoding them when they are read back.
@@ -43,6 +45,7 @@ pub mod dedup;
 pub mod durability;
 pub mod hashers;
 pub mod log;
+pub mod log_throttle;
 pub mod mailbox;
 pub mod mesh;
 pub mod message;

@@ -27,8 +27,8 @@ pub(crate) struct ProcessStats {
 
 /// Reads this process's numbers.
 pub(crate) fn read() -> ProcessStats {
-    let ticks = crate::sys::clock_ticks_per_second() as f64;
-    let page = crate::sys::page_size();
+    let ticks = clock_ticks_per_second() as f64;
+    let page = page_size();
     let stat = fs::read_to_string("/proc/self/stat").ok();
     let fields = stat.as_deref().and_then(stat_fields);
     let field = |i: usize| fields.as_ref().and_then(|f| f.get(i)?.parse::<u64>().ok());
@@ -83,6 +83,22 @@ fn boot_time(text: &str) -> Option<u64> {
 fn soft_limit(text: &str, name: &str) -> Option<u64> {
     let row = text.lines().find(|l| l.starts_with(name))?;
     row[name.len()..].split_whitespace().next()?.parse().ok()
+}
+
+/// Clock ticks per second (`_SC_CLK_TCK`), the unit of `/proc` CPU times;
+/// 0 if unknown.
+fn clock_ticks_per_second() -> u64 {
+    // SAFETY: sysconf takes a constant and touches no memory of ours.
+    let n = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    u64::try_from(n).unwrap_or(0)
+}
+
+/// The memory page size (`_SC_PAGESIZE`), the unit of `/proc` RSS; 4096
+/// if unknown.
+fn page_size() -> u64 {
+    // SAFETY: as above.
+    let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    u64::try_from(n).ok().filter(|n| *n > 0).unwrap_or(4096)
 }
 
 #[cfg(test)]

@@ -8,7 +8,8 @@ use std::sync::Arc;
 use ciphermq_pgbridge::BridgeStatus;
 use serde::Serialize;
 
-use super::AdminContext;
+use crate::broker_view::Limits;
+use crate::endpoint::AdminContext;
 use crate::stats::{BrokerStats, Lifecycle};
 
 /// Whether the broker should receive traffic, and why not.
@@ -60,7 +61,7 @@ pub(crate) fn readiness(stats: &BrokerStats, bridge: Option<&BridgeStatus>) -> R
              NACK disk_full until {} MiB are free (consumers keep draining; acked segments are deleted)",
             disk.free_bytes >> 20,
             disk.min_free_bytes >> 20,
-            crate::disk_watch::resume_at(disk.min_free_bytes) >> 20
+            disk.resume_at_bytes >> 20
         ));
     }
     if let Some(findings) = stats.findings() {
@@ -216,32 +217,6 @@ impl From<&BridgeStatus> for BridgeState {
     }
 }
 
-/// `limits`: every cap a client is held to, as in force now.
-#[derive(Debug, Serialize)]
-struct Limits {
-    max_queues_per_cn: usize,
-    max_exchanges_per_cn: usize,
-    max_bindings_per_cn: usize,
-    max_fetch: u32,
-    max_fetch_bytes: usize,
-    max_prefetch: u32,
-    max_queue_size: usize,
-    /// 0: no byte cap.
-    max_queue_bytes: u64,
-    /// `storage.memory_budget_mb` in bytes: a hard cap in memory mode.
-    memory_budget_bytes: u64,
-    max_reply_bytes_per_turn: usize,
-    max_pending_replies: usize,
-    max_line_bytes: usize,
-    max_message_bytes: usize,
-    max_handshakes: u32,
-    max_handshakes_per_ip: u32,
-    max_connections_per_ip: u32,
-    max_connections_per_cn: u32,
-    max_routing_key_words: usize,
-    max_pattern_hashes: usize,
-}
-
 /// One CN in `quota_usage`: what it holds against its quotas.
 #[derive(Debug, Serialize)]
 struct QuotaUsage {
@@ -266,35 +241,9 @@ struct Status {
     pgbridge: Option<BridgeState>,
 }
 
-fn limits(ctx: &AdminContext) -> Limits {
-    let s = &ctx.shared.settings;
-    let (per_ip, per_cn) = ctx.shared.policy.conn_limits.limits();
-    Limits {
-        max_queues_per_cn: s.quotas.queues_per_cn,
-        max_exchanges_per_cn: s.quotas.exchanges_per_cn,
-        max_bindings_per_cn: s.quotas.bindings_per_cn,
-        max_fetch: s.max_fetch,
-        max_fetch_bytes: s.max_fetch_bytes,
-        max_prefetch: s.max_prefetch,
-        max_queue_size: s.max_queue_size,
-        max_queue_bytes: s.max_queue_bytes,
-        memory_budget_bytes: s.memory_budget_bytes,
-        max_reply_bytes_per_turn: s.max_reply_bytes_per_turn,
-        max_pending_replies: s.max_pending_replies,
-        max_line_bytes: s.max_line_bytes,
-        max_message_bytes: s.max_message_bytes,
-        max_handshakes: s.max_handshakes,
-        max_handshakes_per_ip: s.max_handshakes_per_ip,
-        max_connections_per_ip: per_ip,
-        max_connections_per_cn: per_cn,
-        max_routing_key_words: ciphermq_proto::name::MAX_ROUTING_KEY_WORDS,
-        max_pattern_hashes: ciphermq_proto::name::MAX_PATTERN_HASHES,
-    }
-}
-
 /// Every CN holding queues, exchanges or bindings, sorted by CN.
 fn quota_usage(ctx: &AdminContext) -> Vec<QuotaUsage> {
-    let topology = ctx.shared.topology.snapshot();
+    let topology = ctx.broker.topology().snapshot();
     let mut usage: Vec<QuotaUsage> = topology
         .usages()
         .map(|(cn, u)| QuotaUsage {
@@ -311,7 +260,7 @@ fn quota_usage(ctx: &AdminContext) -> Vec<QuotaUsage> {
 /// Every shard's counters summed.
 pub(crate) fn counters(ctx: &AdminContext) -> Counters {
     let mut c = Counters::default();
-    for s in ctx.shared.stats.shards() {
+    for s in ctx.broker.stats().shards() {
         c.publishes += s.publishes.get();
         c.publish_nacks += s.publish_nacks.total();
         c.acks += s.acks.get();
@@ -332,7 +281,7 @@ pub(crate) fn counters(ctx: &AdminContext) -> Counters {
 /// as soon as it is declared) with the counts its shard last published.
 pub(crate) fn queues(ctx: &AdminContext) -> Vec<QueueEntry> {
     let mut all: BTreeMap<Arc<str>, QueueEntry> = BTreeMap::new();
-    let topology = ctx.shared.topology.snapshot();
+    let topology = ctx.broker.topology().snapshot();
     for info in topology.queues() {
         all.insert(
             info.name.clone(),
@@ -351,7 +300,7 @@ pub(crate) fn queues(ctx: &AdminContext) -> Vec<QueueEntry> {
             },
         );
     }
-    for shard in ctx.shared.stats.shards() {
+    for shard in ctx.broker.stats().shards() {
         for q in shard.queues().iter() {
             let entry = all.entry(q.name.clone()).or_insert_with(|| QueueEntry {
                 name: q.name.to_string(),
@@ -382,7 +331,7 @@ pub(crate) fn queues(ctx: &AdminContext) -> Vec<QueueEntry> {
 
 /// Open connections by IP, CN and shard.
 pub(crate) fn connections(ctx: &AdminContext) -> Connections {
-    let (by_ip, by_cn) = ctx.shared.policy.conn_limits.snapshot();
+    let (by_ip, by_cn) = ctx.broker.open_connections();
     Connections {
         total: by_cn.iter().map(|(_, n)| u64::from(*n)).sum(),
         by_ip: by_ip
@@ -391,8 +340,8 @@ pub(crate) fn connections(ctx: &AdminContext) -> Connections {
             .collect(),
         by_cn: by_cn.into_iter().collect(),
         by_shard: ctx
-            .shared
-            .stats
+            .broker
+            .stats()
             .shards()
             .iter()
             .map(|s| s.open_connections())
@@ -403,7 +352,7 @@ pub(crate) fn connections(ctx: &AdminContext) -> Connections {
 /// Exchanges (sorted by name) and their bindings (sorted by exchange,
 /// queue, key) from the current topology snapshot.
 fn topology(ctx: &AdminContext) -> (Vec<ExchangeEntry>, Vec<BindingEntry>) {
-    let topology = ctx.shared.topology.snapshot();
+    let topology = ctx.broker.topology().snapshot();
     let mut exchanges = Vec::new();
     let mut bindings = Vec::new();
     for (name, exchange) in topology.exchanges() {
@@ -432,28 +381,29 @@ fn topology(ctx: &AdminContext) -> (Vec<ExchangeEntry>, Vec<BindingEntry>) {
 /// The `/api/status` document.
 pub(crate) fn status(ctx: &AdminContext) -> serde_json::Value {
     let bridge = ctx.bridge.as_ref().map(|b| b.status());
-    let readiness = readiness(&ctx.shared.stats, bridge.as_ref());
-    let storage_errors = ctx.shared.stats.storage_errors();
-    let disk = ctx.shared.stats.disk();
-    let findings = ctx.shared.stats.findings();
+    let stats = ctx.broker.stats();
+    let readiness = readiness(stats, bridge.as_ref());
+    let storage_errors = stats.storage_errors();
+    let disk = stats.disk();
+    let findings = stats.findings();
     let (exchanges, bindings) = topology(ctx);
     let status = Status {
         server: ServerInfo {
             name: ctx.name.clone(),
             version: env!("CARGO_PKG_VERSION"),
-            uptime_secs: ctx.shared.stats.uptime().as_secs(),
+            uptime_secs: stats.uptime().as_secs(),
             health: readiness.health(),
             ready: readiness.ready,
             reason: readiness.reason,
             warnings: readiness.warnings,
-            shards: ctx.shared.shards,
+            shards: stats.shards().len(),
         },
         counters: counters(ctx),
         queues: queues(ctx),
         exchanges,
         bindings,
         connections: connections(ctx),
-        limits: limits(ctx),
+        limits: ctx.broker.limits(),
         quota_usage: quota_usage(ctx),
         storage: StorageState {
             mode: ctx.storage_mode,

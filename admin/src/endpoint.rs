@@ -1,13 +1,13 @@
-//! The admin endpoint (DESIGN.md §8): HTTP/1.1 (hyper) over mutual TLS on
-//! `admin.address`.
+//! The admin endpoint: HTTP/1.1 (hyper) over mutual TLS on `admin.address`.
 //!
 //! It runs on one dedicated OS thread with a tokio current-thread runtime,
 //! never on a shard: slow or hostile admin clients cost that thread only.
-//! It reads what the shards publish ([`crate::stats`], the topology
-//! snapshot, the connection counts, the bridge's status) and never sends a
+//! It reads what the shards publish ([`crate::stats`], and through
+//! [`BrokerView`] the topology snapshot and the connection counts; the
+//! bridge's status) and never sends a
 //! shard anything, so no shard ever waits for it.
 //!
-//! Layout: this file starts and stops the thread and serves connections;
+//! This file starts and stops the thread and serves connections;
 //! `slots` decides which connections may hold one of the endpoint's slots
 //! and for how long (`[admin]` limits: deadlines, per-address and global
 //! caps, replacing idle connections for newcomers); `routes` decides who may
@@ -15,12 +15,6 @@
 //! With `admin.probe_address` a second, plain-HTTP loopback listener serves
 //! the same routes as for a client without a certificate (`/health` and
 //! `/ready` only), under slots of its own.
-
-mod metrics;
-mod process;
-mod routes;
-mod slots;
-mod status;
 
 use std::convert::Infallible;
 use std::future::{poll_fn, Future};
@@ -41,12 +35,10 @@ use tokio::sync::oneshot;
 use tokio::time::Sleep;
 use tokio_rustls::TlsAcceptor;
 
+use crate::broker_view::BrokerView;
 use crate::config::AdminConfig;
-use crate::context::Shared;
-use crate::tls::peer_common_name;
-
-pub use slots::AdminLimits;
-use slots::{Admission, LogKind, Phase, Slots, Ticket};
+use crate::routes;
+use crate::slots::{AdminLimits, Admission, LogKind, Phase, Slots, Ticket};
 
 /// A connection is asked to close after this long, so keep-alive clients
 /// that keep asking cannot hold a slot forever.
@@ -77,8 +69,8 @@ pub enum AdminError {
 /// What the routes read: everything is shared with the shards read-only or
 /// through snapshots.
 pub struct AdminContext {
-    /// Settings, policy (admin CNs), topology, connection counts, stats, TLS.
-    pub shared: Arc<Shared>,
+    /// Identity, access, TLS, figures, topology, limits, connections.
+    pub broker: Arc<dyn BrokerView>,
     /// `server.name`.
     pub name: String,
     /// `storage.mode`, as configured.
@@ -250,7 +242,6 @@ async fn serve(
         return;
     };
     let probe = probe.and_then(tokio_listener);
-    let acceptor = TlsAcceptor::from(context.shared.tls.clone());
     let endpoint = Arc::new(Endpoint {
         context: context.clone(),
         slots: Arc::new(Slots::new(limits)),
@@ -265,7 +256,12 @@ async fn serve(
         tokio::select! {
             _ = &mut stop => break,
             accepted = listener.accept() => match accepted {
-                Ok((stream, peer)) => admit(stream, peer, Some(&acceptor), &endpoint),
+                Ok((stream, peer)) => {
+                    // Taken afresh for each connection, so a reloaded
+                    // certificate applies to the next handshake.
+                    let acceptor = TlsAcceptor::from(endpoint.context.broker.tls());
+                    admit(stream, peer, Some(&acceptor), &endpoint)
+                }
                 Err(e) => accept_failed(e).await,
             },
             accepted = accept_probe(probe.as_ref()) => match accepted {
@@ -476,7 +472,7 @@ async fn connection(
         .get_ref()
         .1
         .peer_certificates()
-        .and_then(peer_common_name)
+        .and_then(|certs| endpoint.context.broker.identity(certs))
     else {
         tracing::warn!(%peer, "admin endpoint: client certificate without a CN; closed");
         return;

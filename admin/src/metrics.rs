@@ -8,9 +8,10 @@ use std::fmt::Write;
 use ciphermq_pgbridge::BridgeStatus;
 use ciphermq_shard::shard::BacklogReads;
 
-use super::slots::{Cap, SlotStats};
-use super::{status, AdminContext};
+use crate::endpoint::AdminContext;
+use crate::slots::{Cap, SlotStats};
 use crate::stats::{HistogramSnapshot, ReasonCounters, ShardStats};
+use crate::status;
 
 /// A metric family's type, as the `# TYPE` line spells it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -149,7 +150,7 @@ fn shard_counter(
 
 /// The process's own numbers (`process.rs`); a figure that could not be
 /// read is left out.
-fn process_series(e: &mut Exposition, p: &super::process::ProcessStats) {
+fn process_series(e: &mut Exposition, p: &crate::process::ProcessStats) {
     let gauges: [(&str, Kind, &str, Option<f64>); 6] = [
         (
             "ciphermq_process_cpu_seconds_total",
@@ -261,10 +262,10 @@ type QueueGauge = (&'static str, &'static str, fn(&status::QueueEntry) -> u64);
 /// The whole `/metrics` text; `admin` is the endpoint's own connections.
 pub(crate) fn render(ctx: &AdminContext, admin: &SlotStats) -> String {
     let mut e = Exposition::default();
-    let stats = &ctx.shared.stats;
+    let stats = ctx.broker.stats();
     let shards = stats.shards();
     let bridge = ctx.bridge.as_ref().map(|b| b.status());
-    let readiness = status::readiness(&ctx.shared.stats, bridge.as_ref());
+    let readiness = status::readiness(stats, bridge.as_ref());
 
     e.family("ciphermq_info", Kind::Gauge, "Broker name and version.");
     e.sample_u64(
@@ -286,7 +287,7 @@ pub(crate) fn render(ctx: &AdminContext, admin: &SlotStats) -> String {
     e.sample("ciphermq_uptime_seconds", &[], stats.uptime().as_secs_f64());
     e.family("ciphermq_shards", Kind::Gauge, "Shards (pinned executors).");
     e.sample_u64("ciphermq_shards", &[], shards.len() as u64);
-    process_series(&mut e, &super::process::read());
+    process_series(&mut e, &crate::process::read());
     certificate_series(&mut e, &ctx.certificates, unix_seconds());
 
     shard_counter(
@@ -548,7 +549,7 @@ pub(crate) fn render(ctx: &AdminContext, admin: &SlotStats) -> String {
     e.sample_u64(
         "ciphermq_memory_budget_bytes",
         &[],
-        ctx.shared.settings.memory_budget_bytes,
+        ctx.broker.limits().memory_budget_bytes,
     );
     type ShardSum = (&'static str, &'static str, fn(&status::QueueEntry) -> u64);
     let shard_sums: [ShardSum; 3] = [
@@ -570,7 +571,7 @@ pub(crate) fn render(ctx: &AdminContext, admin: &SlotStats) -> String {
     ];
     for (name, help, get) in shard_sums {
         e.family(name, Kind::Gauge, help);
-        let mut per_shard = vec![0u64; ctx.shared.shards];
+        let mut per_shard = vec![0u64; stats.shards().len()];
         for q in &queues {
             if let Some(sum) = per_shard.get_mut(q.shard) {
                 *sum += get(q);
@@ -610,8 +611,8 @@ pub(crate) fn render(ctx: &AdminContext, admin: &SlotStats) -> String {
         ),
     ];
     let reads: Vec<BacklogReads> = ctx
-        .shared
-        .stats
+        .broker
+        .stats()
         .shards()
         .iter()
         .map(|s| s.backlog_reads())

@@ -13,9 +13,9 @@ use hyper::header::{HeaderValue, ALLOW, CACHE_CONTROL, CONTENT_TYPE};
 use hyper::{Method, Response, StatusCode};
 use serde_json::json;
 
-use super::slots::Slots;
-use super::{metrics, status, AdminContext};
-use crate::acl::Role;
+use crate::endpoint::AdminContext;
+use crate::slots::Slots;
+use crate::{metrics, status};
 
 /// The routes the endpoint knows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,7 +67,7 @@ pub(crate) fn respond(
         None if route.is_public() => "",
         None => return not_found(),
     };
-    if !route.is_public() && !may_read(ctx.shared.policy.current().acl.role_of(cn)) {
+    if !route.is_public() && !ctx.broker.access(cn).may_read() {
         tracing::warn!(%cn, %peer, %path, "admin endpoint: forbidden (neither an admin nor a monitor CN)");
         return json_response(StatusCode::FORBIDDEN, &json!({ "error": "forbidden" }));
     }
@@ -85,7 +85,7 @@ pub(crate) fn respond(
         Route::Health => json_response(StatusCode::OK, &json!({ "status": "ok" })),
         Route::Ready => {
             let bridge = ctx.bridge.as_ref().map(|b| b.status());
-            let readiness = status::readiness(&ctx.shared.stats, bridge.as_ref());
+            let readiness = status::readiness(ctx.broker.stats(), bridge.as_ref());
             match (readiness.ready, readiness.reason) {
                 (true, _) if readiness.warnings.is_empty() => {
                     json_response(StatusCode::OK, &json!({ "status": "ready" }))
@@ -116,12 +116,6 @@ pub(crate) fn respond(
             )
         }
     }
-}
-
-/// Whether `role` may read the routes that are not public. A route that
-/// changes the broker must ask for [`Role::Admin`] alone.
-fn may_read(role: Role) -> bool {
-    matches!(role, Role::Admin | Role::Monitor)
 }
 
 fn json_response(code: StatusCode, body: &serde_json::Value) -> Response<Full<Bytes>> {

@@ -1,4 +1,4 @@
-//! The numbers the admin endpoint reports (DESIGN.md §8), published by the
+//! The numbers the admin endpoint reports, published by the
 //! shards without ever waiting for the admin thread.
 //!
 //! Every shard owns one [`ShardStats`]. Its counters and histograms are
@@ -10,7 +10,7 @@
 //! storage failures are recorded by the committer when a commit round fails
 //! and cleared by the next round that succeeds.
 //!
-//! Code that has no [`crate::context::ShardLocal`] at hand (the reply
+//! Code that has no shard context at hand (the broker's reply
 //! renderer) reaches its shard's stats through a thread-local set by
 //! [`enter`] when the shard starts; on other threads those hooks do nothing.
 
@@ -401,7 +401,7 @@ pub enum Lifecycle {
 /// What the start found wrong in the data directory and worked around:
 /// damaged log bytes moved to quarantine files, torn ends cut, metadata and
 /// key files replaced from a good copy or moved aside. The broker serves on;
-/// an operator should look (DESIGN.md §5).
+/// an operator should look.
 #[derive(Debug, Default, Clone)]
 pub struct StorageFindings {
     /// One line per problem, naming the file and what was done.
@@ -423,6 +423,8 @@ pub struct DiskState {
     pub min_free_bytes: u64,
     /// Publishes are refused (`NACK disk_full`).
     pub low: bool,
+    /// Free bytes at which publishes are taken again after a low state.
+    pub resume_at_bytes: u64,
 }
 
 /// Every shard's numbers plus the broker's lifecycle, shared by all threads.
@@ -439,9 +441,9 @@ pub struct BrokerStats {
     collect: bool,
     /// What the start found in the data directory (durable storage only).
     findings: OnceLock<StorageFindings>,
-    /// The disk watermark (durable storage only): the watched space and the
-    /// minimum in bytes.
-    disk: OnceLock<(Arc<DiskSpace>, u64)>,
+    /// The disk watermark (durable storage only): the watched space, the
+    /// minimum and the level publishing resumes at, in bytes.
+    disk: OnceLock<(Arc<DiskSpace>, u64, u64)>,
 }
 
 impl BrokerStats {
@@ -468,18 +470,20 @@ impl BrokerStats {
         self.findings.get()
     }
 
-    /// Reports on `space`, watched against `min_free_bytes` (once).
-    pub fn watch_disk(&self, space: Arc<DiskSpace>, min_free_bytes: u64) {
-        let _ = self.disk.set((space, min_free_bytes));
+    /// Reports on `space`, watched against `min_free_bytes` and taking
+    /// publishes again at `resume_at_bytes` (once).
+    pub fn watch_disk(&self, space: Arc<DiskSpace>, min_free_bytes: u64, resume_at_bytes: u64) {
+        let _ = self.disk.set((space, min_free_bytes, resume_at_bytes));
     }
 
     /// The disk watermark now, when storage is durable.
     pub fn disk(&self) -> Option<DiskState> {
-        let (space, min_free_bytes) = self.disk.get()?;
+        let (space, min_free_bytes, resume_at_bytes) = self.disk.get()?;
         Some(DiskState {
             free_bytes: space.free_bytes(),
             min_free_bytes: *min_free_bytes,
             low: space.is_low(),
+            resume_at_bytes: *resume_at_bytes,
         })
     }
 

@@ -29,8 +29,9 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
+use ciphermq_shard::log_throttle::LogThrottle;
+
 use crate::config::AdminConfig;
-use crate::log_throttle::LogThrottle;
 
 /// The endpoint's connection limits, from `[admin]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,0 +1,108 @@
+//! What the endpoint reads from the broker besides the figures in
+//! [`crate::stats`]: who a client is and what it may see, the limits in
+//! force, who is connected and the topology. The broker implements
+//! [`BrokerView`] over its shared state, so this crate never reaches into
+//! the broker's internals and the broker depends on it, not the reverse.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use ciphermq_shard::topology::TopologyStore;
+use rustls_pki_types::CertificateDer;
+use serde::Serialize;
+
+use crate::stats::BrokerStats;
+
+/// What a client may do on the endpoint, from the current ACL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// `acl.admin_cns`: every route, including those that change the broker.
+    Admin,
+    /// `acl.monitor_cns`: every route that only reads.
+    Monitor,
+    /// Anyone else the CA signed: `/health` and `/ready` only.
+    Public,
+}
+
+impl Access {
+    /// Whether the routes that only read (`/metrics`, `/api/*`, the
+    /// dashboard) are open to it.
+    pub fn may_read(self) -> bool {
+        matches!(self, Access::Admin | Access::Monitor)
+    }
+}
+
+/// The broker as the endpoint sees it. Every call answers from a snapshot
+/// or an atomic read, on the endpoint's thread; none waits for a shard.
+pub trait BrokerView: Send + Sync + 'static {
+    /// The identity a client certificate chain carries (its end-entity
+    /// certificate's CN), or `None` when it carries none.
+    fn identity(&self, certs: &[CertificateDer<'_>]) -> Option<String>;
+
+    /// What `identity` may do, under the ACL in force now (it is reloaded
+    /// on `SIGHUP`).
+    fn access(&self, identity: &str) -> Access;
+
+    /// The TLS configuration new admin connections are accepted with.
+    fn tls(&self) -> Arc<rustls::ServerConfig>;
+
+    /// What the shards publish: counters, histograms, queue snapshots,
+    /// lifecycle, storage state.
+    fn stats(&self) -> &BrokerStats;
+
+    /// Exchanges, queues, bindings and their owners.
+    fn topology(&self) -> &TopologyStore;
+
+    /// Every cap a client is held to, as in force now.
+    fn limits(&self) -> Limits;
+
+    /// Open broker connections, counted by client IP and by identity.
+    fn open_connections(&self) -> ConnectionCounts;
+}
+
+/// Open connections by client IP and by identity.
+pub type ConnectionCounts = (Vec<(IpAddr, u32)>, Vec<(String, u32)>);
+
+/// Every cap a client is held to, as in force now (`limits` in
+/// `/api/status`).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Limits {
+    /// Queues one CN may own.
+    pub max_queues_per_cn: usize,
+    /// Exchanges one CN may own.
+    pub max_exchanges_per_cn: usize,
+    /// Bindings one CN may own.
+    pub max_bindings_per_cn: usize,
+    /// Messages one `fetch` may return.
+    pub max_fetch: u32,
+    /// Body bytes one `fetch` may return.
+    pub max_fetch_bytes: usize,
+    /// Largest `consume` prefetch.
+    pub max_prefetch: u32,
+    /// Messages a queue may hold.
+    pub max_queue_size: usize,
+    /// 0: no byte cap.
+    pub max_queue_bytes: u64,
+    /// `storage.memory_budget_mb` in bytes: a hard cap in memory mode.
+    pub memory_budget_bytes: u64,
+    /// Reply bytes a connection writes per turn.
+    pub max_reply_bytes_per_turn: usize,
+    /// Replies a connection may have waiting.
+    pub max_pending_replies: usize,
+    /// Longest command line.
+    pub max_line_bytes: usize,
+    /// Largest message body.
+    pub max_message_bytes: usize,
+    /// TLS handshakes in progress at once, per shard.
+    pub max_handshakes: u32,
+    /// TLS handshakes in progress at once from one IP.
+    pub max_handshakes_per_ip: u32,
+    /// Open connections from one IP (0: no cap).
+    pub max_connections_per_ip: u32,
+    /// Open connections of one CN (0: no cap).
+    pub max_connections_per_cn: u32,
+    /// Words in a routing key or pattern.
+    pub max_routing_key_words: usize,
+    /// `#` wildcards in a topic pattern.
+    pub max_pattern_hashes: usize,
+}

@@ -1,0 +1,84 @@
+//! The broker as its admin endpoint (`ciphermq-admin`) sees it: identity
+//! from the client certificate, access from the ACL in force, the limits
+//! and the open connections, all read from [`Shared`] without waiting for
+//! a shard.
+
+use std::sync::Arc;
+
+use ciphermq_admin::broker_view::ConnectionCounts;
+use ciphermq_admin::stats::BrokerStats;
+use ciphermq_admin::{Access, BrokerView, Limits};
+use ciphermq_shard::topology::TopologyStore;
+use rustls_pki_types::CertificateDer;
+
+use crate::acl::Role;
+use crate::context::Shared;
+use crate::tls::peer_common_name;
+
+/// [`BrokerView`] over the state every shard shares.
+pub(crate) struct AdminView {
+    shared: Arc<Shared>,
+}
+
+impl AdminView {
+    /// A view of `shared`.
+    pub(crate) fn new(shared: Arc<Shared>) -> AdminView {
+        AdminView { shared }
+    }
+}
+
+impl BrokerView for AdminView {
+    fn identity(&self, certs: &[CertificateDer<'_>]) -> Option<String> {
+        peer_common_name(certs)
+    }
+
+    fn access(&self, identity: &str) -> Access {
+        match self.shared.policy.current().acl.role_of(identity) {
+            Role::Admin => Access::Admin,
+            Role::Monitor => Access::Monitor,
+            Role::Sender | Role::Receiver | Role::Unknown => Access::Public,
+        }
+    }
+
+    fn tls(&self) -> Arc<rustls::ServerConfig> {
+        self.shared.tls.clone()
+    }
+
+    fn stats(&self) -> &BrokerStats {
+        &self.shared.stats
+    }
+
+    fn topology(&self) -> &TopologyStore {
+        &self.shared.topology
+    }
+
+    fn limits(&self) -> Limits {
+        let s = &self.shared.settings;
+        let (per_ip, per_cn) = self.shared.policy.conn_limits.limits();
+        Limits {
+            max_queues_per_cn: s.quotas.queues_per_cn,
+            max_exchanges_per_cn: s.quotas.exchanges_per_cn,
+            max_bindings_per_cn: s.quotas.bindings_per_cn,
+            max_fetch: s.max_fetch,
+            max_fetch_bytes: s.max_fetch_bytes,
+            max_prefetch: s.max_prefetch,
+            max_queue_size: s.max_queue_size,
+            max_queue_bytes: s.max_queue_bytes,
+            memory_budget_bytes: s.memory_budget_bytes,
+            max_reply_bytes_per_turn: s.max_reply_bytes_per_turn,
+            max_pending_replies: s.max_pending_replies,
+            max_line_bytes: s.max_line_bytes,
+            max_message_bytes: s.max_message_bytes,
+            max_handshakes: s.max_handshakes,
+            max_handshakes_per_ip: s.max_handshakes_per_ip,
+            max_connections_per_ip: per_ip,
+            max_connections_per_cn: per_cn,
+            max_routing_key_words: ciphermq_proto::name::MAX_ROUTING_KEY_WORDS,
+            max_pattern_hashes: ciphermq_proto::name::MAX_PATTERN_HASHES,
+        }
+    }
+
+    fn open_connections(&self) -> ConnectionCounts {
+        self.shared.policy.conn_limits.snapshot()
+    }
+}
