@@ -12,6 +12,11 @@ pub const MAX_ADMIN_CONNECTIONS: u32 = 4096;
 /// and slow clients promptly, and an hour is no longer prompt.
 pub const MAX_ADMIN_TIMEOUT_SECS: u64 = 3600;
 
+/// Upper bound of `admin.max_queue_series`: every exported queue costs each
+/// scraper seven series, and past ten thousand queues a per-queue view is no
+/// longer something a dashboard or an alert can use.
+pub const MAX_QUEUE_SERIES: usize = 10_000;
+
 /// `[admin]`: the HTTP/1.1-over-mTLS admin endpoint (DESIGN.md §8). Its
 /// connection limits keep monitoring served while hostile clients hold
 /// connections (idle sockets, slowloris, one address taking every slot).
@@ -51,6 +56,47 @@ pub struct AdminConfig {
     /// probes that cannot present one. Every other path is 404 there.
     /// Default none.
     pub probe_address: Option<String>,
+    /// Export the per-queue series of `/metrics` (`ciphermq_queue_ready`,
+    /// `_unacked`, `_bytes`, …, labels `queue` and `shard`). Queue names are
+    /// chosen by clients, so each declared queue would otherwise be seven
+    /// more series in every scraper's storage: a client declaring many
+    /// queues must not be able to blow up their cardinality unless the
+    /// operator asks for it. The per-shard sums are exported either way.
+    /// Default false.
+    pub queue_metrics: bool,
+    /// With `queue_metrics`, the most queues exported, 1 to
+    /// [`MAX_QUEUE_SERIES`]: those with the most messages (ready and
+    /// unacked; ties by name), so the series a scraper stores stay bounded
+    /// however many queues clients declare, and the ones left out are the
+    /// least likely to matter (`ciphermq_queue_series_dropped` counts them).
+    /// Default 100.
+    pub max_queue_series: usize,
+}
+
+/// What `/metrics` exports per queue: `admin.queue_metrics` and
+/// `admin.max_queue_series`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueSeries {
+    /// Export per-queue series at all.
+    pub enabled: bool,
+    /// At most this many queues get series (the deepest).
+    pub max: usize,
+}
+
+impl Default for QueueSeries {
+    fn default() -> Self {
+        AdminConfig::default().queue_series()
+    }
+}
+
+impl AdminConfig {
+    /// The per-queue series settings, as `/metrics` reads them.
+    pub fn queue_series(&self) -> QueueSeries {
+        QueueSeries {
+            enabled: self.queue_metrics,
+            max: self.max_queue_series,
+        }
+    }
 }
 
 impl Default for AdminConfig {
@@ -64,6 +110,8 @@ impl Default for AdminConfig {
             idle_timeout_secs: 10,
             response_timeout_secs: 10,
             probe_address: None,
+            queue_metrics: false,
+            max_queue_series: 100,
         }
     }
 }

@@ -82,6 +82,9 @@ pub struct AdminContext {
     /// When the TLS certificates expire (Unix seconds), by name (`server`,
     /// `ca`): as loaded at start.
     pub certificates: Vec<(&'static str, i64)>,
+    /// What `/metrics` exports per queue (`admin.queue_metrics`,
+    /// `admin.max_queue_series`): [`crate::AdminConfig::queue_series`].
+    pub queue_series: crate::config::QueueSeries,
 }
 
 /// The bound admin socket and the `[admin]` limits it will be served with:

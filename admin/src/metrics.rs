@@ -1,13 +1,17 @@
 //! `/metrics`: the Prometheus text exposition format (version 0.0.4),
 //! written by hand: names start with `ciphermq_`, counters end in `_total`,
 //! latency histograms in `_seconds`, and per-shard series carry a
-//! `shard="N"` label.
+//! `shard="N"` label. Per-queue series (`queue` label, a name clients
+//! choose) are exported only with `admin.queue_metrics`, for at most
+//! `admin.max_queue_series` queues, so clients cannot grow a scraper's
+//! cardinality without bound.
 
 use std::fmt::Write;
 
 use ciphermq_pgbridge::BridgeStatus;
 use ciphermq_shard::shard::BacklogReads;
 
+use crate::config::QueueSeries;
 use crate::endpoint::AdminContext;
 use crate::slots::{Cap, SlotStats};
 use crate::stats::{HistogramSnapshot, ReasonCounters, ShardStats};
@@ -259,8 +263,37 @@ fn shard_histogram(
 /// A per-queue gauge: name, help, and how to read it from a queue entry.
 type QueueGauge = (&'static str, &'static str, fn(&status::QueueEntry) -> u64);
 
-/// The whole `/metrics` text; `admin` is the endpoint's own connections.
-pub(crate) fn render(ctx: &AdminContext, admin: &SlotStats) -> String {
+/// Messages a queue holds, ready and unacked: what ranks queues for
+/// per-queue series.
+fn depth(q: &status::QueueEntry) -> u64 {
+    (q.ready as u64).saturating_add(q.unacked as u64)
+}
+
+/// The queues that get per-queue series when at most `max` may: the `max`
+/// with the most messages (ready and unacked), ties to the name that sorts
+/// first, so the same figures always choose the same queues. Returned in
+/// name order (the order of `queues`, which `status::queues` sorts), so a
+/// scrape lists them as it always has.
+fn deepest(queues: &[status::QueueEntry], max: usize) -> Vec<&status::QueueEntry> {
+    let mut chosen: Vec<&status::QueueEntry> = queues.iter().collect();
+    if chosen.len() > max {
+        if max == 0 {
+            return Vec::new();
+        }
+        // Linear, however many queues there are; then only `max` to sort.
+        chosen.select_nth_unstable_by(max - 1, |a, b| {
+            depth(b).cmp(&depth(a)).then_with(|| a.name.cmp(&b.name))
+        });
+        chosen.truncate(max);
+    }
+    chosen.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+    chosen
+}
+
+/// The whole `/metrics` text; `admin` is the endpoint's own connections,
+/// `queue_series` what to export per queue (`admin.queue_metrics`,
+/// `admin.max_queue_series`).
+pub(crate) fn render(ctx: &AdminContext, admin: &SlotStats, queue_series: QueueSeries) -> String {
     let mut e = Exposition::default();
     let stats = ctx.broker.stats();
     let shards = stats.shards();
@@ -624,11 +657,37 @@ pub(crate) fn render(ctx: &AdminContext, admin: &SlotStats) -> String {
             e.sample_u64(name, &[("shard", &shard)], get(b));
         }
     }
-    for (name, help, get) in gauges {
-        e.family(name, Kind::Gauge, help);
-        for q in &queues {
-            let shard = q.shard.to_string();
-            e.sample_u64(name, &[("queue", &q.name), ("shard", &shard)], get(q));
+    e.family(
+        "ciphermq_queues",
+        Kind::Gauge,
+        "Queues the broker has (declared, or still reported by a shard), whether or not they get per-queue series.",
+    );
+    e.sample_u64("ciphermq_queues", &[], queues.len() as u64);
+    // Per-queue series only when asked for, and for the deepest queues only:
+    // queue names are the clients' choice, series are every scraper's cost.
+    let exported = if queue_series.enabled {
+        deepest(&queues, queue_series.max)
+    } else {
+        Vec::new()
+    };
+    e.family(
+        "ciphermq_queue_series_dropped",
+        Kind::Gauge,
+        "Queues left out of the per-queue series (ciphermq_queue_*) past admin.max_queue_series: those with the fewest ready and unacked messages. Always 0 while admin.queue_metrics is off, when no queue has series (ciphermq_queues counts them).",
+    );
+    let dropped = if queue_series.enabled {
+        queues.len() - exported.len()
+    } else {
+        0
+    };
+    e.sample_u64("ciphermq_queue_series_dropped", &[], dropped as u64);
+    if queue_series.enabled {
+        for (name, help, get) in gauges {
+            e.family(name, Kind::Gauge, help);
+            for q in &exported {
+                let shard = q.shard.to_string();
+                e.sample_u64(name, &[("queue", &q.name), ("shard", &shard)], get(q));
+            }
         }
     }
 
@@ -823,6 +882,64 @@ mod tests {
         );
         assert!(text.contains("ciphermq_publish_ack_seconds_bucket{shard=\"0\",le=\"10\"} 1\n"));
         assert!(text.contains("ciphermq_publish_ack_seconds_sum{shard=\"0\"} 0.00042\n"));
+    }
+
+    fn queue(name: &str, ready: usize, unacked: usize) -> status::QueueEntry {
+        status::QueueEntry {
+            name: name.to_owned(),
+            owner: None,
+            ready,
+            unacked,
+            bytes: 0,
+            memory_bytes: 0,
+            on_disk: 0,
+            dedup_ids: 0,
+            dedup_bytes: 0,
+            consumers: 0,
+            shard: 0,
+        }
+    }
+
+    fn names(chosen: &[&status::QueueEntry]) -> Vec<String> {
+        chosen.iter().map(|q| q.name.clone()).collect()
+    }
+
+    #[test]
+    fn per_queue_series_go_to_the_deepest_queues_ties_by_name() {
+        // Sorted by name, as `status::queues` gives them.
+        let queues = [
+            queue("a", 1, 0),
+            queue("b", 0, 7),
+            queue("c", 3, 2),
+            queue("d", 5, 0),
+            queue("e", 0, 0),
+            queue("f", 9, 0),
+        ];
+        // Depths: a 1, b 7, c 5, d 5, e 0, f 9. The three deepest are f, b
+        // and one of c and d (5 each): c, whose name sorts first.
+        assert_eq!(names(&deepest(&queues, 3)), ["b", "c", "f"]);
+        assert_eq!(names(&deepest(&queues, 2)), ["b", "f"]);
+        assert_eq!(names(&deepest(&queues, 4)), ["b", "c", "d", "f"]);
+        assert_eq!(names(&deepest(&queues, 1)), ["f"]);
+        assert!(deepest(&queues, 0).is_empty());
+        // Not capped: every queue, in name order.
+        assert_eq!(names(&deepest(&queues, 6)), ["a", "b", "c", "d", "e", "f"]);
+        assert_eq!(names(&deepest(&queues, 100)).len(), 6);
+        // The choice does not depend on the order the queues come in.
+        let mut reversed = queues.clone();
+        reversed.reverse();
+        assert_eq!(names(&deepest(&reversed, 3)), ["b", "c", "f"]);
+        // All equal: the first names.
+        let level: Vec<_> = ["q3", "q1", "q2", "q0"]
+            .iter()
+            .map(|n| queue(n, 4, 4))
+            .collect();
+        assert_eq!(names(&deepest(&level, 2)), ["q0", "q1"]);
+    }
+
+    #[test]
+    fn queue_depth_does_not_overflow() {
+        assert_eq!(depth(&queue("x", usize::MAX, usize::MAX)), u64::MAX);
     }
 
     #[test]

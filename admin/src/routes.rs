@@ -108,7 +108,7 @@ pub(crate) fn respond(
         Route::Queues => json_response(StatusCode::OK, &status::queues_document(ctx)),
         Route::Connections => json_response(StatusCode::OK, &status::connections_document(ctx)),
         Route::Metrics => {
-            let text = metrics::render(ctx, &slots.stats());
+            let text = metrics::render(ctx, &slots.stats(), ctx.queue_series);
             response(
                 StatusCode::OK,
                 "text/plain; version=0.0.4; charset=utf-8",

@@ -750,6 +750,16 @@ fn validate_admin(admin: &AdminConfig) -> Result<(), ConfigError> {
             ));
         }
     }
+    let max_series = ciphermq_admin::config::MAX_QUEUE_SERIES;
+    if !(1..=max_series).contains(&admin.max_queue_series) {
+        return Err(ConfigError::invalid(
+            "admin.max_queue_series",
+            format!(
+                "{} is not between 1 and {max_series}",
+                admin.max_queue_series
+            ),
+        ));
+    }
     Ok(())
 }
 
@@ -1457,6 +1467,8 @@ mod tests {
         assert_eq!(c.admin.header_timeout_secs, 5);
         assert_eq!(c.admin.idle_timeout_secs, 10);
         assert_eq!(c.admin.response_timeout_secs, 10);
+        assert!(!c.admin.queue_metrics);
+        assert_eq!(c.admin.max_queue_series, 100);
         assert!(!c.rate_limit.enabled);
         assert_eq!(c.rate_limit.global_rps, 10_000.0);
         assert_eq!(c.rate_limit.global_burst, 20_000);
@@ -1552,11 +1564,28 @@ mod tests {
             ("header_timeout_secs = 0", "admin.header_timeout_secs:"),
             ("idle_timeout_secs = 3601", "admin.idle_timeout_secs:"),
             ("response_timeout_secs = 0", "admin.response_timeout_secs:"),
+            ("max_queue_series = 0", "admin.max_queue_series:"),
+            ("max_queue_series = 10001", "admin.max_queue_series:"),
         ] {
             let e = err(&format!("[admin]\n{bad}"));
             assert!(e.starts_with(key), "{bad}: {e}");
         }
         assert!(parse("[admin]\nmax_connections = 4096\nmax_connections_per_ip = 4096").is_ok());
+        assert_eq!(
+            err("[admin]\nqueue_metrics = true\nmax_queue_series = 0"),
+            "admin.max_queue_series: 0 is not between 1 and 10000"
+        );
+        for max in [1, 10_000] {
+            let c = parse(&format!(
+                "[admin]\nqueue_metrics = true\nmax_queue_series = {max}"
+            ))
+            .unwrap();
+            assert_eq!(
+                c.admin.queue_series(),
+                ciphermq_admin::config::QueueSeries { enabled: true, max }
+            );
+        }
+        assert!(err("[admin]\nqueue_metrics = 1").starts_with("admin.queue_metrics: invalid type"));
         assert_eq!(
             err("[rate_limit]\nglobal_burst = 0"),
             "rate_limit.global_burst: must be at least 1"
@@ -1814,7 +1843,7 @@ mod tests {
             ("encryption", 1),
             ("performance", 21),
             ("storage", 6),
-            ("admin", 7),
+            ("admin", 9),
             ("rate_limit", 7),
             ("acl", 5),
         ] {

@@ -320,6 +320,7 @@ pub fn start(config: &Config) -> Result<BrokerHandle, StartError> {
                     .map(|(dir, _)| dir.display().to_string()),
                 bridge: bridge.clone(),
                 certificates: certificate_expiries(config),
+                queue_series: config.admin.queue_series(),
             };
             match AdminServer::start(listener, context) {
                 Ok(admin) => Some(admin),

@@ -32,7 +32,9 @@ impl Drop for AdminBroker {
     }
 }
 
-const ADMIN: &str = "\n[admin]\nenabled = true\naddress = \"127.0.0.1:0\"\n";
+/// With the per-queue series (`admin.queue_metrics`), which the metrics
+/// test reads.
+const ADMIN: &str = "\n[admin]\nenabled = true\naddress = \"127.0.0.1:0\"\nqueue_metrics = true\n";
 
 fn admin_config(shards: usize, durable: bool, data: &std::path::Path, admin: &str) -> Config {
     let mut text = config_text(&pki().certs, data, shards, admin);

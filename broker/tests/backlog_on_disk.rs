@@ -23,8 +23,9 @@ const CIPHERTEXT_BYTES: usize = 10_000;
 const SLACK: u64 = 3 << 20;
 
 /// Its address is quoted differently from the server's, which a restart
-/// replaces with the port the broker got.
-const ADMIN: &str = "\n[admin]\nenabled = true\naddress = '127.0.0.1:0'\n";
+/// replaces with the port the broker got. With the per-queue series
+/// (`ciphermq_queue_on_disk` is read).
+const ADMIN: &str = "\n[admin]\nenabled = true\naddress = '127.0.0.1:0'\nqueue_metrics = true\n";
 
 fn envelope(id: &str, receiver: &str) -> String {
     format!(

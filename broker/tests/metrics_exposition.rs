@@ -2,6 +2,8 @@
 //! traffic, and its exposition text must pass `promtool check metrics`
 //! (Debian's `prometheus` package; `scripts/test.sh` installs it) without a
 //! single lint problem. The publish-to-ACK histogram starts at 50 µs.
+//! Per-queue series are opt-in (`admin.queue_metrics`) and capped
+//! (`admin.max_queue_series`: the deepest queues get them).
 
 mod common;
 
@@ -40,6 +42,47 @@ fn promtool() -> PathBuf {
                  ./scripts/test.sh does it)"
             )
         })
+}
+
+/// The per-queue families, exported only with `admin.queue_metrics`.
+const QUEUE_FAMILIES: [&str; 7] = [
+    "ciphermq_queue_ready",
+    "ciphermq_queue_unacked",
+    "ciphermq_queue_bytes",
+    "ciphermq_queue_memory_bytes",
+    "ciphermq_queue_on_disk",
+    "ciphermq_queue_dedup_ids",
+    "ciphermq_queue_consumers",
+];
+
+/// Runs `promtool check metrics` on a scrape: it must pass without a single
+/// lint problem.
+fn assert_promtool_passes(promtool: &std::path::Path, text: &str) {
+    let file = tempfile::NamedTempFile::new().expect("temp file");
+    std::fs::write(file.path(), text).expect("write the scrape");
+    let out = Command::new(promtool)
+        .args(["check", "metrics"])
+        .stdin(std::fs::File::open(file.path()).expect("open the scrape"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap_or_else(|e| panic!("run {}: {e}", promtool.display()));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stdout.trim().is_empty() && stderr.trim().is_empty(),
+        "promtool check metrics: {}\n--- stdout\n{stdout}--- stderr\n{stderr}--- scrape\n{text}",
+        out.status
+    );
+}
+
+/// The lines of a metrics text that sample `name` (any labels), comments
+/// and other families (`name_…`) left out.
+fn sample_lines<'a>(text: &'a str, name: &str) -> Vec<&'a str> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| l.split(['{', ' ']).next() == Some(name))
+        .collect()
 }
 
 /// The sum of every sample of `name` (any labels) in a metrics text.
@@ -134,21 +177,22 @@ async fn metrics_pass_promtool_check_metrics() {
         "{text}"
     );
 
-    let file = tempfile::NamedTempFile::new().expect("temp file");
-    std::fs::write(file.path(), &text).expect("write the scrape");
-    let out = Command::new(&promtool)
-        .args(["check", "metrics"])
-        .stdin(std::fs::File::open(file.path()).expect("open the scrape"))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .output()
-        .unwrap_or_else(|e| panic!("run {}: {e}", promtool.display()));
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success() && stdout.trim().is_empty() && stderr.trim().is_empty(),
-        "promtool check metrics: {}\n--- stdout\n{stdout}--- stderr\n{stderr}--- scrape\n{text}",
-        out.status
+    assert_promtool_passes(&promtool, &text);
+    // Per-queue series are off by default: none of their families at all,
+    // and the queues only counted.
+    for family in QUEUE_FAMILIES {
+        assert!(
+            !text.contains(family),
+            "{family} exported without admin.queue_metrics:\n{text}"
+        );
+    }
+    assert_eq!(
+        sample_lines(&text, "ciphermq_queues"),
+        ["ciphermq_queues 1"]
+    );
+    assert_eq!(
+        sample_lines(&text, "ciphermq_queue_series_dropped"),
+        ["ciphermq_queue_series_dropped 0"]
     );
     for series in [
         "ciphermq_publish_nacks_total{shard=\"0\",reason=\"no_route\"} 1\n",
@@ -201,6 +245,105 @@ async fn metrics_pass_promtool_check_metrics() {
     assert!(
         text.contains("ciphermq_publish_ack_seconds_bucket{shard=\"0\",le=\"0.00005\"} "),
         "no 50 µs publish-to-ACK bucket:\n{text}"
+    );
+}
+
+/// With `admin.queue_metrics = true` and `admin.max_queue_series = 2`, of
+/// three queues only the two holding the most messages get per-queue
+/// series (not the two whose names sort first), the third is counted in
+/// `ciphermq_queue_series_dropped`, and the text still passes promtool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_queue_series_go_to_the_deepest_queues_up_to_the_cap() {
+    let promtool = promtool();
+    let broker = TestBroker::start_with(
+        1,
+        &format!("{ADMIN}queue_metrics = true\nmax_queue_series = 2\n"),
+    );
+    let admin = broker.admin_addr().expect("admin endpoint enabled");
+    let mut receiver = connect_as(&broker, "receiver_1").await;
+    check(
+        &mut receiver,
+        "declare_exchange ex direct",
+        "OK declare_exchange ex",
+    )
+    .await;
+    // Depths 1, 3, 2: the deepest two are b and c, though a sorts first.
+    let depths = [
+        ("receiver_1_a", 1),
+        ("receiver_1_b", 3),
+        ("receiver_1_c", 2),
+    ];
+    for (queue, _) in depths {
+        check(
+            &mut receiver,
+            &format!("declare_queue {queue}"),
+            &format!("OK declare_queue {queue}"),
+        )
+        .await;
+        check(
+            &mut receiver,
+            &format!("bind {queue} ex {queue}"),
+            &format!("OK bind {queue} ex {queue}"),
+        )
+        .await;
+    }
+    let mut sender = connect_as(&broker, "sender_1").await;
+    for (queue, depth) in depths {
+        for i in 0..depth {
+            let id = format!("{queue}-{i}");
+            publish_expect(&mut sender, "ex", queue, &id, &format!("ACK {id}")).await;
+        }
+    }
+
+    // Queue counts are refreshed about once a second: poll until they show.
+    let want_ready = [
+        "ciphermq_queue_ready{queue=\"receiver_1_b\",shard=\"0\"} 3",
+        "ciphermq_queue_ready{queue=\"receiver_1_c\",shard=\"0\"} 2",
+    ];
+    let deadline = Instant::now() + TIMEOUT;
+    let text = loop {
+        let reply = request(admin, Some("monitor_1"), "GET", "/metrics")
+            .await
+            .expect("/metrics as a monitor");
+        assert_eq!(reply.status, 200, "GET /metrics: {}", reply.body);
+        if sample_lines(&reply.body, "ciphermq_queue_ready") == want_ready {
+            break reply.body;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the two deepest queues never exported alone:\n{}",
+            reply.body
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    drop(sender);
+    drop(receiver);
+
+    assert_promtool_passes(&promtool, &text);
+    assert_eq!(
+        sample_lines(&text, "ciphermq_queues"),
+        ["ciphermq_queues 3"]
+    );
+    assert_eq!(
+        sample_lines(&text, "ciphermq_queue_series_dropped"),
+        ["ciphermq_queue_series_dropped 1"]
+    );
+    // Every per-queue family has the same two queues, and never the third.
+    for family in QUEUE_FAMILIES {
+        let lines = sample_lines(&text, family);
+        assert_eq!(lines.len(), 2, "{family}:\n{text}");
+        assert!(
+            lines[0].starts_with(&format!("{family}{{queue=\"receiver_1_b\",shard=\"0\"}} "))
+                && lines[1]
+                    .starts_with(&format!("{family}{{queue=\"receiver_1_c\",shard=\"0\"}} ")),
+            "{family}: {lines:?}"
+        );
+    }
+    assert!(!text.contains("receiver_1_a"), "{text}");
+    // The per-shard sums still count every queue's bodies.
+    assert!(
+        total(&text, "ciphermq_shard_queued_bytes") > total(&text, "ciphermq_queue_bytes"),
+        "{text}"
     );
 }
 

@@ -67,8 +67,9 @@ async fn the_grafana_dashboard_asks_only_for_series_the_broker_exports() {
     // With the Postgres mirror, so that its series are there too.
     let db = common::pg::TestDb::create().await;
     let data = tempfile::tempdir().expect("tempdir");
+    // And with the per-queue series its Queues table reads (opt-in).
     let extra = format!(
-        "{}{ADMIN}",
+        "{}{ADMIN}queue_metrics = true\n",
         db.config("MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=")
     );
     let broker = TestBroker::start_durable_with(1, data.path(), "127.0.0.1:0", &extra);
