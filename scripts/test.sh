@@ -46,6 +46,12 @@ command -v promtool >/dev/null || {
   echo "== installing promtool (Debian's prometheus package)"
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
 }
+# Headless Chromium (Debian's chromium package) for broker/tests/dashboard.rs,
+# which loads the web dashboard in a real browser.
+[ -x /usr/bin/chromium ] || {
+  echo "== installing chromium (headless, for the dashboard's browser test)"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null
+}
 echo "== cargo test"
 python3 -c 'import nacl' 2>/dev/null || python3 -m pip install --quiet pynacl  # libsodium for clients/tests/libsodium_interop.rs
 cargo test --workspace 2>&1 | tee target/test-output.log

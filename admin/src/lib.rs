@@ -12,6 +12,9 @@
 //!   how long.
 //! - `routes`: who may see what; `status`: the JSON; `metrics`: the
 //!   Prometheus text; `process`: the process's own figures from `/proc`.
+//! - [`dashboard`]: the web dashboard, one self-contained page served at
+//!   `GET /`; [`dashboard_proxy`]: `ciphermq-admin dashboard`, which serves it
+//!   on loopback for a browser without a client certificate.
 //!
 //! Invariants: nothing here runs on a shard or makes a shard wait; every
 //! answer is built from snapshots and atomic reads.
@@ -20,6 +23,8 @@
 
 pub mod broker_view;
 pub mod config;
+pub mod dashboard;
+pub mod dashboard_proxy;
 mod endpoint;
 mod metrics;
 mod process;

@@ -3,7 +3,7 @@
 //! CNs only (the current, reloadable `acl.admin_cns` and `acl.monitor_cns`:
 //! every route here only reads). Unknown paths are 404, other methods than
 //! GET on a known path 405; every answer is JSON except the Prometheus text
-//! of `/metrics`.
+//! of `/metrics` and the dashboard page (`/`, `/dashboard`).
 
 use std::net::SocketAddr;
 
@@ -15,7 +15,7 @@ use serde_json::json;
 
 use crate::endpoint::AdminContext;
 use crate::slots::Slots;
-use crate::{metrics, status};
+use crate::{dashboard, metrics, status};
 
 /// The routes the endpoint knows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,6 +26,7 @@ enum Route {
     Queues,
     Connections,
     Metrics,
+    Dashboard,
 }
 
 impl Route {
@@ -37,6 +38,7 @@ impl Route {
             "/api/queues" => Route::Queues,
             "/api/connections" => Route::Connections,
             "/metrics" => Route::Metrics,
+            "/" | "/dashboard" => Route::Dashboard,
             _ => return None,
         })
     }
@@ -107,6 +109,7 @@ pub(crate) fn respond(
         Route::Status => json_response(StatusCode::OK, &status::status(ctx)),
         Route::Queues => json_response(StatusCode::OK, &status::queues_document(ctx)),
         Route::Connections => json_response(StatusCode::OK, &status::connections_document(ctx)),
+        Route::Dashboard => dashboard::page_response(),
         Route::Metrics => {
             let text = metrics::render(ctx, &slots.stats(), ctx.queue_series);
             response(

@@ -487,6 +487,8 @@ async fn the_probe_address_serves_health_and_ready_alone_over_plain_http() {
         "/api/status",
         "/api/queues",
         "/api/connections",
+        "/",
+        "/dashboard",
         "/nope",
     ] {
         let reply = get(path).await;

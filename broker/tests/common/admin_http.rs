@@ -76,22 +76,33 @@ pub async fn request(
         let name =
             rustls::pki_types::ServerName::try_from("localhost").map_err(std::io::Error::other)?;
         let tls = connector.connect(name, tcp).await?;
-        send_and_read(tls, method, path).await
+        send_and_read(tls, method, path, "x").await
     };
     answer(exchange).await
 }
 
 /// One request over plain HTTP (the probe address), no TLS at all.
 pub async fn plain_request(addr: SocketAddr, method: &str, path: &str) -> std::io::Result<Reply> {
-    answer(async { send_and_read(TcpStream::connect(addr).await?, method, path).await }).await
+    plain_request_to(addr, method, path, "x").await
+}
+
+/// One request over plain HTTP with `Host: host`.
+pub async fn plain_request_to(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    host: &str,
+) -> std::io::Result<Reply> {
+    answer(async { send_and_read(TcpStream::connect(addr).await?, method, path, host).await }).await
 }
 
 async fn send_and_read<S: AsyncReadExt + AsyncWriteExt + Unpin>(
     mut io: S,
     method: &str,
     path: &str,
+    host: &str,
 ) -> std::io::Result<Vec<u8>> {
-    let head = format!("{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    let head = format!("{method} {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
     io.write_all(head.as_bytes()).await?;
     io.flush().await?;
     let mut raw = Vec::new();
