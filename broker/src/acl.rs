@@ -85,6 +85,26 @@ pub enum Op<'a> {
         /// The binding key (may hold `*`/`#` wildcards).
         routing_key: &'a str,
     },
+    /// `unbind <queue> <exchange> <routing_key>`: as `bind`, own queue and
+    /// own key for a receiver.
+    Unbind {
+        /// The bound queue.
+        queue: &'a str,
+        /// The binding key, as bound.
+        routing_key: &'a str,
+    },
+    /// `purge_queue <queue>`.
+    PurgeQueue {
+        /// The queue to empty of ready messages.
+        queue: &'a str,
+    },
+    /// `delete_queue <queue>`.
+    DeleteQueue {
+        /// The queue to delete.
+        queue: &'a str,
+    },
+    /// `close_connection <cn>`: admins only.
+    CloseConnection,
     /// `publish` and `publish_batch`.
     Publish,
     /// `consume <queue> [prefetch]`.
@@ -124,6 +144,10 @@ impl Op<'_> {
             Op::DeclareExchange { .. } => "declare_exchange",
             Op::DeleteExchange { .. } => "delete_exchange",
             Op::Bind { .. } => "bind",
+            Op::Unbind { .. } => "unbind",
+            Op::PurgeQueue { .. } => "purge_queue",
+            Op::DeleteQueue { .. } => "delete_queue",
+            Op::CloseConnection => "close_connection",
             Op::Publish => "publish",
             Op::Consume { .. } => "consume",
             Op::Fetch { .. } => "fetch",
@@ -294,8 +318,10 @@ impl Acl {
             Op::DeclareQueue { queue }
             | Op::Consume { queue }
             | Op::Fetch { queue }
-            | Op::Nack { queue: Some(queue) } => self.own_queue(cn, queue),
-            Op::Bind { queue, routing_key } => {
+            | Op::Nack { queue: Some(queue) }
+            | Op::PurgeQueue { queue }
+            | Op::DeleteQueue { queue } => self.own_queue(cn, queue),
+            Op::Bind { queue, routing_key } | Op::Unbind { queue, routing_key } => {
                 self.own_queue(cn, queue)?;
                 self.own_binding_key(cn, routing_key)
             }
@@ -306,6 +332,7 @@ impl Acl {
                 _ => Ok(()),
             },
             Op::Publish => Denied::new("receivers may not publish"),
+            Op::CloseConnection => Denied::new("only admins may close connections"),
             Op::GetPublicKey => Denied::new("receivers may not get public keys"),
             Op::DeleteExchange { .. }
             | Op::Nack { queue: None }
@@ -443,6 +470,10 @@ fn check_sender(op: Op<'_>) -> Result<(), Denied> {
         Op::DeclareExchange { .. } => Denied::new("senders may not declare exchanges"),
         Op::DeleteExchange { .. } => Denied::new("senders may not delete exchanges"),
         Op::Bind { .. } => Denied::new("senders may not bind queues"),
+        Op::Unbind { .. } => Denied::new("senders may not unbind queues"),
+        Op::PurgeQueue { .. } => Denied::new("senders may not purge queues"),
+        Op::DeleteQueue { .. } => Denied::new("senders may not delete queues"),
+        Op::CloseConnection => Denied::new("only admins may close connections"),
         Op::Consume { .. } => Denied::new("senders may not consume"),
         Op::Fetch { .. } => Denied::new("senders may not fetch"),
         Op::Nack { .. } => Denied::new("senders may not nack"),
@@ -495,7 +526,47 @@ mod tests {
             Op::RegisterPublicKey,
             Op::GetPublicKey,
             Op::Heartbeat,
+            Op::Unbind {
+                queue: "receiver_1_queue",
+                routing_key: "receiver_1",
+            },
+            Op::PurgeQueue {
+                queue: "receiver_1_queue",
+            },
+            Op::DeleteQueue {
+                queue: "receiver_1_queue",
+            },
+            Op::CloseConnection,
         ]
+    }
+
+    #[test]
+    fn removals_need_ownership_and_closing_needs_an_admin() {
+        let a = acl();
+        for op in [
+            Op::Unbind {
+                queue: "receiver_2_queue",
+                routing_key: "receiver_2",
+            },
+            Op::Unbind {
+                queue: "receiver_1_queue",
+                routing_key: "receiver_2",
+            },
+            Op::PurgeQueue {
+                queue: "receiver_2_queue",
+            },
+            Op::DeleteQueue {
+                queue: "receiver_1_2_queue",
+            },
+            Op::CloseConnection,
+        ] {
+            assert!(!allowed(&a, Role::Receiver, "receiver_1", op), "{op:?}");
+            assert!(allowed(&a, Role::Admin, "admin", op), "{op:?}");
+        }
+        let e = a
+            .check(Role::Receiver, "receiver_1", Op::CloseConnection)
+            .unwrap_err();
+        assert_eq!(e.reason, "only admins may close connections");
     }
 
     fn allowed(a: &Acl, role: Role, cn: &str, op: Op<'_>) -> bool {
@@ -545,6 +616,10 @@ mod tests {
             ("register_public_key", false),
             ("get_public_key", true),
             ("heartbeat", true),
+            ("unbind", false),
+            ("purge_queue", false),
+            ("delete_queue", false),
+            ("close_connection", false),
         ];
         for (op, (name, ok)) in own_ops().into_iter().zip(expected) {
             assert_eq!(op.name(), name);
@@ -561,6 +636,7 @@ mod tests {
         let a = acl();
         let expected = [
             true, true, true, false, true, true, true, true, true, true, true, true, false, true,
+            true, true, true, false,
         ];
         for (op, ok) in own_ops().into_iter().zip(expected) {
             assert_eq!(allowed(&a, Role::Receiver, "receiver_1", op), ok, "{op:?}");

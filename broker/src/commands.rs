@@ -134,6 +134,55 @@ impl Session {
                 };
                 self.change_topology(change, format!("OK bind {queue} {exchange} {routing_key}"));
             }
+            Request::Unbind {
+                queue,
+                exchange,
+                routing_key,
+            } => {
+                if !self.check(Op::Unbind { queue, routing_key }) {
+                    return;
+                }
+                let change = TopologyChange::Unbind {
+                    queue: queue.to_owned(),
+                    exchange: exchange.to_owned(),
+                    key: routing_key.to_owned(),
+                };
+                self.change_topology(
+                    change,
+                    format!("OK unbind {queue} {exchange} {routing_key}"),
+                );
+            }
+            Request::DeleteExchange { exchange } => {
+                if !self.check(Op::DeleteExchange { exchange }) {
+                    return;
+                }
+                // Whether a receiver owns it is decided where it is applied.
+                let change = TopologyChange::DeleteExchange {
+                    name: exchange.to_owned(),
+                    by: self.actor(),
+                };
+                self.change_topology(change, format!("OK delete_exchange {exchange}"));
+            }
+            // Parsed and judged by the ACL, not carried out yet: a queue's
+            // messages live in its log and its backlog on disk, and removing
+            // them durably needs records the log does not have yet.
+            Request::PurgeQueue { queue } => {
+                if self.check(Op::PurgeQueue { queue }) {
+                    self.replies
+                        .line("Error: purge_queue is not implemented yet");
+                }
+            }
+            Request::DeleteQueue { queue } => {
+                if self.check(Op::DeleteQueue { queue }) {
+                    self.replies
+                        .line("Error: delete_queue is not implemented yet");
+                }
+            }
+            Request::CloseConnection { client_id } => {
+                if self.check(Op::CloseConnection) {
+                    self.close_connections_of(client_id);
+                }
+            }
             Request::Consume { queue, prefetch } => {
                 if !self.check(Op::Consume { queue }) {
                     return;
@@ -312,6 +361,16 @@ impl Session {
             .line(format!("OK ack_batch {queue} {}", owed.len()));
     }
 
+    /// `close_connection <cn>`: every connection `cn` has open ends at its
+    /// next turn (this one too, after this reply, when `cn` is the
+    /// caller's own CN); the reply counts them.
+    fn close_connections_of(&mut self, cn: &str) {
+        let closed = self.local.shared.policy.close_connections_of(cn);
+        tracing::info!(admin = %self.identity.cn, client_id = cn, connections = closed, "close_connection");
+        self.replies
+            .line(format!("OK close_connection {cn} {closed}"));
+    }
+
     /// Who this session is to the topology's ownership rules.
     fn actor(&self) -> Actor {
         match self.identity.role {
@@ -333,6 +392,7 @@ impl Session {
             TopologyChange::DeclareQueue { .. } => "declare_queue",
             TopologyChange::DeclareExchange { .. } => "declare_exchange",
             TopologyChange::Bind { .. } => "bind",
+            TopologyChange::Unbind { .. } => "unbind",
             TopologyChange::DeleteExchange { .. } => "delete_exchange",
         };
         let mut pending = self.local.shared.topology.submit(change);

@@ -26,7 +26,7 @@ use crate::context::ShardLocal;
 use crate::line_buffer::{Line, LineBuffer};
 use crate::policy::Policy;
 use crate::rate_limit::ConnectionSlot;
-use crate::session::Session;
+use crate::session::{Revoked, Session};
 use crate::tls_session::TlsSession;
 
 /// Commands executed per poll before yielding to other connections.
@@ -86,6 +86,7 @@ enum End {
     Timeout,
     Shutdown,
     RoleRevoked,
+    ClosedByAdmin,
     Io(String),
     Tls(String),
 }
@@ -151,6 +152,9 @@ impl Connection {
             End::RoleRevoked => {
                 tracing::warn!(%cn, %peer, "connection closed: the reloaded ACL changed its role")
             }
+            End::ClosedByAdmin => {
+                tracing::info!(%cn, %peer, "connection closed: an admin closed this CN's connections")
+            }
             End::Io(e) => tracing::info!(%cn, %peer, error = %e, "connection closed: I/O error"),
             End::Tls(e) => tracing::info!(%cn, %peer, error = %e, "connection closed: TLS error"),
         }
@@ -196,8 +200,10 @@ impl Connection {
         // Output has its own budget: a fast reader of large fetches must not
         // keep the shard rendering for it alone.
         let mut render_budget = settings.max_reply_bytes_per_turn;
-        if !self.session.refresh_policy() {
-            return Poll::Ready(End::RoleRevoked);
+        match self.session.refresh_policy() {
+            Ok(()) => {}
+            Err(Revoked::Role) => return Poll::Ready(End::RoleRevoked),
+            Err(Revoked::Closed) => return Poll::Ready(End::ClosedByAdmin),
         }
         loop {
             let mut progress = self.apply_events();

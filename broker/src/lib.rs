@@ -2,9 +2,11 @@
 //!
 //! Map:
 //! - [`config`]: the typed `config.toml`, validated before anything binds.
+//! - [`logging`]: the console and JSON file sinks, chosen so each line is stored once.
 //! - [`acl`]: roles from certificate CNs and the permission matrix.
 //! - [`rate_limit`]: per-CN token buckets and open-connection caps.
 //! - [`policy`]: the `[acl]` and `[rate_limit]` snapshot `SIGHUP` reloads.
+//! - [`closures`]: `close_connection`, an admin ending a CN's connections.
 //! - [`tls`], [`tls_session`]: rustls with required client certificates, and the
 //!   hand-driven session that can move between shards.
 //! - [`sys`]: the only `unsafe` code (fd hand-off, io_uring and memlock probes).
@@ -40,6 +42,7 @@
 pub mod acl;
 mod admin_view;
 pub mod backlog_reader;
+pub mod closures;
 mod commands;
 pub mod committer;
 pub mod config;
@@ -50,6 +53,7 @@ pub mod file_deleter;
 mod handoff;
 pub mod handshake_gate;
 pub mod line_buffer;
+pub mod logging;
 pub mod policy;
 pub mod rate_limit;
 pub mod replies;

@@ -22,6 +22,7 @@ use ciphermq_shard::topology::{Actor, Binding, BindingRule};
 use ciphermq_shard::TopologyStore;
 
 use crate::acl::Acl;
+use crate::closures::ConnectionClosures;
 use crate::config::Config;
 use crate::rate_limit::{ConnectionLimits, RateSettings};
 
@@ -112,6 +113,8 @@ pub struct PolicyStore {
     version: AtomicU64,
     /// Open connections by IP and CN, counted always, capped per policy.
     pub conn_limits: Arc<ConnectionLimits>,
+    /// Connections an admin closed (`close_connection`).
+    pub closures: ConnectionClosures,
     watchers: Vec<AtomicWaker>,
     /// The topology whose bindings follow the ACL, once
     /// [`Self::guard_bindings`] was called (weak: the topology's lifetime is
@@ -131,6 +134,7 @@ impl PolicyStore {
             current: RwLock::new(Arc::new(Policy::from_config(config, 0))),
             version: AtomicU64::new(0),
             conn_limits: Arc::new(ConnectionLimits::new(per_ip, per_cn)),
+            closures: ConnectionClosures::default(),
             watchers: (0..shards).map(|_| AtomicWaker::new()).collect(),
             topology: OnceLock::new(),
             installing: Mutex::new(()),
@@ -193,15 +197,39 @@ impl PolicyStore {
         }
     }
 
-    /// Resolves when the version differs from `seen`.
+    /// Ends every connection `cn` has open now (on every shard), and says
+    /// how many that is.
+    pub fn close_connections_of(&self, cn: &str) -> u32 {
+        let open = self
+            .conn_limits
+            .snapshot()
+            .1
+            .into_iter()
+            .find_map(|(c, n)| (c == cn).then_some(n))
+            .unwrap_or(0);
+        self.closures.close_all_of(cn);
+        for w in &self.watchers {
+            w.wake();
+        }
+        open
+    }
+
+    /// Moves with every reload and every `close_connection`: what the shard
+    /// watchers wait on.
+    fn generation(&self) -> u64 {
+        self.version().wrapping_add(self.closures.version())
+    }
+
+    /// Resolves when the generation (reloads and closings) differs from
+    /// `seen`; pass 0 first.
     pub async fn changed(&self, shard: usize, seen: u64) -> u64 {
         std::future::poll_fn(|cx| {
-            let v = self.version();
+            let v = self.generation();
             if v != seen {
                 return Poll::Ready(v);
             }
             self.watchers[shard].register(cx.waker());
-            let v = self.version();
+            let v = self.generation();
             if v != seen {
                 Poll::Ready(v)
             } else {

@@ -48,6 +48,20 @@ pub(crate) struct Session {
     pub(crate) closing: bool,
     /// Ever consumed or fetched: its close must requeue on every shard.
     pub(crate) consumed: bool,
+    /// Taken when it opened: an admin's `close_connection` ends the
+    /// connections of a CN with tickets below its cutoff.
+    ticket: u64,
+    /// The closings version last looked at.
+    seen_closures: u64,
+}
+
+/// Why a session must end at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Revoked {
+    /// A reloaded ACL gives its CN another role.
+    Role,
+    /// An admin closed its CN's connections (`close_connection`).
+    Closed,
 }
 
 /// A reply line another thread is deciding.
@@ -66,6 +80,8 @@ impl Session {
     pub(crate) fn new(local: Rc<ShardLocal>, identity: Identity) -> (Session, Rc<Mailbox>) {
         let (conn, mailbox) = local.shard.borrow_mut().register_conn();
         let policy = identity.policy.clone();
+        let closures = &local.shared.policy.closures;
+        let (ticket, seen_closures) = (closures.ticket(), closures.version());
         let session = Session {
             local,
             identity,
@@ -76,6 +92,8 @@ impl Session {
             pending_replies: Vec::new(),
             closing: false,
             consumed: false,
+            ticket,
+            seen_closures,
         };
         (session, mailbox)
     }
@@ -92,15 +110,26 @@ impl Session {
         self.replies.line(greeting);
     }
 
-    /// Takes up the current policy if a reload replaced it; false when the
-    /// reloaded ACL gives this CN another role (the session must end).
-    pub(crate) fn refresh_policy(&mut self) -> bool {
+    /// Takes up the current policy if a reload replaced it, and looks at
+    /// admins' closings if one happened; `Err` when the session must end.
+    pub(crate) fn refresh_policy(&mut self) -> Result<(), Revoked> {
         let store = &self.local.shared.policy;
+        let closures = store.closures.version();
+        if closures != self.seen_closures {
+            self.seen_closures = closures;
+            if store.closures.must_close(&self.identity.cn, self.ticket) {
+                return Err(Revoked::Closed);
+            }
+        }
         if store.version() == self.policy.version {
-            return true;
+            return Ok(());
         }
         self.policy = store.current();
-        self.policy.acl.role_of(&self.identity.cn) == self.identity.role
+        if self.policy.acl.role_of(&self.identity.cn) == self.identity.role {
+            Ok(())
+        } else {
+            Err(Revoked::Role)
+        }
     }
 
     /// Applies one report of the shard: a command's completion fills its

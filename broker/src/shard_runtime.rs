@@ -169,7 +169,7 @@ pub(crate) async fn run_shard(
 /// Wakes every connection of this shard when the policy is reloaded, so those
 /// whose role changed close even when idle.
 async fn watch_policy(local: Rc<ShardLocal>, shard: usize) {
-    let mut seen = local.shared.policy.version();
+    let mut seen = 0;
     loop {
         seen = local.shared.policy.changed(shard, seen).await;
         for mailbox in local.shard.borrow().mailboxes() {

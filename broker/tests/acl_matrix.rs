@@ -106,6 +106,15 @@ async fn sender_column() {
     publish_expect(&mut s, "ex", "extra_key", "m-0", "NACK m-0 no_route").await;
 
     check_denied(&mut s, "declare_exchange sx direct", "sender").await;
+    for cmd in [
+        "unbind receiver_1_queue ex receiver_1",
+        "purge_queue receiver_1_queue",
+        "delete_queue receiver_1_queue",
+        "delete_exchange ex",
+        "close_connection receiver_1",
+    ] {
+        check_denied(&mut s, cmd, "sender").await;
+    }
     check_denied(&mut s, "declare_exchange sx", "sender").await;
     check(
         &mut admin,
@@ -189,6 +198,11 @@ async fn monitor_column() {
         "declare_queue receiver_1_queue",
         "declare_exchange mx direct",
         "bind receiver_1_queue ex monitor_1",
+        "unbind receiver_1_queue ex receiver_1",
+        "purge_queue receiver_1_queue",
+        "delete_queue receiver_1_queue",
+        "delete_exchange ex",
+        "close_connection receiver_1",
         "consume receiver_1_queue",
         "fetch receiver_1_queue 10",
         "ack m-1",
@@ -207,6 +221,8 @@ async fn monitor_column() {
         ids(&fetch(&mut admin, "receiver_1_queue", 10).await),
         ["m-1"]
     );
+    // The exchange and its binding are still there.
+    publish_expect(&mut admin, "ex", "receiver_1", "m-3", "ACK m-3").await;
     check(
         &mut admin,
         "bind receiver_1_queue mx receiver_1",

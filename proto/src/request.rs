@@ -71,6 +71,36 @@ pub enum Request<'a> {
         /// Binding key (wildcards allowed; they only mean something on topic exchanges).
         routing_key: &'a str,
     },
+    /// `unbind <q> <e> <key>`
+    Unbind {
+        /// Queue name.
+        queue: &'a str,
+        /// Exchange name.
+        exchange: &'a str,
+        /// Binding key, as it was bound.
+        routing_key: &'a str,
+    },
+    /// `purge_queue <q>`: drops the ready messages; unacked deliveries
+    /// stay owed.
+    PurgeQueue {
+        /// Queue name.
+        queue: &'a str,
+    },
+    /// `delete_queue <q>`: the queue, its messages and its bindings.
+    DeleteQueue {
+        /// Queue name.
+        queue: &'a str,
+    },
+    /// `delete_exchange <e>`: the exchange and its bindings.
+    DeleteExchange {
+        /// Exchange name.
+        exchange: &'a str,
+    },
+    /// `close_connection <cn>`: an admin closes every connection of a CN.
+    CloseConnection {
+        /// Whose connections.
+        client_id: &'a str,
+    },
     /// `publish <e> <key> <json>`: names are not checked here, see [`crate::message`].
     Publish {
         /// Exchange name, unchecked.
@@ -152,6 +182,11 @@ impl Request<'_> {
             Request::DeclareQueue { .. } => "declare_queue",
             Request::DeclareExchange { .. } => "declare_exchange",
             Request::Bind { .. } => "bind",
+            Request::Unbind { .. } => "unbind",
+            Request::PurgeQueue { .. } => "purge_queue",
+            Request::DeleteQueue { .. } => "delete_queue",
+            Request::DeleteExchange { .. } => "delete_exchange",
+            Request::CloseConnection { .. } => "close_connection",
             Request::Publish { .. } => "publish",
             Request::PublishBatch { .. } => "publish_batch",
             Request::Consume { .. } => "consume",
@@ -204,6 +239,11 @@ pub enum ParseError {
 const USAGE_DECLARE_QUEUE: &str = "declare_queue <queue>";
 const USAGE_DECLARE_EXCHANGE: &str = "declare_exchange <exchange> [direct|fanout|topic]";
 const USAGE_BIND: &str = "bind <queue> <exchange> <routing_key>";
+const USAGE_UNBIND: &str = "unbind <queue> <exchange> <routing_key>";
+const USAGE_PURGE_QUEUE: &str = "purge_queue <queue>";
+const USAGE_DELETE_QUEUE: &str = "delete_queue <queue>";
+const USAGE_DELETE_EXCHANGE: &str = "delete_exchange <exchange>";
+const USAGE_CLOSE_CONNECTION: &str = "close_connection <client_id>";
 const USAGE_CONSUME: &str = "consume <queue> [prefetch]";
 const USAGE_FETCH: &str = "fetch <queue> [max]";
 const USAGE_ACK: &str = "ack <message_id> [queue]";
@@ -394,6 +434,44 @@ impl<'a> Request<'a> {
                     routing_key: key,
                 }
             }
+            "unbind" => {
+                let [queue, exchange, key] = args::<3>(rest, USAGE_UNBIND)?;
+                let queue = name(queue, "queue", USAGE_UNBIND)?;
+                let exchange = name(exchange, "exchange", USAGE_UNBIND)?;
+                if key.is_empty() {
+                    return Err(ParseError::Usage(USAGE_UNBIND));
+                }
+                check_routing_pattern(key).map_err(ParseError::RoutingKey)?;
+                Request::Unbind {
+                    queue,
+                    exchange,
+                    routing_key: key,
+                }
+            }
+            "purge_queue" => {
+                let [queue] = args::<1>(rest, USAGE_PURGE_QUEUE)?;
+                Request::PurgeQueue {
+                    queue: name(queue, "queue", USAGE_PURGE_QUEUE)?,
+                }
+            }
+            "delete_queue" => {
+                let [queue] = args::<1>(rest, USAGE_DELETE_QUEUE)?;
+                Request::DeleteQueue {
+                    queue: name(queue, "queue", USAGE_DELETE_QUEUE)?,
+                }
+            }
+            "delete_exchange" => {
+                let [exchange] = args::<1>(rest, USAGE_DELETE_EXCHANGE)?;
+                Request::DeleteExchange {
+                    exchange: name(exchange, "exchange", USAGE_DELETE_EXCHANGE)?,
+                }
+            }
+            "close_connection" => {
+                let [client] = args::<1>(rest, USAGE_CLOSE_CONNECTION)?;
+                Request::CloseConnection {
+                    client_id: name(client, "client id", USAGE_CLOSE_CONNECTION)?,
+                }
+            }
             "resend" => {
                 no_args(rest, USAGE_RESEND)?;
                 Request::Resend
@@ -455,6 +533,44 @@ mod tests {
                 routing_key: "a.*.#"
             })
         );
+        assert_eq!(
+            Request::parse("unbind q ex a.*.#"),
+            Ok(Request::Unbind {
+                queue: "q",
+                exchange: "ex",
+                routing_key: "a.*.#"
+            })
+        );
+        assert_eq!(
+            Request::parse("purge_queue q"),
+            Ok(Request::PurgeQueue { queue: "q" })
+        );
+        assert_eq!(
+            Request::parse("delete_queue q"),
+            Ok(Request::DeleteQueue { queue: "q" })
+        );
+        assert_eq!(
+            Request::parse("delete_exchange ex"),
+            Ok(Request::DeleteExchange { exchange: "ex" })
+        );
+        assert_eq!(
+            Request::parse("close_connection sender_1"),
+            Ok(Request::CloseConnection {
+                client_id: "sender_1"
+            })
+        );
+        for bad in [
+            "unbind q ex",
+            "purge_queue",
+            "delete_queue a b",
+            "delete_exchange",
+            "close_connection",
+        ] {
+            assert!(
+                matches!(Request::parse(bad), Err(ParseError::Usage(_))),
+                "{bad}"
+            );
+        }
         assert_eq!(
             Request::parse("publish ex k {\"a\": 1, \"b\": \"x y\"}"),
             Ok(Request::Publish {

@@ -376,6 +376,11 @@ impl Topology {
                 key,
                 by,
             } => self.bind(queue, exchange, key, by.as_ref()),
+            TopologyChange::Unbind {
+                queue,
+                exchange,
+                key,
+            } => self.unbind(queue, exchange, key),
             TopologyChange::DeleteExchange { name, by } => {
                 if !self.exchanges.contains_key(name.as_str()) {
                     return Err(TopologyError::UnknownExchange(name.clone()));
@@ -447,6 +452,34 @@ impl Topology {
         self.binders.insert(id, by.cloned());
         if let Some(ex) = self.exchanges.get_mut(exchange) {
             Arc::make_mut(ex).bind(key, target);
+        }
+        Ok(true)
+    }
+
+    /// `unbind`: the exchange's routing index has no removal, so it is
+    /// rebuilt without the binding (bounded by the binding quotas).
+    fn unbind(&mut self, queue: &str, exchange: &str, key: &str) -> Result<bool, TopologyError> {
+        if !self.exchanges.contains_key(exchange) {
+            return Err(TopologyError::UnknownExchange(exchange.to_owned()));
+        }
+        if !self.queues.contains_key(queue) {
+            return Err(TopologyError::UnknownQueue(queue.to_owned()));
+        }
+        if !self
+            .binders
+            .contains_key(&BindingId::new(exchange, key, queue))
+        {
+            return Ok(false);
+        }
+        self.forget_binding(exchange, key, queue);
+        if let Some(ex) = self.exchanges.get_mut(exchange) {
+            let mut rebuilt = Exchange::new(ex.kind());
+            for (bound_key, target) in ex.bindings() {
+                if !(bound_key == key && &*target.queue == queue) {
+                    rebuilt.bind(bound_key, target.clone());
+                }
+            }
+            *ex = Arc::new(rebuilt);
         }
         Ok(true)
     }
@@ -646,6 +679,16 @@ pub enum TopologyChange {
         /// [`BindingRule`] can judge it; `None` only for a binding loaded
         /// from a file that did not record it.
         by: Option<Actor>,
+    },
+    /// `unbind`: removes one binding; removing one that is not there is
+    /// no change (the queue and the exchange must exist).
+    Unbind {
+        /// Queue name.
+        queue: String,
+        /// Exchange name.
+        exchange: String,
+        /// Binding key.
+        key: String,
     },
     /// `delete_exchange`: the exchange and its bindings. A receiver may
     /// delete only an exchange it owns.

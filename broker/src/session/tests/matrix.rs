@@ -421,23 +421,97 @@ fn permission_matrix_with_replies_decided_off_the_shard() {
         .run(cases);
 }
 
-/// DESIGN.md §2 lists these; the wire protocol of §3 does not serve them
-/// yet, for any role. When one is served, its rows move to the columns.
+/// The commands that take things away, every role: senders are refused
+/// each; a receiver unbinds its own queues with its own keys and deletes
+/// the exchanges it owns; only admins close connections. `purge_queue` and
+/// `delete_queue` pass the ACL and are then answered as not implemented.
+/// Each row is checked for its effect too (routing after it).
 #[test]
-fn matrix_commands_not_served_yet_are_unknown_for_every_role() {
-    let mut c = case("not served");
-    for who in ["sender_1", "receiver_1", "admin"] {
-        for (line, word) in [
-            ("unbind receiver_1_queue ex receiver_1", "unbind"),
-            ("delete_queue receiver_1_queue", "delete_queue"),
-            ("purge_queue receiver_1_queue", "purge_queue"),
-            ("delete_exchange ex", "delete_exchange"),
-            ("close_connection sender_1", "close_connection"),
-        ] {
-            c = c.row(who, line, format!("Error: unknown command {word}"));
-        }
-    }
-    // The binding is still there.
-    c = c.row("sender_1", publish("ex", "receiver_1", "m-1"), "ACK m-1");
-    Table::new().world(acl_world()).run(vec![c]);
+fn matrix_of_the_removals() {
+    let (s, r, a) = ("sender_1", "receiver_1", "admin");
+    let cases = vec![
+        case("removals: senders are refused, nothing changes")
+            .denied(
+                s,
+                "unbind receiver_1_queue ex receiver_1",
+                "senders may not unbind queues",
+            )
+            .denied(
+                s,
+                "purge_queue receiver_1_queue",
+                "senders may not purge queues",
+            )
+            .denied(
+                s,
+                "delete_queue receiver_1_queue",
+                "senders may not delete queues",
+            )
+            .denied(s, "delete_exchange ex", "senders may not delete exchanges")
+            .denied(
+                s,
+                "close_connection receiver_1",
+                "only admins may close connections",
+            )
+            .row(s, publish("ex", "receiver_1", "m-1"), "ACK m-1"),
+        case("removals: a receiver's own binding")
+            .denied(r, "unbind receiver_2_queue ex receiver_2", DENY_OWN_QUEUES)
+            .denied(r, "unbind receiver_1_queue ex receiver_2", DENY_OWN_KEYS)
+            .row(
+                r,
+                "unbind receiver_1_queue ex receiver_1",
+                "OK unbind receiver_1_queue ex receiver_1",
+            )
+            .row(s, publish("ex", "receiver_1", "m-1"), "NACK m-1 no_route")
+            .row(s, publish("ex", "receiver_2", "m-2"), "ACK m-2"),
+        case("removals: exchanges only by their owner")
+            .row(
+                r,
+                "declare_exchange receiver_1_x direct",
+                "OK declare_exchange receiver_1_x",
+            )
+            .denied(
+                "receiver_2",
+                "delete_exchange receiver_1_x",
+                "receivers may only delete exchanges they own",
+            )
+            .denied(
+                r,
+                "delete_exchange ex",
+                "receivers may only delete exchanges they own",
+            )
+            .row(
+                r,
+                "delete_exchange receiver_1_x",
+                "OK delete_exchange receiver_1_x",
+            )
+            .row(
+                r,
+                "delete_exchange receiver_1_x",
+                "Error: unknown exchange receiver_1_x",
+            ),
+        case("removals: admins")
+            .row(
+                a,
+                "unbind receiver_2_queue ex receiver_2",
+                "OK unbind receiver_2_queue ex receiver_2",
+            )
+            .row(s, publish("ex", "receiver_2", "m-1"), "NACK m-1 no_route")
+            .row(a, "close_connection nobody", "OK close_connection nobody 0")
+            .row(a, "delete_exchange ex", "OK delete_exchange ex")
+            .row(s, publish("ex", "receiver_1", "m-2"), "NACK m-2 no_route"),
+        case("removals: purge and delete_queue are judged, not carried out")
+            .denied(r, "purge_queue receiver_2_queue", DENY_OWN_QUEUES)
+            .denied(r, "delete_queue receiver_2_queue", DENY_OWN_QUEUES)
+            .row(
+                r,
+                "purge_queue receiver_1_queue",
+                "Error: purge_queue is not implemented yet",
+            )
+            .row(
+                a,
+                "delete_queue receiver_1_queue",
+                "Error: delete_queue is not implemented yet",
+            ),
+    ];
+    Table::new().world(acl_world()).run(cases);
 }

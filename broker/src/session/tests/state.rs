@@ -68,11 +68,18 @@ fn a_reload_that_changes_the_role_ends_the_session() {
     let broker = Broker::start(Backing::Memory, RECEIVERS, "");
     let mut r1 = broker.client("receiver_1");
     let mut r2 = broker.client("receiver_2");
-    assert!(r1.session.refresh_policy() && r2.session.refresh_policy());
+    assert!(r1.session.refresh_policy().is_ok() && r2.session.refresh_policy().is_ok());
     let text = config_text(Backing::Memory, &["receiver_2"], "");
     let config = Config::parse_unchecked(&text, std::path::Path::new("/")).expect("config");
     broker.local.shared.policy.reload(&config);
-    assert!(!r1.session.refresh_policy(), "receiver_1 lost its role");
-    assert!(r2.session.refresh_policy(), "receiver_2 kept its role");
+    assert_eq!(
+        r1.session.refresh_policy(),
+        Err(crate::session::Revoked::Role),
+        "receiver_1 lost its role"
+    );
+    assert!(
+        r2.session.refresh_policy().is_ok(),
+        "receiver_2 kept its role"
+    );
     assert_eq!(r2.send(b"heartbeat"), ["OK heartbeat"]);
 }

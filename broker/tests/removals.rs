@@ -1,0 +1,250 @@
+//! Taking things away over the wire: `unbind` and `delete_exchange` (their
+//! ACL, their replies, routing after them, and that a restart keeps them
+//! gone), `close_connection` (an admin ends every connection of a CN, on
+//! whichever shard they live; others may not), and `purge_queue` /
+//! `delete_queue`, which are judged by the ACL but not carried out yet.
+
+mod common;
+
+use common::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unbind_stops_routing_is_owner_only_and_survives_a_restart() {
+    let data = tempfile::tempdir().expect("tempdir");
+    let mut broker = TestBroker::start_durable_at(2, data.path(), "127.0.0.1:0");
+    let mut receiver = connect_as(&broker, "receiver_1").await;
+    setup_receiver(&mut receiver, "receiver_1").await;
+    let mut sender = connect_as(&broker, "sender_1").await;
+    publish_expect(&mut sender, "ex", "receiver_1", "before", "ACK before").await;
+
+    // Another receiver's queue, or another's key: the ACL, before existence.
+    let mut other = connect_as(&broker, "receiver_2").await;
+    let reply = ask(&mut other, "unbind receiver_1_queue ex receiver_1").await;
+    assert_denied(&reply, "receiver", "unbind of another's queue");
+    let reply = ask(&mut receiver, "unbind receiver_1_queue ex receiver_2").await;
+    assert_denied(&reply, "receiver", "unbind with another's key");
+    let reply = ask(&mut sender, "unbind receiver_1_queue ex receiver_1").await;
+    assert_eq!(
+        reply,
+        "Access denied: senders may not unbind queues (role=sender)"
+    );
+    check(
+        &mut receiver,
+        "unbind receiver_1_queue nowhere receiver_1",
+        "Error: unknown exchange nowhere",
+    )
+    .await;
+
+    check(
+        &mut receiver,
+        "unbind receiver_1_queue ex receiver_1",
+        "OK unbind receiver_1_queue ex receiver_1",
+    )
+    .await;
+    publish_expect(
+        &mut sender,
+        "ex",
+        "receiver_1",
+        "after",
+        "NACK after no_route",
+    )
+    .await;
+    // Idempotent: the binding is already gone.
+    check(
+        &mut receiver,
+        "unbind receiver_1_queue ex receiver_1",
+        "OK unbind receiver_1_queue ex receiver_1",
+    )
+    .await;
+    // The message published before it is still there.
+    let got = fetch(&mut receiver, "receiver_1_queue", 10).await;
+    assert_eq!(ids(&got), ["before"]);
+    check(&mut receiver, "ack before", "ACK_CONFIRMED before").await;
+
+    drop((receiver, other, sender));
+    let addr = broker.addr.clone();
+    broker.stop();
+    let broker = TestBroker::start_durable_at(2, data.path(), &addr);
+    let mut sender = connect_as(&broker, "sender_1").await;
+    publish_expect(
+        &mut sender,
+        "ex",
+        "receiver_1",
+        "restarted",
+        "NACK restarted no_route",
+    )
+    .await;
+    // It can be bound again.
+    let mut receiver = connect_as(&broker, "receiver_1").await;
+    check(
+        &mut receiver,
+        "bind receiver_1_queue ex receiver_1",
+        "OK bind receiver_1_queue ex receiver_1",
+    )
+    .await;
+    publish_expect(&mut sender, "ex", "receiver_1", "again", "ACK again").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delete_exchange_is_for_its_owner_or_an_admin_and_survives_a_restart() {
+    let data = tempfile::tempdir().expect("tempdir");
+    let mut broker = TestBroker::start_durable_at(1, data.path(), "127.0.0.1:0");
+    let mut receiver = connect_as(&broker, "receiver_1").await;
+    check(
+        &mut receiver,
+        "declare_exchange receiver_1_events fanout",
+        "OK declare_exchange receiver_1_events",
+    )
+    .await;
+    check(
+        &mut receiver,
+        "declare_queue receiver_1_queue",
+        "OK declare_queue receiver_1_queue",
+    )
+    .await;
+    check(
+        &mut receiver,
+        "bind receiver_1_queue receiver_1_events receiver_1",
+        "OK bind receiver_1_queue receiver_1_events receiver_1",
+    )
+    .await;
+    let mut sender = connect_as(&broker, "sender_1").await;
+    publish_expect(&mut sender, "receiver_1_events", "x", "m1", "ACK m1").await;
+
+    let mut other = connect_as(&broker, "receiver_2").await;
+    assert_eq!(
+        ask(&mut other, "delete_exchange receiver_1_events").await,
+        "Access denied: receivers may only delete exchanges they own (role=receiver)"
+    );
+    assert_eq!(
+        ask(&mut sender, "delete_exchange receiver_1_events").await,
+        "Access denied: senders may not delete exchanges (role=sender)"
+    );
+    check(
+        &mut receiver,
+        "delete_exchange receiver_1_events",
+        "OK delete_exchange receiver_1_events",
+    )
+    .await;
+    publish_expect(
+        &mut sender,
+        "receiver_1_events",
+        "x",
+        "m2",
+        "NACK m2 no_route",
+    )
+    .await;
+    check(
+        &mut receiver,
+        "delete_exchange receiver_1_events",
+        "Error: unknown exchange receiver_1_events",
+    )
+    .await;
+    // An admin may delete any exchange, e.g. one nobody owns.
+    let mut admin = connect_as(&broker, "admin").await;
+    check(
+        &mut admin,
+        "declare_exchange shared",
+        "OK declare_exchange shared",
+    )
+    .await;
+    check(
+        &mut admin,
+        "delete_exchange shared",
+        "OK delete_exchange shared",
+    )
+    .await;
+    // The queue and its message are untouched.
+    let got = fetch(&mut receiver, "receiver_1_queue", 10).await;
+    assert_eq!(ids(&got), ["m1"]);
+
+    drop((receiver, other, sender, admin));
+    let addr = broker.addr.clone();
+    broker.stop();
+    let broker = TestBroker::start_durable_at(1, data.path(), &addr);
+    let mut sender = connect_as(&broker, "sender_1").await;
+    publish_expect(
+        &mut sender,
+        "receiver_1_events",
+        "x",
+        "m3",
+        "NACK m3 no_route",
+    )
+    .await;
+    // The name is free again: its next declaration owns it anew.
+    let mut receiver = connect_as(&broker, "receiver_1").await;
+    check(
+        &mut receiver,
+        "declare_exchange receiver_1_events direct",
+        "OK declare_exchange receiver_1_events",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_connection_ends_every_connection_of_a_cn_and_only_admins_may() {
+    let broker = TestBroker::start(2);
+    let mut first = connect_as(&broker, "sender_1").await;
+    let mut second = connect_as(&broker, "sender_1").await;
+    let mut bystander = connect_as(&broker, "sender_2").await;
+    // The admin may live on another shard than sender_1's connections.
+    let mut admin = connect_as(&broker, "admin").await;
+
+    let mut receiver = connect_as(&broker, "receiver_1").await;
+    assert_eq!(
+        ask(&mut receiver, "close_connection sender_1").await,
+        "Access denied: only admins may close connections (role=receiver)"
+    );
+    assert_eq!(
+        ask(&mut first, "close_connection sender_2").await,
+        "Access denied: only admins may close connections (role=sender)"
+    );
+    check(&mut first, "heartbeat", "OK heartbeat").await;
+
+    check(
+        &mut admin,
+        "close_connection sender_1",
+        "OK close_connection sender_1 2",
+    )
+    .await;
+    // Idle connections too: they are woken to end.
+    assert_closed(&mut first).await;
+    assert_closed(&mut second).await;
+    check(&mut bystander, "heartbeat", "OK heartbeat").await;
+    check(
+        &mut admin,
+        "close_connection nobody",
+        "OK close_connection nobody 0",
+    )
+    .await;
+
+    // The CN may connect again; the closing was for the connections open then.
+    let mut again = connect_as(&broker, "sender_1").await;
+    check(&mut again, "heartbeat", "OK heartbeat").await;
+    check(&mut admin, "heartbeat", "OK heartbeat").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purge_and_delete_queue_are_judged_but_not_carried_out_yet() {
+    let broker = TestBroker::start(1);
+    let mut receiver = connect_as(&broker, "receiver_1").await;
+    setup_receiver(&mut receiver, "receiver_1").await;
+    let mut other = connect_as(&broker, "receiver_2").await;
+    for command in ["purge_queue", "delete_queue"] {
+        let reply = ask(&mut other, &format!("{command} receiver_1_queue")).await;
+        assert_denied(&reply, "receiver", command);
+        check(
+            &mut receiver,
+            &format!("{command} receiver_1_queue"),
+            &format!("Error: {command} is not implemented yet"),
+        )
+        .await;
+    }
+    // Nothing was removed.
+    check(
+        &mut receiver,
+        "consume receiver_1_queue",
+        "OK consume receiver_1_queue",
+    )
+    .await;
+}
