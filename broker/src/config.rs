@@ -12,6 +12,16 @@
 //!
 //! Every section is optional and every key has a default, so an empty file is a
 //! valid configuration (given the default certificate files exist).
+//!
+//! Legacy keys load with a warning each ([`Config::warnings`], also logged by
+//! [`Config::from_toml_str`] and again by [`crate::logging::init`]): the keys
+//! of the reference CipherMQ's `config.toml` (`server.connection_type`,
+//! `logging.info_file_path`, `performance.cleanup_interval`, …) and the old
+//! spellings of renamed keys (`performance.idle_timeout_sec` is now
+//! `idle_timeout_secs`). [`LEGACY_KEYS`] lists them with what became of each;
+//! any other unknown key is still an error naming it. Unit suffixes are
+//! `_secs`, `_ms`, `_us`, `_bytes` and `_mb` (MiB); a key without one counts
+//! something (messages, connections, files).
 
 use std::fmt;
 use std::io;
@@ -167,6 +177,23 @@ fn at_suffix(at: Option<&Position>) -> String {
     }
 }
 
+/// A key that loaded but that the operator should change: a key of the
+/// reference CipherMQ that this broker does not need, or the old name of a
+/// renamed key. One per such key in the file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigWarning {
+    /// Dotted path of the key as the file spells it, e.g. `server.connection_type`.
+    pub key: String,
+    /// What replaced it, or why it is not needed, and what became of its value.
+    pub message: String,
+}
+
+impl fmt::Display for ConfigWarning {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.key, self.message)
+    }
+}
+
 fn position_of(text: &str, span: Option<Range<usize>>) -> Option<Position> {
     let start = span?.start;
     let before = text.get(..start)?;
@@ -204,6 +231,9 @@ pub struct Config {
     pub rate_limit: RateLimitConfig,
     /// `[acl]`: which certificate CNs hold which role.
     pub acl: AclConfig,
+    /// One per legacy key the file used; see [`Config::warnings`].
+    #[serde(skip)]
+    warnings: Vec<ConfigWarning>,
 }
 
 /// `[server]`: the client listener.
@@ -279,7 +309,57 @@ impl LogRotation {
     }
 }
 
-/// `[logging]`: tracing output (DESIGN.md §8).
+/// `logging.console`: whether readable log lines go to stderr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Console {
+    /// `"auto"` (the default): on, except when stderr is the systemd journal
+    /// and `json_files` is on, so that the journal and the files do not both
+    /// store every line (see [`crate::logging`]).
+    #[default]
+    Auto,
+    /// `true`: always on, next to the JSON files if they are on too.
+    On,
+    /// `false`: never.
+    Off,
+}
+
+impl Console {
+    /// The config spelling, for status output.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Console::Auto => "auto",
+            Console::On => "true",
+            Console::Off => "false",
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Console {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct ConsoleVisitor;
+        impl serde::de::Visitor<'_> for ConsoleVisitor {
+            type Value = Console;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(r#"true, false or "auto""#)
+            }
+            fn visit_bool<E: serde::de::Error>(self, on: bool) -> Result<Console, E> {
+                Ok(if on { Console::On } else { Console::Off })
+            }
+            fn visit_str<E: serde::de::Error>(self, value: &str) -> Result<Console, E> {
+                if value == "auto" {
+                    Ok(Console::Auto)
+                } else {
+                    Err(E::invalid_value(serde::de::Unexpected::Str(value), &self))
+                }
+            }
+        }
+        deserializer.deserialize_any(ConsoleVisitor)
+    }
+}
+
+/// `[logging]`: tracing output (DESIGN.md §8). Which sinks are on by
+/// default, and why, is in [`crate::logging`]: with the defaults every line
+/// is written once, to stderr.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LoggingConfig {
@@ -287,15 +367,21 @@ pub struct LoggingConfig {
     /// directive such as `info,ciphermq_shard=debug`. `RUST_LOG` overrides it.
     /// Default `info`.
     pub level: String,
-    /// File rotation: `hourly`, `daily` or `never`. Default `daily`.
+    /// JSON file rotation: `hourly`, `daily` or `never`. Default `daily`.
     pub rotation: LogRotation,
     /// Directory of the JSON log files (relative to the config file).
     /// Default `logs`.
     pub dir: PathBuf,
-    /// Also print readable logs to stderr. Default true.
-    pub console: bool,
-    /// Write JSON log files (info/debug/error) under `dir`. Default true.
+    /// Readable lines on stderr (no ANSI colour unless stderr is a terminal):
+    /// `true`, `false` or `"auto"`. Default `"auto"`.
+    pub console: Console,
+    /// Write JSON log files, `ciphermq.<date>.json.log`, under `dir`.
+    /// Default false.
     pub json_files: bool,
+    /// Most JSON log files kept in `dir`, the current one included: starting
+    /// a file (at start-up and at each rotation) deletes the oldest beyond
+    /// it. 0 = keep them all. Default 14 (two weeks of daily files).
+    pub max_log_files: usize,
 }
 
 impl Default for LoggingConfig {
@@ -304,8 +390,9 @@ impl Default for LoggingConfig {
             level: "info".to_owned(),
             rotation: LogRotation::Daily,
             dir: PathBuf::from("logs"),
-            console: true,
-            json_files: true,
+            console: Console::Auto,
+            json_files: false,
+            max_log_files: 14,
         }
     }
 }
@@ -460,11 +547,14 @@ pub struct PerformanceConfig {
     pub max_line_bytes: usize,
     /// Seconds a client has to finish the TLS handshake. At least 1. Default 10.
     pub handshake_timeout_secs: u64,
-    /// Seconds without any command before a connection is closed; 0 = never.
-    /// Default 300.
+    /// `idle_timeout_secs`: seconds without any command before a connection
+    /// is closed; 0 = never. Default 300. (The field keeps the key's old
+    /// name, `idle_timeout_sec`, which still loads with a warning.)
     pub idle_timeout_sec: u64,
-    /// Seconds a receiver may stay silent (no command, heartbeat included) before
-    /// it is disconnected; 0 = never. Default 60.
+    /// `heartbeat_timeout_secs`: seconds a receiver may stay silent (no
+    /// command, heartbeat included) before it is disconnected; 0 = never.
+    /// Default 60. (The field keeps the key's old name, `heartbeat_timeout`,
+    /// which still loads with a warning.)
     pub heartbeat_timeout: u64,
     /// Seconds an acked message id is remembered per queue and sender for
     /// deduplication. Default 120.
@@ -514,7 +604,8 @@ pub struct PerformanceConfig {
 }
 
 /// What `[performance]` looks like on disk: `max_line_bytes` is optional there
-/// because its default depends on `max_message_bytes`.
+/// because its default depends on `max_message_bytes`, and two keys have the
+/// `_secs` names their fields do not (yet) have.
 #[derive(Deserialize)]
 #[serde(default, deny_unknown_fields)]
 struct RawPerformanceConfig {
@@ -523,8 +614,8 @@ struct RawPerformanceConfig {
     max_message_bytes: usize,
     max_line_bytes: Option<usize>,
     handshake_timeout_secs: u64,
-    idle_timeout_sec: u64,
-    heartbeat_timeout: u64,
+    idle_timeout_secs: u64,
+    heartbeat_timeout_secs: u64,
     dedup_window_secs: u64,
     ack_wait_secs: u64,
     max_deliveries: u32,
@@ -550,8 +641,8 @@ impl Default for RawPerformanceConfig {
             max_message_bytes: d.max_message_bytes,
             max_line_bytes: None,
             handshake_timeout_secs: d.handshake_timeout_secs,
-            idle_timeout_sec: d.idle_timeout_sec,
-            heartbeat_timeout: d.heartbeat_timeout,
+            idle_timeout_secs: d.idle_timeout_sec,
+            heartbeat_timeout_secs: d.heartbeat_timeout,
             dedup_window_secs: d.dedup_window_secs,
             ack_wait_secs: d.ack_wait_secs,
             max_deliveries: d.max_deliveries,
@@ -580,8 +671,8 @@ impl From<RawPerformanceConfig> for PerformanceConfig {
                 .max_line_bytes
                 .unwrap_or_else(|| raw.max_message_bytes.saturating_add(LINE_OVERHEAD_BYTES)),
             handshake_timeout_secs: raw.handshake_timeout_secs,
-            idle_timeout_sec: raw.idle_timeout_sec,
-            heartbeat_timeout: raw.heartbeat_timeout,
+            idle_timeout_sec: raw.idle_timeout_secs,
+            heartbeat_timeout: raw.heartbeat_timeout_secs,
             dedup_window_secs: raw.dedup_window_secs,
             ack_wait_secs: raw.ack_wait_secs,
             max_deliveries: raw.max_deliveries,
@@ -771,23 +862,29 @@ pub struct RateLimitConfig {
     /// Apply the token buckets below. Default false. (The connection caps
     /// apply either way.)
     pub enabled: bool,
-    /// Commands per second per CN, any command (refill rate), > 0.
+    /// Commands per second per CN, any command (refill rate), > 0; a
+    /// fraction is fine (`0.5` is one command every two seconds).
     /// Default 10 000.
     pub global_rps: f64,
     /// Commands a CN may send in a burst above `global_rps`, at least 1.
-    /// Default 20 000.
+    /// A float with no fraction (`200.0`, as the reference wrote it) is
+    /// taken as that whole number. Default 20 000.
+    #[serde(deserialize_with = "whole_u32")]
     pub global_burst: u32,
-    /// Publishes per second per CN (each also takes a global token), > 0.
-    /// Default 10 000.
+    /// Publishes per second per CN (each also takes a global token), > 0;
+    /// a fraction is fine. Default 10 000.
     pub publish_rps: f64,
-    /// Publishes a CN may send in a burst above `publish_rps`, at least 1.
-    /// Default 20 000.
+    /// Publishes a CN may send in a burst above `publish_rps`, at least 1;
+    /// a float with no fraction is accepted. Default 20 000.
+    #[serde(deserialize_with = "whole_u32")]
     pub publish_burst: u32,
-    /// Open connections per client IP address, at least 1, always enforced.
-    /// Default 1000.
+    /// Open connections per client IP address, at least 1, always enforced;
+    /// a float with no fraction is accepted. Default 1000.
+    #[serde(deserialize_with = "whole_u32")]
     pub max_connections_per_ip: u32,
-    /// Open connections per certificate CN, at least 1, always enforced.
-    /// Default 100.
+    /// Open connections per certificate CN, at least 1, always enforced;
+    /// a float with no fraction is accepted. Default 100.
+    #[serde(deserialize_with = "whole_u32")]
     pub max_connections_per_cn: u32,
 }
 
@@ -847,23 +944,55 @@ impl Config {
     }
 
     /// Parses and fully validates config text, including the filesystem checks;
-    /// relative paths are resolved against `base_dir`.
+    /// relative paths are resolved against `base_dir`. Logs each of
+    /// [`Config::warnings`] with `tracing::warn!` (at start-up no subscriber
+    /// is installed yet, so [`crate::logging::init`] logs them again).
     pub fn from_toml_str(text: &str, base_dir: &Path) -> Result<Config, ConfigError> {
         let config = Config::parse_unchecked(text, base_dir)?;
         config.validate_files()?;
+        config.log_warnings();
         Ok(config)
     }
 
     /// Parses config text, resolves relative paths against `base_dir` and runs
     /// the semantic checks of [`Config::validate`], without touching the
     /// filesystem or the environment (see [`Config::validate_files`]).
+    /// Legacy keys are translated or dropped ([`LEGACY_KEYS`]), each leaving
+    /// one of [`Config::warnings`]; nothing is logged.
     pub fn parse_unchecked(text: &str, base_dir: &Path) -> Result<Config, ConfigError> {
-        let deserializer = toml::Deserializer::new(text);
-        let mut config: Config =
-            serde_path_to_error::deserialize(deserializer).map_err(|err| parse_error(text, err))?;
+        let mut table: toml::Table = toml::from_str(text).map_err(|err| ConfigError::Syntax {
+            message: one_line(err.message()),
+            at: position_of(text, err.span()),
+        })?;
+        let migration = migrate_legacy_keys(&mut table)?;
+        // The translated table goes back through the text deserializer, whose
+        // messages name types the way the file spells them; positions in
+        // errors come from the original text.
+        let translated = toml::to_string(&table).map_err(|err| ConfigError::Syntax {
+            message: one_line(&err.to_string()),
+            at: None,
+        })?;
+        let deserializer = toml::Deserializer::new(&translated);
+        let mut config: Config = serde_path_to_error::deserialize(deserializer)
+            .map_err(|err| parse_error(text, &migration, err))?;
+        config.warnings = migration.warnings;
         config.resolve_paths(base_dir);
         config.validate()?;
         Ok(config)
+    }
+
+    /// One warning per legacy key the file used, in the order of
+    /// [`LEGACY_KEYS`]: what replaced the key, or why it is not needed, and
+    /// what became of its value. Empty for a current config.
+    pub fn warnings(&self) -> &[ConfigWarning] {
+        &self.warnings
+    }
+
+    /// Logs each of [`Config::warnings`] with `tracing::warn!`.
+    pub fn log_warnings(&self) {
+        for warning in &self.warnings {
+            tracing::warn!(key = %warning.key, "config: {warning}");
+        }
     }
 
     /// Joins every relative file path onto `base_dir`, so paths in the file mean
@@ -1153,8 +1282,8 @@ impl Config {
                 p.handshake_timeout_secs,
                 1,
             ),
-            ("performance.idle_timeout_sec", p.idle_timeout_sec, 1),
-            ("performance.heartbeat_timeout", p.heartbeat_timeout, 1),
+            ("performance.idle_timeout_secs", p.idle_timeout_sec, 1),
+            ("performance.heartbeat_timeout_secs", p.heartbeat_timeout, 1),
             ("performance.dedup_window_secs", p.dedup_window_secs, 1),
             ("performance.ack_wait_secs", p.ack_wait_secs, 1),
             ("database.connect_timeout_secs", d.connect_timeout_secs, 1),
@@ -1260,6 +1389,256 @@ impl Config {
         }
         Ok(())
     }
+}
+
+// ---------------------------------------------------------------------------
+// Legacy keys
+// ---------------------------------------------------------------------------
+
+/// What became of a legacy key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LegacyFate {
+    /// The same setting under a new name in the same section: the value
+    /// moves there. Setting both names is an error.
+    Renamed(&'static str),
+    /// Not needed by this broker; the text says what does its job. The value
+    /// is ignored.
+    NotNeeded(&'static str),
+    /// `server.connection_type`: `"tls"` is what the broker always does; any
+    /// other value is an error.
+    OnlyTls,
+    /// One of the reference's per-level log file paths: this broker writes
+    /// one JSON file per rotation under `logging.dir`, which is taken from
+    /// the paths' directory when it is unset and they agree on one.
+    LogFilePath,
+}
+
+/// A key the broker accepts only to say what replaced it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LegacyKey {
+    /// Its section, e.g. `performance`.
+    pub section: &'static str,
+    /// Its name in the section, e.g. `idle_timeout_sec`.
+    pub name: &'static str,
+    /// What became of it.
+    pub fate: LegacyFate,
+}
+
+const fn legacy(section: &'static str, name: &'static str, fate: LegacyFate) -> LegacyKey {
+    LegacyKey {
+        section,
+        name,
+        fate,
+    }
+}
+
+/// Every legacy key: the keys of the reference CipherMQ's `config.toml` this
+/// broker does not spell the same way, and the old names of renamed keys.
+/// Each loads with one [`ConfigWarning`]; any other unknown key is an error.
+pub const LEGACY_KEYS: &[LegacyKey] = &[
+    legacy("server", "connection_type", LegacyFate::OnlyTls),
+    legacy("logging", "info_file_path", LegacyFate::LogFilePath),
+    legacy("logging", "debug_file_path", LegacyFate::LogFilePath),
+    legacy("logging", "error_file_path", LegacyFate::LogFilePath),
+    legacy(
+        "logging",
+        "max_size_mb",
+        LegacyFate::NotNeeded(
+            "not supported: JSON log files rotate by time (logging.rotation) and the newest \
+             logging.max_log_files of them are kept",
+        ),
+    ),
+    legacy(
+        "performance",
+        "heartbeat_timeout",
+        LegacyFate::Renamed("heartbeat_timeout_secs"),
+    ),
+    legacy(
+        "performance",
+        "idle_timeout_sec",
+        LegacyFate::Renamed("idle_timeout_secs"),
+    ),
+    legacy(
+        "performance",
+        "cleanup_interval",
+        LegacyFate::NotNeeded(
+            "not needed: a delivery left unacknowledged is redelivered after \
+             performance.ack_wait_secs (and moved to {queue}.dlq after \
+             performance.max_deliveries), never deleted",
+        ),
+    ),
+    legacy(
+        "performance",
+        "consumer_cleanup_interval",
+        LegacyFate::NotNeeded("not needed: a consumer is removed as soon as its connection closes"),
+    ),
+    legacy(
+        "admin",
+        "allowed_cns",
+        LegacyFate::NotNeeded(
+            "not needed (the reference did not use it either): the admin endpoint answers \
+             the CNs of acl.admin_cns, and of acl.monitor_cns read-only",
+        ),
+    ),
+];
+
+/// What [`migrate_legacy_keys`] did to a config table.
+#[derive(Debug, Default)]
+struct Migration {
+    /// One per legacy key found.
+    warnings: Vec<ConfigWarning>,
+    /// `(new dotted key, old dotted key)` for each renamed key found, so that
+    /// an error about the value names the key the file has.
+    renamed: Vec<(String, String)>,
+}
+
+/// Removes every legacy key from `table`, moving renamed keys' values to
+/// their new names and turning the reference's log file paths into
+/// `logging.dir`; one warning per key. Errors for values no translation can
+/// keep (`connection_type = "tcp"`) and for a key set under both names.
+fn migrate_legacy_keys(table: &mut toml::Table) -> Result<Migration, ConfigError> {
+    let mut migration = Migration::default();
+    let log_files = legacy_log_files(table.get("logging").and_then(toml::Value::as_table))?;
+    for legacy in LEGACY_KEYS {
+        let Some(section) = table
+            .get_mut(legacy.section)
+            .and_then(toml::Value::as_table_mut)
+        else {
+            continue;
+        };
+        let Some(value) = section.remove(legacy.name) else {
+            continue;
+        };
+        let key = format!("{}.{}", legacy.section, legacy.name);
+        let message = match legacy.fate {
+            LegacyFate::Renamed(new) => {
+                let new_key = format!("{}.{new}", legacy.section);
+                if section.contains_key(new) {
+                    return Err(ConfigError::invalid(
+                        key,
+                        format!(
+                            "is the old name of {new_key}, which is set too: keep only {new_key}"
+                        ),
+                    ));
+                }
+                section.insert(new.to_owned(), value);
+                migration.renamed.push((new_key.clone(), key.clone()));
+                format!("renamed {new_key} (same meaning, same unit); its value is used")
+            }
+            LegacyFate::NotNeeded(why) => {
+                let cns = value.as_array().filter(|cns| !cns.is_empty());
+                match cns {
+                    // A list of CNs: say they were not given anything.
+                    Some(cns) => format!(
+                        "{why}; {} was not given access: add it to one of those",
+                        toml::Value::Array(cns.clone())
+                    ),
+                    None => format!("{why}; the value is ignored"),
+                }
+            }
+            LegacyFate::OnlyTls => match value.as_str() {
+                Some(v) if v.eq_ignore_ascii_case("tls") => {
+                    "not needed: the broker always speaks mutual TLS, with the files of [tls]"
+                        .to_owned()
+                }
+                _ => {
+                    return Err(ConfigError::invalid(
+                        key,
+                        format!(
+                            "{value} is not supported: the broker only speaks mutual TLS; \
+                             delete the key"
+                        ),
+                    ))
+                }
+            },
+            LegacyFate::LogFilePath => log_files
+                .as_ref()
+                .map_or_else(String::new, |l| l.message.clone()),
+        };
+        migration.warnings.push(ConfigWarning { key, message });
+    }
+    if let (Some(files), Some(logging)) = (
+        log_files,
+        table.get_mut("logging").and_then(toml::Value::as_table_mut),
+    ) {
+        if let Some(dir) = files.dir {
+            logging.insert("dir".to_owned(), toml::Value::String(dir));
+        }
+        if files.json_files {
+            logging.insert("json_files".to_owned(), toml::Value::Boolean(true));
+        }
+    }
+    Ok(migration)
+}
+
+/// What the reference's `logging.{info,debug,error}_file_path` become.
+#[derive(Debug)]
+struct LegacyLogFiles {
+    /// `logging.dir` to set: the paths' one directory, when `dir` is unset.
+    dir: Option<String>,
+    /// Set `logging.json_files = true`: it is unset, and the reference always
+    /// wrote its files.
+    json_files: bool,
+    /// The warning of each path key.
+    message: String,
+}
+
+fn legacy_log_files(logging: Option<&toml::Table>) -> Result<Option<LegacyLogFiles>, ConfigError> {
+    let Some(logging) = logging else {
+        return Ok(None);
+    };
+    let mut dirs: Vec<String> = Vec::new();
+    for legacy in LEGACY_KEYS {
+        if legacy.section != "logging" || legacy.fate != LegacyFate::LogFilePath {
+            continue;
+        }
+        let Some(value) = logging.get(legacy.name) else {
+            continue;
+        };
+        let Some(path) = value.as_str().filter(|p| !p.is_empty()) else {
+            return Err(ConfigError::invalid(
+                format!("logging.{}", legacy.name),
+                format!("{value} is not a file path (and the key is replaced by logging.dir)"),
+            ));
+        };
+        let dir = Path::new(path)
+            .parent()
+            .map(|d| d.to_string_lossy().into_owned())
+            .filter(|d| !d.is_empty())
+            .unwrap_or_else(|| ".".to_owned());
+        if !dirs.contains(&dir) {
+            dirs.push(dir);
+        }
+    }
+    if dirs.is_empty() {
+        return Ok(None);
+    }
+    let mut message = "replaced by logging.dir: one JSON file per rotation there \
+                       (ciphermq.<date>.json.log) holds every level logging.level lets through; "
+        .to_owned();
+    let dir = if logging.contains_key("dir") {
+        message.push_str("logging.dir is set, so the path is ignored");
+        None
+    } else if let [dir] = dirs.as_slice() {
+        message.push_str(&format!("logging.dir = {:?} is taken from it", dir));
+        Some(dir.clone())
+    } else {
+        message.push_str(&format!(
+            "the paths name different directories ({}), so logging.dir keeps its default: set it",
+            dirs.join(", ")
+        ));
+        None
+    };
+    let json_files = !logging.contains_key("json_files");
+    if json_files {
+        message.push_str(", and logging.json_files = true (the reference always wrote the files)");
+    }
+    Ok(Some(LegacyLogFiles {
+        dir,
+        json_files,
+        message,
+    }))
 }
 
 impl EncryptionConfig {
@@ -1377,25 +1756,191 @@ fn check_file(key: &str, path: &Path, hint: &str) -> Result<(), ConfigError> {
     }
 }
 
-/// Turns a deserialization error into a [`ConfigError`] naming the dotted key.
-fn parse_error(text: &str, err: serde_path_to_error::Error<toml::de::Error>) -> ConfigError {
-    let key = err.path().to_string();
-    let inner = err.into_inner();
-    let at = position_of(text, inner.span());
-    // One line per error: the broker prints it as a single log/stderr line.
-    let message = inner.message().trim_end().replace('\n', "; ");
-    // serde_path_to_error reports "." when the failure is not inside any key,
-    // which is the case for syntax errors and duplicate keys.
+/// One line per error: the broker prints it as a single log/stderr line.
+fn one_line(message: &str) -> String {
+    message.trim_end().replace('\n', "; ")
+}
+
+/// Turns a deserialization error into a [`ConfigError`] naming the dotted key
+/// as the file spells it (the old name of a renamed key), at its position in
+/// `text`.
+fn parse_error(
+    text: &str,
+    migration: &Migration,
+    err: serde_path_to_error::Error<toml::de::Error>,
+) -> ConfigError {
+    let mut key = err.path().to_string();
+    let message = one_line(err.into_inner().message());
+    // serde_path_to_error reports "." when the failure is not inside any key.
     if key.is_empty() || key == "." {
-        return ConfigError::Syntax { message, at };
+        return ConfigError::Syntax { message, at: None };
     }
+    if let Some((_, old)) = migration.renamed.iter().find(|(new, _)| *new == key) {
+        key = old.clone();
+    }
+    let spans = KeySpans::of(text);
     if let Some(rest) = message.strip_prefix("unknown field `") {
         let hint = rest
             .split_once("`, ")
             .map_or_else(String::new, |(_, hint)| hint.to_owned());
+        let at = spans
+            .key(&key)
+            .and_then(|span| position_of(text, Some(span)));
         return ConfigError::UnknownKey { key, hint, at };
     }
+    let at = spans
+        .value(&key)
+        .and_then(|span| position_of(text, Some(span)));
     ConfigError::BadValue { key, message, at }
+}
+
+/// Where each dotted key of a config text is (`acl.sender_cns[1]` for an
+/// array element), so that errors found in the translated table point into
+/// the file. Best effort: a text it cannot index gives no positions.
+#[derive(Default)]
+struct KeySpans(std::collections::HashMap<String, (Range<usize>, Range<usize>)>);
+
+impl KeySpans {
+    fn of(text: &str) -> KeySpans {
+        let mut spans = KeySpans::default();
+        if let Ok(SpannedNode::Table(entries)) = toml::from_str::<SpannedNode>(text) {
+            spans.add_table("", entries);
+        }
+        spans
+    }
+
+    fn add_table(
+        &mut self,
+        prefix: &str,
+        entries: Vec<(toml::Spanned<String>, toml::Spanned<SpannedNode>)>,
+    ) {
+        for (key, value) in entries {
+            let path = if prefix.is_empty() {
+                key.get_ref().clone()
+            } else {
+                format!("{prefix}.{}", key.get_ref())
+            };
+            let (key_span, value_span) = (key.span(), value.span());
+            self.add(path, key_span, value_span, value.into_inner());
+        }
+    }
+
+    fn add(&mut self, path: String, key: Range<usize>, value: Range<usize>, node: SpannedNode) {
+        match node {
+            SpannedNode::Leaf => {}
+            SpannedNode::Table(entries) => self.add_table(&path, entries),
+            SpannedNode::Array(items) => {
+                for (i, item) in items.into_iter().enumerate() {
+                    let span = item.span();
+                    self.add(
+                        format!("{path}[{i}]"),
+                        span.clone(),
+                        span,
+                        item.into_inner(),
+                    );
+                }
+            }
+        }
+        self.0.insert(path, (key, value));
+    }
+
+    fn key(&self, path: &str) -> Option<Range<usize>> {
+        self.0.get(path).map(|(key, _)| key.clone())
+    }
+
+    fn value(&self, path: &str) -> Option<Range<usize>> {
+        self.0.get(path).map(|(_, value)| value.clone())
+    }
+}
+
+/// A TOML value reduced to its shape, with the spans of keys and values.
+enum SpannedNode {
+    Leaf,
+    Table(Vec<(toml::Spanned<String>, toml::Spanned<SpannedNode>)>),
+    Array(Vec<toml::Spanned<SpannedNode>>),
+}
+
+impl<'de> Deserialize<'de> for SpannedNode {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct NodeVisitor;
+        impl<'de> serde::de::Visitor<'de> for NodeVisitor {
+            type Value = SpannedNode;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("any TOML value")
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<SpannedNode, E> {
+                Ok(SpannedNode::Leaf)
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<SpannedNode, E> {
+                Ok(SpannedNode::Leaf)
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<SpannedNode, E> {
+                Ok(SpannedNode::Leaf)
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<SpannedNode, E> {
+                Ok(SpannedNode::Leaf)
+            }
+            fn visit_str<E>(self, _: &str) -> Result<SpannedNode, E> {
+                Ok(SpannedNode::Leaf)
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<SpannedNode, A::Error> {
+                let mut items = Vec::new();
+                while let Some(item) = seq.next_element()? {
+                    items.push(item);
+                }
+                Ok(SpannedNode::Array(items))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<SpannedNode, A::Error> {
+                let mut entries = Vec::new();
+                while let Some(entry) = map.next_entry()? {
+                    entries.push(entry);
+                }
+                Ok(SpannedNode::Table(entries))
+            }
+        }
+        deserializer.deserialize_any(NodeVisitor)
+    }
+}
+
+/// A whole number for a `u32` key. Besides integers it takes a float with no
+/// fraction (`200.0`, as the reference CipherMQ wrote its bursts); a float
+/// with one is an error naming the value.
+fn whole_u32<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<u32, D::Error> {
+    struct WholeVisitor;
+    impl serde::de::Visitor<'_> for WholeVisitor {
+        type Value = u32;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            write!(f, "a whole number from 0 to {}", u32::MAX)
+        }
+        fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<u32, E> {
+            u32::try_from(v)
+                .map_err(|_| E::invalid_value(serde::de::Unexpected::Unsigned(v), &self))
+        }
+        fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<u32, E> {
+            u32::try_from(v).map_err(|_| E::invalid_value(serde::de::Unexpected::Signed(v), &self))
+        }
+        fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<u32, E> {
+            if v.is_finite() && v.fract() != 0.0 {
+                return Err(E::custom(format_args!(
+                    "{v} is not a whole number (it counts commands or connections; write {} or {})",
+                    v.floor(),
+                    v.ceil()
+                )));
+            }
+            if !(0.0..=f64::from(u32::MAX)).contains(&v) {
+                return Err(E::invalid_value(serde::de::Unexpected::Float(v), &self));
+            }
+            // Whole and in range: the conversion is exact.
+            Ok(v as u32)
+        }
+    }
+    deserializer.deserialize_any(WholeVisitor)
 }
 
 #[cfg(test)]
@@ -1436,7 +1981,9 @@ mod tests {
         assert_eq!(c.tls.cert_path, PathBuf::from("certs/server.crt"));
         assert_eq!(c.logging.level, "info");
         assert_eq!(c.logging.rotation, LogRotation::Daily);
-        assert!(c.logging.console && c.logging.json_files);
+        assert_eq!(c.logging.console, Console::Auto);
+        assert!(!c.logging.json_files);
+        assert_eq!(c.logging.max_log_files, 14);
         assert_eq!(c.database.backend, DatabaseBackend::Embedded);
         assert_eq!(c.database.port, 5432);
         assert_eq!(c.database.batch_size, 1000);
@@ -1608,6 +2155,155 @@ mod tests {
         assert!(err("[logging]\nlevel = \"loud\"").starts_with("logging.level:"));
         assert!(parse("[logging]\nlevel = \"info,ciphermq_shard=debug\"").is_ok());
         assert!(parse("[logging]\nlevel = \"DEBUG\"").is_ok());
+    }
+
+    #[test]
+    fn legacy_keys_translate_with_one_warning_each() {
+        let c = parse(
+            "[server]\nconnection_type = \"tls\"\n\
+             [performance]\nidle_timeout_sec = 7\nheartbeat_timeout = 8\ncleanup_interval = 3000\n",
+        )
+        .unwrap();
+        assert_eq!(c.performance.idle_timeout_sec, 7);
+        assert_eq!(c.performance.heartbeat_timeout, 8);
+        let keys: Vec<&str> = c.warnings().iter().map(|w| w.key.as_str()).collect();
+        assert_eq!(
+            keys,
+            [
+                "server.connection_type",
+                "performance.heartbeat_timeout",
+                "performance.idle_timeout_sec",
+                "performance.cleanup_interval"
+            ]
+        );
+        assert!(c.warnings()[2]
+            .to_string()
+            .starts_with("performance.idle_timeout_sec: renamed performance.idle_timeout_secs"));
+        // The current names load silently.
+        let c =
+            parse("[performance]\nidle_timeout_secs = 7\nheartbeat_timeout_secs = 8\n").unwrap();
+        assert!(c.warnings().is_empty());
+        assert_eq!(c.performance.idle_timeout_sec, 7);
+        // Both names at once is ambiguous.
+        let e = err("[performance]\nidle_timeout_sec = 7\nidle_timeout_secs = 8\n");
+        assert!(
+            e.starts_with(
+                "performance.idle_timeout_sec: is the old name of performance.idle_timeout_secs"
+            ),
+            "{e}"
+        );
+        // Only "tls" is what the broker does.
+        let e = err("[server]\nconnection_type = \"tcp\"\n");
+        assert!(
+            e.starts_with("server.connection_type: \"tcp\" is not supported"),
+            "{e}"
+        );
+        // A legacy key in another section is just unknown.
+        let e = err("[server]\nmax_size_mb = 50\n");
+        assert!(e.starts_with("unknown key server.max_size_mb"), "{e}");
+    }
+
+    #[test]
+    fn errors_after_a_translation_name_the_key_as_written_and_where() {
+        // A bad value under an old name is reported under that name.
+        let e = err("[performance]\nidle_timeout_sec = \"x\"\n");
+        assert!(
+            e.starts_with("performance.idle_timeout_sec: invalid type: string \"x\", expected u64 (at line 2, column 20)"),
+            "{e}"
+        );
+        // Positions stay those of the file, legacy keys or not.
+        let e = err("[server]\nconnection_type = \"tls\"\n\n[acl]\nsender_cns = [\"a\", 3]\n");
+        assert!(e.starts_with("acl.sender_cns[1]: invalid type"), "{e}");
+        assert!(e.ends_with("(at line 5, column 20)"), "{e}");
+        let e = err("[logging]\nmax_size_mb = 1\nconsole = \"yes\"\n");
+        assert!(
+            e.starts_with(
+                r#"logging.console: invalid value: string "yes", expected true, false or "auto""#
+            ),
+            "{e}"
+        );
+        assert!(e.ends_with("(at line 3, column 11)"), "{e}");
+        let e = err("[performance]\ncleanup_interval = 1\n max_queue_sise = 1\n");
+        assert!(
+            e.starts_with("unknown key performance.max_queue_sise (at line 3, column 2)"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn reference_log_file_paths_become_logging_dir() {
+        let text =
+            "[logging]\ninfo_file_path = \"var/info.log\"\nerror_file_path = \"var/error.log\"\n";
+        let c = parse(text).unwrap();
+        assert_eq!(c.logging.dir, PathBuf::from("/etc/ciphermq/var"));
+        assert!(c.logging.json_files);
+        assert_eq!(c.warnings().len(), 2);
+        assert!(c.warnings()[0]
+            .message
+            .contains("logging.dir = \"var\" is taken from it"));
+        // An explicit dir or json_files wins; different directories are not guessed.
+        let c = parse("[logging]\ninfo_file_path = \"a/i.log\"\ndir = \"b\"\njson_files = false\n")
+            .unwrap();
+        assert_eq!(c.logging.dir, PathBuf::from("/etc/ciphermq/b"));
+        assert!(!c.logging.json_files);
+        let c = parse("[logging]\ninfo_file_path = \"a/i.log\"\ndebug_file_path = \"d.log\"\n")
+            .unwrap();
+        assert_eq!(c.logging.dir, PathBuf::from("/etc/ciphermq/logs"));
+        assert!(
+            c.warnings()[0]
+                .message
+                .contains("different directories (a, .)"),
+            "{:?}",
+            c.warnings()
+        );
+        let e = err("[logging]\ninfo_file_path = 3\n");
+        assert!(
+            e.starts_with("logging.info_file_path: 3 is not a file path"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn console_is_true_false_or_auto() {
+        for (text, want) in [
+            ("", Console::Auto),
+            ("console = \"auto\"", Console::Auto),
+            ("console = true", Console::On),
+            ("console = false", Console::Off),
+        ] {
+            assert_eq!(
+                parse(&format!("[logging]\n{text}"))
+                    .unwrap()
+                    .logging
+                    .console,
+                want
+            );
+        }
+        assert!(err("[logging]\nconsole = 1").starts_with("logging.console: invalid type"));
+    }
+
+    #[test]
+    fn bursts_take_whole_floats_and_rates_take_fractions() {
+        let c = parse("[rate_limit]\nglobal_burst = 200.0\npublish_burst = 7\nglobal_rps = 0.5\npublish_rps = 3\nmax_connections_per_ip = 5e1\n").unwrap();
+        assert_eq!(c.rate_limit.global_burst, 200);
+        assert_eq!(c.rate_limit.publish_burst, 7);
+        assert_eq!(c.rate_limit.global_rps, 0.5);
+        assert_eq!(c.rate_limit.publish_rps, 3.0);
+        assert_eq!(c.rate_limit.max_connections_per_ip, 50);
+        let e = err("[rate_limit]\nglobal_burst = 200.5\n");
+        assert!(
+            e.starts_with("rate_limit.global_burst: 200.5 is not a whole number"),
+            "{e}"
+        );
+        for bad in ["-1", "-1.0", "4294967296", "4294967296.0", "inf", "nan"] {
+            let e = err(&format!("[rate_limit]\nmax_connections_per_cn = {bad}\n"));
+            assert!(
+                e.starts_with("rate_limit.max_connections_per_cn: invalid value"),
+                "{bad}: {e}"
+            );
+        }
+        assert!(err("[rate_limit]\npublish_burst = \"5\"")
+            .starts_with("rate_limit.publish_burst: invalid type"));
     }
 
     #[test]
@@ -1838,7 +2534,7 @@ mod tests {
         for (section, keys) in [
             ("server", 3),
             ("tls", 3),
-            ("logging", 5),
+            ("logging", 6),
             ("database", 9),
             ("encryption", 1),
             ("performance", 21),

@@ -4,13 +4,9 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use ciphermq_broker::config::Config;
 use clap::Parser;
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
-use tracing_subscriber::layer::SubscriberExt;
-use tracing_subscriber::util::SubscriberInitExt;
-use tracing_subscriber::{EnvFilter, Layer};
-
-use ciphermq_broker::config::{Config, LogRotation};
 
 /// CipherMQ broker: mutual-TLS identities, end-to-end encrypted payloads.
 #[derive(Parser, Debug)]
@@ -25,52 +21,6 @@ struct Args {
     /// Override `server.shards` (0 = one per core).
     #[arg(long)]
     shards: Option<usize>,
-}
-
-fn init_logging(config: &Config) -> Option<tracing_appender::non_blocking::WorkerGuard> {
-    let filter = || {
-        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(&config.logging.level))
-    };
-    let console = config
-        .logging
-        .console
-        .then(|| tracing_subscriber::fmt::layer().with_filter(filter()));
-    let (json, guard) = if config.logging.json_files {
-        let rotation = match config.logging.rotation {
-            LogRotation::Hourly => tracing_appender::rolling::Rotation::HOURLY,
-            LogRotation::Daily => tracing_appender::rolling::Rotation::DAILY,
-            LogRotation::Never => tracing_appender::rolling::Rotation::NEVER,
-        };
-        match tracing_appender::rolling::RollingFileAppender::builder()
-            .rotation(rotation)
-            .filename_prefix("ciphermq")
-            .filename_suffix("json.log")
-            .build(&config.logging.dir)
-        {
-            Ok(appender) => {
-                let (writer, guard) = tracing_appender::non_blocking(appender);
-                let layer = tracing_subscriber::fmt::layer()
-                    .json()
-                    .with_writer(writer)
-                    .with_filter(filter());
-                (Some(layer), Some(guard))
-            }
-            Err(e) => {
-                eprintln!(
-                    "logging.dir: cannot write logs to {}: {e}",
-                    config.logging.dir.display()
-                );
-                (None, None)
-            }
-        }
-    } else {
-        (None, None)
-    };
-    tracing_subscriber::registry()
-        .with(console)
-        .with(json)
-        .init();
-    guard
 }
 
 fn main() -> ExitCode {
@@ -88,7 +38,7 @@ fn main() -> ExitCode {
     if let Some(shards) = args.shards {
         config.server.shards = shards;
     }
-    let _guard = init_logging(&config);
+    let _guard = ciphermq_broker::logging::init(&config);
     let broker = match ciphermq_broker::start(&config) {
         Ok(b) => b,
         Err(e) => {
