@@ -76,13 +76,15 @@
 #               load section against an older build, with its load-peak.json
 #               copied into OUT so both use the same rates)
 #   SKIP_BUILD  1 to use the binaries already in target/release
+#   BIN_DIR     where the binaries are (default target/release): a copy keeps
+#               a long run safe from builds that replace target/release's
 #
 # Peers run with their stock settings; RabbitMQ and NATS are reached over
 # plain TCP, CipherMQ over mutual TLS. Only loopback addresses are used.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
-BIN=$ROOT/target/release
+BIN=${BIN_DIR:-$ROOT/target/release}
 
 RUNS=${RUNS:-3}
 DURATION=${DURATION:-10s}
