@@ -5,6 +5,7 @@
 mod common;
 
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use ciphermq_broker::{BrokerHandle, Config};
@@ -15,8 +16,15 @@ use common::{body, config_text, expect, next, pki, setup_receiver};
 const AES_KEY: &str = "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=";
 const OTHER_AES_KEY: &str = "ZmVkY2JhOTg3NjU0MzIxMGZlZGNiYTk4NzY1NDMyMTA=";
 
+/// The admin endpoint, read when a test stalls to say where.
+const ADMIN: &str = "\n[admin]\nenabled = true\naddress = \"127.0.0.1:0\"\n";
+
+/// ACKs the publisher of the running test has read (for a stall's report).
+static PUBLISHER_ACKED: AtomicUsize = AtomicUsize::new(0);
+
 fn durable_config(data: &Path, shards: usize, db: &TestDb, aes_key: &str) -> Config {
-    let text = config_text(&pki().certs, data, shards, &db.config(aes_key))
+    let extra = format!("{}{ADMIN}", db.config(aes_key));
+    let text = config_text(&pki().certs, data, shards, &extra)
         .replace(r#"mode = "memory""#, r#"mode = "durable""#);
     Config::from_toml_str(&text, data).expect("config")
 }
@@ -53,13 +61,15 @@ pub async fn publish_range(
         sender.flush().await.expect("flush");
         for i in next_id..end {
             assert_eq!(next(sender).await, format!("ACK {prefix}-{i}"));
+            PUBLISHER_ACKED.fetch_add(1, Ordering::Relaxed);
         }
         next_id = end;
     }
 }
 
-/// Consumes and acks `count` messages from `receiver_1_queue`.
-async fn consume_and_ack(receiver: &mut Connection, count: usize) {
+/// Consumes and acks `count` messages from `receiver_1_queue`; a stall
+/// reports what `broker`'s admin endpoint says.
+async fn consume_and_ack(broker: &BrokerHandle, receiver: &mut Connection, count: usize) {
     expect(
         receiver,
         "consume receiver_1_queue 1000",
@@ -68,9 +78,13 @@ async fn consume_and_ack(receiver: &mut Connection, count: usize) {
     .await;
     let (mut delivered, mut confirmed) = (0, 0);
     while confirmed < count {
-        let line = tokio::time::timeout(Duration::from_secs(20), next(receiver))
-            .await
-            .unwrap_or_else(|_| panic!("stalled at {delivered} delivered, {confirmed} acked"));
+        let Ok(line) = tokio::time::timeout(Duration::from_secs(20), next(receiver)).await else {
+            panic!(
+                "stalled at {delivered} delivered, {confirmed} acked, {} ACKs read by the publisher; the broker says:\n{}",
+                PUBLISHER_ACKED.load(Ordering::Relaxed),
+                stall_report(broker).await
+            );
+        };
         if let Some(rest) = line.strip_prefix("Message: ") {
             let id = rest.split(' ').next().expect("id");
             receiver.queue_line(&format!("ack {id} receiver_1_queue"));
@@ -83,6 +97,41 @@ async fn consume_and_ack(receiver: &mut Connection, count: usize) {
             confirmed += 1;
         }
     }
+}
+
+/// The broker's counters, queues and stall figures, for a stall's report.
+async fn stall_report(broker: &BrokerHandle) -> String {
+    let Some(admin) = broker.admin_addr() else {
+        return "(no admin endpoint)".to_owned();
+    };
+    let mut report = String::new();
+    for path in ["/api/status", "/metrics"] {
+        match common::admin_http::request(admin, Some("admin"), "GET", path).await {
+            Ok(reply) if path == "/metrics" => report.extend(
+                reply
+                    .body
+                    .lines()
+                    .filter(|l| !l.starts_with('#'))
+                    .filter(|l| {
+                        [
+                            "stalls",
+                            "loop_lag",
+                            "commit_round",
+                            "publishes",
+                            "deliveries",
+                            "acks",
+                            "queued",
+                        ]
+                        .iter()
+                        .any(|k| l.contains(k))
+                    })
+                    .map(|l| format!("{l}\n")),
+            ),
+            Ok(reply) => report.push_str(&format!("{}\n", reply.body)),
+            Err(e) => report.push_str(&format!("GET {path}: {e}\n")),
+        }
+    }
+    report
 }
 
 /// Waits (bounded) until the mirror has `n` rows with an ack time.
@@ -107,7 +156,7 @@ async fn every_publish_and_ack_becomes_one_row_with_its_times() {
         publish_range(&mut sender, "m", 0..N, 1000).await;
         sender
     });
-    consume_and_ack(&mut receiver, N).await;
+    consume_and_ack(&broker, &mut receiver, N).await;
     let _sender = publishing.await.expect("publisher");
 
     wait_until_all_acked(&db, N).await;
@@ -162,7 +211,7 @@ async fn a_backlog_on_disk_across_a_restart_is_mirrored_row_for_row() {
 
     let broker = ciphermq_broker::start(&config(data.path())).expect("broker restarts");
     let mut receiver = connect(&broker, "receiver_1").await;
-    consume_and_ack(&mut receiver, N).await;
+    consume_and_ack(&broker, &mut receiver, N).await;
     wait_until_all_acked(&db, N).await;
     let client = db.client().await;
     let row = client
