@@ -18,11 +18,11 @@
 //! So the default config logs to stderr only. [`init`] logs one `info` line
 //! naming the active sinks, then the config's [`warnings`](Config::warnings).
 
-use std::io::IsTerminal as _;
+use std::io::{self, IsTerminal as _};
 use std::os::fd::AsFd as _;
 use std::os::unix::fs::MetadataExt as _;
 
-use tracing_appender::rolling::{InitError, RollingFileAppender, Rotation};
+use tracing_appender::rolling::{RollingFileAppender, Rotation};
 use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
 use tracing_subscriber::{EnvFilter, Layer, Registry};
@@ -144,18 +144,21 @@ impl Sinks {
 /// (created if missing), rotated by `logging.rotation`. Building it, and
 /// every rotation after, deletes the oldest files beyond
 /// `logging.max_log_files` (the new file included; 0 keeps all).
-pub fn json_appender(logging: &LoggingConfig) -> Result<RollingFileAppender, InitError> {
+pub fn json_appender(logging: &LoggingConfig) -> io::Result<RollingFileAppender> {
     let rotation = match logging.rotation {
         LogRotation::Hourly => Rotation::HOURLY,
         LogRotation::Daily => Rotation::DAILY,
         LogRotation::Never => Rotation::NEVER,
     };
+    // The appender looks for old files before it creates the directory.
+    std::fs::create_dir_all(&logging.dir)?;
     RollingFileAppender::builder()
         .rotation(rotation)
         .filename_prefix(JSON_FILE_PREFIX)
         .filename_suffix(JSON_FILE_SUFFIX)
         .max_log_files(logging.max_log_files)
         .build(&logging.dir)
+        .map_err(io::Error::other)
 }
 
 /// Installs the global subscriber for `config.logging`, logs the sinks chosen
