@@ -58,6 +58,10 @@ pub trait BrokerView: Send + Sync + 'static {
 
     /// Open broker connections, counted by client IP and by identity.
     fn open_connections(&self) -> ConnectionCounts;
+
+    /// Reloads the reloadable settings from the broker's config file, as
+    /// SIGHUP does; `Err` says why nothing changed.
+    fn reload(&self) -> Result<(), String>;
 }
 
 /// Open connections by client IP and by identity.

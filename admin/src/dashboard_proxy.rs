@@ -11,23 +11,20 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http_body_util::{BodyExt, Empty, Full, Limited};
+use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
-use hyper::header::{HeaderValue, ALLOW, CACHE_CONTROL, CONTENT_TYPE, HOST};
+use hyper::header::{HeaderValue, ALLOW, CONTENT_TYPE, HOST};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
-use tokio::net::{TcpListener, TcpStream};
-use tokio_rustls::TlsConnector;
+use tokio::net::TcpListener;
 
 use crate::dashboard;
+use crate::remote::AdminEndpoint;
 
 /// The admin endpoint's routes the page reads; nothing else is forwarded.
 const FORWARDED: &[&str] = &[
@@ -39,14 +36,7 @@ const FORWARDED: &[&str] = &[
     "/ready",
 ];
 
-/// How long one forwarded read may take, connection and handshake included.
-const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Largest answer forwarded (a `/metrics` text of many queues stays far
-/// below it).
-const MAX_UPSTREAM_BYTES: usize = 64 << 20;
-
-/// Why the proxy cannot start; each names the file or address at fault.
+/// Why the proxy cannot start; each names the address at fault.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ProxyError {
@@ -61,93 +51,6 @@ pub enum ProxyError {
         /// The OS error.
         source: std::io::Error,
     },
-    /// A certificate or key file could not be read or holds no usable PEM.
-    #[error("{path}: {reason}")]
-    Pem {
-        /// The file.
-        path: String,
-        /// What is wrong with it.
-        reason: String,
-    },
-    /// The certificate and key do not make a client identity (a key that
-    /// does not match its certificate, an unsupported key type).
-    #[error("client certificate {cert} with key {key}: {reason}")]
-    Identity {
-        /// The certificate file.
-        cert: String,
-        /// The key file.
-        key: String,
-        /// What rustls said.
-        reason: String,
-    },
-    /// The endpoint's name is not a DNS name or IP address.
-    #[error("--server-name {0:?}: not a DNS name or IP address")]
-    ServerName(String),
-}
-
-/// Where and how to reach the admin endpoint.
-#[derive(Debug, Clone)]
-pub struct Upstream {
-    address: String,
-    server_name: ServerName<'static>,
-    tls: Arc<rustls::ClientConfig>,
-}
-
-impl Upstream {
-    /// The endpoint at `address` (`host:port`), whose certificate must name
-    /// `server_name` and be signed by the CA in `ca`; the proxy presents
-    /// `cert` and `key` (an admin or monitor certificate).
-    pub fn from_files(
-        address: &str,
-        server_name: &str,
-        ca: &Path,
-        cert: &Path,
-        key: &Path,
-    ) -> Result<Upstream, ProxyError> {
-        let mut roots = rustls::RootCertStore::empty();
-        for ca_cert in read_certs(ca)? {
-            roots.add(ca_cert).map_err(|e| ProxyError::Pem {
-                path: ca.display().to_string(),
-                reason: format!("not a usable CA certificate: {e}"),
-            })?;
-        }
-        let chain = read_certs(cert)?;
-        let private_key = PrivateKeyDer::from_pem_file(key).map_err(|e| ProxyError::Pem {
-            path: key.display().to_string(),
-            reason: format!("no private key read: {e}"),
-        })?;
-        let tls = rustls::ClientConfig::builder()
-            .with_root_certificates(roots)
-            .with_client_auth_cert(chain, private_key)
-            .map_err(|e| ProxyError::Identity {
-                cert: cert.display().to_string(),
-                key: key.display().to_string(),
-                reason: e.to_string(),
-            })?;
-        let server_name = ServerName::try_from(server_name.to_owned())
-            .map_err(|_| ProxyError::ServerName(server_name.to_owned()))?;
-        Ok(Upstream {
-            address: address.to_owned(),
-            server_name,
-            tls: Arc::new(tls),
-        })
-    }
-}
-
-/// Every certificate in the PEM file at `path`, at least one.
-fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, ProxyError> {
-    let err = |reason: String| ProxyError::Pem {
-        path: path.display().to_string(),
-        reason,
-    };
-    let certs = CertificateDer::pem_file_iter(path)
-        .map_err(|e| err(format!("cannot read: {e}")))?
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| err(format!("bad PEM: {e}")))?;
-    if certs.is_empty() {
-        return Err(err("holds no certificate".to_owned()));
-    }
-    Ok(certs)
 }
 
 /// A bound proxy, serving once [`DashboardProxy::serve`] runs.
@@ -155,14 +58,14 @@ fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, ProxyError> {
 pub struct DashboardProxy {
     listener: TcpListener,
     local: SocketAddr,
-    upstream: Arc<Upstream>,
+    upstream: Arc<AdminEndpoint>,
 }
 
 impl DashboardProxy {
     /// Binds `listen` (loopback only; port 0 picks a free one).
     pub async fn bind(
         listen: SocketAddr,
-        upstream: Upstream,
+        upstream: AdminEndpoint,
     ) -> Result<DashboardProxy, ProxyError> {
         if !listen.ip().is_loopback() {
             return Err(ProxyError::NotLoopback(listen));
@@ -216,7 +119,7 @@ impl DashboardProxy {
 async fn answer(
     request: &Request<Incoming>,
     local: SocketAddr,
-    upstream: &Upstream,
+    upstream: &AdminEndpoint,
 ) -> Response<Full<Bytes>> {
     if !own_host(request.headers().get(HOST), local) {
         return plain(
@@ -239,20 +142,9 @@ async fn answer(
     if path == "/" || path == "/dashboard" {
         return dashboard::page_response();
     }
-    match tokio::time::timeout(UPSTREAM_TIMEOUT, fetch(upstream, path)).await {
-        Ok(Ok(response)) => response,
-        Ok(Err(reason)) => plain(
-            StatusCode::BAD_GATEWAY,
-            &format!("admin endpoint {}: {reason}\n", upstream.address),
-        ),
-        Err(_) => plain(
-            StatusCode::GATEWAY_TIMEOUT,
-            &format!(
-                "admin endpoint {}: no answer within {} s\n",
-                upstream.address,
-                UPSTREAM_TIMEOUT.as_secs()
-            ),
-        ),
+    match upstream.request(Method::GET, path).await {
+        Ok(response) => response,
+        Err(reason) => plain(StatusCode::BAD_GATEWAY, &format!("{reason}\n")),
     }
 }
 
@@ -269,45 +161,6 @@ fn own_host(host: Option<&HeaderValue>, local: SocketAddr) -> bool {
     ]
     .iter()
     .any(|own| own.eq_ignore_ascii_case(host))
-}
-
-/// `GET path` on the admin endpoint, over a connection of its own.
-async fn fetch(upstream: &Upstream, path: &str) -> Result<Response<Full<Bytes>>, String> {
-    let tcp = TcpStream::connect(&upstream.address)
-        .await
-        .map_err(|e| format!("cannot connect: {e}"))?;
-    let tls = TlsConnector::from(upstream.tls.clone())
-        .connect(upstream.server_name.clone(), tcp)
-        .await
-        .map_err(|e| format!("TLS handshake failed: {e}"))?;
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
-        .await
-        .map_err(|e| format!("HTTP handshake failed: {e}"))?;
-    tokio::spawn(connection);
-    let request = Request::get(path)
-        .header(HOST, &upstream.address)
-        .body(Empty::<Bytes>::new())
-        .map_err(|e| e.to_string())?;
-    let response = sender
-        .send_request(request)
-        .await
-        .map_err(|e| format!("request failed: {e}"))?;
-    let status = response.status();
-    let content_type = response.headers().get(CONTENT_TYPE).cloned();
-    let body = Limited::new(response.into_body(), MAX_UPSTREAM_BYTES)
-        .collect()
-        .await
-        .map_err(|e| format!("answer not read: {e}"))?
-        .to_bytes();
-    let mut forwarded = Response::new(Full::new(body));
-    *forwarded.status_mut() = status;
-    if let Some(content_type) = content_type {
-        forwarded.headers_mut().insert(CONTENT_TYPE, content_type);
-    }
-    forwarded
-        .headers_mut()
-        .insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    Ok(forwarded)
 }
 
 /// A short plain-text answer.

@@ -15,6 +15,9 @@
 //! - [`dashboard`]: the web dashboard, one self-contained page served at
 //!   `GET /`; [`dashboard_proxy`]: `ciphermq-admin dashboard`, which serves it
 //!   on loopback for a browser without a client certificate.
+//! - [`remote`]: the operator's connections to a running broker (the admin
+//!   endpoint over HTTPS, the client port in `ciphermq/1`), used by the
+//!   `ciphermq-admin` tool (`src/main.rs`, `src/cli/`).
 //!
 //! Invariants: nothing here runs on a shard or makes a shard wait; every
 //! answer is built from snapshots and atomic reads.
@@ -28,6 +31,7 @@ pub mod dashboard_proxy;
 mod endpoint;
 mod metrics;
 mod process;
+pub mod remote;
 mod routes;
 mod slots;
 pub mod stats;

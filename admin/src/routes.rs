@@ -1,8 +1,8 @@
 //! Who may see what: `/health` and `/ready` answer any client whose
-//! certificate the CA signed; every other route answers admin and monitor
-//! CNs only (the current, reloadable `acl.admin_cns` and `acl.monitor_cns`:
-//! every route here only reads). Unknown paths are 404, other methods than
-//! GET on a known path 405; every answer is JSON except the Prometheus text
+//! certificate the CA signed; the routes that read answer admin and monitor
+//! CNs (the current, reloadable `acl.admin_cns` and `acl.monitor_cns`);
+//! `POST /api/reload`, the one that changes the broker, answers admins only.
+//! Unknown paths are 404, another method than a route's own 405; every answer is JSON except the Prometheus text
 //! of `/metrics` and the dashboard page (`/`, `/dashboard`).
 
 use std::net::SocketAddr;
@@ -13,6 +13,7 @@ use hyper::header::{HeaderValue, ALLOW, CACHE_CONTROL, CONTENT_TYPE};
 use hyper::{Method, Response, StatusCode};
 use serde_json::json;
 
+use crate::broker_view::Access;
 use crate::endpoint::AdminContext;
 use crate::slots::Slots;
 use crate::{dashboard, metrics, status};
@@ -27,6 +28,7 @@ enum Route {
     Connections,
     Metrics,
     Dashboard,
+    Reload,
 }
 
 impl Route {
@@ -39,6 +41,7 @@ impl Route {
             "/api/connections" => Route::Connections,
             "/metrics" => Route::Metrics,
             "/" | "/dashboard" => Route::Dashboard,
+            "/api/reload" => Route::Reload,
             _ => return None,
         })
     }
@@ -46,6 +49,20 @@ impl Route {
     /// Answered for any valid certificate, not only admins'.
     fn is_public(self) -> bool {
         matches!(self, Route::Health | Route::Ready)
+    }
+
+    /// Changes the broker: admins only (monitors only read).
+    fn changes(self) -> bool {
+        matches!(self, Route::Reload)
+    }
+
+    /// The one method it answers.
+    fn method(self) -> Method {
+        if self.changes() {
+            Method::POST
+        } else {
+            Method::GET
+        }
     }
 }
 
@@ -69,18 +86,27 @@ pub(crate) fn respond(
         None if route.is_public() => "",
         None => return not_found(),
     };
-    if !route.is_public() && !ctx.broker.access(cn).may_read() {
+    let access = ctx.broker.access(cn);
+    if !route.is_public() && !access.may_read() {
         tracing::warn!(%cn, %peer, %path, "admin endpoint: forbidden (neither an admin nor a monitor CN)");
         return json_response(StatusCode::FORBIDDEN, &json!({ "error": "forbidden" }));
     }
-    if method != Method::GET {
+    if route.changes() && access != Access::Admin {
+        tracing::warn!(%cn, %peer, %path, "admin endpoint: forbidden (changes the broker: admin CNs only)");
+        return json_response(
+            StatusCode::FORBIDDEN,
+            &json!({ "error": "forbidden: admins only" }),
+        );
+    }
+    if *method != route.method() {
         let mut response = json_response(
             StatusCode::METHOD_NOT_ALLOWED,
             &json!({ "error": "method not allowed" }),
         );
+        let allow = if route.changes() { "POST" } else { "GET" };
         response
             .headers_mut()
-            .insert(ALLOW, HeaderValue::from_static("GET"));
+            .insert(ALLOW, HeaderValue::from_static(allow));
         return response;
     }
     match route {
@@ -110,6 +136,15 @@ pub(crate) fn respond(
         Route::Queues => json_response(StatusCode::OK, &status::queues_document(ctx)),
         Route::Connections => json_response(StatusCode::OK, &status::connections_document(ctx)),
         Route::Dashboard => dashboard::page_response(),
+        Route::Reload => match ctx.broker.reload() {
+            Ok(()) => {
+                tracing::info!(%cn, %peer, "admin endpoint: reload");
+                json_response(StatusCode::OK, &json!({ "status": "reloaded" }))
+            }
+            Err(error) => {
+                json_response(StatusCode::UNPROCESSABLE_ENTITY, &json!({ "error": error }))
+            }
+        },
         Route::Metrics => {
             let text = metrics::render(ctx, &slots.stats(), ctx.queue_series);
             response(

@@ -81,4 +81,8 @@ impl BrokerView for AdminView {
     fn open_connections(&self) -> ConnectionCounts {
         self.shared.policy.conn_limits.snapshot()
     }
+
+    fn reload(&self) -> Result<(), String> {
+        self.shared.policy.reload_file().map_err(|e| e.to_string())
+    }
 }

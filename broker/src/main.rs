@@ -57,8 +57,8 @@ fn main() -> ExitCode {
         broker.shards()
     );
     let stop = broker.stopper();
-    let reload = broker.reloader();
-    let config_path = args.config.clone();
+    broker.reload_from(args.config.clone());
+    let reload = broker.file_reloader();
     let mut signals = match signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP]) {
         Ok(s) => s,
         Err(e) => {
@@ -69,17 +69,9 @@ fn main() -> ExitCode {
     std::thread::spawn(move || {
         for signal in signals.forever() {
             if signal == SIGHUP {
-                // A bad file keeps the running policy; only [acl] and
-                // [rate_limit] are applied, other changes need a restart.
-                match Config::load(&config_path) {
-                    Ok(config) => {
-                        reload(&config);
-                        tracing::info!(path = %config_path.display(), "reloaded [acl] and [rate_limit]");
-                    }
-                    Err(e) => {
-                        tracing::error!(path = %config_path.display(), error = %e, "reload refused; keeping the running ACL and rate limits")
-                    }
-                }
+                // A bad file keeps the running policy (logged); only [acl]
+                // and [rate_limit] are applied, other changes need a restart.
+                let _ = reload();
                 continue;
             }
             tracing::info!(signal, "shutting down");

@@ -160,6 +160,21 @@ impl BrokerHandle {
         move |config| shared.policy.reload(config)
     }
 
+    /// Names the config file that SIGHUP and `POST /api/reload` read
+    /// `[acl]` and `[rate_limit]` from again.
+    pub fn reload_from(&self, path: std::path::PathBuf) {
+        self.shared.policy.set_source(path);
+    }
+
+    /// A function that reloads the config file named by
+    /// [`Self::reload_from`] (SIGHUP); it logs the outcome.
+    pub fn file_reloader(
+        &self,
+    ) -> impl Fn() -> Result<(), crate::policy::ReloadError> + Send + Sync + 'static {
+        let shared = self.shared.clone();
+        move || shared.policy.reload_file()
+    }
+
     /// A function that stops the broker from another thread (signal handlers).
     pub fn stopper(&self) -> impl Fn() + Send + Sync + 'static {
         let signal = self.shutdown.clone();

@@ -180,6 +180,25 @@ async fn unknown_paths_are_404_and_other_methods_405() {
         assert_eq!(reply.status, 405, "POST {path}");
         assert_eq!(reply.header("allow"), Some("GET"));
     }
+    // The one route that changes the broker takes POST, from admins only.
+    let reply = request(broker.admin, Some("admin"), "GET", "/api/reload")
+        .await
+        .expect("GET answered");
+    assert_eq!((reply.status, reply.header("allow")), (405, Some("POST")));
+    let reply = request(broker.admin, Some("monitor_1"), "POST", "/api/reload")
+        .await
+        .expect("POST answered");
+    assert_eq!(reply.status, 403, "{}", reply.body);
+    // Started from a config in memory: nothing to reload from, said so.
+    let reply = request(broker.admin, Some("admin"), "POST", "/api/reload")
+        .await
+        .expect("POST answered");
+    assert_eq!(reply.status, 422, "{}", reply.body);
+    assert!(
+        reply.body.contains("not started from a config file"),
+        "{}",
+        reply.body
+    );
 }
 
 #[tokio::test]

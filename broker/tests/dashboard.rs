@@ -19,7 +19,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use ciphermq_admin::dashboard_proxy::{DashboardProxy, ProxyError, Upstream};
+use ciphermq_admin::dashboard_proxy::{DashboardProxy, ProxyError};
+use ciphermq_admin::remote::{AdminEndpoint, Credentials, CredentialsError};
 use common::admin_http::{plain_request_to, request};
 use common::*;
 use serde_json::{json, Value};
@@ -29,18 +30,22 @@ const ADMIN: &str = "\n[admin]\nenabled = true\naddress = \"127.0.0.1:0\"\n";
 /// Messages left ready in `receiver_2_queue` (nobody consumes it).
 const BACKLOG: usize = 7;
 
-/// The proxy to `admin`'s endpoint with the admin certificate, serving on
-/// a free loopback port.
-async fn start_proxy(admin: SocketAddr) -> SocketAddr {
+/// `admin`'s endpoint, reached with the admin certificate.
+fn admin_endpoint(admin: SocketAddr) -> AdminEndpoint {
     let certs = &pki().certs;
-    let upstream = Upstream::from_files(
-        &admin.to_string(),
-        "localhost",
+    let credentials = Credentials::from_files(
         &certs.join("ca.crt"),
         &certs.join("admin.crt"),
         &certs.join("admin.key"),
     )
-    .expect("the admin certificate makes an upstream");
+    .expect("the admin certificate");
+    AdminEndpoint::new(&admin.to_string(), "localhost", credentials).expect("endpoint")
+}
+
+/// The proxy to `admin`'s endpoint with the admin certificate, serving on
+/// a free loopback port.
+async fn start_proxy(admin: SocketAddr) -> SocketAddr {
+    let upstream = admin_endpoint(admin);
     let proxy = DashboardProxy::bind("127.0.0.1:0".parse().unwrap(), upstream)
         .await
         .expect("bind the proxy");
@@ -120,27 +125,18 @@ async fn the_endpoint_serves_the_page_and_the_proxy_only_what_it_should() {
 
     // Nobody else's loopback.
     let certs = &pki().certs;
-    let upstream = Upstream::from_files(
-        &admin.to_string(),
-        "localhost",
-        &certs.join("ca.crt"),
-        &certs.join("admin.crt"),
-        &certs.join("admin.key"),
-    )
-    .unwrap();
+    let upstream = admin_endpoint(admin);
     match DashboardProxy::bind("0.0.0.0:0".parse().unwrap(), upstream).await {
         Err(e @ ProxyError::NotLoopback(_)) => assert!(e.to_string().contains("loopback"), "{e}"),
         other => panic!("a wildcard listen address must be refused: {other:?}"),
     }
     // A key that is not the certificate's is named, not a raw rustls error.
-    match Upstream::from_files(
-        &admin.to_string(),
-        "localhost",
+    match Credentials::from_files(
         &certs.join("ca.crt"),
         &certs.join("admin.crt"),
         &certs.join("sender_1.key"),
     ) {
-        Err(e @ ProxyError::Identity { .. }) => {
+        Err(e @ CredentialsError::Identity { .. }) => {
             let text = e.to_string();
             assert!(
                 text.contains("admin.crt") && text.contains("sender_1.key"),

@@ -1,0 +1,206 @@
+//! What `ciphermq-admin`'s subcommands print: human summaries and tables
+//! built from the admin endpoint's JSON (`--json` prints that JSON as is).
+
+pub(crate) mod table;
+
+use serde_json::Value;
+
+use table::{bytes, Table};
+
+/// A JSON number as an integer (0 when absent).
+fn n(v: &Value) -> u64 {
+    v.as_u64().unwrap_or(0)
+}
+
+/// A JSON value as display text (`-` when absent).
+fn text(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Null => "-".to_owned(),
+        other => other.to_string(),
+    }
+}
+
+/// Seconds as `2d 3h`, `4h 5m`, `6m 7s` or `8s`.
+fn duration(secs: u64) -> String {
+    let (d, h, m, s) = (secs / 86_400, secs / 3_600 % 24, secs / 60 % 60, secs % 60);
+    match (d, h, m) {
+        (0, 0, 0) => format!("{s}s"),
+        (0, 0, _) => format!("{m}m {s}s"),
+        (0, _, _) => format!("{h}h {m}m"),
+        _ => format!("{d}d {h}h"),
+    }
+}
+
+/// `/api/status` as a few lines.
+pub(crate) fn status(doc: &Value) -> String {
+    let server = &doc["server"];
+    let mut out = format!(
+        "{} {} · up {} · {} shard(s) · health {}{}\n",
+        text(&server["name"]),
+        text(&server["version"]),
+        duration(n(&server["uptime_secs"])),
+        n(&server["shards"]),
+        text(&server["health"]),
+        if server["ready"] == Value::Bool(true) {
+            " (ready)".to_owned()
+        } else {
+            format!(" (not ready: {})", text(&server["reason"]))
+        }
+    );
+    for warning in server["warnings"].as_array().into_iter().flatten() {
+        out.push_str(&format!("warning: {}\n", text(warning)));
+    }
+    let c = &doc["counters"];
+    out.push_str(&format!(
+        "messages: {} published, {} delivered, {} acked, {} publish NACKs\n",
+        n(&c["publishes"]),
+        n(&c["deliveries"]),
+        n(&c["acks"]),
+        n(&c["publish_nacks"])
+    ));
+    out.push_str(&format!(
+        "queues: {} · exchanges: {} · bindings: {} · connections: {}\n",
+        doc["queues"].as_array().map_or(0, Vec::len),
+        doc["exchanges"].as_array().map_or(0, Vec::len),
+        doc["bindings"].as_array().map_or(0, Vec::len),
+        n(&doc["connections"]["total"])
+    ));
+    let s = &doc["storage"];
+    let mut storage = format!("storage: {}", text(&s["mode"]));
+    if let Some(dir) = s["data_dir"].as_str() {
+        storage.push_str(&format!(" in {dir}"));
+    }
+    if let Some(free) = s["disk_free_bytes"].as_u64() {
+        storage.push_str(&format!(
+            " · disk free {} (min {})",
+            bytes(free),
+            bytes(n(&s["min_free_bytes"]))
+        ));
+    }
+    storage.push_str(&format!(
+        " · {} · quarantined {} records\n",
+        if s["healthy"] == Value::Bool(false) {
+            format!("FAILING: {}", text(&s["last_error"]))
+        } else {
+            "writing".to_owned()
+        },
+        n(&s["quarantined_records"])
+    ));
+    out.push_str(&storage);
+    let mirror = &doc["pgbridge"];
+    if mirror.is_null() {
+        out.push_str("mirror: off\n");
+    } else {
+        out.push_str(&format!(
+            "mirror: {} · lag {} rows, {}, {:.1} s · {} rows written\n",
+            if mirror["connected"] == Value::Bool(true) {
+                "connected".to_owned()
+            } else {
+                format!("DISCONNECTED ({})", text(&mirror["last_error"]))
+            },
+            n(&mirror["lag_rows"]),
+            bytes(n(&mirror["lag_bytes"])),
+            mirror["lag_seconds"].as_f64().unwrap_or(0.0),
+            n(&mirror["rows_written"])
+        ));
+    }
+    out
+}
+
+/// `/api/queues` as a table.
+pub(crate) fn queues(doc: &Value) -> String {
+    let mut t = Table::new(&[
+        "name",
+        "owner",
+        ">shard",
+        ">ready",
+        ">unacked",
+        ">consumers",
+        ">bytes",
+        ">on disk",
+    ]);
+    for q in doc["queues"].as_array().into_iter().flatten() {
+        t.row(vec![
+            text(&q["name"]),
+            text(&q["owner"]),
+            n(&q["shard"]).to_string(),
+            n(&q["ready"]).to_string(),
+            n(&q["unacked"]).to_string(),
+            n(&q["consumers"]).to_string(),
+            bytes(n(&q["bytes"])),
+            n(&q["on_disk"]).to_string(),
+        ]);
+    }
+    t.render("no queues")
+}
+
+/// `/api/connections` as two tables.
+pub(crate) fn connections(doc: &Value) -> String {
+    let c = &doc["connections"];
+    let mut out = format!("{} open\n\n", n(&c["total"]));
+    for (key, column) in [("by_cn", "cn"), ("by_ip", "ip")] {
+        let mut t = Table::new(&[column, ">connections"]);
+        for (name, count) in c[key].as_object().into_iter().flatten() {
+            t.row(vec![name.clone(), n(count).to_string()]);
+        }
+        out.push_str(&t.render("none"));
+        out.push('\n');
+    }
+    out.pop();
+    out
+}
+
+/// The exchanges and bindings of `/api/status` as two tables.
+pub(crate) fn exchanges(doc: &Value) -> String {
+    let mut t = Table::new(&["exchange", "type", ">bindings"]);
+    for e in doc["exchanges"].as_array().into_iter().flatten() {
+        t.row(vec![
+            text(&e["name"]),
+            text(&e["type"]),
+            n(&e["bindings"]).to_string(),
+        ]);
+    }
+    let mut out = t.render("no exchanges");
+    let mut b = Table::new(&["exchange", "queue", "routing key"]);
+    for binding in doc["bindings"].as_array().into_iter().flatten() {
+        b.row(vec![
+            text(&binding["exchange"]),
+            text(&binding["queue"]),
+            text(&binding["routing_key"]),
+        ]);
+    }
+    out.push('\n');
+    out.push_str(&b.render("no bindings"));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn summaries_read_what_is_there_and_survive_what_is_not() {
+        let doc = json!({
+            "server": {"name": "b", "version": "0.1.0", "uptime_secs": 3725, "shards": 2,
+                        "health": "degraded", "ready": true, "warnings": ["disk space low"]},
+            "counters": {"publishes": 5},
+            "queues": [{"name": "q", "owner": "r", "shard": 1, "ready": 3, "unacked": 1,
+                        "consumers": 0, "bytes": 2048, "on_disk": 0}],
+            "storage": {"mode": "memory", "healthy": true},
+            "pgbridge": null
+        });
+        let s = status(&doc);
+        assert!(
+            s.starts_with("b 0.1.0 · up 1h 2m · 2 shard(s) · health degraded (ready)\n"),
+            "{s}"
+        );
+        assert!(s.contains("warning: disk space low\n"), "{s}");
+        assert!(s.contains("mirror: off"), "{s}");
+        let q = queues(&doc);
+        assert!(q.lines().nth(1).unwrap().starts_with("q     r"), "{q}");
+        assert!(status(&json!({})).contains("health -"));
+        assert_eq!(queues(&json!({})), "no queues\n");
+    }
+}

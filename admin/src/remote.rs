@@ -1,0 +1,288 @@
+//! The operator's connections to a running broker, both with the operator's
+//! certificate: the admin endpoint over HTTPS ([`AdminEndpoint`]: status,
+//! queues, metrics, reload) and the broker port over `ciphermq/1`
+//! ([`BrokerPort`]: the commands that change things, such as
+//! `close_connection`). One connection per request: an operator's tool
+//! asks a few questions, not thousands.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http_body_util::{BodyExt, Empty, Full, Limited};
+use hyper::body::Bytes;
+use hyper::header::{HeaderValue, CACHE_CONTROL, CONTENT_TYPE, HOST};
+use hyper::{Method, Request, Response};
+use hyper_util::rt::TokioIo;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
+use tokio_rustls::TlsConnector;
+
+/// How long one request may take, connection and handshake included.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Largest answer read (a `/metrics` text of many queues stays far below).
+const MAX_ANSWER_BYTES: usize = 64 << 20;
+
+/// Longest reply line read from the broker port.
+const MAX_LINE_BYTES: usize = 1 << 20;
+
+/// Why the operator's identity or the broker's address cannot be used;
+/// each names the file or value at fault.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CredentialsError {
+    /// A certificate or key file could not be read or holds no usable PEM.
+    #[error("{path}: {reason}")]
+    Pem {
+        /// The file.
+        path: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The certificate and key do not make a client identity (a key that
+    /// does not match its certificate, an unsupported key type).
+    #[error("client certificate {cert} with key {key}: {reason}")]
+    Identity {
+        /// The certificate file.
+        cert: String,
+        /// The key file.
+        key: String,
+        /// What rustls said.
+        reason: String,
+    },
+    /// The name the broker's certificate must carry is not a DNS name or IP.
+    #[error("server name {0:?}: not a DNS name or IP address")]
+    ServerName(String),
+}
+
+/// The operator's TLS identity and the CA the broker's certificate must
+/// chain to.
+#[derive(Debug, Clone)]
+pub struct Credentials {
+    tls: Arc<rustls::ClientConfig>,
+}
+
+impl Credentials {
+    /// The client certificate `cert` with its `key`, trusting the CA in `ca`.
+    pub fn from_files(ca: &Path, cert: &Path, key: &Path) -> Result<Credentials, CredentialsError> {
+        let mut roots = rustls::RootCertStore::empty();
+        for ca_cert in read_certs(ca)? {
+            roots.add(ca_cert).map_err(|e| CredentialsError::Pem {
+                path: ca.display().to_string(),
+                reason: format!("not a usable CA certificate: {e}"),
+            })?;
+        }
+        let chain = read_certs(cert)?;
+        let private_key = PrivateKeyDer::from_pem_file(key).map_err(|e| CredentialsError::Pem {
+            path: key.display().to_string(),
+            reason: format!("no private key read: {e}"),
+        })?;
+        let tls = rustls::ClientConfig::builder()
+            .with_root_certificates(roots)
+            .with_client_auth_cert(chain, private_key)
+            .map_err(|e| CredentialsError::Identity {
+                cert: cert.display().to_string(),
+                key: key.display().to_string(),
+                reason: e.to_string(),
+            })?;
+        Ok(Credentials { tls: Arc::new(tls) })
+    }
+
+    /// A TLS connection to `address` whose certificate names `server_name`.
+    async fn connect(
+        &self,
+        address: &str,
+        server_name: &ServerName<'static>,
+    ) -> Result<TlsStream<TcpStream>, String> {
+        let tcp = TcpStream::connect(address)
+            .await
+            .map_err(|e| format!("cannot connect: {e}"))?;
+        TlsConnector::from(self.tls.clone())
+            .connect(server_name.clone(), tcp)
+            .await
+            .map_err(|e| format!("TLS handshake failed: {e}"))
+    }
+}
+
+/// Every certificate in the PEM file at `path`, at least one.
+fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, CredentialsError> {
+    let err = |reason: String| CredentialsError::Pem {
+        path: path.display().to_string(),
+        reason,
+    };
+    let certs = CertificateDer::pem_file_iter(path)
+        .map_err(|e| err(format!("cannot read: {e}")))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| err(format!("bad PEM: {e}")))?;
+    if certs.is_empty() {
+        return Err(err("holds no certificate".to_owned()));
+    }
+    Ok(certs)
+}
+
+/// `name` as the name a certificate must carry, checked.
+fn checked_name(name: &str) -> Result<ServerName<'static>, CredentialsError> {
+    ServerName::try_from(name.to_owned()).map_err(|_| CredentialsError::ServerName(name.to_owned()))
+}
+
+/// The host part of `host:port` (without an IPv6 address's brackets): the
+/// name a broker's certificate is checked against by default.
+pub fn host_of(address: &str) -> &str {
+    let host = address.rsplit_once(':').map_or(address, |(host, _)| host);
+    host.trim_start_matches('[').trim_end_matches(']')
+}
+
+/// The admin endpoint (`admin.address`).
+#[derive(Debug, Clone)]
+pub struct AdminEndpoint {
+    address: String,
+    server_name: ServerName<'static>,
+    credentials: Credentials,
+}
+
+impl AdminEndpoint {
+    /// The endpoint at `address` (`host:port`) whose certificate names
+    /// `server_name`.
+    pub fn new(
+        address: &str,
+        server_name: &str,
+        credentials: Credentials,
+    ) -> Result<AdminEndpoint, CredentialsError> {
+        Ok(AdminEndpoint {
+            address: address.to_owned(),
+            server_name: checked_name(server_name)?,
+            credentials,
+        })
+    }
+
+    /// Where it is.
+    pub fn address(&self) -> &str {
+        &self.address
+    }
+
+    /// `method path`, with the whole answer; `Err` says why there is none
+    /// (connection, handshake, timeout), not an HTTP error status.
+    pub async fn request(
+        &self,
+        method: Method,
+        path: &str,
+    ) -> Result<Response<Full<Bytes>>, String> {
+        tokio::time::timeout(REQUEST_TIMEOUT, self.exchange(method, path))
+            .await
+            .unwrap_or_else(|_| Err(format!("no answer within {} s", REQUEST_TIMEOUT.as_secs())))
+            .map_err(|reason| format!("admin endpoint {}: {reason}", self.address))
+    }
+
+    async fn exchange(&self, method: Method, path: &str) -> Result<Response<Full<Bytes>>, String> {
+        let tls = self
+            .credentials
+            .connect(&self.address, &self.server_name)
+            .await?;
+        let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+            .await
+            .map_err(|e| format!("HTTP handshake failed: {e}"))?;
+        tokio::spawn(connection);
+        let request = Request::builder()
+            .method(method)
+            .uri(path)
+            .header(HOST, &self.address)
+            .body(Empty::<Bytes>::new())
+            .map_err(|e| e.to_string())?;
+        let response = sender
+            .send_request(request)
+            .await
+            .map_err(|e| format!("request failed: {e}"))?;
+        let status = response.status();
+        let content_type = response.headers().get(CONTENT_TYPE).cloned();
+        let body = Limited::new(response.into_body(), MAX_ANSWER_BYTES)
+            .collect()
+            .await
+            .map_err(|e| format!("answer not read: {e}"))?
+            .to_bytes();
+        let mut answer = Response::new(Full::new(body));
+        *answer.status_mut() = status;
+        if let Some(content_type) = content_type {
+            answer.headers_mut().insert(CONTENT_TYPE, content_type);
+        }
+        answer
+            .headers_mut()
+            .insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        Ok(answer)
+    }
+}
+
+/// The broker's client port (`server.address`), spoken to in `ciphermq/1`.
+#[derive(Debug, Clone)]
+pub struct BrokerPort {
+    address: String,
+    server_name: ServerName<'static>,
+    credentials: Credentials,
+}
+
+impl BrokerPort {
+    /// The broker at `address` (`host:port`) whose certificate names
+    /// `server_name`.
+    pub fn new(
+        address: &str,
+        server_name: &str,
+        credentials: Credentials,
+    ) -> Result<BrokerPort, CredentialsError> {
+        Ok(BrokerPort {
+            address: address.to_owned(),
+            server_name: checked_name(server_name)?,
+            credentials,
+        })
+    }
+
+    /// Sends one command line and returns its one reply line; the
+    /// connection says `quit` after it. `Err` when there is no reply (or the
+    /// broker refused the connection: its one line says why).
+    pub async fn command(&self, line: &str) -> Result<String, String> {
+        tokio::time::timeout(REQUEST_TIMEOUT, self.exchange(line))
+            .await
+            .unwrap_or_else(|_| Err(format!("no answer within {} s", REQUEST_TIMEOUT.as_secs())))
+            .map_err(|reason| format!("broker {}: {reason}", self.address))
+    }
+
+    async fn exchange(&self, line: &str) -> Result<String, String> {
+        let tls = self
+            .credentials
+            .connect(&self.address, &self.server_name)
+            .await?;
+        let mut io = BufReader::new(tls);
+        let hello = read_line(&mut io).await?;
+        if !hello.starts_with("HELLO ") {
+            return Err(format!("refused: {hello}"));
+        }
+        io.get_mut()
+            .write_all(format!("{line}\nquit\n").as_bytes())
+            .await
+            .map_err(|e| format!("cannot send: {e}"))?;
+        io.get_mut()
+            .flush()
+            .await
+            .map_err(|e| format!("cannot send: {e}"))?;
+        read_line(&mut io).await
+    }
+}
+
+/// One line (without its newline), bounded.
+async fn read_line(io: &mut BufReader<TlsStream<TcpStream>>) -> Result<String, String> {
+    let mut line = Vec::new();
+    let mut limited = (&mut *io).take(MAX_LINE_BYTES as u64);
+    let n = limited
+        .read_until(b'\n', &mut line)
+        .await
+        .map_err(|e| format!("cannot read: {e}"))?;
+    if n == 0 {
+        return Err("closed the connection".to_owned());
+    }
+    while line.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
+        line.pop();
+    }
+    String::from_utf8(line).map_err(|_| "answered a line that is not UTF-8".to_owned())
+}

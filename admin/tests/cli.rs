@@ -1,0 +1,296 @@
+//! `ciphermq-admin` against a real broker over mutual TLS: the reading
+//! subcommands print tables and `--json`, the changing ones carry the
+//! broker's reply and exit non-zero on a refusal, `reload` re-reads the
+//! config file through `POST /api/reload`, and a monitor certificate reads
+//! but changes nothing.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use ciphermq_admin::remote::{BrokerPort, Credentials};
+use ciphermq_broker::{BrokerHandle, Config};
+use ciphermq_clients::pki::{self, PkiOptions};
+
+/// A broker started from a config file, with its certificates.
+struct World {
+    _dir: tempfile::TempDir,
+    certs: PathBuf,
+    config: PathBuf,
+    broker: Option<BrokerHandle>,
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        if let Some(broker) = self.broker.take() {
+            broker.shutdown();
+        }
+    }
+}
+
+/// The config text; `receivers` are the receiver CNs.
+fn config_text(certs: &Path, data: &Path, receivers: &str) -> String {
+    format!(
+        r#"
+[server]
+address = "127.0.0.1:0"
+shards = 2
+
+[tls]
+cert_path = "{certs}/server.crt"
+key_path = "{certs}/server.key"
+ca_cert_path = "{certs}/ca.crt"
+
+[logging]
+console = false
+json_files = false
+
+[storage]
+data_dir = "{data}"
+mode = "memory"
+min_free_mb = 16
+
+[acl]
+admin_cns = ["admin"]
+sender_cns = ["sender_1"]
+receiver_cns = [{receivers}]
+monitor_cns = ["monitor_1"]
+
+[admin]
+enabled = true
+address = "127.0.0.1:0"
+"#,
+        certs = certs.display(),
+        data = data.display(),
+    )
+}
+
+impl World {
+    fn start() -> World {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let certs = dir.path().join("certs");
+        let mut opts = PkiOptions::new(certs.clone(), dir.path().join("keys"));
+        opts.client_cns = ["admin", "monitor_1", "sender_1", "receiver_1", "receiver_2"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        pki::generate(&opts).expect("certificates");
+        let data = dir.path().join("data");
+        std::fs::create_dir_all(&data).unwrap();
+        let config = dir.path().join("config.toml");
+        std::fs::write(&config, config_text(&certs, &data, r#""receiver_1""#)).unwrap();
+        let broker =
+            ciphermq_broker::start(&Config::load(&config).expect("config")).expect("broker");
+        broker.reload_from(config.clone());
+        World {
+            _dir: dir,
+            certs,
+            config,
+            broker: Some(broker),
+        }
+    }
+
+    fn broker(&self) -> &BrokerHandle {
+        self.broker.as_ref().unwrap()
+    }
+
+    /// Runs `ciphermq-admin` as `cn` with `args`.
+    fn admin(&self, cn: &str, args: &[&str]) -> Output {
+        let broker = self.broker();
+        Command::new(env!("CARGO_BIN_EXE_ciphermq-admin"))
+            .arg("--endpoint")
+            .arg(broker.admin_addr().unwrap().to_string())
+            .arg("--broker")
+            .arg(broker.local_addr().to_string())
+            .arg("--server-name")
+            .arg("localhost")
+            .arg("--ca")
+            .arg(self.certs.join("ca.crt"))
+            .arg("--cert")
+            .arg(self.certs.join(format!("{cn}.crt")))
+            .arg("--key")
+            .arg(self.certs.join(format!("{cn}.key")))
+            .args(args)
+            .output()
+            .expect("run ciphermq-admin")
+    }
+
+    /// One `ciphermq/1` command as `cn`, its reply.
+    async fn command(&self, cn: &str, line: &str) -> Result<String, String> {
+        let credentials = Credentials::from_files(
+            &self.certs.join("ca.crt"),
+            &self.certs.join(format!("{cn}.crt")),
+            &self.certs.join(format!("{cn}.key")),
+        )
+        .unwrap();
+        BrokerPort::new(
+            &self.broker().local_addr().to_string(),
+            "localhost",
+            credentials,
+        )
+        .unwrap()
+        .command(line)
+        .await
+    }
+}
+
+/// Stdout of a run that must succeed.
+fn ok(out: Output) -> String {
+    assert!(
+        out.status.success(),
+        "failed: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// Stderr of a run that must fail.
+fn failed(out: Output) -> String {
+    assert!(
+        !out.status.success(),
+        "succeeded: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    String::from_utf8(out.stderr).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_reads_and_changes_a_running_broker() {
+    let world = World::start();
+    for line in [
+        "declare_exchange ex direct",
+        "declare_queue receiver_1_queue",
+        "bind receiver_1_queue ex receiver_1",
+    ] {
+        let reply = world.command("receiver_1", line).await.unwrap();
+        assert!(reply.starts_with("OK "), "{line}: {reply}");
+    }
+    let body = r#"{"message_id":"m1","receiver_client_id":"receiver_1","enc_session_key":"a2V5","nonce":"bm9uY2U=","ciphertext":"Y2lwaGVy"}"#;
+    let reply = world
+        .command("sender_1", &format!("publish ex receiver_1 {body}"))
+        .await
+        .unwrap();
+    assert_eq!(reply, "ACK m1");
+
+    // Queue counts are the shards' snapshots, refreshed about once a second.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let json: serde_json::Value =
+            serde_json::from_str(&ok(world.admin("monitor_1", &["queues", "--json"]))).unwrap();
+        assert_eq!(json["queues"][0]["name"], "receiver_1_queue");
+        if json["queues"][0]["ready"] == 1 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "never ready: {json}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    let status = ok(world.admin("admin", &["status"]));
+    assert!(status.contains("health ok (ready)"), "{status}");
+    assert!(status.contains("messages: 1 published"), "{status}");
+    assert!(status.contains("mirror: off"), "{status}");
+
+    let queues = ok(world.admin("admin", &["queues"]));
+    let header = queues.lines().next().unwrap();
+    assert!(
+        header.starts_with("NAME") && header.contains("READY"),
+        "{queues}"
+    );
+    let row = queues
+        .lines()
+        .find(|l| l.starts_with("receiver_1_queue"))
+        .unwrap_or_else(|| panic!("{queues}"));
+    let cells: Vec<&str> = row.split_whitespace().collect();
+    // name, owner, shard, ready, unacked, consumers
+    assert_eq!(cells[..2], ["receiver_1_queue", "receiver_1"], "{row}");
+    assert_eq!(cells[3..6], ["1", "0", "0"], "{row}");
+
+    let exchanges = ok(world.admin("admin", &["exchanges"]));
+    assert!(
+        exchanges
+            .lines()
+            .any(|l| l.split_whitespace().collect::<Vec<_>>() == ["ex", "direct", "1"]),
+        "{exchanges}"
+    );
+    assert!(ok(world.admin("admin", &["connections"])).contains("open"));
+
+    // Changes, through the broker port.
+    let unbind = ok(world.admin("admin", &["unbind", "receiver_1_queue", "ex", "receiver_1"]));
+    assert_eq!(unbind.trim(), "OK unbind receiver_1_queue ex receiver_1");
+    assert!(ok(world.admin("admin", &["exchanges"])).contains("no bindings"));
+    let closed = ok(world.admin("admin", &["close", "sender_1", "--json"]));
+    let closed: serde_json::Value = serde_json::from_str(&closed).unwrap();
+    assert_eq!(closed["reply"], "OK close_connection sender_1 0");
+    let purge = failed(world.admin("admin", &["purge", "receiver_1_queue"]));
+    assert!(
+        purge.contains("Error: purge_queue is not implemented yet"),
+        "{purge}"
+    );
+    let deleted = ok(world.admin("admin", &["delete", "exchange", "ex"]));
+    assert_eq!(deleted.trim(), "OK delete_exchange ex");
+
+    // A monitor reads, and changes nothing.
+    assert!(ok(world.admin("monitor_1", &["status"])).contains("health ok"));
+    let denied = failed(world.admin("monitor_1", &["close", "sender_1"]));
+    assert!(denied.contains("Access denied"), "{denied}");
+    let denied = failed(world.admin("monitor_1", &["reload"]));
+    assert!(
+        denied.contains("403") && denied.contains("admins only"),
+        "{denied}"
+    );
+    // Nobody else reads.
+    let denied = failed(world.admin("sender_1", &["status"]));
+    assert!(
+        denied.contains("403") && denied.contains("acl.admin_cns"),
+        "{denied}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reload_rereads_the_config_file_and_a_bad_file_changes_nothing() {
+    let world = World::start();
+    let refused = world.command("receiver_2", "heartbeat").await.unwrap_err();
+    assert!(refused.contains("unknown client"), "{refused}");
+
+    let text = std::fs::read_to_string(&world.config).unwrap();
+    let widened = text.replace(
+        r#"receiver_cns = ["receiver_1"]"#,
+        r#"receiver_cns = ["receiver_1", "receiver_2"]"#,
+    );
+    assert_ne!(text, widened);
+    std::fs::write(&world.config, &widened).unwrap();
+    assert_eq!(ok(world.admin("admin", &["reload"])).trim(), "reloaded");
+    let reply = world.command("receiver_2", "heartbeat").await.unwrap();
+    assert_eq!(reply, "OK heartbeat");
+
+    std::fs::write(&world.config, widened.replace("[acl]", "[acl\n")).unwrap();
+    let refused = failed(world.admin("admin", &["reload"]));
+    assert!(
+        refused.contains("config.toml") && refused.contains("keeping the running ACL"),
+        "{refused}"
+    );
+    // The reloaded policy is still in force.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(
+        world.command("receiver_2", "heartbeat").await.unwrap(),
+        "OK heartbeat"
+    );
+
+    // A key that is not the certificate's is named.
+    let mismatched = Command::new(env!("CARGO_BIN_EXE_ciphermq-admin"))
+        .arg("--cert")
+        .arg(world.certs.join("admin.crt"))
+        .arg("--key")
+        .arg(world.certs.join("sender_1.key"))
+        .arg("--ca")
+        .arg(world.certs.join("ca.crt"))
+        .arg("status")
+        .output()
+        .unwrap();
+    let message = failed(mismatched);
+    assert!(
+        message.contains("admin.crt") && message.contains("sender_1.key"),
+        "{message}"
+    );
+}
