@@ -47,15 +47,6 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let admin = broker
-        .admin_addr()
-        .map(|a| format!(", admin endpoint on {a}"))
-        .unwrap_or_default();
-    println!(
-        "ciphermq-broker listening on {} with {} shard(s){admin}",
-        broker.local_addr(),
-        broker.shards()
-    );
     let stop = broker.stopper();
     broker.reload_from(args.config.clone());
     let reload = broker.file_reloader();
@@ -66,6 +57,17 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    // Announced once SIGTERM is handled: whoever waits for this line may
+    // signal the broker at once.
+    let admin = broker
+        .admin_addr()
+        .map(|a| format!(", admin endpoint on {a}"))
+        .unwrap_or_default();
+    println!(
+        "ciphermq-broker listening on {} with {} shard(s){admin}",
+        broker.local_addr(),
+        broker.shards()
+    );
     std::thread::spawn(move || {
         for signal in signals.forever() {
             if signal == SIGHUP {

@@ -2,7 +2,7 @@
 //! stopped with a signal or killed, and its admin endpoint asked over mutual
 //! TLS. For tests whose promise spans processes (crashes, locks, files).
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{mpsc, Arc, Mutex};
@@ -68,10 +68,17 @@ impl BrokerProcess {
                 }
             }
         });
-        let mut stderr = child.stderr.take().expect("stderr");
+        // Console logs are on stderr: kept with stdout's lines.
+        let stderr = child.stderr.take().expect("stderr");
+        let kept = log.clone();
         let stderr = std::thread::spawn(move || {
             let mut text = String::new();
-            let _ = stderr.read_to_string(&mut text);
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                text.push_str(&line);
+                text.push('\n');
+                kept.lock().unwrap().push(line);
+            }
             text
         });
         let deadline = Instant::now() + START_TIMEOUT;
