@@ -15,9 +15,9 @@ echo "== building (release; the first build takes a few minutes)"
 cargo build --release -q -p ciphermq-broker -p ciphermq-clients
 BIN=target/release
 
-echo "== certificates and keys (an existing CA and existing keys are kept)"
+echo "== certificates and keys (whatever exists is kept: ciphermq-pki list shows it)"
 "$BIN/ciphermq-pki" --out certs --keys keys >/dev/null
-echo "   certs/: CA, server, admin, sender_1, sender_2, receiver_1, receiver_2; keys/: X25519 pairs of the receivers"
+echo "   certs/: CA, server, admin, sender_1, sender_2, receiver_1, receiver_2; keys/: X25519 pairs of the receivers; ca/: the CA key"
 
 # A fresh data directory for the demo, so queues of earlier runs don't count.
 mkdir -p run

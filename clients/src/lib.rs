@@ -1,9 +1,10 @@
 //! The CipherMQ client library and the client-side tools.
 //!
 //! Modules:
-//! - [`pki`]: generates the CA, the broker's server certificate, client certificates
-//!   (the CN is the identity the broker's ACL sees), receivers' X25519 key pairs and
-//!   the broker's AES key; the `ciphermq-pki` binary is a thin shell over it.
+//! - [`pki`]: the CA (its key apart from the leaf keys), the broker's server
+//!   certificate, client certificates (the CN is the identity the broker's ACL
+//!   sees), receivers' X25519 key pairs and the broker's AES key: made once, kept,
+//!   listed; the `ciphermq-pki` binary is a thin shell over it.
 //! - [`connection`]: the client side of a `ciphermq/1` connection: mutual TLS,
 //!   the `HELLO` greeting, buffered line I/O for pipelining, and a reader/writer split
 //!   so one task can write commands while another reads replies.
@@ -22,8 +23,9 @@
 //! Invariants worth naming:
 //! - Nothing is sent until a `flush`: queueing is free, so batching is the default.
 //! - Replies come in command order; the library never reorders or drops a line.
-//! - The PKI never overwrites a CA, an X25519 key pair or the AES key without being
-//!   told to; private keys are born with mode 0600 and written atomically.
+//! - The PKI never replaces a CA or a certificate without being told to, and never
+//!   an X25519 key pair or the AES key; private keys are born with mode 0600 and
+//!   written atomically, the CA key in its own 0700 directory.
 //! - The receiver acknowledges a message only once its record is fsynced, and never
 //!   writes a message twice: a message is its sender (`sender_client_id`, which
 //!   the sender always sets and the broker verifies) and its id. The sender counts

@@ -91,7 +91,6 @@ fn generates_every_file_with_private_modes_for_secrets() {
     let certs = &opts.out_dir;
     let keys = &opts.keys_dir;
     for secret in [
-        "ca.key",
         "server.key",
         "admin.key",
         "sender_1.key",
@@ -115,8 +114,15 @@ fn generates_every_file_with_private_modes_for_secrets() {
         assert_eq!(mode(&keys.join(format!("{cn}_private.key"))), 0o600);
         assert_eq!(mode(&keys.join(format!("{cn}_public.key"))), 0o644);
     }
+    // The CA key lives apart from the leaf keys, in a directory only its owner reads.
+    let ca_dir = dir.path().join("ca");
+    assert_eq!(opts.ca_dir(), ca_dir);
+    assert_eq!(mode(&ca_dir.join("ca.key")), 0o600);
+    assert_eq!(mode(&ca_dir), 0o700);
+    assert!(!certs.join("ca.key").exists());
+    assert!(!keys.join("ca.key").exists());
     // No temp files left behind.
-    for dir in [certs, keys] {
+    for dir in [certs, keys, &ca_dir] {
         for entry in fs::read_dir(dir).unwrap() {
             let name = entry.unwrap().file_name().into_string().unwrap();
             assert!(!name.ends_with(".tmp"), "{name}");
@@ -257,8 +263,9 @@ fn a_second_run_reuses_the_ca_and_keeps_the_keys() {
     pki::generate(&opts).unwrap();
     let read = |path: &Path| fs::read(path).unwrap();
     let ca_crt = read(&opts.out_dir.join("ca.crt"));
-    let ca_key = read(&opts.out_dir.join("ca.key"));
+    let ca_key = read(&opts.ca_dir().join("ca.key"));
     let server_crt = read(&opts.out_dir.join("server.crt"));
+    let client_crt = read(&opts.out_dir.join("sender_1.crt"));
     let aes = read(&opts.out_dir.join("aes.key"));
     let private = read(&opts.keys_dir.join("receiver_1_private.key"));
     let public = read(&opts.keys_dir.join("receiver_1_public.key"));
@@ -267,21 +274,24 @@ fn a_second_run_reuses_the_ca_and_keeps_the_keys() {
     assert_eq!(report.ca, CaOrigin::Reused);
     assert!(report.to_string().contains("reused"), "{report}");
     assert_eq!(read(&opts.out_dir.join("ca.crt")), ca_crt);
-    assert_eq!(read(&opts.out_dir.join("ca.key")), ca_key);
-    assert_ne!(
+    assert_eq!(read(&opts.ca_dir().join("ca.key")), ca_key);
+    assert_eq!(
         read(&opts.out_dir.join("server.crt")),
         server_crt,
-        "leaf certificates are re-issued"
+        "an existing server certificate is kept"
     );
+    assert_eq!(read(&opts.out_dir.join("sender_1.crt")), client_crt);
     assert_eq!(read(&opts.out_dir.join("aes.key")), aes);
     assert_eq!(read(&opts.keys_dir.join("receiver_1_private.key")), private);
     assert_eq!(read(&opts.keys_dir.join("receiver_1_public.key")), public);
     let action = |path: &Path| report.files.iter().find(|f| f.path == path).unwrap().action;
     assert_eq!(action(&opts.out_dir.join("ca.crt")), FileAction::Kept);
-    assert_eq!(
-        action(&opts.out_dir.join("server.crt")),
-        FileAction::Replaced
+    assert_eq!(action(&opts.out_dir.join("server.crt")), FileAction::Kept);
+    assert!(
+        report.files.iter().all(|f| f.action == FileAction::Kept),
+        "{report}"
     );
+    assert!(report.warnings.is_empty(), "{:?}", report.warnings);
     assert_eq!(
         action(&opts.keys_dir.join("receiver_1_private.key")),
         FileAction::Kept
@@ -333,7 +343,8 @@ fn force_ca_replaces_the_ca() {
         aes,
         "the AES key is never replaced"
     );
-    assert_eq!(mode(&opts.out_dir.join("ca.key")), 0o600);
+    assert_eq!(mode(&opts.ca_dir().join("ca.key")), 0o600);
+    // The certificates this run names are re-issued by the new CA.
     assert_chain_verifies(&opts.out_dir, &["admin", "sender_1"]);
 }
 
@@ -380,7 +391,7 @@ fn half_a_ca_is_refused_unless_forced() {
     let dir = tempfile::tempdir().unwrap();
     let mut opts = demo_options(dir.path());
     pki::generate(&opts).unwrap();
-    fs::remove_file(opts.out_dir.join("ca.key")).unwrap();
+    fs::remove_file(opts.ca_dir().join("ca.key")).unwrap();
     let err = pki::generate(&opts).unwrap_err();
     assert!(matches!(err, PkiError::PartialCa { .. }), "{err}");
     assert!(err.to_string().contains("ca.key"), "{err}");
@@ -393,7 +404,11 @@ fn a_ca_key_that_does_not_match_the_certificate_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let opts = demo_options(dir.path());
     pki::generate(&opts).unwrap();
-    fs::copy(opts.out_dir.join("server.key"), opts.out_dir.join("ca.key")).unwrap();
+    fs::copy(
+        opts.out_dir.join("server.key"),
+        opts.ca_dir().join("ca.key"),
+    )
+    .unwrap();
     let err = pki::generate(&opts).unwrap_err();
     assert!(matches!(err, PkiError::ExistingCa { .. }), "{err}");
 }
@@ -509,4 +524,103 @@ fn the_binary_writes_the_demo_set_by_default() {
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("blocked"), "{stderr}");
+}
+
+#[test]
+fn the_ca_directory_defaults_beside_the_certificates() {
+    use pki::default_ca_dir;
+    assert_eq!(default_ca_dir(Path::new("certs")), Path::new("ca"));
+    assert_eq!(
+        default_ca_dir(Path::new("/etc/ciphermq/certs")),
+        Path::new("/etc/ciphermq/ca")
+    );
+    assert_eq!(
+        default_ca_dir(Path::new("/tmp/x/rogue")),
+        Path::new("/tmp/x/rogue-ca")
+    );
+    assert_eq!(default_ca_dir(Path::new(".")), Path::new("./ca"));
+    let mut opts = PkiOptions::new("certs", "keys");
+    opts.ca_dir = Some("/secure/ca".into());
+    assert_eq!(opts.ca_dir(), Path::new("/secure/ca"));
+}
+
+/// Two PKIs side by side in one directory (as the broker's tests make one and a
+/// rogue one) never share a CA key.
+#[test]
+fn two_pkis_in_one_directory_have_separate_cas() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = PkiOptions::new(dir.path().join("certs"), dir.path().join("keys"));
+    opts.client_cns = vec!["sender_1".into()];
+    pki::generate(&opts).unwrap();
+    let mut rogue = PkiOptions::new(dir.path().join("rogue"), dir.path().join("rogue-keys"));
+    rogue.client_cns = vec!["sender_1".into()];
+    assert_eq!(pki::generate(&rogue).unwrap().ca, CaOrigin::Generated);
+    assert_ne!(
+        fs::read(opts.out_dir.join("ca.crt")).unwrap(),
+        fs::read(rogue.out_dir.join("ca.crt")).unwrap()
+    );
+    assert!(dir.path().join("ca/ca.key").exists());
+    assert!(dir.path().join("rogue-ca/ca.key").exists());
+    // Each CA's clients fail against the other's trust store.
+    let verifier = WebPkiClientVerifier::builder_with_provider(roots(&opts.out_dir), provider())
+        .build()
+        .unwrap();
+    verifier
+        .verify_client_cert(
+            &cert_der(&rogue.out_dir.join("sender_1.crt")),
+            &[],
+            UnixTime::now(),
+        )
+        .expect_err("the rogue certificate is not trusted");
+    assert_chain_verifies(&opts.out_dir, &["sender_1"]);
+    assert_chain_verifies(&rogue.out_dir, &["sender_1"]);
+}
+
+#[test]
+fn a_certificate_from_another_ca_is_not_kept_silently() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = PkiOptions::new(dir.path().join("certs"), dir.path().join("keys"));
+    opts.client_cns = vec!["sender_1".into()];
+    pki::generate(&opts).unwrap();
+    let mut other = PkiOptions::new(dir.path().join("other"), dir.path().join("other-keys"));
+    other.client_cns = vec!["sender_1".into()];
+    pki::generate(&other).unwrap();
+    for ext in ["crt", "key"] {
+        fs::copy(
+            other.out_dir.join(format!("sender_1.{ext}")),
+            opts.out_dir.join(format!("sender_1.{ext}")),
+        )
+        .unwrap();
+    }
+    let err = pki::generate(&opts).unwrap_err();
+    assert!(
+        matches!(err, PkiError::ExistingCertificate { ref path, .. } if path.ends_with("certs/sender_1.crt")),
+        "{err}"
+    );
+    assert!(err.to_string().contains("--force"), "{err}");
+    opts.force = true;
+    pki::generate(&opts).unwrap();
+    assert_chain_verifies(&opts.out_dir, &["sender_1"]);
+}
+
+#[test]
+fn issue_needs_an_existing_ca_and_refuses_existing_certificates() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = PkiOptions::new(dir.path().join("certs"), dir.path().join("keys"));
+    opts.client_cns = vec!["alice".into()];
+    let err = pki::issue(&opts).unwrap_err();
+    assert!(matches!(err, PkiError::NoCa { .. }), "{err}");
+    assert!(err.to_string().contains("ciphermq-pki init"), "{err}");
+
+    pki::generate(&PkiOptions::new(&opts.out_dir, &opts.keys_dir)).unwrap();
+    opts.receiver_cns = vec!["bob".into()];
+    let report = pki::issue(&opts).unwrap();
+    assert_eq!(report.ca, CaOrigin::Reused);
+    assert_chain_verifies(&opts.out_dir, &["alice", "bob"]);
+    assert!(opts.keys_dir.join("bob_private.key").exists());
+    let err = pki::issue(&opts).unwrap_err();
+    assert!(
+        matches!(err, PkiError::CertificateExists { ref cn, .. } if cn == "alice"),
+        "{err}"
+    );
 }
