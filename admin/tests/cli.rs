@@ -222,10 +222,12 @@ async fn an_operator_reads_and_changes_a_running_broker() {
     let closed = ok(world.admin("admin", &["close", "sender_1", "--json"]));
     let closed: serde_json::Value = serde_json::from_str(&closed).unwrap();
     assert_eq!(closed["reply"], "OK close_connection sender_1 0");
-    let purge = failed(world.admin("admin", &["purge", "receiver_1_queue"]));
+    let purge = ok(world.admin("admin", &["purge", "receiver_1_queue"]));
+    assert_eq!(purge.trim(), "OK purge_queue receiver_1_queue 1");
+    let refused = failed(world.admin("admin", &["delete", "queue", "receiver_1_queue"]));
     assert!(
-        purge.contains("Error: purge_queue is not implemented yet"),
-        "{purge}"
+        refused.contains("Error: delete_queue is not implemented yet"),
+        "{refused}"
     );
     let deleted = ok(world.admin("admin", &["delete", "exchange", "ex"]));
     assert_eq!(deleted.trim(), "OK delete_exchange ex");

@@ -163,13 +163,11 @@ impl Session {
                 };
                 self.change_topology(change, format!("OK delete_exchange {exchange}"));
             }
-            // Parsed and judged by the ACL, not carried out yet: a queue's
-            // messages live in its log and its backlog on disk, and removing
-            // them durably needs records the log does not have yet.
+            // Parsed and judged by the ACL, not carried out yet: a deleted
+            // queue's log directory must not come back at the next start.
             Request::PurgeQueue { queue } => {
                 if self.check(Op::PurgeQueue { queue }) {
-                    self.replies
-                        .line("Error: purge_queue is not implemented yet");
+                    self.purge(queue, now);
                 }
             }
             Request::DeleteQueue { queue } => {
@@ -293,6 +291,38 @@ impl Session {
             .local
             .with_shard(|shard| shard.consume(origin, &info, prefetch, now));
         self.replies.consume(info.name, done.is_none());
+    }
+
+    /// `purge_queue`: answered `OK purge_queue <q> <n>` once the queue's
+    /// shard dropped its ready messages (their ack records join the next
+    /// commit round).
+    fn purge(&mut self, queue: &str, now: Instant) {
+        let info = self
+            .local
+            .shard
+            .borrow_mut()
+            .topology()
+            .queue(queue)
+            .cloned();
+        let Some(info) = info else {
+            self.replies.line(format!("Error: unknown queue {queue}"));
+            return;
+        };
+        let origin = Origin {
+            conn: self.conn,
+            seq: self.replies.next_seq(),
+        };
+        let done = self
+            .local
+            .with_shard(|shard| shard.purge(origin, &info, now));
+        let purged = match done {
+            Some(ciphermq_shard::Completion::Purged(result)) => Some(result),
+            _ => None,
+        };
+        if let Some(Ok(n)) = purged {
+            tracing::info!(cn = %self.identity.cn, queue, purged = n, "purge_queue");
+        }
+        self.replies.purge(info.name, purged);
     }
 
     fn fetch(&mut self, queue: &str, max: u32, now: Instant) {

@@ -44,6 +44,11 @@ enum Slot {
         deliveries: Option<Vec<Delivery>>,
         rendered: usize,
     },
+    /// `OK purge_queue <q> <n>` once the queue's shard purged it.
+    Purge {
+        queue: Arc<str>,
+        purged: Option<Result<u64, u64>>,
+    },
     /// A push delivery.
     Delivery(Delivery),
     /// A line decided off the shard (a key registration waiting for its
@@ -57,6 +62,7 @@ impl Slot {
             Slot::Publish { waiting, .. } => *waiting == 0,
             Slot::Consume { waiting, .. } => !waiting,
             Slot::Fetch { deliveries, .. } => deliveries.is_some(),
+            Slot::Purge { purged, .. } => purged.is_some(),
             Slot::Pending(line) => line.is_some(),
             _ => true,
         }
@@ -151,6 +157,11 @@ impl ReplyQueue {
         })
     }
 
+    /// A purge, finished (`Some`) or waiting for the queue's shard.
+    pub fn purge(&mut self, queue: Arc<str>, purged: Option<Result<u64, u64>>) -> u64 {
+        self.push(Slot::Purge { queue, purged })
+    }
+
     /// A line to be decided later with [`ReplyQueue::fill`].
     pub fn pending(&mut self) -> u64 {
         self.push(Slot::Pending(None))
@@ -190,6 +201,7 @@ impl ReplyQueue {
             }
             (Slot::Consume { waiting, .. }, Completion::Consumed) => *waiting = false,
             (Slot::Fetch { deliveries, .. }, Completion::Fetched(got)) => *deliveries = Some(got),
+            (Slot::Purge { purged, .. }, Completion::Purged(result)) => *purged = Some(result),
             _ => return None,
         }
         let slot = &self.slots[index];
@@ -259,6 +271,16 @@ impl ReplyQueue {
                     out.extend_from_slice(b"OK fetch ");
                     out.extend_from_slice(format_u32(deliveries.len() as u32, &mut digits));
                     out.push(b'\n');
+                }
+                Slot::Purge { queue, purged } => {
+                    let line = match purged {
+                        Some(Ok(n)) => format!("OK purge_queue {queue} {n}"),
+                        Some(Err(on_disk)) => format!(
+                            "Error: purge_queue {queue}: {on_disk} of its ready messages are on disk only (past the memory budget); purging those is not supported yet, consume them instead"
+                        ),
+                        None => format!("Error: purge_queue {queue}: no answer"),
+                    };
+                    write_line(out, &[&line]);
                 }
                 Slot::Delivery(d) => write_delivery_line(out, &d),
                 Slot::Pending(line) => write_line(out, &[line.as_deref().unwrap_or_default()]),

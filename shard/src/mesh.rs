@@ -59,6 +59,13 @@ pub enum ShardMsg {
         /// At most this many.
         max: u32,
     },
+    /// Drop the ready messages of a queue of the receiving shard.
+    Purge {
+        /// Where to report.
+        origin: Origin,
+        /// The queue.
+        queue: Arc<str>,
+    },
     /// A command finished: hand the result to its connection.
     Done {
         /// The command.

@@ -982,6 +982,36 @@ impl Queue {
         expired
     }
 
+    /// `purge_queue`: removes every ready message (redeliveries included)
+    /// and remembers their ids as acked for the dedup window, pushing each
+    /// one's sequence number and dedup key onto `purged` (for the log's ack
+    /// records); unacked deliveries stay owed. `Err` with the count of
+    /// ready messages whose bodies are on disk only: those cannot be
+    /// settled without reading them back, so nothing is removed.
+    pub fn purge(
+        &mut self,
+        now: Instant,
+        settings: &QueueSettings,
+        purged: &mut Vec<(u64, DedupKey)>,
+    ) -> Result<u64, u64> {
+        if !self.disk.is_empty() || self.disk.is_reading() {
+            return Err(self.disk.len());
+        }
+        self.expire_dedup(now);
+        let requeued = std::mem::take(&mut self.requeued).into_values();
+        let ready = std::mem::take(&mut self.ready);
+        let tail = std::mem::take(&mut self.tail);
+        let mut count = 0;
+        for entry in requeued.chain(ready).chain(tail) {
+            let key = entry.msg.dedup_key(&settings.dedup_hasher);
+            self.forget_keyed(entry.seq, key, now, settings);
+            self.release_bytes(&entry);
+            purged.push((entry.seq, key));
+            count += 1;
+        }
+        Ok(count)
+    }
+
     /// Registers `conn` as a consumer (again: updates its prefetch).
     pub fn add_consumer(&mut self, conn: ConnRef, prefetch: u32) {
         match self.consumers.iter_mut().find(|c| c.conn == conn) {

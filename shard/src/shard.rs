@@ -763,6 +763,49 @@ impl Shard {
         }
     }
 
+    /// `purge_queue`: drops the queue's ready messages; `Some` when finished
+    /// here, `None` when its shard will report.
+    pub fn purge(&mut self, origin: Origin, queue: &QueueInfo, now: Instant) -> Option<Completion> {
+        if queue.shard != self.id {
+            self.out.send(
+                queue.shard,
+                ShardMsg::Purge {
+                    origin,
+                    queue: queue.name.clone(),
+                },
+            );
+            return None;
+        }
+        Some(Completion::Purged(self.purge_local(&queue.name, now)))
+    }
+
+    /// Purges a local queue and logs an ack record for each message it
+    /// dropped, so a restart does not bring them back.
+    fn purge_local(&mut self, queue: &str, now: Instant) -> Result<u64, u64> {
+        let settings = self.settings.clone();
+        let mut purged = std::mem::take(&mut self.acked);
+        purged.clear();
+        // Declared but never used here yet: nothing to purge.
+        if self.queue_mut(queue).is_none() {
+            self.acked = purged;
+            return Ok(0);
+        }
+        let Some(q) = self.queues.get_mut(queue) else {
+            self.acked = purged;
+            return Ok(0);
+        };
+        let result = q.purge(now, &settings, &mut purged);
+        if let (Some(d), false) = (&mut self.durable, purged.is_empty()) {
+            let log = d.log(q.name(), q.next_seq());
+            let at = unix_ms();
+            for &(seq, key) in &purged {
+                log.append_ack(seq, at, Some(key));
+            }
+        }
+        self.acked = purged;
+        result
+    }
+
     /// Pulls deliveries; `Some` when finished here, `None` when remote.
     pub fn fetch(
         &mut self,
@@ -1057,6 +1100,10 @@ impl Shard {
             } => {
                 self.consume_local(origin.conn, &queue, prefetch, now);
                 self.complete(origin, Completion::Consumed);
+            }
+            ShardMsg::Purge { origin, queue } => {
+                let purged = self.purge_local(&queue, now);
+                self.complete(origin, Completion::Purged(purged));
             }
             ShardMsg::Fetch { origin, queue, max } => {
                 if let Some(deliveries) = self.fetch_local(origin, &queue, max, now) {

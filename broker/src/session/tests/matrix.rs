@@ -423,8 +423,9 @@ fn permission_matrix_with_replies_decided_off_the_shard() {
 
 /// The commands that take things away, every role: senders are refused
 /// each; a receiver unbinds its own queues with its own keys and deletes
-/// the exchanges it owns; only admins close connections. `purge_queue` and
-/// `delete_queue` pass the ACL and are then answered as not implemented.
+/// the exchanges it owns and purges its own queues; only admins close
+/// connections. `delete_queue` passes the ACL and is then answered as not
+/// implemented.
 /// Each row is checked for its effect too (routing after it).
 #[test]
 fn matrix_of_the_removals() {
@@ -499,14 +500,22 @@ fn matrix_of_the_removals() {
             .row(a, "close_connection nobody", "OK close_connection nobody 0")
             .row(a, "delete_exchange ex", "OK delete_exchange ex")
             .row(s, publish("ex", "receiver_1", "m-2"), "NACK m-2 no_route"),
-        case("removals: purge and delete_queue are judged, not carried out")
+        case("removals: purge is for the queue's owner or an admin")
             .denied(r, "purge_queue receiver_2_queue", DENY_OWN_QUEUES)
-            .denied(r, "delete_queue receiver_2_queue", DENY_OWN_QUEUES)
+            .row(s, publish("ex", "receiver_1", "m-1"), "ACK m-1")
             .row(
                 r,
                 "purge_queue receiver_1_queue",
-                "Error: purge_queue is not implemented yet",
+                "OK purge_queue receiver_1_queue 1",
             )
+            .rows(a, "fetch receiver_1_queue 10", ["OK fetch 0"])
+            .row(
+                a,
+                "purge_queue receiver_2_queue",
+                "OK purge_queue receiver_2_queue 0",
+            ),
+        case("removals: delete_queue is judged, not carried out")
+            .denied(r, "delete_queue receiver_2_queue", DENY_OWN_QUEUES)
             .row(
                 a,
                 "delete_queue receiver_1_queue",
