@@ -143,6 +143,25 @@ pub(crate) struct QueueEntry {
     pub(crate) shard: usize,
 }
 
+impl QueueEntry {
+    /// `name` with nothing counted yet: a queue its shard has not reported.
+    fn empty(name: &str, owner: Option<&str>, shard: usize) -> QueueEntry {
+        QueueEntry {
+            name: name.to_owned(),
+            owner: owner.map(str::to_owned),
+            ready: 0,
+            unacked: 0,
+            bytes: 0,
+            memory_bytes: 0,
+            on_disk: 0,
+            dedup_ids: 0,
+            dedup_bytes: 0,
+            consumers: 0,
+            shard,
+        }
+    }
+}
+
 /// One exchange in `exchanges`.
 #[derive(Debug, Serialize)]
 struct ExchangeEntry {
@@ -285,36 +304,14 @@ pub(crate) fn queues(ctx: &AdminContext) -> Vec<QueueEntry> {
     for info in topology.queues() {
         all.insert(
             info.name.clone(),
-            QueueEntry {
-                name: info.name.to_string(),
-                owner: Some(info.owner.to_string()),
-                ready: 0,
-                unacked: 0,
-                bytes: 0,
-                memory_bytes: 0,
-                on_disk: 0,
-                dedup_ids: 0,
-                dedup_bytes: 0,
-                consumers: 0,
-                shard: info.shard as usize,
-            },
+            QueueEntry::empty(&info.name, Some(&*info.owner), info.shard as usize),
         );
     }
     for shard in ctx.broker.stats().shards() {
         for q in shard.queues().iter() {
-            let entry = all.entry(q.name.clone()).or_insert_with(|| QueueEntry {
-                name: q.name.to_string(),
-                owner: None,
-                ready: 0,
-                unacked: 0,
-                bytes: 0,
-                memory_bytes: 0,
-                on_disk: 0,
-                dedup_ids: 0,
-                dedup_bytes: 0,
-                consumers: 0,
-                shard: shard.shard,
-            });
+            let entry = all
+                .entry(q.name.clone())
+                .or_insert_with(|| QueueEntry::empty(&q.name, None, shard.shard));
             entry.ready = q.ready;
             entry.unacked = q.unacked;
             entry.bytes = q.bytes;

@@ -8,12 +8,22 @@
 
 mod common;
 
+use std::path::Path;
+
 use common::*;
+
+/// Stops `broker` cleanly and starts it again over the same data
+/// directory, address and shard count.
+fn restart(mut broker: TestBroker, data: &Path) -> TestBroker {
+    let (addr, shards) = (broker.addr.clone(), broker.shards);
+    broker.stop();
+    TestBroker::start_durable_at(shards, data, &addr)
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unbind_stops_routing_is_owner_only_and_survives_a_restart() {
     let data = tempfile::tempdir().expect("tempdir");
-    let mut broker = TestBroker::start_durable_at(2, data.path(), "127.0.0.1:0");
+    let broker = TestBroker::start_durable_at(2, data.path(), "127.0.0.1:0");
     let mut receiver = connect_as(&broker, "receiver_1").await;
     setup_receiver(&mut receiver, "receiver_1").await;
     let mut sender = connect_as(&broker, "sender_1").await;
@@ -64,9 +74,7 @@ async fn unbind_stops_routing_is_owner_only_and_survives_a_restart() {
     check(&mut receiver, "ack before", "ACK_CONFIRMED before").await;
 
     drop((receiver, other, sender));
-    let addr = broker.addr.clone();
-    broker.stop();
-    let broker = TestBroker::start_durable_at(2, data.path(), &addr);
+    let broker = restart(broker, data.path());
     let mut sender = connect_as(&broker, "sender_1").await;
     publish_expect(
         &mut sender,
@@ -90,7 +98,7 @@ async fn unbind_stops_routing_is_owner_only_and_survives_a_restart() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn delete_exchange_is_for_its_owner_or_an_admin_and_survives_a_restart() {
     let data = tempfile::tempdir().expect("tempdir");
-    let mut broker = TestBroker::start_durable_at(1, data.path(), "127.0.0.1:0");
+    let broker = TestBroker::start_durable_at(1, data.path(), "127.0.0.1:0");
     let mut receiver = connect_as(&broker, "receiver_1").await;
     check(
         &mut receiver,
@@ -161,9 +169,7 @@ async fn delete_exchange_is_for_its_owner_or_an_admin_and_survives_a_restart() {
     assert_eq!(ids(&got), ["m1"]);
 
     drop((receiver, other, sender, admin));
-    let addr = broker.addr.clone();
-    broker.stop();
-    let broker = TestBroker::start_durable_at(1, data.path(), &addr);
+    let broker = restart(broker, data.path());
     let mut sender = connect_as(&broker, "sender_1").await;
     publish_expect(
         &mut sender,
@@ -238,7 +244,7 @@ fn big_body(id: &str) -> String {
 async fn purge_drops_the_ready_keeps_the_owed_and_survives_a_restart() {
     let data = tempfile::tempdir().expect("tempdir");
     // Two shards: the admin's purge may travel to the queue's shard.
-    let mut broker = TestBroker::start_durable_at(2, data.path(), "127.0.0.1:0");
+    let broker = TestBroker::start_durable_at(2, data.path(), "127.0.0.1:0");
     let mut receiver = connect_as(&broker, "receiver_1").await;
     setup_receiver(&mut receiver, "receiver_1").await;
     let mut sender = connect_as(&broker, "sender_1").await;
@@ -295,9 +301,7 @@ async fn purge_drops_the_ready_keeps_the_owed_and_survives_a_restart() {
 
     // After a clean restart only the delivery never acked comes back.
     drop((receiver, sender, admin));
-    let addr = broker.addr.clone();
-    broker.stop();
-    let broker = TestBroker::start_durable_at(2, data.path(), &addr);
+    let broker = restart(broker, data.path());
     let mut receiver = connect_as(&broker, "receiver_1").await;
     assert_eq!(
         ids(&fetch(&mut receiver, "receiver_1_queue", 10).await),
