@@ -5,6 +5,7 @@
 //! included, and says which file. With `tls.crl_path`, a revoked client
 //! certificate fails the handshake, and a reloaded CRL closes the open
 //! connections of the certificates it newly revokes, idle ones included.
+//! The real binary does it on `SIGHUP`.
 
 mod common;
 
@@ -12,6 +13,7 @@ use std::path::{Path, PathBuf};
 
 use ciphermq_clients::connection::{ClientError, Connection, TlsClientOptions};
 use common::ca::{serial_of, tls_dir, TestCa};
+use common::process::BrokerProcess;
 use common::*;
 
 const ADMIN: &str = "\n[admin]\nenabled = true\naddress = \"127.0.0.1:0\"\n";
@@ -125,6 +127,41 @@ async fn a_reloaded_server_certificate_serves_new_handshakes_and_open_ones_go_on
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_makes_the_broker_process_serve_its_new_certificate() {
+    let ca = TestCa::load();
+    let tls = tls_dir();
+    let data = tempfile::tempdir().expect("tempdir");
+    let config = write_config(tls.path(), data.path(), 1, "", false);
+    let broker = BrokerProcess::start(&config);
+    let mut before = broker.connect("sender_1").await;
+
+    let fresh = ca.server(tls.path(), "server", 30);
+    let sent = std::process::Command::new("kill")
+        .arg("-HUP")
+        .arg(broker.pid().to_string())
+        .status()
+        .expect("kill -HUP");
+    assert!(sent.success());
+    // The reload runs on the signal thread: new handshakes get the new
+    // certificate soon after.
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    loop {
+        let mut after = broker.connect("sender_2").await;
+        if served_certificate(&after) == fresh.der {
+            check(&mut after, "heartbeat", "OK heartbeat").await;
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still the old certificate {TIMEOUT:?} after SIGHUP"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    check(&mut before, "heartbeat", "OK heartbeat").await;
+    assert!(broker.stop().success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_with_an_unusable_tls_file_changes_nothing_and_names_the_file() {
     let ca = TestCa::load();
     let tls = tls_dir();
@@ -170,6 +207,13 @@ async fn a_reload_with_an_unusable_tls_file_changes_nothing_and_names_the_file()
         let error = reload()
             .expect_err("an unusable file is refused")
             .to_string();
+        // POST /api/reload is the same path, and says the same.
+        let admin = broker.admin_addr().expect("admin endpoint");
+        let reply = common::admin_http::request(admin, Some("admin"), "POST", "/api/reload")
+            .await
+            .expect("an answer");
+        assert_eq!(reply.status, 422, "{}", reply.body);
+        assert!(reply.body.contains(what), "{}", reply.body);
         for part in [
             what,
             &file.display().to_string(),
