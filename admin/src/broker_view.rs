@@ -35,16 +35,21 @@ impl Access {
 /// The broker as the endpoint sees it. Every call answers from a snapshot
 /// or an atomic read, on the endpoint's thread; none waits for a shard.
 pub trait BrokerView: Send + Sync + 'static {
-    /// The identity a client certificate chain carries (its end-entity
-    /// certificate's CN), or `None` when it carries none.
-    fn identity(&self, certs: &[CertificateDer<'_>]) -> Option<String>;
+    /// The identity a client certificate chain carries (by the broker's
+    /// `tls.identity`: its end-entity certificate's CN, or its URI SAN), or
+    /// why it carries none.
+    fn identity(&self, certs: &[CertificateDer<'_>]) -> Result<String, String>;
 
     /// What `identity` may do, under the ACL in force now (it is reloaded
     /// on `SIGHUP`).
     fn access(&self, identity: &str) -> Access;
 
-    /// The TLS configuration new admin connections are accepted with.
+    /// The TLS configuration new admin connections are accepted with (the
+    /// one in force now: it is reloaded on `SIGHUP`).
     fn tls(&self) -> Arc<rustls::ServerConfig>;
+
+    /// When the TLS material in force now expires.
+    fn tls_expiries(&self) -> TlsExpiries;
 
     /// What the shards publish: counters, histograms, queue snapshots,
     /// lifecycle, storage state.
@@ -62,6 +67,17 @@ pub trait BrokerView: Send + Sync + 'static {
     /// Reloads the reloadable settings from the broker's config file, as
     /// SIGHUP does; `Err` says why nothing changed.
     fn reload(&self) -> Result<(), String>;
+}
+
+/// When the broker's TLS material expires (Unix seconds), for `/metrics`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TlsExpiries {
+    /// The server certificate chain's earliest `notAfter` (`tls.cert_path`).
+    pub server: Option<i64>,
+    /// The earliest CA's `notAfter` (`tls.ca_cert_path`).
+    pub ca: Option<i64>,
+    /// The earliest `nextUpdate` of the CRLs (`tls.crl_path`), when set.
+    pub crl_next_update: Option<i64>,
 }
 
 /// Open connections by client IP and by identity.

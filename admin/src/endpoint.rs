@@ -79,9 +79,6 @@ pub struct AdminContext {
     pub data_dir: Option<String>,
     /// The Postgres bridge, when `database.backend = "postgres"`.
     pub bridge: Option<Arc<PgBridge>>,
-    /// When the TLS certificates expire (Unix seconds), by name (`server`,
-    /// `ca`): as loaded at start.
-    pub certificates: Vec<(&'static str, i64)>,
     /// What `/metrics` exports per queue (`admin.queue_metrics`,
     /// `admin.max_queue_series`): [`crate::AdminConfig::queue_series`].
     pub queue_series: crate::config::QueueSeries,
@@ -471,14 +468,16 @@ async fn connection(
         Err(stop) => return watch.report(stop, peer),
     };
     slots.authenticated(watch.ticket.id(), Instant::now());
-    let Some(cn) = tls
-        .get_ref()
-        .1
-        .peer_certificates()
-        .and_then(|certs| endpoint.context.broker.identity(certs))
-    else {
-        tracing::warn!(%peer, "admin endpoint: client certificate without a CN; closed");
-        return;
+    let identity = match tls.get_ref().1.peer_certificates() {
+        Some(certs) => endpoint.context.broker.identity(certs),
+        None => Err("no client certificate".to_owned()),
+    };
+    let cn = match identity {
+        Ok(cn) => cn,
+        Err(reason) => {
+            tracing::warn!(%peer, %reason, "admin endpoint: no identity in the client certificate; closed");
+            return;
+        }
     };
     serve_http(tls, Some(cn), peer, endpoint, watch).await;
 }

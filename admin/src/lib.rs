@@ -37,7 +37,7 @@ mod slots;
 pub mod stats;
 mod status;
 
-pub use broker_view::{Access, BrokerView, Limits};
+pub use broker_view::{Access, BrokerView, Limits, TlsExpiries};
 pub use config::AdminConfig;
 pub use endpoint::{AdminContext, AdminError, AdminListener, AdminServer};
 pub use slots::AdminLimits;

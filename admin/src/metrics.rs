@@ -11,6 +11,7 @@ use std::fmt::Write;
 use ciphermq_pgbridge::BridgeStatus;
 use ciphermq_shard::shard::BacklogReads;
 
+use crate::broker_view::TlsExpiries;
 use crate::config::QueueSeries;
 use crate::endpoint::AdminContext;
 use crate::slots::{Cap, SlotStats};
@@ -201,23 +202,36 @@ fn process_series(e: &mut Exposition, p: &crate::process::ProcessStats) {
     }
 }
 
-/// Seconds until each TLS certificate expires (negative once it has).
-fn certificate_series(e: &mut Exposition, certificates: &[(&'static str, i64)], now: i64) {
-    if certificates.is_empty() {
-        return;
-    }
-    let name = "ciphermq_tls_certificate_expiry_seconds";
-    e.family(
-        name,
-        Kind::Gauge,
-        "Seconds until a TLS certificate expires, as loaded at start: certificate=\"server\" (tls.cert_path), \"ca\" (the earliest of tls.ca_cert_path).",
-    );
-    for (certificate, not_after) in certificates {
-        e.sample(
+/// Seconds until each TLS certificate in force expires (negative once it
+/// has), and until the CRLs' next update.
+fn certificate_series(e: &mut Exposition, expiries: &TlsExpiries, now: i64) {
+    let certificates: Vec<_> = [("server", expiries.server), ("ca", expiries.ca)]
+        .into_iter()
+        .filter_map(|(name, t)| Some((name, t?)))
+        .collect();
+    if !certificates.is_empty() {
+        let name = "ciphermq_tls_certificate_expiry_seconds";
+        e.family(
             name,
-            &[("certificate", certificate)],
-            (not_after - now) as f64,
+            Kind::Gauge,
+            "Seconds until a TLS certificate in force expires (reloaded on SIGHUP): certificate=\"server\" (tls.cert_path), \"ca\" (the earliest of tls.ca_cert_path).",
         );
+        for (certificate, not_after) in certificates {
+            e.sample(
+                name,
+                &[("certificate", certificate)],
+                (not_after - now) as f64,
+            );
+        }
+    }
+    if let Some(next_update) = expiries.crl_next_update {
+        let name = "ciphermq_tls_crl_next_update_seconds";
+        e.family(
+            name,
+            Kind::Gauge,
+            "Seconds until the earliest nextUpdate of the CRLs of tls.crl_path (negative: past due; the CRL still applies).",
+        );
+        e.sample(name, &[], (next_update - now) as f64);
     }
 }
 
@@ -321,7 +335,7 @@ pub(crate) fn render(ctx: &AdminContext, admin: &SlotStats, queue_series: QueueS
     e.family("ciphermq_shards", Kind::Gauge, "Shards (pinned executors).");
     e.sample_u64("ciphermq_shards", &[], shards.len() as u64);
     process_series(&mut e, &crate::process::read());
-    certificate_series(&mut e, &ctx.certificates, unix_seconds());
+    certificate_series(&mut e, &ctx.broker.tls_expiries(), unix_seconds());
 
     shard_counter(
         &mut e,

@@ -1,5 +1,6 @@
 //! The broker as its admin endpoint (`ciphermq-admin`) sees it: identity
-//! from the client certificate, access from the ACL in force, the limits
+//! from the client certificate (by `tls.identity`), the TLS configuration
+//! in force (reloaded), access from the ACL in force, the limits
 //! and the open connections, all read from [`Shared`] without waiting for
 //! a shard.
 
@@ -7,13 +8,13 @@ use std::sync::Arc;
 
 use ciphermq_admin::broker_view::ConnectionCounts;
 use ciphermq_admin::stats::BrokerStats;
-use ciphermq_admin::{Access, BrokerView, Limits};
+use ciphermq_admin::{Access, BrokerView, Limits, TlsExpiries};
 use ciphermq_shard::topology::TopologyStore;
 use rustls_pki_types::CertificateDer;
 
 use crate::acl::Role;
 use crate::context::Shared;
-use crate::tls::peer_common_name;
+use crate::identity::identify;
 
 /// [`BrokerView`] over the state every shard shares.
 pub(crate) struct AdminView {
@@ -28,8 +29,11 @@ impl AdminView {
 }
 
 impl BrokerView for AdminView {
-    fn identity(&self, certs: &[CertificateDer<'_>]) -> Option<String> {
-        peer_common_name(certs)
+    fn identity(&self, certs: &[CertificateDer<'_>]) -> Result<String, String> {
+        let rule = self.shared.tls.current().1.identity.clone();
+        identify(certs, &rule)
+            .map(|peer| peer.identity)
+            .map_err(|e| e.to_string())
     }
 
     fn access(&self, identity: &str) -> Access {
@@ -41,7 +45,11 @@ impl BrokerView for AdminView {
     }
 
     fn tls(&self) -> Arc<rustls::ServerConfig> {
-        self.shared.tls.clone()
+        self.shared.tls.current().1.server.clone()
+    }
+
+    fn tls_expiries(&self) -> TlsExpiries {
+        self.shared.tls.current().1.expiries
     }
 
     fn stats(&self) -> &BrokerStats {
@@ -83,6 +91,6 @@ impl BrokerView for AdminView {
     }
 
     fn reload(&self) -> Result<(), String> {
-        self.shared.policy.reload_file().map_err(|e| e.to_string())
+        self.shared.reload_file().map_err(|e| e.to_string())
     }
 }

@@ -1,16 +1,23 @@
-//! `close_connection <cn>`: an admin ends every connection a CN has open.
+//! Connections ended from outside: `close_connection <cn>` (an admin ends
+//! every connection a CN has open) and a reloaded CRL (the connections of
+//! the certificates it revokes end).
 //!
 //! Every connection takes a ticket when it opens. Closing a CN records the
 //! next ticket as that CN's cutoff and moves a version number; each
 //! connection compares that version once per turn (one atomic load, as for
 //! a policy reload) and, when it moved, ends itself if its CN has a cutoff
-//! above its ticket. Connections opened afterwards are not affected. The
-//! shard watchers that wake connections on a reload wake them for this too,
-//! so idle connections end promptly.
+//! above its ticket, or if its certificate is among the revoked ones.
+//! Connections opened afterwards are not affected by a closing (and a
+//! revoked certificate cannot open one). The shard watchers that wake
+//! connections on a reload wake them for this too, so idle connections end
+//! promptly.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use crate::crl::Revocations;
+use crate::identity::CertId;
 
 /// The cutoffs `close_connection` set, by CN.
 #[derive(Debug, Default)]
@@ -22,6 +29,9 @@ pub struct ConnectionClosures {
     /// Per CN: connections with a lower ticket must end. One entry per CN
     /// ever closed (admins' commands only), replaced by each new closing.
     cutoffs: Mutex<HashMap<Box<str>, u64>>,
+    /// The certificates the CRLs in force revoke: a connection holding one
+    /// ends at its next look (read only when the version moved).
+    revoked: Mutex<Arc<Revocations>>,
 }
 
 impl ConnectionClosures {
@@ -45,6 +55,30 @@ impl ConnectionClosures {
             .unwrap_or_else(PoisonError::into_inner)
             .insert(Box::from(cn), cutoff);
         self.version.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Makes `revoked` the certificates connections may not hold. When it
+    /// holds one the previous set did not, moves the version, so the
+    /// connections holding one end at their next turn, and returns true
+    /// (the caller wakes the shards); a set that only shrank or stayed
+    /// moves nothing.
+    pub(crate) fn revoke(&self, revoked: Arc<Revocations>) -> bool {
+        let mut current = self.revoked.lock().unwrap_or_else(PoisonError::into_inner);
+        let newly = revoked.adds_to(&current);
+        *current = revoked;
+        drop(current);
+        if newly {
+            self.version.fetch_add(1, Ordering::AcqRel);
+        }
+        newly
+    }
+
+    /// Whether `cert` is revoked by the CRLs last given to [`Self::revoke`].
+    pub fn is_revoked(&self, cert: &CertId) -> bool {
+        self.revoked
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains(cert)
     }
 
     /// Whether the connection of `cn` holding `ticket` must end.
@@ -73,5 +107,25 @@ mod tests {
         assert!(c.must_close("sender_1", before));
         assert!(!c.must_close("sender_1", after), "opened after the closing");
         assert!(!c.must_close("sender_2", other), "another CN");
+    }
+
+    #[test]
+    fn a_revocation_moves_the_version_and_names_certificates() {
+        let c = ConnectionClosures::default();
+        let revoked = CertId::new(b"ca", &[1]);
+        let kept = CertId::new(b"ca", &[2]);
+        assert!(!c.is_revoked(&revoked));
+        let v = c.version();
+        assert!(c.revoke(Arc::new([revoked.clone()].into_iter().collect())));
+        assert_ne!(c.version(), v);
+        assert!(c.is_revoked(&revoked));
+        assert!(!c.is_revoked(&kept));
+        assert!(!c.is_revoked(&CertId::new(b"other ca", &[1])));
+        // The same list again, or a shorter one: nothing new to close.
+        let v = c.version();
+        assert!(!c.revoke(Arc::new([revoked.clone()].into_iter().collect())));
+        assert!(!c.revoke(Arc::default()));
+        assert_eq!(c.version(), v);
+        assert!(!c.is_revoked(&revoked), "taken back");
     }
 }

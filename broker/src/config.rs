@@ -261,8 +261,10 @@ impl Default for ServerConfig {
     }
 }
 
-/// `[tls]`: PEM files for mutual TLS. Relative paths are resolved against the
-/// config file's directory; all three files must exist at load time.
+/// `[tls]`: PEM files for mutual TLS, and where a client's identity comes
+/// from. Relative paths are resolved against the config file's directory;
+/// the files must exist at load time. The whole section is reloaded on
+/// `SIGHUP` (new handshakes use it; open connections keep their session).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct TlsConfig {
@@ -273,6 +275,18 @@ pub struct TlsConfig {
     /// The CA that must have signed every client certificate (PEM).
     /// Default `certs/ca.crt`.
     pub ca_cert_path: PathBuf,
+    /// Certificate revocation lists (PEM or DER), one per CA of
+    /// `ca_cert_path`: a revoked client certificate fails the handshake, and
+    /// a reload closes the connections of certificates it newly revokes.
+    /// Default: none (no revocation checks).
+    pub crl_path: Option<PathBuf>,
+    /// Where a client's identity (its client id, the name the ACL lists)
+    /// comes from. Default `"cn"`.
+    pub identity: TlsIdentity,
+    /// With `identity = "uri_san"`: the start every client's URI
+    /// SubjectAltName must have; the rest is the identity. It must end with
+    /// `/` or `:`. Default `"spiffe://ciphermq/"`.
+    pub uri_san_prefix: String,
 }
 
 impl Default for TlsConfig {
@@ -281,8 +295,26 @@ impl Default for TlsConfig {
             cert_path: PathBuf::from("certs/server.crt"),
             key_path: PathBuf::from("certs/server.key"),
             ca_cert_path: PathBuf::from("certs/ca.crt"),
+            crl_path: None,
+            identity: TlsIdentity::Cn,
+            uri_san_prefix: DEFAULT_URI_SAN_PREFIX.to_owned(),
         }
     }
+}
+
+/// `tls.uri_san_prefix` when unset.
+pub const DEFAULT_URI_SAN_PREFIX: &str = "spiffe://ciphermq/";
+
+/// `tls.identity`: which part of a client certificate names the client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TlsIdentity {
+    /// The Subject Common Name (the default).
+    #[default]
+    Cn,
+    /// The certificate's one URI SubjectAltName, `tls.uri_san_prefix`
+    /// stripped (SPIFFE-style identities); the CN is then ignored.
+    UriSan,
 }
 
 /// How often log files are rotated.
@@ -1007,6 +1039,9 @@ impl Config {
         resolve(&mut self.tls.cert_path);
         resolve(&mut self.tls.key_path);
         resolve(&mut self.tls.ca_cert_path);
+        if let Some(p) = self.tls.crl_path.as_mut() {
+            resolve(p);
+        }
         resolve(&mut self.logging.dir);
         resolve(&mut self.storage.data_dir);
         if let Some(p) = self.database.password_file.as_mut() {
@@ -1040,6 +1075,9 @@ impl Config {
         check_file("tls.cert_path", &self.tls.cert_path, PKI_HINT)?;
         check_file("tls.key_path", &self.tls.key_path, PKI_HINT)?;
         check_file("tls.ca_cert_path", &self.tls.ca_cert_path, PKI_HINT)?;
+        if let Some(crl) = &self.tls.crl_path {
+            check_file("tls.crl_path", crl, " (your CA publishes it)")?;
+        }
         if self.database.backend == DatabaseBackend::Postgres {
             if let Some(p) = &self.database.password_file {
                 check_file("database.password_file", p, "")?;
@@ -1104,7 +1142,10 @@ impl Config {
         ] {
             check_non_empty_path(key, path)?;
         }
-        Ok(())
+        if let Some(crl) = &self.tls.crl_path {
+            check_non_empty_path("tls.crl_path", crl)?;
+        }
+        check_uri_san_prefix(&self.tls.uri_san_prefix)
     }
 
     fn validate_logging(&self) -> Result<(), ConfigError> {
@@ -1703,6 +1744,42 @@ fn is_valid_cn(cn: &str) -> bool {
         && cn
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b':' | b'-'))
+}
+
+/// `tls.uri_san_prefix`: a URI's start (a scheme, then anything) ending
+/// where a name begins, at `/` or `:`, so that `spiffe://ciphermq` cannot
+/// also match `spiffe://ciphermq-other/...`. Checked whatever
+/// `tls.identity` is, so switching it on later cannot fail on this.
+fn check_uri_san_prefix(prefix: &str) -> Result<(), ConfigError> {
+    let key = "tls.uri_san_prefix";
+    if prefix.is_empty() || prefix.len() > 1024 {
+        return Err(ConfigError::invalid(key, "must be 1 to 1024 bytes"));
+    }
+    if !prefix.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(ConfigError::invalid(
+            key,
+            format!("{prefix:?} must be printable ASCII without spaces"),
+        ));
+    }
+    let scheme = prefix.split(':').next().unwrap_or_default();
+    let has_scheme = prefix.contains(':')
+        && scheme.starts_with(|c: char| c.is_ascii_alphabetic())
+        && scheme
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'-' | b'.'));
+    if !has_scheme {
+        return Err(ConfigError::invalid(
+            key,
+            format!("{prefix:?} must start with a URI scheme, e.g. \"{DEFAULT_URI_SAN_PREFIX}\""),
+        ));
+    }
+    if !prefix.ends_with(['/', ':']) {
+        return Err(ConfigError::invalid(
+            key,
+            format!("{prefix:?} must end with '/' or ':', where the client id begins"),
+        ));
+    }
+    Ok(())
 }
 
 /// Accepts `ip:port`, `[ipv6]:port` and `hostname:port` (port 0 allowed).
@@ -2475,6 +2552,50 @@ mod tests {
     }
 
     #[test]
+    fn tls_identity_and_crl_keys() {
+        let c = parse("").unwrap();
+        assert_eq!(c.tls.identity, TlsIdentity::Cn);
+        assert_eq!(c.tls.uri_san_prefix, DEFAULT_URI_SAN_PREFIX);
+        assert_eq!(c.tls.crl_path, None);
+
+        let text = "[tls]\nidentity = \"uri_san\"\nuri_san_prefix = \"urn:mq:\"\n\
+                    crl_path = \"certs/ca.crl\"\n";
+        let c = Config::parse_unchecked(text, Path::new("/srv/mq")).unwrap();
+        assert_eq!(c.tls.identity, TlsIdentity::UriSan);
+        assert_eq!(c.tls.uri_san_prefix, "urn:mq:");
+        assert_eq!(c.tls.crl_path, Some(PathBuf::from("/srv/mq/certs/ca.crl")));
+
+        let e = err("[tls]\nidentity = \"san\"\n");
+        assert!(e.contains("tls.identity"), "{e}");
+        for (prefix, why) in [
+            ("", "must be 1 to 1024 bytes"),
+            ("spiffe://ciphermq", "must end with '/' or ':'"),
+            ("//ciphermq/", "must start with a URI scheme"),
+            ("spiffe://cipher mq/", "printable ASCII"),
+        ] {
+            let e = err(&format!("[tls]\nuri_san_prefix = {prefix:?}\n"));
+            assert!(e.starts_with("tls.uri_san_prefix: "), "{e}");
+            assert!(e.contains(why), "{prefix:?}: {e}");
+        }
+        let e = err("[tls]\ncrl_path = \"\"\n");
+        assert!(e.starts_with("tls.crl_path: must not be empty"), "{e}");
+    }
+
+    #[test]
+    fn missing_crl_file_names_the_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let certs = dir.path().join("certs");
+        std::fs::create_dir(&certs).unwrap();
+        for f in ["server.crt", "server.key", "ca.crt"] {
+            std::fs::write(certs.join(f), "").unwrap();
+        }
+        let e = Config::from_toml_str("[tls]\ncrl_path = \"certs/ca.crl\"\n", dir.path())
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("tls.crl_path: file "), "{e}");
+    }
+
+    #[test]
     fn missing_tls_file_names_the_key() {
         let dir = tempfile::tempdir().unwrap();
         let e = Config::from_toml_str("", dir.path())
@@ -2533,7 +2654,7 @@ mod tests {
         let table: toml::Table = text.parse().unwrap();
         for (section, keys) in [
             ("server", 3),
-            ("tls", 3),
+            ("tls", 5),
             ("logging", 6),
             ("database", 9),
             ("encryption", 1),

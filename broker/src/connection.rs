@@ -23,6 +23,7 @@ use glommio::timer::Timer;
 
 use crate::acl::Role;
 use crate::context::ShardLocal;
+use crate::identity::CertId;
 use crate::line_buffer::{Line, LineBuffer};
 use crate::policy::Policy;
 use crate::rate_limit::ConnectionSlot;
@@ -44,7 +45,8 @@ const PLAINTEXT_CHUNK: usize = 64 * 1024;
 /// Who is on the other end, from the certificate.
 #[derive(Debug, Clone)]
 pub struct Identity {
-    /// The certificate's Subject CN: the client id.
+    /// The client id: the certificate's Subject CN, or the name its URI SAN
+    /// gives (`tls.identity`).
     pub cn: Arc<str>,
     /// Its role under the ACL of `policy`.
     pub role: Role,
@@ -55,6 +57,14 @@ pub struct Identity {
     /// reload between the handshake and the hand-off then shows up as a
     /// version change, and the role is judged again.
     pub policy: Arc<Policy>,
+    /// The certificate's issuer and serial, to end the connection when a
+    /// reloaded CRL revokes it; `None` for sessions made without one
+    /// (tests).
+    pub cert: Option<CertId>,
+    /// The closings version read before the handshake took its TLS
+    /// configuration: a closing or revocation since then is looked at when
+    /// the session starts.
+    pub closures_seen: u64,
 }
 
 /// A connection's state between polls: its [`Session`] and the I/O around it.
@@ -87,6 +97,7 @@ enum End {
     Shutdown,
     RoleRevoked,
     ClosedByAdmin,
+    CertificateRevoked,
     Io(String),
     Tls(String),
 }
@@ -155,6 +166,10 @@ impl Connection {
             End::ClosedByAdmin => {
                 tracing::info!(%cn, %peer, "connection closed: an admin closed this CN's connections")
             }
+            End::CertificateRevoked => {
+                let serial = self.session.identity.cert.as_ref().map(CertId::serial_hex);
+                tracing::warn!(%cn, %peer, serial = serial.unwrap_or_default(), "connection closed: its certificate is revoked by the reloaded CRL (tls.crl_path)")
+            }
             End::Io(e) => tracing::info!(%cn, %peer, error = %e, "connection closed: I/O error"),
             End::Tls(e) => tracing::info!(%cn, %peer, error = %e, "connection closed: TLS error"),
         }
@@ -204,6 +219,7 @@ impl Connection {
             Ok(()) => {}
             Err(Revoked::Role) => return Poll::Ready(End::RoleRevoked),
             Err(Revoked::Closed) => return Poll::Ready(End::ClosedByAdmin),
+            Err(Revoked::Certificate) => return Poll::Ready(End::CertificateRevoked),
         }
         loop {
             let mut progress = self.apply_events();

@@ -4,16 +4,20 @@
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::panic::Location;
-use std::sync::Arc;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use ciphermq_pgbridge::PublicKeyStore;
 use ciphermq_shard::{Quotas, Shard, TopologyStore};
 
 use crate::config::Config;
+use crate::identity::IdentityRule;
 use crate::policy::{Policy, PolicyStore};
 use crate::rate_limit::CnLimiter;
 use crate::serving::Serving;
+use crate::tls::TlsMaterial;
+use crate::tls_store::TlsStore;
 use ciphermq_admin::stats::{BrokerStats, ShardStats};
 
 /// Kept at its old path; it lives with the buckets it configures.
@@ -102,14 +106,19 @@ pub struct Shared {
     pub policy: PolicyStore,
     /// Public keys.
     pub keys: Arc<dyn PublicKeyStore>,
-    /// TLS server configuration.
-    pub tls: Arc<rustls::ServerConfig>,
+    /// `[tls]` in force: server configuration, identity rule, CRLs
+    /// (reloadable; a handshake takes it through [`ShardLocal::tls`]).
+    pub tls: TlsStore,
     /// Topology writer.
     pub topology: Arc<TopologyStore>,
     /// Number of shards.
     pub shards: usize,
     /// What the shards publish for the admin endpoint.
     pub stats: BrokerStats,
+    /// The config file reloads read, once the binary names it.
+    pub(crate) config_file: OnceLock<PathBuf>,
+    /// Held while a reload applies (`reload.rs`).
+    pub(crate) reloading: Mutex<()>,
 }
 
 /// One shard's state, owned by its executor thread.
@@ -131,13 +140,17 @@ pub struct ShardLocal {
     last_step: Cell<Option<&'static Location<'static>>>,
     /// The task queues connections are served from (`serving.rs`).
     pub serving: Serving,
+    /// The `[tls]` this shard's handshakes last used, and its version.
+    tls: RefCell<(u64, Arc<TlsMaterial>)>,
 }
 
 impl ShardLocal {
     /// The state of a shard around `shard`, as its executor starts it:
     /// no rate-limit buckets yet, an empty staging buffer.
     pub fn new(shard: Shard, shared: Arc<Shared>, stats: Arc<ShardStats>) -> ShardLocal {
+        let tls = RefCell::new(shared.tls.current());
         ShardLocal {
+            tls,
             shard: RefCell::new(shard),
             limiters: RefCell::new((0, HashMap::new())),
             shared,
@@ -146,6 +159,18 @@ impl ShardLocal {
             last_step: Cell::new(None),
             serving: Serving::default(),
         }
+    }
+
+    /// What a handshake starting now needs of the `[tls]` in force: the
+    /// server configuration and the identity rule. One atomic load, and the
+    /// store's lock only after a reload.
+    pub fn tls(&self) -> (Arc<rustls::ServerConfig>, IdentityRule) {
+        let version = self.shared.tls.version();
+        let mut cached = self.tls.borrow_mut();
+        if cached.0 != version {
+            *cached = self.shared.tls.current();
+        }
+        (cached.1.server.clone(), cached.1.identity.clone())
     }
 
     /// The caller of the last [`ShardLocal::with_shard`].

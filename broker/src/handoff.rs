@@ -1,7 +1,9 @@
 //! From an accepted socket to the shard that owns the client: the TLS
-//! handshake, identification by certificate CN (role, connection caps), and,
-//! when the owner `fnv1a(CN) % N` is another shard, the hand-off of the socket
-//! and its TLS session to that shard, which adopts it.
+//! handshake (with the `[tls]` in force when it starts), identification by
+//! certificate (`tls.identity`: the CN or the URI SAN; then the role and the
+//! connection caps), and, when the owner `fnv1a(identity) % N` is another
+//! shard, the hand-off of the socket and its TLS session to that shard,
+//! which adopts it.
 //!
 //! Any shard may accept any client (the port is shared with `SO_REUSEPORT`),
 //! but all connections of one CN must live on one shard (its rate-limit
@@ -24,10 +26,10 @@ use rustls::ServerConnection;
 use crate::acl::Role;
 use crate::connection::{Connection, Identity};
 use crate::context::ShardLocal;
+use crate::identity::{identify, PeerCertificate};
 use crate::rate_limit::ConnectionSlot;
 use crate::shutdown::ShutdownSignal;
 use crate::sys;
-use crate::tls::peer_common_name;
 use crate::tls_session::TlsSession;
 use ciphermq_shard::log_throttle::LogThrottle;
 
@@ -131,7 +133,12 @@ pub(crate) async fn handshake(
     };
     let _ = stream.set_nodelay(true);
     let shared = local.shared.clone();
-    let tls = match ServerConnection::new(shared.tls.clone()) {
+    // The closings version before the TLS configuration: a CRL reloaded
+    // after this line either verifies this handshake or is looked at when
+    // the session starts (`reload.rs`).
+    let closures_seen = shared.policy.closures.version();
+    let (server_config, identity_rule) = local.tls();
+    let tls = match ServerConnection::new(server_config) {
         Ok(t) => t,
         Err(e) => {
             tracing::error!(error = %e, "cannot create a TLS session");
@@ -171,19 +178,31 @@ pub(crate) async fn handshake(
         .await;
         return;
     }
-    let cn = session.tls.peer_certificates().and_then(peer_common_name);
+    let peer_cert = match identify(
+        session.tls.peer_certificates().unwrap_or_default(),
+        &identity_rule,
+    ) {
+        Ok(peer_cert) => peer_cert,
+        Err(e) => {
+            local
+                .stats
+                .connections_refused
+                .add(ciphermq_admin::stats::REFUSED_UNKNOWN_CLIENT);
+            tracing::warn!(%peer, reason = %e, "refused: no identity in the client certificate");
+            refuse(&mut stream, &mut session, &format!("Access denied: {e}")).await;
+            return;
+        }
+    };
+    let PeerCertificate { identity: cn, cert } = peer_cert;
     // One snapshot decides the role and travels with the connection.
     let policy = shared.policy.current();
-    let role = cn
-        .as_deref()
-        .map(|cn| policy.acl.role_of(cn))
-        .unwrap_or(Role::Unknown);
-    let Some(cn) = cn.filter(|_| role != Role::Unknown) else {
+    let role = policy.acl.role_of(&cn);
+    if role == Role::Unknown {
         local
             .stats
             .connections_refused
             .add(ciphermq_admin::stats::REFUSED_UNKNOWN_CLIENT);
-        tracing::warn!(%peer, "refused: unknown client");
+        tracing::warn!(%peer, cn = ?cn, "refused: unknown client");
         refuse(
             &mut stream,
             &mut session,
@@ -191,7 +210,7 @@ pub(crate) async fn handshake(
         )
         .await;
         return;
-    };
+    }
     let slot = match shared.policy.conn_limits.try_acquire(peer.ip(), &cn) {
         Ok(slot) => Some(slot),
         Err(e) => {
@@ -210,6 +229,8 @@ pub(crate) async fn handshake(
         role,
         peer,
         policy,
+        cert: Some(cert),
+        closures_seen,
     };
     let owner = shard_of(&cn, shared.shards) as usize;
     let here = local.shard.borrow().id() as usize;

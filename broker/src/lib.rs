@@ -6,16 +6,23 @@
 //! - [`acl`]: roles from certificate CNs and the permission matrix.
 //! - [`rate_limit`]: per-CN token buckets and open-connection caps.
 //! - [`policy`]: the `[acl]` and `[rate_limit]` snapshot `SIGHUP` reloads.
-//! - [`closures`]: `close_connection`, an admin ending a CN's connections.
-//! - [`tls`], [`tls_session`]: rustls with required client certificates, and the
-//!   hand-driven session that can move between shards.
+//! - [`reload`]: the one reload path (`SIGHUP`, `POST /api/reload`): `[tls]`,
+//!   `[acl]` and `[rate_limit]`, all or nothing.
+//! - [`closures`]: connections ended from outside: `close_connection` (an
+//!   admin ending a CN's connections) and a reloaded CRL's revocations.
+//! - [`tls`], [`tls_store`], [`crl`], [`identity`]: `[tls]` loaded (rustls
+//!   with required client certificates, CRLs), the version in force (swapped
+//!   by a reload, read once per handshake), and who a certificate names
+//!   (its CN or its URI SAN).
+//! - [`tls_session`]: the hand-driven rustls session that can move between
+//!   shards.
 //! - [`sys`]: the only `unsafe` code (fd hand-off, io_uring and memlock probes).
 //! - [`server`]: start-up ([`start`], [`StartError`]) and the running
 //!   broker's handle ([`BrokerHandle`]).
 //! - `shard_runtime`: one shard's pinned glommio executor: its accept loop
 //!   (behind the handshake gate) and background tasks.
-//! - `handoff`: TLS handshake, identification by CN, and hand-off to the owner
-//!   shard `fnv1a(CN) % N`, which adopts the connection.
+//! - `handoff`: TLS handshake, identification (CN or URI SAN), and hand-off
+//!   to the owner shard `fnv1a(identity) % N`, which adopts the connection.
 //! - `shutdown`: the signal that stops every shard, and a shard's final drain.
 //! - [`connection`], [`line_buffer`], [`replies`]: one connection's future
 //!   (the I/O shell), its input framing, and its in-order replies.
@@ -48,14 +55,17 @@ pub mod committer;
 pub mod config;
 pub mod connection;
 pub mod context;
+pub mod crl;
 pub mod disk_watch;
 pub mod file_deleter;
 mod handoff;
 pub mod handshake_gate;
+pub mod identity;
 pub mod line_buffer;
 pub mod logging;
 pub mod policy;
 pub mod rate_limit;
+pub mod reload;
 pub mod replies;
 pub mod server;
 pub mod serving;
@@ -67,6 +77,7 @@ pub mod storage;
 pub mod sys;
 pub mod tls;
 pub mod tls_session;
+pub mod tls_store;
 pub mod topology_file;
 
 pub use config::Config;

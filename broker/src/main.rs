@@ -71,8 +71,9 @@ fn main() -> ExitCode {
     std::thread::spawn(move || {
         for signal in signals.forever() {
             if signal == SIGHUP {
-                // A bad file keeps the running policy (logged); only [acl]
-                // and [rate_limit] are applied, other changes need a restart.
+                // A bad file keeps everything running as it is (logged);
+                // only [tls], [acl] and [rate_limit] are applied, other
+                // changes need a restart.
                 let _ = reload();
                 continue;
             }

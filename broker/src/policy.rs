@@ -1,7 +1,8 @@
 //! The reloadable part of the configuration: `[acl]` and `[rate_limit]`.
 //!
 //! `SIGHUP` builds a new [`Policy`] from a freshly validated config file and
-//! swaps it in atomically; a bad file keeps the old one. Connections compare
+//! swaps it in atomically; a bad file keeps the old one (the file reload,
+//! which also swaps `[tls]`, is `crate::reload`). Connections compare
 //! one version number per poll (an atomic load) and re-read their role when it
 //! moved; a connection whose CN lost its role is closed. Each shard has a
 //! watcher task that wakes its connections when the version moves, so idle
@@ -13,7 +14,6 @@
 //! which removes, saves and logs the bindings the new ACL makes unlawful and
 //! judges every later bind.
 
-use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock, Weak};
 use std::task::Poll;
@@ -125,26 +125,6 @@ pub struct PolicyStore {
     /// happen one at a time and the last one is of the newest policy; never
     /// the policy's own lock, which shards read while connecting.
     installing: Mutex<()>,
-    /// The config file [`Self::reload_file`] reads, once the binary names it.
-    source: OnceLock<PathBuf>,
-}
-
-/// Why a reload from the config file changed nothing.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum ReloadError {
-    /// The broker was started from a config in memory, not from a file.
-    #[error("the broker was not started from a config file, so there is nothing to reload from")]
-    NoFile,
-    /// The file could not be read or is not a valid config: the running
-    /// ACL and rate limits are kept.
-    #[error("{path}: {error}; keeping the running ACL and rate limits")]
-    Invalid {
-        /// The config file.
-        path: PathBuf,
-        /// What is wrong with it.
-        error: crate::config::ConfigError,
-    },
 }
 
 impl PolicyStore {
@@ -159,35 +139,6 @@ impl PolicyStore {
             watchers: (0..shards).map(|_| AtomicWaker::new()).collect(),
             topology: OnceLock::new(),
             installing: Mutex::new(()),
-            source: OnceLock::new(),
-        }
-    }
-
-    /// Names the config file that [`Self::reload_file`] reads (once; the
-    /// binary calls it with its `--config`).
-    pub fn set_source(&self, path: PathBuf) {
-        let _ = self.source.set(path);
-    }
-
-    /// Reads the config file again and applies its `[acl]` and
-    /// `[rate_limit]` (SIGHUP, `POST /api/reload`); other sections need a
-    /// restart. A bad file changes nothing. Logs the outcome either way.
-    pub fn reload_file(&self) -> Result<(), ReloadError> {
-        let path: &Path = self.source.get().ok_or(ReloadError::NoFile)?;
-        match Config::load(path) {
-            Ok(config) => {
-                self.reload(&config);
-                tracing::info!(path = %path.display(), "reloaded [acl] and [rate_limit]");
-                Ok(())
-            }
-            Err(error) => {
-                let error = ReloadError::Invalid {
-                    path: path.to_path_buf(),
-                    error,
-                };
-                tracing::error!(error = %error, "reload refused");
-                Err(error)
-            }
         }
     }
 
@@ -245,6 +196,20 @@ impl PolicyStore {
         for w in &self.watchers {
             w.wake();
         }
+    }
+
+    /// Makes `revoked` (a reloaded CRL) the certificates open connections
+    /// may not hold. When it revokes one the previous set did not, the
+    /// connections holding one end at their next turn (idle ones too), and
+    /// this returns true.
+    pub fn revoke_certificates(&self, revoked: Arc<crate::crl::Revocations>) -> bool {
+        let newly = self.closures.revoke(revoked);
+        if newly {
+            for w in &self.watchers {
+                w.wake();
+            }
+        }
+        newly
     }
 
     /// Ends every connection `cn` has open now (on every shard), and says

@@ -10,7 +10,7 @@
 //! ([`StartError`]).
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use ciphermq_pgbridge::{BridgeStatus, PgBridge};
@@ -25,11 +25,13 @@ use crate::config::Config;
 use crate::context::{Settings, Shared};
 use crate::handoff::handoff_channels;
 use crate::policy::PolicyStore;
+use crate::reload::ReloadError;
 use crate::shard_runtime::{run_shard, ShardStart};
 use crate::shutdown::ShutdownSignal;
 use crate::storage::{Storage, StorageError};
 use crate::sys;
-use crate::tls::server_config;
+use crate::tls::TlsMaterial;
+use crate::tls_store::TlsStore;
 use ciphermq_admin::stats::{BrokerStats, Lifecycle};
 
 /// How long a task queue runs before glommio looks at finished I/O again
@@ -152,27 +154,27 @@ impl BrokerHandle {
         self.bridge.as_deref().map(PgBridge::status)
     }
 
-    /// A function that applies the `[acl]` and `[rate_limit]` of a validated
-    /// config to the running broker (SIGHUP): atomically, and connections whose
-    /// CN lost its role are closed.
-    pub fn reloader(&self) -> impl Fn(&Config) + Send + Sync + 'static {
+    /// A function that applies the `[tls]`, `[acl]` and `[rate_limit]` of a
+    /// validated config to the running broker, as SIGHUP does with the file
+    /// (see [`crate::reload`]): all or nothing, the outcome logged.
+    /// Connections whose CN lost its role, or whose certificate a new CRL
+    /// revokes, are closed.
+    pub fn reloader(&self) -> impl Fn(&Config) -> Result<(), ReloadError> + Send + Sync + 'static {
         let shared = self.shared.clone();
-        move |config| shared.policy.reload(config)
+        move |config| shared.reload(config, std::path::Path::new("(config in memory)"))
     }
 
     /// Names the config file that SIGHUP and `POST /api/reload` read
-    /// `[acl]` and `[rate_limit]` from again.
+    /// `[tls]`, `[acl]` and `[rate_limit]` from again.
     pub fn reload_from(&self, path: std::path::PathBuf) {
-        self.shared.policy.set_source(path);
+        self.shared.set_config_file(path);
     }
 
     /// A function that reloads the config file named by
     /// [`Self::reload_from`] (SIGHUP); it logs the outcome.
-    pub fn file_reloader(
-        &self,
-    ) -> impl Fn() -> Result<(), crate::policy::ReloadError> + Send + Sync + 'static {
+    pub fn file_reloader(&self) -> impl Fn() -> Result<(), ReloadError> + Send + Sync + 'static {
         let shared = self.shared.clone();
-        move || shared.policy.reload_file()
+        move || shared.reload_file()
     }
 
     /// A function that stops the broker from another thread (signal handlers).
@@ -208,11 +210,7 @@ pub fn start(config: &Config) -> Result<BrokerHandle, StartError> {
     let cores = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1);
-    let tls = server_config(
-        &config.tls.cert_path,
-        &config.tls.key_path,
-        &config.tls.ca_cert_path,
-    )?;
+    let tls = crate::tls::load(&config.tls)?;
     let storage = Storage::open(config, shards)?;
     let shared = shared_state(config, shards, &storage, tls);
     let queue_settings = queue_settings(config, &storage, shards);
@@ -334,7 +332,6 @@ pub fn start(config: &Config) -> Result<BrokerHandle, StartError> {
                     .as_ref()
                     .map(|(dir, _)| dir.display().to_string()),
                 bridge: bridge.clone(),
-                certificates: certificate_expiries(config),
                 queue_series: config.admin.queue_series(),
             };
             match AdminServer::start(listener, context) {
@@ -369,16 +366,20 @@ pub(crate) fn shared_state(
     config: &Config,
     shards: usize,
     storage: &Storage,
-    tls: Arc<rustls::ServerConfig>,
+    tls: TlsMaterial,
 ) -> Arc<Shared> {
+    let policy = PolicyStore::new(config, shards);
+    policy.revoke_certificates(tls.revoked.clone());
     let shared = Arc::new(Shared {
         settings: Settings::from_config(config),
-        policy: PolicyStore::new(config, shards),
+        policy,
         keys: storage.keys.clone(),
-        tls,
+        tls: TlsStore::new(tls),
         topology: storage.topology.clone(),
         shards,
         stats: BrokerStats::new(shards, config.admin.enabled),
+        config_file: OnceLock::new(),
+        reloading: Mutex::new(()),
     });
     // Bindings follow the ACL: those it does not allow go now, and on reload.
     shared.policy.guard_bindings(&shared.topology);
@@ -447,24 +448,4 @@ fn probe_port(address: &str) -> Result<(), StartError> {
         )),
         Err(_) => Ok(()),
     }
-}
-
-/// When the server certificate and the CA expire, for `/metrics` (already
-/// loaded once by the TLS setup, so a failure here is only logged).
-fn certificate_expiries(config: &Config) -> Vec<(&'static str, i64)> {
-    [
-        ("server", "tls.cert_path", &config.tls.cert_path),
-        ("ca", "tls.ca_cert_path", &config.tls.ca_cert_path),
-    ]
-    .into_iter()
-    .filter_map(
-        |(name, key, path)| match crate::tls::earliest_expiry(key, path) {
-            Ok(t) => Some((name, t)),
-            Err(e) => {
-                tracing::warn!(error = %e, "certificate expiry not exported");
-                None
-            }
-        },
-    )
-    .collect()
 }

@@ -62,6 +62,8 @@ pub(crate) enum Revoked {
     Role,
     /// An admin closed its CN's connections (`close_connection`).
     Closed,
+    /// A reloaded CRL revokes its certificate.
+    Certificate,
 }
 
 /// A reply line another thread is deciding.
@@ -81,7 +83,8 @@ impl Session {
         let (conn, mailbox) = local.shard.borrow_mut().register_conn();
         let policy = identity.policy.clone();
         let closures = &local.shared.policy.closures;
-        let (ticket, seen_closures) = (closures.ticket(), closures.version());
+        let ticket = closures.ticket();
+        let seen_closures = identity.closures_seen;
         let session = Session {
             local,
             identity,
@@ -119,6 +122,10 @@ impl Session {
             self.seen_closures = closures;
             if store.closures.must_close(&self.identity.cn, self.ticket) {
                 return Err(Revoked::Closed);
+            }
+            let cert = self.identity.cert.as_ref();
+            if cert.is_some_and(|cert| store.closures.is_revoked(cert)) {
+                return Err(Revoked::Certificate);
             }
         }
         if store.version() == self.policy.version {

@@ -315,12 +315,14 @@ mod tests {
         let mut opts = PkiOptions::new(&certs, dir.path().join("keys"));
         opts.client_cns = vec!["sender_1".into()];
         pki::generate(&opts).expect("a test PKI");
-        let server = crate::tls::server_config(
-            &certs.join("server.crt"),
-            &certs.join("server.key"),
-            &certs.join("ca.crt"),
-        )
-        .expect("server TLS config");
+        let server = crate::tls::load(&crate::config::TlsConfig {
+            cert_path: certs.join("server.crt"),
+            key_path: certs.join("server.key"),
+            ca_cert_path: certs.join("ca.crt"),
+            ..Default::default()
+        })
+        .expect("server TLS config")
+        .server;
         let client = TlsClientOptions::for_cn(&certs, "sender_1")
             .client_config()
             .expect("client TLS config");

@@ -36,7 +36,7 @@ async fn a_cn_that_loses_its_role_is_disconnected_and_refused() {
     );
     assert_ne!(reloaded, text, "the test must really change the ACL");
     let new_config = Config::from_toml_str(&reloaded, data.path()).unwrap();
-    broker.reloader()(&new_config);
+    broker.reloader()(&new_config).expect("reload");
 
     // The idle connection of the removed CN is closed without sending anything.
     let end = tokio::time::timeout(Duration::from_secs(5), dropped.read_line()).await;
@@ -141,7 +141,7 @@ async fn a_reload_that_removes_a_receivers_role_drops_its_bindings_and_saves_tha
     publish(&mut admin, "ex", "receiver_2", "before", "ACK before").await;
 
     let reloaded = durable_config(data.path(), WITHOUT_2);
-    broker.reloader()(&reloaded);
+    broker.reloader()(&reloaded).expect("reload");
 
     // receiver_2's own bindings are gone: nothing routes through them.
     publish(&mut admin, "ex", "receiver_2", "d-1", "NACK d-1 no_route").await;
@@ -200,7 +200,7 @@ async fn a_reload_that_adds_a_longer_cn_drops_patterns_matching_its_keys() {
         r#"receiver_cns = ["receiver_1", "receiver_2", "receiver_1_2", "receiver_1.eu"]"#,
     );
     assert_ne!(reloaded, text);
-    broker.reloader()(&Config::from_toml_str(&reloaded, data.path()).unwrap());
+    broker.reloader()(&Config::from_toml_str(&reloaded, data.path()).unwrap()).expect("reload");
 
     // `receiver_1.#` now matches receiver_1.eu's keys: removed. The narrower
     // pattern stays.

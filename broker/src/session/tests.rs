@@ -124,7 +124,8 @@ impl Broker {
         let text = config_text(backing, receivers, extra);
         let config = Config::parse_unchecked(&text, data.path()).expect("test config");
         let storage = Storage::open(&config, 1).expect("storage opens");
-        let shared = server::shared_state(&config, 1, &storage, unused_tls());
+        let tls = crate::tls::TlsMaterial::from_server_config(unused_tls());
+        let shared = server::shared_state(&config, 1, &storage, tls);
         let queue_settings = server::queue_settings(&config, &storage, 1);
         let MeshEndpoint { outbound, inbound } = Mesh::build(1).pop().expect("one endpoint");
         let shard = Shard::new(queue_settings, shared.topology.clone(), outbound, None);
@@ -144,6 +145,8 @@ impl Broker {
             role: policy.acl.role_of(cn),
             peer: ([127, 0, 0, 1], 40_000).into(),
             policy,
+            cert: None,
+            closures_seen: self.local.shared.policy.closures.version(),
         };
         let (session, mailbox) = Session::new(self.local.clone(), identity);
         Client {

@@ -12,6 +12,7 @@ use ciphermq_clients::pki::{self, PkiOptions};
 use ciphermq_shard::shard_of;
 
 pub mod admin_http;
+pub mod ca;
 pub mod pg;
 pub mod process;
 
@@ -184,6 +185,30 @@ impl TestBroker {
             shards,
             _data: tempfile::tempdir().expect("tempdir"),
         }
+    }
+
+    /// A broker started from the config file `path` (`shards` as the file
+    /// says), named as the file reloads read again.
+    pub fn start_from_file(path: &Path, shards: usize) -> TestBroker {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_test_writer()
+            .try_init();
+        let config = Config::load(path).expect("test config");
+        let handle = ciphermq_broker::start(&config).expect("broker starts");
+        handle.reload_from(path.to_path_buf());
+        let addr = handle.local_addr().to_string();
+        TestBroker {
+            handle: Some(handle),
+            addr,
+            shards,
+            _data: tempfile::tempdir().expect("tempdir"),
+        }
+    }
+
+    /// The running broker.
+    pub fn handle(&self) -> &BrokerHandle {
+        self.handle.as_ref().expect("running")
     }
 
     /// The admin endpoint's address, when the config enables it.

@@ -1,0 +1,174 @@
+//! The test PKI's CA, loaded with rcgen to issue what `ciphermq-pki` does
+//! not: a re-issued server certificate, client certificates with URI SANs,
+//! CRLs. Everything it issues is trusted by brokers and clients of the
+//! shared test PKI ([`super::pki`]).
+
+use std::path::{Path, PathBuf};
+
+use rcgen::{
+    CertificateParams, CertificateRevocationListParams, DistinguishedName, DnType,
+    ExtendedKeyUsagePurpose, Ia5String, KeyIdMethod, KeyPair, KeyUsagePurpose, RevokedCertParams,
+    SanType, SerialNumber,
+};
+use time::{Duration, OffsetDateTime};
+
+use super::pki;
+
+/// The CA of [`super::pki`], able to sign.
+pub struct TestCa {
+    cert: rcgen::Certificate,
+    key: KeyPair,
+}
+
+/// A certificate issued by [`TestCa`]: where its files are, and its serial.
+pub struct Issued {
+    /// The certificate (PEM).
+    pub cert: PathBuf,
+    /// Its private key (PEM).
+    pub key: PathBuf,
+    /// Its DER, as a peer sees it.
+    pub der: Vec<u8>,
+    /// Its serial number (big-endian).
+    pub serial: Vec<u8>,
+}
+
+/// The serial of the first certificate in the PEM file `path`.
+pub fn serial_of(path: &Path) -> Vec<u8> {
+    let pem = std::fs::read(path).expect("certificate file");
+    let (_, pem) = x509_parser::pem::parse_x509_pem(&pem).expect("PEM");
+    let cert = pem.parse_x509().expect("certificate");
+    cert.raw_serial().to_vec()
+}
+
+impl TestCa {
+    /// Loads `ca.crt` and `ca.key` of the shared test PKI.
+    pub fn load() -> TestCa {
+        TestCa::load_from(&pki().certs)
+    }
+
+    /// Loads `ca.crt` and `ca.key` from `dir` (e.g. the rogue CA's).
+    pub fn load_from(dir: &Path) -> TestCa {
+        let read = |name: &str| std::fs::read_to_string(dir.join(name)).expect(name);
+        let key = KeyPair::from_pem(&read("ca.key")).expect("CA key");
+        let params = CertificateParams::from_ca_cert_pem(&read("ca.crt")).expect("CA params");
+        // Same subject and key as the real CA: what it signs verifies
+        // against `ca.crt`.
+        let cert = params.self_signed(&key).expect("CA issuer");
+        TestCa { cert, key }
+    }
+
+    /// A new CA named `name`, trusted by nobody.
+    pub fn generate(name: &str) -> TestCa {
+        let mut params = CertificateParams::default();
+        params.distinguished_name = DistinguishedName::new();
+        params.distinguished_name.push(DnType::CommonName, name);
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        let key = KeyPair::generate().expect("CA key");
+        let cert = params.self_signed(&key).expect("CA certificate");
+        TestCa { cert, key }
+    }
+
+    fn issue(
+        &self,
+        dir: &Path,
+        stem: &str,
+        mut params: CertificateParams,
+        usage: ExtendedKeyUsagePurpose,
+    ) -> Issued {
+        let now = OffsetDateTime::now_utc();
+        params.not_before = now - Duration::minutes(5);
+        if params.not_after <= now {
+            params.not_after = now + Duration::days(30);
+        }
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        params.extended_key_usages = vec![usage];
+        let serial: Vec<u8> = (0..16).map(|_| rand::random::<u8>()).collect();
+        let mut serial = serial;
+        serial[0] = (serial[0] & 0x7f) | 0x01;
+        params.serial_number = Some(SerialNumber::from_slice(&serial));
+        let key = KeyPair::generate().expect("key pair");
+        let cert = params
+            .signed_by(&key, &self.cert, &self.key)
+            .expect("certificate");
+        let (cert_path, key_path) = (
+            dir.join(format!("{stem}.crt")),
+            dir.join(format!("{stem}.key")),
+        );
+        std::fs::write(&cert_path, cert.pem()).expect("write certificate");
+        std::fs::write(&key_path, key.serialize_pem()).expect("write key");
+        Issued {
+            cert: cert_path,
+            key: key_path,
+            der: cert.der().to_vec(),
+            serial,
+        }
+    }
+
+    /// A server certificate for `localhost`, valid `days` days, written to
+    /// `dir/{stem}.crt` and `dir/{stem}.key`.
+    pub fn server(&self, dir: &Path, stem: &str, days: i64) -> Issued {
+        let mut params = CertificateParams::new(vec!["localhost".to_owned()]).expect("params");
+        params
+            .subject_alt_names
+            .push(SanType::IpAddress([127, 0, 0, 1].into()));
+        params
+            .distinguished_name
+            .push(DnType::CommonName, "ciphermq-server (re-issued)");
+        params.not_after = OffsetDateTime::now_utc() + Duration::days(days);
+        self.issue(dir, stem, params, ExtendedKeyUsagePurpose::ServerAuth)
+    }
+
+    /// A client certificate with Subject CN `cn` (if any) and the URI SANs
+    /// `uris`, written to `dir/{stem}.crt` and `dir/{stem}.key`.
+    pub fn client(&self, dir: &Path, stem: &str, cn: Option<&str>, uris: &[&str]) -> Issued {
+        let mut params = CertificateParams::default();
+        params.distinguished_name = DistinguishedName::new();
+        if let Some(cn) = cn {
+            params.distinguished_name.push(DnType::CommonName, cn);
+        }
+        params.subject_alt_names = uris
+            .iter()
+            .map(|u| SanType::URI(Ia5String::try_from(*u).expect("IA5 URI")))
+            .collect();
+        self.issue(dir, stem, params, ExtendedKeyUsagePurpose::ClientAuth)
+    }
+
+    /// A CRL revoking `serials`, next update `next_update_days` from now
+    /// (negative: already past due); PEM or DER.
+    pub fn crl(&self, serials: &[&[u8]], next_update_days: i64, pem: bool) -> Vec<u8> {
+        let now = OffsetDateTime::now_utc();
+        let params = CertificateRevocationListParams {
+            this_update: now - Duration::days(next_update_days.abs() + 1),
+            next_update: now + Duration::days(next_update_days),
+            crl_number: SerialNumber::from(rand::random::<u32>() as u64),
+            issuing_distribution_point: None,
+            revoked_certs: serials
+                .iter()
+                .map(|serial| RevokedCertParams {
+                    serial_number: SerialNumber::from_slice(serial),
+                    revocation_time: now - Duration::minutes(1),
+                    reason_code: None,
+                    invalidity_date: None,
+                })
+                .collect(),
+            key_identifier_method: KeyIdMethod::Sha256,
+        };
+        let crl = params.signed_by(&self.cert, &self.key).expect("CRL");
+        if pem {
+            crl.pem().expect("CRL PEM").into_bytes()
+        } else {
+            crl.der().to_vec()
+        }
+    }
+}
+
+/// A directory holding a copy of the test PKI's `ca.crt`, `server.crt` and
+/// `server.key`, for a broker whose `[tls]` files a test replaces.
+pub fn tls_dir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for name in ["ca.crt", "server.crt", "server.key"] {
+        std::fs::copy(pki().certs.join(name), dir.path().join(name)).expect("copy");
+    }
+    dir
+}
