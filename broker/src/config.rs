@@ -854,6 +854,40 @@ fn validate_admin(admin: &AdminConfig) -> Result<(), ConfigError> {
     Ok(())
 }
 
+impl Config {
+    /// With the admin endpoint on, `admin.address` must not be the client
+    /// port `server.address`: both listeners would bind it, and the second
+    /// bind would fail with a bare "address in use" blamed on one key only.
+    /// Port 0 (any free port) is never a clash; an unspecified IP
+    /// (`0.0.0.0`, `[::]`) clashes with any IP of the same family on that
+    /// port. Public, so the start can check again after `--address`.
+    pub fn validate_admin_address(&self) -> Result<(), ConfigError> {
+        let (admin, server) = (&self.admin.address, &self.server.address);
+        if !self.admin.enabled || admin.ends_with(":0") || server.ends_with(":0") {
+            return Ok(());
+        }
+        let clash = admin == server
+            || match (admin.parse::<SocketAddr>(), server.parse::<SocketAddr>()) {
+                (Ok(a), Ok(s)) => {
+                    a.port() == s.port()
+                        && a.is_ipv4() == s.is_ipv4()
+                        && (a.ip() == s.ip() || a.ip().is_unspecified() || s.ip().is_unspecified())
+                }
+                _ => false,
+            };
+        if clash {
+            return Err(ConfigError::invalid(
+                "admin.address",
+                format!(
+                    "{admin:?} clashes with server.address ({server:?}): the admin endpoint \
+                     and the client port each need a port of their own; change one of them"
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// `[rate_limit]`: per-CN token buckets and connection caps (DESIGN.md §2).
 /// Reloaded on `SIGHUP`.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -1028,6 +1062,7 @@ impl Config {
         self.validate_performance()?;
         self.validate_storage()?;
         validate_admin(&self.admin)?;
+        self.validate_admin_address()?;
         self.validate_rate_limit()?;
         self.validate_acl()
     }
@@ -2058,6 +2093,49 @@ mod tests {
         );
         let e = err("[acl]\nsender_cns = [\"a\", 3]\n");
         assert!(e.starts_with("acl.sender_cns[1]: invalid type"), "{e}");
+    }
+
+    #[test]
+    fn admin_address_may_not_be_the_server_address() {
+        for (server, admin) in [
+            ("127.0.0.1:5700", "127.0.0.1:5700"),
+            ("localhost:9091", "localhost:9091"),
+            ("0.0.0.0:9091", "127.0.0.1:9091"),
+            ("127.0.0.1:9091", "0.0.0.0:9091"),
+            ("[::1]:9091", "[::]:9091"),
+        ] {
+            let text = format!(
+                "[server]\naddress = \"{server}\"\n[admin]\nenabled = true\naddress = \"{admin}\"\n"
+            );
+            let e = err(&text);
+            assert!(
+                e.starts_with("admin.address: ")
+                    && e.contains("server.address")
+                    && e.contains(admin)
+                    && e.contains("a port of their own"),
+                "{e}"
+            );
+        }
+        for (server, admin, enabled) in [
+            // Off: nothing binds admin.address.
+            ("127.0.0.1:9091", "127.0.0.1:9091", false),
+            // Port 0 is a different free port each time.
+            ("127.0.0.1:0", "127.0.0.1:0", true),
+            // Other IPs, other ports, other families.
+            ("127.0.0.1:9091", "127.0.0.2:9091", true),
+            ("127.0.0.1:5700", "127.0.0.1:9091", true),
+            ("0.0.0.0:9091", "[::1]:9091", true),
+        ] {
+            let text = format!(
+                "[server]\naddress = \"{server}\"\n[admin]\nenabled = {enabled}\naddress = \"{admin}\"\n"
+            );
+            assert!(parse(&text).is_ok(), "{text}");
+        }
+        // The start checks again after `--address` overrode server.address.
+        let mut c = parse("[admin]\nenabled = true\n").unwrap();
+        c.server.address = c.admin.address.clone();
+        let e = c.validate_admin_address().unwrap_err();
+        assert_eq!(e.key(), Some("admin.address"), "{e}");
     }
 
     #[test]
