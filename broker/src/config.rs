@@ -2599,9 +2599,11 @@ mod tests {
         let base = Path::new("/repo");
         let c = Config::parse_unchecked(&text, base).unwrap();
 
-        // The example documents the defaults: apart from the demo ACL it must
-        // parse to exactly what an empty file gives.
+        // The example documents the defaults: apart from the demo ACL and
+        // the AES key ciphermq-pki writes, it must parse to exactly what an
+        // empty file gives.
         let mut want = Config::parse_unchecked("", base).unwrap();
+        want.encryption.aes_key_file = Some(base.join("certs/aes.key"));
         want.acl.admin_cns = vec!["admin".to_owned()];
         want.acl.sender_cns = vec!["sender_1".to_owned(), "sender_2".to_owned()];
         want.acl.receiver_cns = vec!["receiver_1".to_owned(), "receiver_2".to_owned()];
@@ -2614,7 +2616,7 @@ mod tests {
             ("tls", 3),
             ("logging", 6),
             ("database", 9),
-            ("encryption", 1),
+            ("encryption", 2),
             ("performance", 21),
             ("storage", 6),
             ("admin", 9),
