@@ -178,12 +178,16 @@ pub(crate) async fn handshake(
         .as_deref()
         .map(|cn| policy.acl.role_of(cn))
         .unwrap_or(Role::Unknown);
-    let Some(cn) = cn.filter(|_| role != Role::Unknown) else {
+    let Some(cn) = cn.clone().filter(|_| role != Role::Unknown) else {
         local
             .stats
             .connections_refused
             .add(ciphermq_admin::stats::REFUSED_UNKNOWN_CLIENT);
-        tracing::warn!(%peer, "refused: unknown client");
+        // Anyone our CA signed can be refused at will: one line a second.
+        if let Some(skipped) = REFUSED.with(|t| t.admit(Instant::now())) {
+            let cn = cn.as_deref().unwrap_or("-");
+            tracing::warn!(%peer, cn, skipped, "refused: unknown client, its CN is in no [acl] list (skipped: refusals not logged since the last line)");
+        }
         refuse(
             &mut stream,
             &mut session,
@@ -199,7 +203,9 @@ pub(crate) async fn handshake(
                 .stats
                 .connections_refused
                 .add(ciphermq_admin::stats::REFUSED_CONNECTION_LIMIT);
-            tracing::warn!(%peer, %cn, reason = %e, "refused: connection limit");
+            if let Some(skipped) = REFUSED.with(|t| t.admit(Instant::now())) {
+                tracing::warn!(%peer, %cn, reason = %e, skipped, "refused: connection limit (skipped: refusals not logged since the last line)");
+            }
             refuse(&mut stream, &mut session, "Error: connection limit reached").await;
             return;
         }
@@ -235,6 +241,12 @@ pub(crate) async fn handshake(
         identity,
         slot,
     });
+}
+
+thread_local! {
+    /// Refused connections (unknown CN, connection caps), one line a second
+    /// per shard.
+    static REFUSED: LogThrottle = const { LogThrottle::new(Duration::from_secs(1)) };
 }
 
 /// Tells a refused client why in one line, then closes its TLS session
