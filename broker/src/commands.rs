@@ -512,8 +512,9 @@ impl Session {
         if !matches!(self.identity.role, Role::Sender | Role::Admin) {
             return Err(NackReason::AccessDenied);
         }
-        // Authenticated senders (DESIGN.md §2): a body that names its sender
-        // names the publisher, so receivers may trust it to tell senders apart.
+        // Authenticated senders (docs/PROTOCOL.md, "Authenticated senders"):
+        // a body that names its sender names the publisher, so receivers may
+        // trust it to tell senders apart.
         match info.sender_client_id.as_deref() {
             Some(claimed) if claimed != &*self.identity.cn => {
                 if let Some(skipped) = DENIED.with(|t| t.admit(now)) {

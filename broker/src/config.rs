@@ -1,4 +1,5 @@
-//! Typed broker configuration, loaded from `config.toml` (DESIGN.md §9).
+//! Typed broker configuration, loaded from `config.toml` (docs/ARCHITECTURE.md,
+//! "Configuration").
 //!
 //! Loading happens in three steps, so that tests and the `SIGHUP` reload path can
 //! pick what they need:
@@ -37,8 +38,9 @@ use serde::Deserialize;
 /// `encryption.aes_key` nor `encryption.aes_key_file` is set.
 pub const ENV_AES_KEY: &str = "CIPHERMQ_AES_KEY";
 
-/// The only end-to-end algorithm the clients speak (DESIGN.md §7); the key exists
-/// so a future algorithm can be introduced explicitly.
+/// The only end-to-end algorithm the clients speak (docs/ARCHITECTURE.md,
+/// "End-to-end encryption"); the key exists so a future algorithm can be
+/// introduced explicitly.
 pub const ALGORITHM_X25519_CHACHA20_POLY1305: &str = "x25519_chacha20_poly1305";
 
 /// Upper bound of `server.shards`: more executors than this is a typo, not a machine.
@@ -357,9 +359,9 @@ impl<'de> Deserialize<'de> for Console {
     }
 }
 
-/// `[logging]`: tracing output (DESIGN.md §8). Which sinks are on by
-/// default, and why, is in [`crate::logging`]: with the defaults every line
-/// is written once, to stderr.
+/// `[logging]`: tracing output (docs/PROTOCOL.md, "Logging"). Which sinks are
+/// on by default, and why, is in [`crate::logging`]: with the defaults every
+/// line is written once, to stderr.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LoggingConfig {
@@ -397,7 +399,8 @@ impl Default for LoggingConfig {
     }
 }
 
-/// Where message metadata and public keys are kept (DESIGN.md §6).
+/// Where message metadata and public keys are kept (docs/ARCHITECTURE.md,
+/// "Public keys and metadata").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum DatabaseBackend {
@@ -490,7 +493,7 @@ impl fmt::Debug for DatabaseConfig {
 }
 
 /// `[encryption]`: the end-to-end algorithm name and the AES-256-GCM key that
-/// seals stored public keys (DESIGN.md §6).
+/// seals stored public keys (docs/ARCHITECTURE.md, "Public keys and metadata").
 #[derive(Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct EncryptionConfig {
@@ -741,7 +744,7 @@ impl StorageMode {
     }
 }
 
-/// `[storage]`: the per-queue logs (DESIGN.md §5).
+/// `[storage]`: the per-queue logs (docs/ARCHITECTURE.md, "Storage").
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct StorageConfig {
@@ -888,7 +891,8 @@ impl Config {
     }
 }
 
-/// `[rate_limit]`: per-CN token buckets and connection caps (DESIGN.md §2).
+/// `[rate_limit]`: per-CN token buckets and connection caps (docs/ARCHITECTURE.md,
+/// "Identity and access").
 /// Reloaded on `SIGHUP`.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -936,9 +940,9 @@ impl Default for RateLimitConfig {
     }
 }
 
-/// `[acl]`: role membership by certificate CN (DESIGN.md §2). A CN in several
-/// lists gets the first role of admin, sender, receiver, monitor. Reloaded on
-/// `SIGHUP`.
+/// `[acl]`: role membership by certificate CN (docs/ARCHITECTURE.md, "Identity
+/// and access"). A CN in several lists gets the first role of admin, sender,
+/// receiver, monitor. Reloaded on `SIGHUP`.
 #[derive(Debug, Clone, PartialEq, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AclConfig {
