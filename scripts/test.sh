@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every check CI runs: formatting, clippy (warnings are errors), all tests.
-# Works on a fresh machine: it installs what the tests need first.
+# Works on a fresh machine: it installs what the tests need first. Ends with
+# one line, the totals of every test result (exit 1 if any failed or none ran).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -54,5 +55,28 @@ command -v promtool >/dev/null || {
 }
 echo "== cargo test"
 python3 -c 'import nacl' 2>/dev/null || python3 -m pip install --quiet pynacl  # libsodium for clients/tests/libsodium_interop.rs
+mkdir -p target
+# The status of `cargo test` itself, not tee's: the totals come first.
+set +e
 cargo test --workspace 2>&1 | tee target/test-output.log
-grep -q "test result: ok" target/test-output.log
+status=${PIPESTATUS[0]}
+set -e
+
+# One line to end on: every `test result:` line summed (unit, integration
+# and doc tests), and a non-zero exit if any failed or none ran.
+awk -v status="$status" '
+  /^test result:/ {
+    results++
+    for (i = 2; i <= NF; i++) {
+      if ($i == "passed;") passed += $(i - 1)
+      if ($i == "failed;") failed += $(i - 1)
+      if ($i == "ignored;") ignored += $(i - 1)
+    }
+  }
+  END {
+    line = sprintf("== tests: %d passed, %d failed, %d ignored", passed, failed, ignored)
+    if (results == 0) line = line " (no test result line in target/test-output.log)"
+    else if (status != 0 && failed == 0) line = line " (cargo test exited with status " status ")"
+    print line
+    exit (results == 0 || failed > 0 || status != 0) ? 1 : 0
+  }' target/test-output.log

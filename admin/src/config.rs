@@ -17,9 +17,10 @@ pub const MAX_ADMIN_TIMEOUT_SECS: u64 = 3600;
 /// longer something a dashboard or an alert can use.
 pub const MAX_QUEUE_SERIES: usize = 10_000;
 
-/// `[admin]`: the HTTP/1.1-over-mTLS admin endpoint (DESIGN.md §8). Its
-/// connection limits keep monitoring served while hostile clients hold
-/// connections (idle sockets, slowloris, one address taking every slot).
+/// `[admin]`: the HTTP/1.1-over-mTLS admin endpoint (docs/PROTOCOL.md,
+/// "Admin endpoint"). Its connection limits keep monitoring served while
+/// hostile clients hold connections (idle sockets, slowloris, one address
+/// taking every slot).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AdminConfig {

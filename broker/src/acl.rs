@@ -1,4 +1,4 @@
-//! Roles and the permission matrix (DESIGN.md §2).
+//! Roles and the permission matrix (docs/ARCHITECTURE.md, "Identity and access").
 //!
 //! A pure function of the configured CN lists: [`Acl::check`] never looks at
 //! whether a queue exists, so a queue you may not touch is `Access denied`

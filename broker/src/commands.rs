@@ -19,6 +19,30 @@ use crate::acl::{Op, Role};
 use crate::session::{PendingReply, Session};
 use ciphermq_shard::log_throttle::LogThrottle;
 
+// What a client can make the broker log at will is logged at most once a
+// second per shard and kind; the next line counts what was left out. Only
+// refusals and topology changes: publishes, acks and deliveries log nothing.
+thread_local! {
+    /// `Access denied` answers (ACL, ownership, a forged sender).
+    static DENIED: LogThrottle = const { LogThrottle::new(Duration::from_secs(1)) };
+    /// Saved topology changes, one throttle per [`topology_command`] kind,
+    /// so a receiver's setup (declare_exchange, declare_queue, bind) shows
+    /// whole.
+    static CHANGED: [LogThrottle; 5] =
+        const { [const { LogThrottle::new(Duration::from_secs(1)) }; 5] };
+}
+
+/// The command name of a topology change, and its index in `CHANGED`.
+fn topology_command(change: &TopologyChange) -> (&'static str, usize) {
+    match change {
+        TopologyChange::DeclareQueue { .. } => ("declare_queue", 0),
+        TopologyChange::DeclareExchange { .. } => ("declare_exchange", 1),
+        TopologyChange::Bind { .. } => ("bind", 2),
+        TopologyChange::Unbind { .. } => ("unbind", 3),
+        TopologyChange::DeleteExchange { .. } => ("delete_exchange", 4),
+    }
+}
+
 impl Session {
     /// Executes one request line (without its newline).
     pub(crate) fn execute(&mut self, line: &[u8]) {
@@ -80,7 +104,10 @@ impl Session {
         {
             Ok(()) => true,
             Err(denied) => {
-                tracing::info!(cn = %self.identity.cn, role = %self.identity.role, command = op.name(), reason = %denied.reason, "access denied");
+                if let Some(skipped) = DENIED.with(|t| t.admit(Instant::now())) {
+                    let id = &self.identity;
+                    tracing::info!(cn = %id.cn, peer = %id.peer, role = %id.role, command = op.name(), reason = %denied.reason, skipped, "access denied (skipped: denials not logged since the last line)");
+                }
                 self.deny(&denied.reason);
                 false
             }
@@ -418,19 +445,25 @@ impl Session {
     /// ownership refusal, decided where the change is applied, is answered
     /// like the ACL's.
     fn change_topology(&mut self, change: TopologyChange, ok: String) {
-        let command = match &change {
-            TopologyChange::DeclareQueue { .. } => "declare_queue",
-            TopologyChange::DeclareExchange { .. } => "declare_exchange",
-            TopologyChange::Bind { .. } => "bind",
-            TopologyChange::Unbind { .. } => "unbind",
-            TopologyChange::DeleteExchange { .. } => "delete_exchange",
-        };
+        let (command, kind) = topology_command(&change);
         let mut pending = self.local.shared.topology.submit(change);
-        let (cn, role) = (self.identity.cn.clone(), self.identity.role);
+        let (cn, role, peer) = (
+            self.identity.cn.clone(),
+            self.identity.role,
+            self.identity.peer,
+        );
         let line = move |result: ChangeResult| match result {
-            Ok(()) => ok,
+            Ok(()) => {
+                // The reply names what changed: `OK bind <q> <e> <key>`.
+                if let Some(skipped) = CHANGED.with(|t| t[kind].admit(Instant::now())) {
+                    tracing::info!(%cn, %peer, %role, command, skipped, "{ok} (skipped: {command} lines not logged since the last one)");
+                }
+                ok
+            }
             Err(TopologyError::Denied(reason)) => {
-                tracing::info!(%cn, %role, command, %reason, "access denied");
+                if let Some(skipped) = DENIED.with(|t| t.admit(Instant::now())) {
+                    tracing::info!(%cn, %peer, %role, command, %reason, skipped, "access denied (skipped: denials not logged since the last line)");
+                }
                 format!("Access denied: {reason} (role={role})")
             }
             Err(e @ TopologyError::QuotaExceeded { .. }) => {
@@ -439,7 +472,7 @@ impl Session {
                     static OVER_QUOTA: LogThrottle = const { LogThrottle::new(Duration::from_secs(1)) };
                 }
                 if let Some(skipped) = OVER_QUOTA.with(|t| t.admit(Instant::now())) {
-                    tracing::warn!(%cn, command, error = %e, skipped, "refused (skipped: refusals not logged since the last line)");
+                    tracing::warn!(%cn, %peer, command, error = %e, skipped, "refused (skipped: refusals not logged since the last line)");
                 }
                 format!("Error: {e}")
             }
@@ -509,11 +542,15 @@ impl Session {
         if !matches!(self.identity.role, Role::Sender | Role::Admin) {
             return Err(NackReason::AccessDenied);
         }
-        // Authenticated senders (DESIGN.md §2): a body that names its sender
-        // names the publisher, so receivers may trust it to tell senders apart.
+        // Authenticated senders (docs/PROTOCOL.md, "Authenticated senders"):
+        // a body that names its sender names the publisher, so receivers may
+        // trust it to tell senders apart.
         match info.sender_client_id.as_deref() {
             Some(claimed) if claimed != &*self.identity.cn => {
-                tracing::info!(cn = %self.identity.cn, claimed, message_id = %info.message_id, "publish refused: sender_client_id is not the publisher's CN");
+                if let Some(skipped) = DENIED.with(|t| t.admit(now)) {
+                    let id = &self.identity;
+                    tracing::info!(cn = %id.cn, peer = %id.peer, claimed, message_id = %info.message_id, skipped, "publish refused: sender_client_id is not the publisher's CN (skipped: denials not logged since the last line)");
+                }
                 return Err(NackReason::AccessDenied);
             }
             None if self.policy.require_sender_id => return Err(NackReason::Invalid),

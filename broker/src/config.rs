@@ -1,4 +1,5 @@
-//! Typed broker configuration, loaded from `config.toml` (DESIGN.md §9).
+//! Typed broker configuration, loaded from `config.toml` (docs/ARCHITECTURE.md,
+//! "Configuration").
 //!
 //! Loading happens in three steps, so that tests and the `SIGHUP` reload path can
 //! pick what they need:
@@ -37,8 +38,9 @@ use serde::Deserialize;
 /// `encryption.aes_key` nor `encryption.aes_key_file` is set.
 pub const ENV_AES_KEY: &str = "CIPHERMQ_AES_KEY";
 
-/// The only end-to-end algorithm the clients speak (DESIGN.md §7); the key exists
-/// so a future algorithm can be introduced explicitly.
+/// The only end-to-end algorithm the clients speak (docs/ARCHITECTURE.md,
+/// "End-to-end encryption"); the key exists so a future algorithm can be
+/// introduced explicitly.
 pub const ALGORITHM_X25519_CHACHA20_POLY1305: &str = "x25519_chacha20_poly1305";
 
 /// Upper bound of `server.shards`: more executors than this is a typo, not a machine.
@@ -389,9 +391,9 @@ impl<'de> Deserialize<'de> for Console {
     }
 }
 
-/// `[logging]`: tracing output (DESIGN.md §8). Which sinks are on by
-/// default, and why, is in [`crate::logging`]: with the defaults every line
-/// is written once, to stderr.
+/// `[logging]`: tracing output (docs/PROTOCOL.md, "Logging"). Which sinks are
+/// on by default, and why, is in [`crate::logging`]: with the defaults every
+/// line is written once, to stderr.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LoggingConfig {
@@ -429,7 +431,8 @@ impl Default for LoggingConfig {
     }
 }
 
-/// Where message metadata and public keys are kept (DESIGN.md §6).
+/// Where message metadata and public keys are kept (docs/ARCHITECTURE.md,
+/// "Public keys and metadata").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum DatabaseBackend {
@@ -522,7 +525,7 @@ impl fmt::Debug for DatabaseConfig {
 }
 
 /// `[encryption]`: the end-to-end algorithm name and the AES-256-GCM key that
-/// seals stored public keys (DESIGN.md §6).
+/// seals stored public keys (docs/ARCHITECTURE.md, "Public keys and metadata").
 #[derive(Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct EncryptionConfig {
@@ -773,7 +776,7 @@ impl StorageMode {
     }
 }
 
-/// `[storage]`: the per-queue logs (DESIGN.md §5).
+/// `[storage]`: the per-queue logs (docs/ARCHITECTURE.md, "Storage").
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct StorageConfig {
@@ -886,7 +889,42 @@ fn validate_admin(admin: &AdminConfig) -> Result<(), ConfigError> {
     Ok(())
 }
 
-/// `[rate_limit]`: per-CN token buckets and connection caps (DESIGN.md §2).
+impl Config {
+    /// With the admin endpoint on, `admin.address` must not be the client
+    /// port `server.address`: both listeners would bind it, and the second
+    /// bind would fail with a bare "address in use" blamed on one key only.
+    /// Port 0 (any free port) is never a clash; an unspecified IP
+    /// (`0.0.0.0`, `[::]`) clashes with any IP of the same family on that
+    /// port. Public, so the start can check again after `--address`.
+    pub fn validate_admin_address(&self) -> Result<(), ConfigError> {
+        let (admin, server) = (&self.admin.address, &self.server.address);
+        if !self.admin.enabled || admin.ends_with(":0") || server.ends_with(":0") {
+            return Ok(());
+        }
+        let clash = admin == server
+            || match (admin.parse::<SocketAddr>(), server.parse::<SocketAddr>()) {
+                (Ok(a), Ok(s)) => {
+                    a.port() == s.port()
+                        && a.is_ipv4() == s.is_ipv4()
+                        && (a.ip() == s.ip() || a.ip().is_unspecified() || s.ip().is_unspecified())
+                }
+                _ => false,
+            };
+        if clash {
+            return Err(ConfigError::invalid(
+                "admin.address",
+                format!(
+                    "{admin:?} clashes with server.address ({server:?}): the admin endpoint \
+                     and the client port each need a port of their own; change one of them"
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// `[rate_limit]`: per-CN token buckets and connection caps (docs/ARCHITECTURE.md,
+/// "Identity and access").
 /// Reloaded on `SIGHUP`.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -934,9 +972,9 @@ impl Default for RateLimitConfig {
     }
 }
 
-/// `[acl]`: role membership by certificate CN (DESIGN.md §2). A CN in several
-/// lists gets the first role of admin, sender, receiver, monitor. Reloaded on
-/// `SIGHUP`.
+/// `[acl]`: role membership by certificate CN (docs/ARCHITECTURE.md, "Identity
+/// and access"). A CN in several lists gets the first role of admin, sender,
+/// receiver, monitor. Reloaded on `SIGHUP`.
 #[derive(Debug, Clone, PartialEq, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AclConfig {
@@ -1063,6 +1101,7 @@ impl Config {
         self.validate_performance()?;
         self.validate_storage()?;
         validate_admin(&self.admin)?;
+        self.validate_admin_address()?;
         self.validate_rate_limit()?;
         self.validate_acl()
     }
@@ -2138,6 +2177,49 @@ mod tests {
     }
 
     #[test]
+    fn admin_address_may_not_be_the_server_address() {
+        for (server, admin) in [
+            ("127.0.0.1:5700", "127.0.0.1:5700"),
+            ("localhost:9091", "localhost:9091"),
+            ("0.0.0.0:9091", "127.0.0.1:9091"),
+            ("127.0.0.1:9091", "0.0.0.0:9091"),
+            ("[::1]:9091", "[::]:9091"),
+        ] {
+            let text = format!(
+                "[server]\naddress = \"{server}\"\n[admin]\nenabled = true\naddress = \"{admin}\"\n"
+            );
+            let e = err(&text);
+            assert!(
+                e.starts_with("admin.address: ")
+                    && e.contains("server.address")
+                    && e.contains(admin)
+                    && e.contains("a port of their own"),
+                "{e}"
+            );
+        }
+        for (server, admin, enabled) in [
+            // Off: nothing binds admin.address.
+            ("127.0.0.1:9091", "127.0.0.1:9091", false),
+            // Port 0 is a different free port each time.
+            ("127.0.0.1:0", "127.0.0.1:0", true),
+            // Other IPs, other ports, other families.
+            ("127.0.0.1:9091", "127.0.0.2:9091", true),
+            ("127.0.0.1:5700", "127.0.0.1:9091", true),
+            ("0.0.0.0:9091", "[::1]:9091", true),
+        ] {
+            let text = format!(
+                "[server]\naddress = \"{server}\"\n[admin]\nenabled = {enabled}\naddress = \"{admin}\"\n"
+            );
+            assert!(parse(&text).is_ok(), "{text}");
+        }
+        // The start checks again after `--address` overrode server.address.
+        let mut c = parse("[admin]\nenabled = true\n").unwrap();
+        c.server.address = c.admin.address.clone();
+        let e = c.validate_admin_address().unwrap_err();
+        assert_eq!(e.key(), Some("admin.address"), "{e}");
+    }
+
+    #[test]
     fn syntax_error_is_reported_with_position() {
         let e = parse("[server\n").unwrap_err();
         assert!(matches!(e, ConfigError::Syntax { at: Some(_), .. }), "{e}");
@@ -2642,9 +2724,11 @@ mod tests {
         let base = Path::new("/repo");
         let c = Config::parse_unchecked(&text, base).unwrap();
 
-        // The example documents the defaults: apart from the demo ACL it must
-        // parse to exactly what an empty file gives.
+        // The example documents the defaults: apart from the demo ACL and
+        // the AES key ciphermq-pki writes, it must parse to exactly what an
+        // empty file gives.
         let mut want = Config::parse_unchecked("", base).unwrap();
+        want.encryption.aes_key_file = Some(base.join("certs/aes.key"));
         want.acl.admin_cns = vec!["admin".to_owned()];
         want.acl.sender_cns = vec!["sender_1".to_owned(), "sender_2".to_owned()];
         want.acl.receiver_cns = vec!["receiver_1".to_owned(), "receiver_2".to_owned()];
@@ -2657,7 +2741,7 @@ mod tests {
             ("tls", 5),
             ("logging", 6),
             ("database", 9),
-            ("encryption", 1),
+            ("encryption", 2),
             ("performance", 21),
             ("storage", 6),
             ("admin", 9),

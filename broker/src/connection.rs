@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use ciphermq_shard::log_throttle::LogThrottle;
 use ciphermq_shard::{ConnEvent, Mailbox};
 use glommio::net::TcpStream;
 use glommio::timer::Timer;
@@ -142,6 +143,25 @@ impl Connection {
 
     /// Greets the client and serves it until it quits, fails or times out.
     pub async fn run(mut self) {
+        // Anyone with a certificate can connect at will: one line a second
+        // per shard and role (so a receiver and a sender connecting together
+        // both show), the next one counting what was left out.
+        thread_local! {
+            static ACCEPTED: [LogThrottle; 5] =
+                const { [const { LogThrottle::new(Duration::from_secs(1)) }; 5] };
+        }
+        let role = match self.session.identity.role {
+            Role::Sender => 0,
+            Role::Receiver => 1,
+            Role::Admin => 2,
+            Role::Monitor => 3,
+            Role::Unknown => 4,
+        };
+        if let Some(skipped) = ACCEPTED.with(|t| t[role].admit(Instant::now())) {
+            let id = &self.session.identity;
+            let shard = self.session.local.shard.borrow().id();
+            tracing::info!(cn = %id.cn, peer = %id.peer, role = %id.role, shard, skipped, "connection accepted (skipped: connections of this role not logged since the last line)");
+        }
         self.session.greet();
         let end = std::future::poll_fn(|cx| {
             let polled = self.poll_run(cx);

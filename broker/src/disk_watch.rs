@@ -1,5 +1,6 @@
 //! Watches free space on the data directory's filesystem, so a full disk is a
-//! state the broker enters early and leaves by itself (DESIGN.md §5).
+//! state the broker enters early and leaves by itself (docs/PROTOCOL.md,
+//! "Storage layout", disk space).
 //!
 //! Below `storage.min_free_mb` the shards refuse new publishes with
 //! `NACK <id> disk_full`, while consumers keep consuming and acking, and

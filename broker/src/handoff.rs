@@ -188,7 +188,9 @@ pub(crate) async fn handshake(
                 .stats
                 .connections_refused
                 .add(ciphermq_admin::stats::REFUSED_UNKNOWN_CLIENT);
-            tracing::warn!(%peer, reason = %e, "refused: no identity in the client certificate");
+            if let Some(skipped) = REFUSED.with(|t| t.admit(Instant::now())) {
+                tracing::warn!(%peer, reason = %e, skipped, "refused: no identity in the client certificate (skipped: refusals not logged since the last line)");
+            }
             refuse(&mut stream, &mut session, &format!("Access denied: {e}")).await;
             return;
         }
@@ -202,7 +204,10 @@ pub(crate) async fn handshake(
             .stats
             .connections_refused
             .add(ciphermq_admin::stats::REFUSED_UNKNOWN_CLIENT);
-        tracing::warn!(%peer, cn = ?cn, "refused: unknown client");
+        // Anyone our CA signed can be refused at will: one line a second.
+        if let Some(skipped) = REFUSED.with(|t| t.admit(Instant::now())) {
+            tracing::warn!(%peer, %cn, skipped, "refused: unknown client, its identity is in no [acl] list (skipped: refusals not logged since the last line)");
+        }
         refuse(
             &mut stream,
             &mut session,
@@ -218,7 +223,9 @@ pub(crate) async fn handshake(
                 .stats
                 .connections_refused
                 .add(ciphermq_admin::stats::REFUSED_CONNECTION_LIMIT);
-            tracing::warn!(%peer, %cn, reason = %e, "refused: connection limit");
+            if let Some(skipped) = REFUSED.with(|t| t.admit(Instant::now())) {
+                tracing::warn!(%peer, %cn, reason = %e, skipped, "refused: connection limit (skipped: refusals not logged since the last line)");
+            }
             refuse(&mut stream, &mut session, "Error: connection limit reached").await;
             return;
         }
@@ -256,6 +263,12 @@ pub(crate) async fn handshake(
         identity,
         slot,
     });
+}
+
+thread_local! {
+    /// Refused connections (unknown CN, connection caps), one line a second
+    /// per shard.
+    static REFUSED: LogThrottle = const { LogThrottle::new(Duration::from_secs(1)) };
 }
 
 /// Tells a refused client why in one line, then closes its TLS session

@@ -1,7 +1,7 @@
-//! The broker's logs (DESIGN.md §8): readable lines on stderr (the console)
-//! and JSON files under `logging.dir`, rotated by `logging.rotation`, the
-//! newest `logging.max_log_files` kept. Level: `RUST_LOG`, else
-//! `logging.level`.
+//! The broker's logs (docs/PROTOCOL.md, "Logging"): readable lines on stderr
+//! (the console) and JSON files under `logging.dir`, rotated by
+//! `logging.rotation`, the newest `logging.max_log_files` kept. Level:
+//! `RUST_LOG`, else `logging.level`.
 //!
 //! Every line is stored once. Which sinks are on ([`Sinks::choose`]):
 //!

@@ -1,4 +1,5 @@
-//! Rate limits (DESIGN.md §2): per-CN token buckets and caps on open connections.
+//! Rate limits (docs/ARCHITECTURE.md, "Identity and access"): per-CN token
+//! buckets and caps on open connections.
 //!
 //! The buckets are single-threaded: every connection of one CN lives on the same
 //! shard (`hash(CN) % N`), so that shard owns the CN's [`CnLimiter`] outright.

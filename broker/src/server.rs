@@ -50,6 +50,10 @@ const IO_MEMORY: usize = 512 * 1024;
 /// Why the broker did not start; says what to change.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
+    /// The configuration breaks a rule only visible once the command line
+    /// has overridden it (`--address` equal to `admin.address`).
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
     /// io_uring or locked memory unavailable.
     #[error("{0}")]
     IoUring(String),
@@ -190,6 +194,8 @@ impl BrokerHandle {
 
 /// Starts the broker described by a validated `config`.
 pub fn start(config: &Config) -> Result<BrokerHandle, StartError> {
+    // Checked at load too; again here for `--address`, which comes after.
+    config.validate_admin_address()?;
     sys::probe_io_uring().map_err(StartError::IoUring)?;
     let memlock = sys::raise_memlock_limit();
     // Every connection and every open segment holds a descriptor.

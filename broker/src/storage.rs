@@ -185,13 +185,13 @@ impl Storage {
 /// name. Returns whether it adopted any.
 ///
 /// The owner of a dead-letter queue `{q}.dlq` is the owner `topology.json`
-/// records for `{q}`: the broker declares it with exactly that owner, and
-/// saves the declaration after the first message is moved there, so a crash
-/// in between leaves this directory (whoever owns `{q}`, a receiver or an
-/// admin). Any other directory goes to the receiver CN that owns its name
-/// (DESIGN §2, as the ACL decides it); a directory neither rule gives an
-/// owner stops the start, naming every such directory, since guessing an
-/// owner would hand its messages to the wrong client.
+/// records for `{q}`: the broker declares it with exactly that owner, and saves
+/// the declaration after the first message is moved there, so a crash in
+/// between leaves this directory (whoever owns `{q}`, a receiver or an admin).
+/// Any other directory goes to the receiver CN that owns its name (as the ACL
+/// decides it, docs/ARCHITECTURE.md, "Identity and access"); a directory
+/// neither rule gives an owner stops the start, naming every such directory,
+/// since guessing an owner would hand its messages to the wrong client.
 fn adopt_orphan_queues(
     config: &Config,
     data_dir: &Path,

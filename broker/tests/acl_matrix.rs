@@ -1,8 +1,8 @@
-//! DESIGN.md §2 over real mTLS connections: each role's column of the
-//! permission matrix walked on one broker, the "own resources" rules of
-//! receivers (prefixes, `.dlq`, longest CN wins, routing keys),
-//! ACL-before-existence, the public-key commands, fanout binds that need
-//! ownership of the exchange, and authenticated senders
+//! The ACL (docs/ARCHITECTURE.md, "Identity and access") over real mTLS
+//! connections: each role's column of the permission matrix walked on one
+//! broker, the "own resources" rules of receivers (prefixes, `.dlq`, longest CN
+//! wins, routing keys), ACL-before-existence, the public-key commands, fanout
+//! binds that need ownership of the exchange, and authenticated senders
 //! (`sender_client_id`, `acl.require_sender_id`).
 //!
 //! Every cell is pinned down reply by reply, without sockets, by the

@@ -1,4 +1,4 @@
-//! DESIGN.md §8: the admin endpoint speaks HTTP/1.1 over mutual TLS.
+//! docs/PROTOCOL.md, "Admin endpoint": it speaks HTTP/1.1 over mutual TLS.
 //! `/health` and `/ready` answer any certificate the broker's CA signed;
 //! `/api/*` and `/metrics` answer admin CNs only (others get 403); the status
 //! and the metrics reflect what clients did; a client without a certificate

@@ -350,9 +350,10 @@ async fn messages_read_back_from_disk_are_dead_lettered_after_max_deliveries() {
     );
 }
 
-/// DESIGN §4: an id is a duplicate while its message "is still there",
-/// however long ago it was published; the window only covers acked ones.
-/// A body on disk does not change that, nor does a restart.
+/// Dedup (docs/ARCHITECTURE.md, "Delivery guarantees"): an id is a duplicate
+/// while its message is still queued, however long ago it was published; the
+/// window only covers acked ones. A body on disk does not change that, nor does
+/// a restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_on_disk_stays_a_duplicate_past_the_window_and_across_a_restart() {
     let data = tempfile::tempdir().expect("tempdir");

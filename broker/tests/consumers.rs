@@ -1,8 +1,9 @@
-//! DESIGN.md §3 and §4 from the consumer's side: push consume with prefetch,
-//! competing consumers, redelivery (closed connection, `nack`, `resend`) with
-//! delivery counts, pull `fetch`, per-sender-per-queue dedup, dead-lettering
-//! after `max_deliveries`, full queues, and consumers on another shard than
-//! their queue.
+//! The protocol and the delivery guarantees (docs/PROTOCOL.md,
+//! docs/ARCHITECTURE.md "Delivery guarantees") from the consumer's side: push
+//! consume with prefetch, competing consumers, redelivery (closed connection,
+//! `nack`, `resend`) with delivery counts, pull `fetch`, per-sender-per-queue
+//! dedup, dead-lettering after `max_deliveries`, full queues, and consumers on
+//! another shard than their queue.
 
 mod common;
 

@@ -1,6 +1,6 @@
-//! DESIGN.md §2, "Exchanges have owners": the receiver that declares an
-//! exchange first owns it, and no receiver can get copies of messages routed
-//! for another. Against a real broker over mutual TLS:
+//! Exchanges have owners (docs/PROTOCOL.md, "Exchange ownership"): the receiver
+//! that declares an exchange first owns it, and no receiver can get copies of
+//! messages routed for another. Against a real broker over mutual TLS:
 //!
 //! - a receiver cannot eavesdrop on another's fanout exchange (or an admin's)
 //!   by binding its own queue there: refused, and it gets no copy;

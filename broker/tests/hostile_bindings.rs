@@ -1,9 +1,9 @@
-//! DESIGN.md §2, "per-CN quotas on queues, exchanges and bindings": a
-//! receiver that declares and binds without end meets its quotas with an
-//! `Error: quota exceeded: …` naming the quota, while another client of the
-//! same shard is served and routing through what it did bind still works.
-//! Admins are not held to a receiver's quota, and the counts survive a
-//! restart (they are rebuilt from the saved topology, not reset).
+//! Per-CN quotas on queues, exchanges and bindings (docs/PROTOCOL.md,
+//! "Quotas"): a receiver that declares and binds without end meets its quotas
+//! with an `Error: quota exceeded: …` naming the quota, while another client of
+//! the same shard is served and routing through what it did bind still works.
+//! Admins are not held to a receiver's quota, and the counts survive a restart
+//! (they are rebuilt from the saved topology, not reset).
 
 mod common;
 

@@ -1,9 +1,9 @@
-//! DESIGN.md §2, "every command has a bounded cost": topic bindings built to
-//! make routing explode (many `#`, kept apart or in a run) are either refused
-//! at bind or routed promptly, while another client of the same shard is
-//! served; bindings over the word or `#` caps get an `Error: …` with the
-//! reason, and a publish whose key has more words than the cap is
-//! `NACK <id> invalid`.
+//! Every command has a bounded cost (docs/PROTOCOL.md, "Routing key limits"):
+//! topic bindings built to make routing explode (many `#`, kept apart or in a
+//! run) are either refused at bind or routed promptly, while another client of
+//! the same shard is served; bindings over the word or `#` caps get an
+//! `Error: …` with the reason, and a publish whose key has more words than the
+//! cap is `NACK <id> invalid`.
 //!
 //! With a backtracking matcher, the first test stalls the shard for far longer
 //! than the helpers' 10 s timeouts (a 32-word key against `receiver_1` and a

@@ -1,4 +1,4 @@
-//! DESIGN.md §3: every error reply of the wire protocol, and the framing rules
+//! docs/PROTOCOL.md: every error reply of the wire protocol, and the framing rules
 //! (line limit, UTF-8, empty lines, `\r\n`, `quit`), checked over real mTLS. A
 //! bad line never costs the connection, and garbage on one connection never
 //! disturbs another.

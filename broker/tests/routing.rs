@@ -1,7 +1,8 @@
-//! DESIGN.md §3 and §4: exchanges route by type (direct = exact key, fanout =
-//! every bound queue, topic = `*`/`#` patterns, one copy per queue however many
-//! of its bindings match), with 1 and 2 shards; exchange declaration rules;
-//! bind and publish errors; and fan-out copies that are settled independently.
+//! docs/PROTOCOL.md and docs/ARCHITECTURE.md "Delivery guarantees": exchanges
+//! route by type (direct = exact key, fanout = every bound queue, topic =
+//! `*`/`#` patterns, one copy per queue however many of its bindings match),
+//! with 1 and 2 shards; exchange declaration rules; bind and publish errors;
+//! and fan-out copies that are settled independently.
 //!
 //! Queues carry receivers' names so that, with 2 shards, they live on different
 //! shards (receiver_1 and receiver_2/receiver_1_2 hash apart) and a publish

@@ -1,9 +1,9 @@
-//! Storage faults, met as an operator meets them, on the real broker binary
-//! and real files (DESIGN.md §5): a damaged byte costs only its record (the
-//! rest is served, the damage is quarantined and reported); a full disk
-//! refuses publishes early and is left by itself once consumers free space;
-//! a real ENOSPC answers `NACK storage` without making files in a loop or
-//! leaving a hole, and is recovered from without a restart.
+//! Storage faults, met as an operator meets them, on the real broker binary and
+//! real files (docs/PROTOCOL.md, "Storage layout"): a damaged byte costs only
+//! its record (the rest is served, the damage is quarantined and reported); a
+//! full disk refuses publishes early and is left by itself once consumers free
+//! space; a real ENOSPC answers `NACK storage` without making files in a loop
+//! or leaving a hole, and is recovered from without a restart.
 
 mod common;
 

@@ -1,6 +1,7 @@
-//! DESIGN.md §2 and §3: mutual TLS decides who a client is. A certificate from
-//! another CA or no certificate fails the handshake; a valid certificate whose CN
-//! has no role is refused with one line; every role is greeted with
+//! docs/ARCHITECTURE.md "Identity and access", docs/PROTOCOL.md "Greeting":
+//! mutual TLS decides who a client is. A certificate from another CA or no
+//! certificate fails the handshake; a valid certificate whose CN has no role is
+//! refused with one line; every role is greeted with
 //! `HELLO ciphermq/1 <cn> <role>`, on every shard.
 
 mod common;

@@ -48,6 +48,33 @@ pub enum ConfigError {
     /// subscriber is already installed).
     #[error("cannot set up logging: {0}")]
     Logging(String),
+    /// No `--config` was given and there is no [`DEFAULT_CONFIG`] in the
+    /// working directory.
+    #[error(
+        "no config file: pass --config PATH (no --config was given and there is no \
+         {DEFAULT_CONFIG} here). From the repository root, --config clients/examples/{example} \
+         is the demo's; clients/README.md describes every key"
+    )]
+    NoConfig {
+        /// The example file for this tool in `clients/examples/`.
+        example: &'static str,
+    },
+}
+
+/// The config file a tool reads when `--config` is not given, from the
+/// working directory.
+pub const DEFAULT_CONFIG: &str = "config.json";
+
+/// The config file a tool reads: `given` (its `--config`), else
+/// [`DEFAULT_CONFIG`] when the working directory has one, else
+/// [`ConfigError::NoConfig`] naming `example`, the tool's file in
+/// `clients/examples/`.
+pub fn config_path(given: Option<PathBuf>, example: &'static str) -> Result<PathBuf, ConfigError> {
+    match given {
+        Some(path) => Ok(path),
+        None if Path::new(DEFAULT_CONFIG).exists() => Ok(PathBuf::from(DEFAULT_CONFIG)),
+        None => Err(ConfigError::NoConfig { example }),
+    }
 }
 
 /// The `tls` section: the client's identity and the CA it trusts. Field names follow

@@ -1,5 +1,5 @@
-//! Hybrid end-to-end encryption (DESIGN.md §7): what a sender puts in a publish and
-//! what only the addressed receiver can open.
+//! Hybrid end-to-end encryption (docs/ARCHITECTURE.md, "End-to-end encryption"): what
+//! a sender puts in a publish and what only the addressed receiver can open.
 //!
 //! Per message and per receiver:
 //! 1. a random 256-bit session key and a random 96-bit nonce;
@@ -37,7 +37,8 @@ pub const NONCE_BYTES: usize = 12;
 /// Poly1305 tag (libsodium's `crypto_box_SEALBYTES`).
 pub const SEAL_OVERHEAD: usize = 32 + 16;
 
-/// The JSON body of a `publish` (DESIGN.md §3): a message encrypted for one receiver.
+/// The JSON body of a `publish` (docs/PROTOCOL.md, "Publish checks, in order"): a
+/// message encrypted for one receiver.
 ///
 /// The five named fields are required strings. `sender_client_id` is optional; the
 /// broker refuses a publish whose `sender_client_id` is not the publisher's CN, so a

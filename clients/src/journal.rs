@@ -10,13 +10,13 @@
 //! disk, and a message redelivered after a crash is recognised and acknowledged
 //! without being written twice.
 //!
-//! A message is known by its sender and its id (DESIGN.md §2): ids are chosen by
-//! senders, so two senders may use the same one, and neither may get the other's
-//! message dropped as a duplicate. The broker vouches for `sender_client_id` (it
-//! refuses one that is not the publisher's CN). Messages that name no sender, and
-//! lines written before the sender was recorded, are known by their id alone, as
-//! they always were: an old file keeps deduplicating the redeliveries of what it
-//! holds.
+//! A message is known by its sender and its id (docs/PROTOCOL.md, "Authenticated
+//! senders"): ids are chosen by senders, so two senders may use the same one, and
+//! neither may get the other's message dropped as a duplicate. The broker vouches for
+//! `sender_client_id` (it refuses one that is not the publisher's CN). Messages that
+//! name no sender, and lines written before the sender was recorded, are known by
+//! their id alone, as they always were: an old file keeps deduplicating the
+//! redeliveries of what it holds.
 //!
 //! On open the file is read once to rebuild that set (memory grows with the
 //! number of records). A torn last line, left by a crash in the middle of a write,

@@ -1,15 +1,15 @@
 //! The sender's bookkeeping of publishes, without I/O or a clock of its own: what is
 //! ready to send, what waits for a retry, and what awaits its reply.
 //!
-//! Replies come strictly in command order (DESIGN.md §3), so the reply at the head
-//! of the stream always belongs to the oldest publish in flight; an `ACK`/`NACK`
-//! naming another id means the two sides disagree and the connection must be
-//! replaced. A retriable `NACK` (`rate_limited`, `queue_full`, `storage`,
-//! `timeout`) or a publish left without reply past the ACK timeout costs one
-//! attempt and waits an exponential backoff; past `max_retries` the message
-//! fails. A lost connection puts every publish in flight back at the head of the
-//! queue without costing an attempt: re-publishing is safe because the broker
-//! deduplicates per sender and message id.
+//! Replies come strictly in command order (docs/PROTOCOL.md, "Replies"), so the reply
+//! at the head of the stream always belongs to the oldest publish in flight; an
+//! `ACK`/`NACK` naming another id means the two sides disagree and the connection
+//! must be replaced. A retriable `NACK` (`rate_limited`, `queue_full`, `storage`,
+//! `timeout`) or a publish left without reply past the ACK timeout costs one attempt
+//! and waits an exponential backoff; past `max_retries` the message fails. A lost
+//! connection puts every publish in flight back at the head of the queue without
+//! costing an attempt: re-publishing is safe because the broker deduplicates per
+//! sender and message id.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};

@@ -28,7 +28,7 @@
 //! change before it: a save request lost to a full queue, or a failed save
 //! (retried with backoff), is made good by the next one.
 //!
-//! Ownership (DESIGN.md §2) lives here too, so that it is decided where the
+//! Ownership (docs/PROTOCOL.md) lives here too, so that it is decided where the
 //! change is applied, never against a snapshot that may be stale by then:
 //! the receiver that declares an exchange first owns it (an [`Actor::Admin`]
 //! declaration, or one loaded without an owner, belongs to no receiver), a

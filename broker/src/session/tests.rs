@@ -1,5 +1,6 @@
-//! The command layer without sockets: DESIGN.md §2 and the error replies
-//! of §3, one exact reply line per row.
+//! The command layer without sockets: the ACL (docs/ARCHITECTURE.md,
+//! "Identity and access") and the error replies of docs/PROTOCOL.md, one
+//! exact reply line per row.
 //!
 //! Each case runs on a fresh shard built the way start-up builds one (the
 //! real config, policy, topology store and key store, [`Storage::open`],

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use ciphermq_clients::client_config;
 use ciphermq_clients::progress::{self, ProgressLine};
 use ciphermq_clients::receiver::{run_receiver, ReceiverLimits, ReceiverStats};
 use ciphermq_clients::receiver_config::ReceiverConfig;
@@ -28,8 +29,10 @@ use clap::Parser;
 )]
 struct Args {
     /// Receiver configuration file (JSON); relative paths inside are relative to it.
-    #[arg(long, short, value_name = "PATH", default_value = "config.json")]
-    config: PathBuf,
+    /// Default: config.json in the working directory, when there is one
+    /// (clients/examples/receiver.json is the demo's).
+    #[arg(long, short, value_name = "PATH")]
+    config: Option<PathBuf>,
     /// Stop after writing this many new messages.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     count: Option<u64>,
@@ -66,7 +69,8 @@ async fn main() -> ExitCode {
 
 /// Loads the config, applies the flags, runs, prints the report.
 async fn run(args: Args) -> anyhow::Result<()> {
-    let mut config = ReceiverConfig::load(&args.config)?;
+    let path = client_config::config_path(args.config, "receiver.json")?;
+    let mut config = ReceiverConfig::load(&path)?;
     if let Some(a) = args.address {
         config.server_address = a;
     }

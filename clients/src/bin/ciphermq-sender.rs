@@ -9,6 +9,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::Context as _;
+use ciphermq_clients::client_config;
 use ciphermq_clients::message_source::Contents;
 use ciphermq_clients::progress::{self, ProgressLine};
 use ciphermq_clients::sender::{run_sender, SendJob, SenderReport, SenderStats};
@@ -30,8 +31,10 @@ use clap::Parser;
 )]
 struct Args {
     /// Sender configuration file (JSON); relative paths inside are relative to it.
-    #[arg(long, short, value_name = "PATH", default_value = "config.json")]
-    config: PathBuf,
+    /// Default: config.json in the working directory, when there is one
+    /// (clients/examples/sender.json is the demo's).
+    #[arg(long, short, value_name = "PATH")]
+    config: Option<PathBuf>,
     /// Receiver to send to; repeatable; replaces the config's `receivers`.
     #[arg(long = "to", value_name = "RECEIVER_ID")]
     to: Vec<String>,
@@ -84,7 +87,8 @@ async fn main() -> ExitCode {
 
 /// Loads the config, applies the flags, runs, prints the report.
 async fn run(args: Args) -> anyhow::Result<SenderReport> {
-    let mut config = SenderConfig::load(&args.config)?;
+    let path = client_config::config_path(args.config, "sender.json")?;
+    let mut config = SenderConfig::load(&path)?;
     if !args.to.is_empty() {
         config.receivers = args.to.clone();
     }

@@ -1,4 +1,4 @@
-//! DESIGN.md §2, every command has a bounded cost: per-CN quotas, rate
+//! Every command has a bounded cost (docs/PROTOCOL.md, "Quotas"): per-CN quotas, rate
 //! limits, public-key sizes and the fetch cap, each answered, never a stall.
 
 use super::*;

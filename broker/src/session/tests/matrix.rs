@@ -1,5 +1,5 @@
-//! DESIGN.md §2, the permission matrix: every command × role, one
-//! column per role, each cell with its exact reply.
+//! The permission matrix (docs/ARCHITECTURE.md, "Identity and access"):
+//! every command × role, one column per role, each cell with its exact reply.
 
 use super::*;
 
@@ -395,8 +395,8 @@ fn unknown_column() -> Vec<Case> {
         )]
 }
 
-/// Every command × role of DESIGN.md §2, on memory storage as the socket
-/// suites run.
+/// Every command × role of the permission matrix, on memory storage as the
+/// socket suites run.
 #[test]
 fn permission_matrix() {
     let mut cases = sender_column();

@@ -1,6 +1,6 @@
-//! DESIGN.md §2, what a receiver owns: queues by name (prefixes, `.dlq`,
-//! the longest CN), routing keys and topic patterns, exchanges it declared
-//! first; and authenticated senders (`sender_client_id`).
+//! What a receiver owns (docs/ARCHITECTURE.md, "Identity and access"): queues
+//! by name (prefixes, `.dlq`, the longest CN), routing keys and topic patterns,
+//! exchanges it declared first; and authenticated senders (`sender_client_id`).
 
 use super::*;
 

@@ -1,4 +1,4 @@
-//! DESIGN.md §3, the error replies of the wire protocol: framing, UTF-8,
+//! The error replies of the wire protocol (docs/PROTOCOL.md): framing, UTF-8,
 //! unknown commands, arity, the name rule, and publish bodies.
 
 use super::*;
