@@ -32,6 +32,7 @@ pub(crate) struct WriterTask(JoinHandle<Result<(), ClientError>>);
 impl WriterTask {
     /// Waits for the task: `Ok` after every sender was dropped and the last bytes
     /// were flushed.
+    #[cfg_attr(not(feature = "tools"), allow(dead_code))]
     pub(crate) async fn finish(mut self) -> Result<(), ClientError> {
         match (&mut self.0).await {
             Ok(result) => result,
@@ -72,6 +73,7 @@ pub(crate) fn spawn(mut writer: ConnectionWriter) -> (LineSender, WriterTask) {
 /// A spawned task that is aborted when this guard is dropped: helpers of a client
 /// (the encryption stage) must not outlive it when it is cancelled.
 #[derive(Debug)]
+#[cfg_attr(not(feature = "tools"), allow(dead_code))]
 pub(crate) struct AbortOnDrop<T>(pub(crate) JoinHandle<T>);
 
 impl<T> Drop for AbortOnDrop<T> {
