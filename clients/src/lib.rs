@@ -69,8 +69,6 @@ pub mod message_source;
 #[cfg(feature = "tools")]
 mod opener;
 #[cfg(feature = "tools")]
-pub mod outbox;
-#[cfg(feature = "tools")]
 pub mod pki;
 #[cfg(feature = "tools")]
 pub mod progress;

@@ -740,3 +740,91 @@ async fn refusals_are_typed_with_the_brokers_text() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sender_tool_publishes_through_the_library_and_stops_on_a_changed_key() {
+    use ciphermq_clients::message_source::Contents;
+    use ciphermq_clients::sender::{run_sender, SendJob, SenderError, SenderStats};
+    use ciphermq_clients::{SenderConfig, TlsConfig};
+
+    bounded(async {
+        let b = broker("");
+        let (recv, old_key) = receiver(&b, "receiver_1").await;
+        let keys = tempfile::tempdir().expect("tempdir");
+        let mut config = SenderConfig::new(b.addr.clone(), TlsConfig::for_cn(certs(), "sender_1"));
+        config.receivers = vec!["receiver_1".into()];
+        config.keys_dir = keys.path().to_owned();
+        config.sender.max_inflight = 16;
+        let send = |texts: &[&str]| {
+            let config = config.clone();
+            let job = SendJob {
+                contents: Contents::Texts(texts.iter().map(|t| t.to_string()).collect()),
+                run_id: None,
+            };
+            async move {
+                run_sender(
+                    &config,
+                    job,
+                    Arc::new(SenderStats::default()),
+                    std::future::pending(),
+                )
+                .await
+            }
+        };
+        let report = send(&["one", "two", "three"]).await.expect("first run");
+        assert_eq!(
+            (report.sent, report.acked, report.failed, report.unsent),
+            (3, 3, 0, 0)
+        );
+        let pin_file = keys.path().join("known_receivers");
+        let pins = FilePins::open(&pin_file).expect("pins");
+        assert_eq!(
+            pins.pinned("receiver_1").unwrap(),
+            Some(old_key.public_key())
+        );
+
+        // The key at the broker changes: the next run stops before sending.
+        let new_key = ReceiverKey::generate("receiver_1");
+        recv.register_public_key(&new_key.public_key())
+            .await
+            .expect("register");
+        match send(&["four"]).await {
+            Err(SenderError::KeyChanged {
+                receiver,
+                pin_file: named,
+                ..
+            }) => {
+                assert_eq!(receiver, "receiver_1");
+                assert_eq!(named, pin_file);
+            }
+            other => panic!("expected KeyChanged, got {other:?}"),
+        }
+
+        // Accepted by deleting the receiver's line, as the error says.
+        let text = std::fs::read_to_string(&pin_file).expect("pin file");
+        let kept: String = text
+            .lines()
+            .filter(|l| !l.starts_with("receiver_1 "))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        std::fs::write(&pin_file, kept).expect("edit the pin file");
+        let report = send(&["five"]).await.expect("run after accepting");
+        assert_eq!(report.acked, 1);
+
+        let mut consumer = recv.consume("receiver_1_queue", 10).await.expect("consume");
+        let mut texts = Vec::new();
+        for _ in 0..4 {
+            let d = next(&mut consumer).await;
+            let text = d
+                .decrypt(&old_key)
+                .or_else(|_| d.decrypt(&new_key))
+                .expect("decrypt with one of the keys");
+            texts.push(String::from_utf8(text).expect("utf-8"));
+            d.ack().await.expect("ack");
+        }
+        texts.sort();
+        assert_eq!(texts, ["five", "one", "three", "two"]);
+        assert_silent(&mut consumer).await;
+    })
+    .await;
+}

@@ -51,6 +51,12 @@ impl PreparedPublish {
     pub fn message_id(&self) -> &str {
         &self.message_id
     }
+
+    /// The `publish` line, without its newline.
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) fn line(&self) -> &str {
+        &self.line
+    }
 }
 
 /// Publishes on a [`Client`]'s connection. Cheap to clone; clones share the
@@ -221,7 +227,11 @@ impl Publisher {
                 delay_ms = delay.as_millis() as u64,
                 "publish refused for now; will retry"
             );
-            tokio::time::sleep(delay).await;
+            // A connection lost meanwhile fails the publish now, not after the wait.
+            tokio::select! {
+                () = tokio::time::sleep(delay) => {}
+                _ = handle.closed() => return Err(handle.lost().into()),
+            }
         }
     }
 
