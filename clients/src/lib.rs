@@ -16,18 +16,19 @@
 //!   ChaCha20-Poly1305 body bound to its message id) and [`EncryptedInputData`];
 //!   [`key_file`]: the X25519 key files `ciphermq-pki` writes; [`backoff`].
 //!
-//! With the `tools` feature (on by default):
-//! - [`pki`]: the CA (its key apart from the leaf keys), the broker's server
+//! With the `tools` feature (on by default; plain names here, as the modules
+//! are absent without it):
+//! - `pki`: the CA (its key apart from the leaf keys), the broker's server
 //!   certificate, client certificates (the CN is the identity the broker's ACL
 //!   sees), receivers' X25519 key pairs and the broker's AES key: made once, kept,
 //!   listed; the `ciphermq-pki` binary is a thin shell over it.
-//! - The sender: [`sender::run_sender`] (encryption stage and a pump over a
-//!   [`Publisher`]), [`message_source`] (templates, files, stdin), [`sender_config`].
-//! - The receiver: [`receiver::run_receiver`] (setup, consume, batch, ack; still on
+//! - The sender: `sender::run_sender` (encryption stage and a pump over a
+//!   [`Publisher`]), `message_source` (templates, files, stdin), `sender_config`.
+//! - The receiver: `receiver::run_receiver` (setup, consume, batch, ack; still on
 //!   the line-level [`connection`]), its ordered parallel decryption stage
-//!   (`opener`), [`journal`] (the output file and the dedup set), [`receiver_config`].
-//! - Shared plumbing: [`client_config`] (`tls`/`logging` sections, JSON loading),
-//!   [`logging`], [`progress`].
+//!   (`opener`), `journal` (the output file and the dedup set), `receiver_config`.
+//! - Shared plumbing: `client_config` (`tls`/`logging` sections, JSON loading),
+//!   `logging`, `progress`.
 //!
 //! Invariants worth naming:
 //! - Replies come in command order; nothing reorders or drops a line. The
