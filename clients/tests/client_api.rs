@@ -11,12 +11,12 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use ciphermq_broker::{BrokerHandle, Config};
-use ciphermq_clients::crypto;
+use ciphermq_clients::crypto::{self, PublicKey};
 use ciphermq_clients::pki::{self, PkiOptions};
 use ciphermq_clients::{
     Client, ClientConfig, ConnectError, Consumer, DecryptError, Delivery, Disconnected,
-    ExchangeKind, FilePins, KeyPins, NackReason, PublishError, ReceiverKey, RequestError,
-    RetryPolicy, Role, TlsClientOptions,
+    ExchangeKind, FilePins, KeyPins, MemoryPins, NackReason, PinStoreError, PublishError,
+    ReceiverKey, RequestError, RetryPolicy, Role, TlsClientOptions,
 };
 use futures_util::future::join_all;
 use futures_util::StreamExt;
@@ -164,6 +164,26 @@ async fn assert_silent(consumer: &mut Consumer) {
     }
 }
 
+/// In-memory pins that count how often a key is pinned.
+#[derive(Debug, Default)]
+struct CountingPins {
+    inner: MemoryPins,
+    lookups: AtomicUsize,
+    pins: AtomicUsize,
+}
+
+impl KeyPins for CountingPins {
+    fn pinned(&self, receiver: &str) -> Result<Option<PublicKey>, PinStoreError> {
+        self.lookups.fetch_add(1, Relaxed);
+        self.inner.pinned(receiver)
+    }
+
+    fn pin(&self, receiver: &str, key: &PublicKey) -> Result<(), PinStoreError> {
+        self.pins.fetch_add(1, Relaxed);
+        self.inner.pin(receiver, key)
+    }
+}
+
 /// Runs a test body within [`LIMIT`].
 async fn bounded<F: std::future::Future<Output = ()>>(f: F) {
     tokio::time::timeout(LIMIT, f)
@@ -178,18 +198,18 @@ async fn publishes_are_pipelined_within_the_window_and_all_acknowledged() {
         const WINDOW: usize = 8;
         let b = broker("");
         let (recv, key) = receiver(&b, "receiver_1").await;
-        let sender = Client::connect(config(&b, "sender_1").publish_window(WINDOW))
-            .await
-            .expect("connect");
+        let pins = Arc::new(CountingPins::default());
+        let sender = Client::connect(
+            config(&b, "sender_1")
+                .publish_window(WINDOW)
+                .key_pins(pins.clone()),
+        )
+        .await
+        .expect("connect");
         assert_eq!(sender.role(), &Role::Sender);
         assert_eq!(sender.client_id(), "sender_1");
         let publisher = sender.publisher();
         assert_eq!(publisher.window(), WINDOW);
-        // Fetch (and pin) the key once, so the publishes below only publish.
-        assert_eq!(
-            sender.receiver_key("receiver_1").await.expect("key"),
-            key.public_key()
-        );
 
         let done = Arc::new(AtomicBool::new(false));
         let peak = Arc::new(AtomicUsize::new(0));
@@ -225,6 +245,14 @@ async fn publishes_are_pipelined_within_the_window_and_all_acknowledged() {
         assert_eq!(ids.len(), N, "distinct generated ids");
         assert_eq!(peak.load(Relaxed), WINDOW, "the window filled up");
         assert_eq!(publisher.in_flight(), 0);
+        // The 300 first publishes to receiver_1 asked the broker for its key and
+        // checked and pinned it once: the others waited for that answer.
+        assert_eq!(pins.lookups.load(Relaxed), 1);
+        assert_eq!(pins.pins.load(Relaxed), 1);
+        assert_eq!(
+            sender.receiver_key("receiver_1").await.expect("cached key"),
+            key.public_key()
+        );
 
         let mut consumer = recv
             .consume("receiver_1_queue", 1000)

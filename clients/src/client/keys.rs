@@ -23,6 +23,9 @@ pub(crate) struct KeyBook {
     ttl: Duration,
     /// Keys checked against their pins, and when.
     cache: Mutex<HashMap<String, (PublicKey, Instant)>>,
+    /// One lock per receiver, so concurrent publishes to a receiver whose key
+    /// is not cached ask the broker (and write its pin) once, not once each.
+    fetching: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 impl KeyBook {
@@ -32,6 +35,7 @@ impl KeyBook {
             pins,
             ttl,
             cache: Mutex::new(HashMap::new()),
+            fetching: Mutex::new(HashMap::new()),
         }
     }
 
@@ -43,6 +47,18 @@ impl KeyBook {
         handle: &Handle,
         receiver: &str,
     ) -> Result<PublicKey, PublishError> {
+        if let Some(key) = self.cached(receiver) {
+            return Ok(key);
+        }
+        let lock = self
+            .fetching
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(receiver.to_owned())
+            .or_default()
+            .clone();
+        let _fetching = lock.lock().await;
+        // Another publish may have fetched it while this one waited.
         if let Some(key) = self.cached(receiver) {
             return Ok(key);
         }
