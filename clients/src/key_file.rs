@@ -142,6 +142,7 @@ mod tests {
         assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 2);
     }
 
+    #[cfg(feature = "tools")]
     #[test]
     fn reads_what_ciphermq_pki_writes() {
         let dir = tempfile::tempdir().unwrap();

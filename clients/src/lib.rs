@@ -1,28 +1,43 @@
 //! The CipherMQ client library and the client-side tools.
 //!
+//! For applications, start with [`client`]: [`Client::connect`] opens one mutual-TLS
+//! connection served by one task, [`Publisher`] publishes (pipelined, retried,
+//! encrypted for a receiver whose key is pinned on first use) and [`Consumer`] is a
+//! stream of [`Delivery`]s to decrypt and acknowledge. `default-features = false`
+//! leaves out everything only the tools need.
+//!
 //! Modules:
-//! - [`pki`]: the CA (its key apart from the leaf keys), the broker's server
+//! - [`client`]: the typed async API (connection task, publisher, consumer,
+//!   receiver key pins, typed errors).
+//! - [`connection`]: the line level under it: mutual TLS, the `HELLO` greeting,
+//!   buffered line I/O for pipelining, a reader/writer split. Broker tests speak
+//!   raw `ciphermq/1` through it.
+//! - [`crypto`]: hybrid end-to-end encryption (sealed-box session key,
+//!   ChaCha20-Poly1305 body bound to its message id) and [`EncryptedInputData`];
+//!   [`key_file`]: the X25519 key files `ciphermq-pki` writes; [`backoff`].
+//!
+//! With the `tools` feature (on by default; plain names here, as the modules
+//! are absent without it):
+//! - `pki`: the CA (its key apart from the leaf keys), the broker's server
 //!   certificate, client certificates (the CN is the identity the broker's ACL
 //!   sees), receivers' X25519 key pairs and the broker's AES key: made once, kept,
 //!   listed; the `ciphermq-pki` binary is a thin shell over it.
-//! - [`connection`]: the client side of a `ciphermq/1` connection: mutual TLS,
-//!   the `HELLO` greeting, buffered line I/O for pipelining, and a reader/writer split
-//!   so one task can write commands while another reads replies.
-//! - [`crypto`]: hybrid end-to-end encryption (sealed-box session key,
-//!   ChaCha20-Poly1305 body bound to its message id) and [`EncryptedInputData`];
-//!   [`key_file`]: the X25519 key files `ciphermq-pki` writes.
-//! - The sender: [`sender::run_sender`] (encryption stage and pipelined publish
-//!   pump), its bookkeeping [`outbox`] (pure: replies, retries, timeouts),
-//!   [`message_source`] (templates, files, stdin), [`sender_config`].
-//! - The receiver: [`receiver::run_receiver`] (setup, consume, batch, ack), its
-//!   ordered parallel decryption stage (`opener`), [`journal`] (the output file
-//!   and the dedup set), [`receiver_config`].
-//! - Shared plumbing: [`client_config`] (`tls`/`logging` sections, JSON loading),
-//!   [`backoff`], [`logging`], [`progress`].
+//! - The sender: `sender::run_sender` (encryption stage and a pump over a
+//!   [`Publisher`]), `message_source` (templates, files, stdin), `sender_config`.
+//! - The receiver: `receiver::run_receiver` (setup, consume, batch, ack; still on
+//!   the line-level [`connection`]), its ordered parallel decryption stage
+//!   (`opener`), `journal` (the output file and the dedup set), `receiver_config`.
+//! - Shared plumbing: `client_config` (`tls`/`logging` sections, JSON loading),
+//!   `logging`, `progress`.
 //!
 //! Invariants worth naming:
-//! - Nothing is sent until a `flush`: queueing is free, so batching is the default.
-//! - Replies come in command order; the library never reorders or drops a line.
+//! - Replies come in command order; nothing reorders or drops a line. The
+//!   client's connection task hands each reply to the command that sent it and
+//!   each `Message:` line to the consumer of its queue.
+//! - Every name a client puts on a line is checked against the protocol's name
+//!   rule first, so no argument can smuggle in a second command.
+//! - A sender never encrypts for a receiver key that differs from the one it
+//!   pinned, unless the application accepted the change.
 //! - The PKI never replaces a CA or a certificate without being told to, and never
 //!   an X25519 key pair or the AES key; private keys are born with mode 0600 and
 //!   written atomically, the CA key in its own 0700 directory.
@@ -39,33 +54,59 @@
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod backoff;
+pub mod client;
+#[cfg(feature = "tools")]
 pub mod client_config;
 pub mod connection;
 pub mod crypto;
+#[cfg(feature = "tools")]
 pub mod journal;
 pub mod key_file;
 mod line_writer;
+#[cfg(feature = "tools")]
 pub mod logging;
+#[cfg(feature = "tools")]
 pub mod message_source;
+#[cfg(feature = "tools")]
 mod opener;
-pub mod outbox;
+#[cfg(feature = "tools")]
 pub mod pki;
+#[cfg(feature = "tools")]
 pub mod progress;
+#[cfg(feature = "tools")]
 mod public_keys;
+#[cfg(feature = "tools")]
 pub mod receiver;
+#[cfg(feature = "tools")]
 pub mod receiver_config;
+#[cfg(feature = "tools")]
 mod reconnect;
+#[cfg(feature = "tools")]
 pub mod sender;
+#[cfg(feature = "tools")]
 pub mod sender_config;
+#[cfg(feature = "tools")]
 mod shutdown;
 
-pub use client_config::{ConfigError, LoggingConfig, TlsConfig};
+pub use client::{
+    Ack, Client, ClientConfig, ConnectError, Consumer, DecryptError, Delivery, Disconnected,
+    ExchangeKind, FilePins, KeyPins, MemoryPins, NackReason, PinStoreError, PreparedPublish,
+    PublishError, Publisher, ReceiverKey, RequestError, RetryPolicy, Role,
+};
 pub use connection::{
     ClientError, Connection, ConnectionReader, ConnectionWriter, Hello, RawTls, TlsClientOptions,
 };
 pub use crypto::{decrypt, encrypt, CryptoError, EncryptedInputData};
+
+#[cfg(feature = "tools")]
+pub use client_config::{ConfigError, LoggingConfig, TlsConfig};
+#[cfg(feature = "tools")]
 pub use pki::{generate, PkiError, PkiOptions, PkiReport};
+#[cfg(feature = "tools")]
 pub use receiver::{run_receiver, ReceiverLimits, ReceiverReport, ReceiverStats};
+#[cfg(feature = "tools")]
 pub use receiver_config::ReceiverConfig;
+#[cfg(feature = "tools")]
 pub use sender::{run_sender, SendJob, SenderReport, SenderStats};
+#[cfg(feature = "tools")]
 pub use sender_config::SenderConfig;

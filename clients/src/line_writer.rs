@@ -30,17 +30,6 @@ impl LineSender {
 pub(crate) struct WriterTask(JoinHandle<Result<(), ClientError>>);
 
 impl WriterTask {
-    /// Waits for the task: `Ok` after every sender was dropped and the last bytes
-    /// were flushed.
-    pub(crate) async fn finish(mut self) -> Result<(), ClientError> {
-        match (&mut self.0).await {
-            Ok(result) => result,
-            // Only `abort` (on drop) cancels it, and a panic in a write is a bug
-            // best reported as a broken connection than as a second panic.
-            Err(_) => Err(ClientError::Closed),
-        }
-    }
-
     /// The join handle, for `select!` on the task failing.
     pub(crate) fn handle(&mut self) -> &mut JoinHandle<Result<(), ClientError>> {
         &mut self.0
@@ -72,6 +61,7 @@ pub(crate) fn spawn(mut writer: ConnectionWriter) -> (LineSender, WriterTask) {
 /// A spawned task that is aborted when this guard is dropped: helpers of a client
 /// (the encryption stage) must not outlive it when it is cancelled.
 #[derive(Debug)]
+#[cfg_attr(not(feature = "tools"), allow(dead_code))]
 pub(crate) struct AbortOnDrop<T>(pub(crate) JoinHandle<T>);
 
 impl<T> Drop for AbortOnDrop<T> {

@@ -1,21 +1,19 @@
-//! Receivers' public keys for the sender: asked from the broker (`get_public_key`)
+//! Receivers' public keys for the sender: asked from the broker through the
+//! client, checked against the keys pinned on first use (`known_receivers`),
 //! and cached in `keys/<receiver_id>_public.key`.
 //!
-//! The broker is asked first, because a receiver may have rotated its key. A
-//! receiver that has not registered yet is asked again for up to
-//! `key_wait_secs`, so a sender started together with its receivers works. If the
-//! broker still has no key (its key store is in memory in this build, so a
-//! restarted broker forgets keys until receivers reconnect), the cached file is
-//! used, with a warning.
+//! A receiver that has not registered yet is asked for again for up to
+//! `key_wait_secs`, so a sender started together with its receivers works.
+//! Then, if the broker still has none, the pinned key is used; else the cached
+//! file (which is pinned from then on), with a warning. A key that differs from
+//! the pinned one stops the sender ([`SenderError::KeyChanged`]).
 
 use std::collections::HashMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use ciphermq_proto::Reply;
-
-use crate::connection::Connection;
-use crate::crypto::{self, PublicKey};
+use crate::client::{Client, PublishError, RequestError};
+use crate::crypto::{public_key_to_base64, PublicKey};
 use crate::key_file;
 use crate::sender::SenderError;
 
@@ -24,9 +22,10 @@ const KEY_POLL: Duration = Duration::from_millis(250);
 
 /// Gets the public key of every receiver; see the module documentation.
 pub(crate) async fn fetch(
-    conn: &mut Connection,
+    client: &Client,
     receivers: &[String],
     keys_dir: &Path,
+    pin_file: &Path,
     wait: Duration,
 ) -> Result<HashMap<String, PublicKey>, SenderError> {
     let deadline = Instant::now() + wait;
@@ -35,82 +34,105 @@ pub(crate) async fn fetch(
         if keys.contains_key(receiver) {
             continue;
         }
-        let key = fetch_one(conn, receiver, keys_dir, deadline).await?;
+        let key = fetch_one(client, receiver, keys_dir, pin_file, deadline).await?;
         keys.insert(receiver.clone(), key);
     }
     Ok(keys)
 }
 
-/// One receiver's key: from the broker (cached on success), else from the cache.
+/// One receiver's key; see the module documentation.
 async fn fetch_one(
-    conn: &mut Connection,
+    client: &Client,
     receiver: &str,
     keys_dir: &Path,
+    pin_file: &Path,
     deadline: Instant,
 ) -> Result<PublicKey, SenderError> {
     let cache = key_file::public_key_path(keys_dir, receiver);
     let mut logged_wait = false;
+    // Wait for the receiver to register, if it has not yet.
     loop {
-        let line = conn.request(&format!("get_public_key {receiver}")).await?;
-        match Reply::parse(&line) {
-            Reply::PublicKey { client_id, key_b64 } if client_id == receiver => {
-                let key = crypto::public_key_from_base64(key_b64).map_err(|error| {
-                    SenderError::Protocol(format!(
-                        "the broker's public key for {receiver} is unusable: {error}"
-                    ))
-                })?;
-                store(&cache, receiver, &key);
-                return Ok(key);
-            }
-            Reply::Error(reason) if reason.starts_with("no public key") => {
-                if Instant::now() < deadline {
-                    if !logged_wait {
-                        tracing::info!(
-                            receiver,
-                            "waiting for the receiver to register its public key"
-                        );
-                        logged_wait = true;
-                    }
-                    tokio::time::sleep(KEY_POLL).await;
-                    continue;
+        match client.get_public_key(receiver).await {
+            Ok(Some(_)) => break,
+            Ok(None) if Instant::now() < deadline => {
+                if !logged_wait {
+                    tracing::info!(
+                        receiver,
+                        "waiting for the receiver to register its public key"
+                    );
+                    logged_wait = true;
                 }
-                return match key_file::read_public_key(&cache) {
-                    Ok(key) => {
-                        tracing::warn!(
-                            receiver,
-                            cache = %cache.display(),
-                            "the broker has no public key for this receiver; using the cached key"
-                        );
-                        Ok(key)
-                    }
-                    Err(error) => Err(SenderError::NoPublicKey {
-                        receiver: receiver.to_owned(),
-                        cache: error.to_string(),
-                    }),
-                };
+                tokio::time::sleep(KEY_POLL).await;
             }
-            Reply::AccessDenied(line) => {
-                return Err(SenderError::Refused(format!(
-                    "get_public_key {receiver}: {line}"
-                )))
-            }
-            _ => {
-                return Err(SenderError::Protocol(format!(
-                    "unexpected reply to get_public_key {receiver}: {line}"
-                )))
-            }
+            Ok(None) => break,
+            Err(error) => return Err(refused(receiver, error)),
         }
+    }
+    // The broker's key checked against the pin, or the pin if it has none.
+    match client.receiver_key(receiver).await {
+        Ok(key) => {
+            store(&cache, receiver, &key);
+            Ok(key)
+        }
+        Err(PublishError::NoPublicKey { .. }) => match key_file::read_public_key(&cache) {
+            Ok(key) => {
+                tracing::warn!(
+                    receiver,
+                    cache = %cache.display(),
+                    "the broker has no public key for this receiver and none is pinned; \
+                     using (and pinning) the cached key"
+                );
+                client
+                    .accept_key(receiver, &key)
+                    .map_err(|e| SenderError::Keys {
+                        receiver: receiver.to_owned(),
+                        error: e,
+                    })?;
+                Ok(key)
+            }
+            Err(error) => Err(SenderError::NoPublicKey {
+                receiver: receiver.to_owned(),
+                cache: error.to_string(),
+            }),
+        },
+        Err(PublishError::KeyChanged {
+            receiver,
+            pinned,
+            offered,
+        }) => Err(SenderError::KeyChanged {
+            pinned: public_key_to_base64(&pinned),
+            offered: public_key_to_base64(&offered),
+            pin_file: pin_file.to_owned(),
+            receiver,
+        }),
+        Err(PublishError::Request(error)) => Err(refused(receiver, error)),
+        Err(error) => Err(SenderError::Keys {
+            receiver: receiver.to_owned(),
+            error,
+        }),
     }
 }
 
-/// Writes the cache file when it is missing or holds another key; a cache that
-/// cannot be written is worth a warning, not a failure.
+/// A refused `get_public_key` (a CN without the sender role, say), or a lost
+/// connection.
+fn refused(receiver: &str, error: RequestError) -> SenderError {
+    match error {
+        RequestError::Denied(_) | RequestError::Broker(_) | RequestError::RateLimited => {
+            SenderError::Refused(format!("get_public_key {receiver}: {error}"))
+        }
+        other => SenderError::Protocol(format!("get_public_key {receiver}: {other}")),
+    }
+}
+
+/// Writes the cache file when it is missing or holds another key (the pin
+/// decides which key is right); a cache that cannot be written is worth a
+/// warning, not a failure.
 fn store(cache: &Path, receiver: &str, key: &PublicKey) {
     match key_file::read_public_key(cache) {
         Ok(cached) if cached == *key => return,
         Ok(_) => tracing::info!(
             receiver,
-            "the receiver's public key changed; updating the cache"
+            "the cached public key differs from the pinned one; updating the cache"
         ),
         Err(_) => {}
     }

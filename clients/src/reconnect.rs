@@ -11,6 +11,7 @@ use std::time::Duration;
 use tokio_rustls::TlsConnector;
 
 use crate::backoff::Backoff;
+use crate::client::{Client, ClientConfig, ConnectError};
 use crate::connection::{ClientError, Connection};
 use crate::shutdown::Shutdown;
 use rustls::pki_types::ServerName;
@@ -71,6 +72,55 @@ impl Dialer {
                 () = tokio::time::sleep(delay) => {}
                 () = shutdown.wait() => return Ok(Dialed::Stopped),
             }
+        }
+    }
+}
+
+/// How [`dial_client`] ended.
+pub(crate) enum DialedClient {
+    /// Connected and greeted.
+    Connected(Client),
+    /// The shutdown signal fired first.
+    Stopped,
+}
+
+/// [`Dialer::connect`] for a [`Client`]: connects with `config`, retrying
+/// transient failures with `backoff` up to `max_attempts` in a row (0 = never
+/// give up).
+pub(crate) async fn dial_client(
+    config: &ClientConfig,
+    backoff: Backoff,
+    max_attempts: u32,
+    shutdown: &mut Shutdown<'_>,
+) -> Result<DialedClient, ConnectError> {
+    let mut failures = 0u32;
+    loop {
+        if shutdown.fired() {
+            return Ok(DialedClient::Stopped);
+        }
+        let attempt = tokio::select! {
+            r = Client::connect(config.clone()) => r,
+            () = shutdown.wait() => return Ok(DialedClient::Stopped),
+        };
+        let error = match attempt {
+            Ok(client) => return Ok(DialedClient::Connected(client)),
+            Err(e) if !e.is_transient() => return Err(e),
+            Err(e) => e,
+        };
+        failures += 1;
+        if max_attempts != 0 && failures >= max_attempts {
+            return Err(error);
+        }
+        let delay = backoff.delay(failures);
+        tracing::warn!(
+            addr = %config.address(),
+            %error,
+            retry_in_ms = delay.as_millis() as u64,
+            "cannot connect to the broker"
+        );
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {}
+            () = shutdown.wait() => return Ok(DialedClient::Stopped),
         }
     }
 }

@@ -1,16 +1,22 @@
 //! The reference sender as a library: [`run_sender`] encrypts every message for
-//! every configured receiver and publishes it through one pipelined connection,
-//! retrying and reconnecting until each copy is acknowledged or has failed.
+//! every configured receiver and publishes it through a [`Publisher`], retrying
+//! and reconnecting until each copy is acknowledged or has failed.
 //!
 //! Three parts:
 //! - a source thread renders or reads plaintexts (`message_source`);
 //! - the encryption stage encrypts them in parallel on blocking threads, in
-//!   chunks, keeping their order, and hands `publish` lines to the pump through a
-//!   bounded channel (so encryption never runs far ahead of the network);
-//! - the pump keeps at most `max_inflight` publishes unanswered on the
-//!   connection, matches replies to publishes by order (`outbox`), and on a lost
-//!   or stuck connection reconnects and re-publishes what was in flight (safe: the
-//!   broker deduplicates per sender and message id).
+//!   chunks, keeping their order, and hands prepared publishes
+//!   ([`PreparedPublish`]) to the pump through a bounded channel (so encryption
+//!   never runs far ahead of the network);
+//! - the pump keeps at most `max_inflight` publishes going on the client's
+//!   connection (the publisher pipelines them, matches replies and retries
+//!   retryable NACKs), and when the connection is lost or stuck (no reply
+//!   within `ack_timeout_secs`) connects again and re-publishes what was in
+//!   flight (safe: the broker deduplicates per sender and message id).
+//!
+//! Receivers' public keys are pinned on first use in `known_receivers`
+//! (`public_keys`): a key that changed stops the sender before anything is
+//! encrypted for it.
 //!
 //! Message ids are `{sender_id}-{correlation_id}-{receiver_id}` with correlation
 //! id `{run_id}.{seq}`: unique across runs unless a run id is reused on purpose
@@ -23,20 +29,25 @@
 
 use std::collections::VecDeque;
 use std::future::Future;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures_util::stream::{FuturesUnordered, StreamExt as _};
 use tokio::sync::mpsc;
 
+use crate::client::{
+    Ack, Client, ClientConfig, ConnectError, Disconnected, FilePins, PinStoreError,
+    PreparedPublish, PublishError, Publisher, RequestError, RetryPolicy,
+};
 use crate::client_config::ConfigError;
-use crate::connection::{ClientError, Connection, ConnectionReader};
+use crate::connection::ClientError;
 use crate::crypto::{self, CryptoError, PublicKey};
-use crate::line_writer::{self, AbortOnDrop, LineSender};
+use crate::line_writer::AbortOnDrop;
 use crate::message_source::{correlation_id, Contents};
-use crate::outbox::{Outbox, Outgoing, Settled};
 use crate::public_keys;
-use crate::reconnect::{Dialed, Dialer, QUIT_WAIT};
+use crate::reconnect::{dial_client, DialedClient, QUIT_WAIT};
 use crate::sender_config::SenderConfig;
 use crate::shutdown::Shutdown;
 
@@ -51,9 +62,40 @@ pub enum SenderError {
     /// The configuration is invalid.
     #[error(transparent)]
     Config(#[from] ConfigError),
+    /// The TLS files could not be loaded.
+    #[error("cannot load the TLS configuration: {0}")]
+    Tls(#[from] ClientError),
     /// Connecting failed in a way retrying cannot fix, or too many times in a row.
     #[error("cannot connect to the broker: {0}")]
-    Connect(#[from] ClientError),
+    Connect(#[from] ConnectError),
+    /// The pin file of receivers' keys could not be read or written.
+    #[error(transparent)]
+    Pins(#[from] PinStoreError),
+    /// A receiver's public key at the broker differs from the one pinned.
+    #[error(
+        "the public key of receiver {receiver} changed: pinned {pinned}, the broker offers {offered}. \
+         Nothing was sent. If {receiver} rotated its key on purpose, delete its line in {} and run again; \
+         otherwise someone (the broker included) may be substituting keys",
+        pin_file.display()
+    )]
+    KeyChanged {
+        /// The receiver.
+        receiver: String,
+        /// The pinned key (base64).
+        pinned: String,
+        /// The key the broker offers (base64).
+        offered: String,
+        /// The pin file.
+        pin_file: PathBuf,
+    },
+    /// A receiver's key could not be obtained or pinned.
+    #[error("public key of {receiver}: {error}")]
+    Keys {
+        /// The receiver.
+        receiver: String,
+        /// What failed.
+        error: PublishError,
+    },
     /// The broker refused a command the sender needs (for example
     /// `get_public_key` for a CN without the sender role).
     #[error("the broker refused: {0}")]
@@ -173,7 +215,7 @@ pub struct SendJob {
 }
 
 /// Runs the sender until every message is settled, the shutdown future fires
-/// (in-flight publishes are then awaited, nothing new is sent), or a failure that
+/// (publishes in flight are then awaited, nothing new is sent), or a failure that
 /// retrying cannot fix.
 pub async fn run_sender<F>(
     config: &SenderConfig,
@@ -189,13 +231,19 @@ where
     let mut shutdown = Shutdown::new(shutdown.as_mut());
     let tls = config.tls.options();
     let p = &config.sender;
-    let dialer = Dialer {
-        addr: config.server_address.clone(),
-        connector: tls.connector()?,
-        server_name: tls.server_name()?,
+    let pin_file = config.known_receivers_path();
+    let client_config = ClientConfig::with_connector(
+        config.server_address.clone(),
+        tls.connector()?,
+        tls.server_name()?,
+    )
+    .publish_window(p.max_inflight)
+    .retry(RetryPolicy {
+        max_attempts: p.max_retries.saturating_add(1),
         backoff: p.backoff(),
-        max_attempts: p.reconnect_attempts,
-    };
+    })
+    .reply_timeout(p.ack_timeout())
+    .key_pins(Arc::new(FilePins::open(&pin_file)?));
     let run_id = match job.run_id {
         Some(id) => {
             crate::client_config::check_name("--run-id", &id)?;
@@ -215,18 +263,24 @@ where
         elapsed: Duration::ZERO,
     };
 
-    let mut conn = match dialer.connect(&mut shutdown).await? {
-        Dialed::Connected(conn) => *conn,
-        Dialed::Stopped => return Ok(report),
+    let mut client = match dial_client(
+        &client_config,
+        p.backoff(),
+        p.reconnect_attempts,
+        &mut shutdown,
+    )
+    .await?
+    {
+        DialedClient::Connected(client) => client,
+        DialedClient::Stopped => return Ok(report),
     };
-    let hello = conn.hello().clone();
-    if hello.role != "sender" && hello.role != "admin" {
+    if !client.role().can_publish() {
         return Err(SenderError::NotSender {
-            client_id: hello.client_id,
-            role: hello.role,
+            client_id: client.client_id().to_owned(),
+            role: client.role().to_string(),
         });
     }
-    let sender_id = hello.client_id.clone();
+    let sender_id = client.client_id().to_owned();
     report.sender_id = sender_id.clone();
     let longest = config.receivers.iter().map(String::len).max().unwrap_or(0);
     if sender_id.len() + run_id.len() + longest + 23 > 255 {
@@ -234,7 +288,7 @@ where
     }
     tracing::info!(sender_id = %sender_id, run_id = %run_id, receivers = ?config.receivers, "connected");
     let keys = tokio::select! {
-        r = public_keys::fetch(&mut conn, &config.receivers, &config.keys_dir, Duration::from_secs(p.key_wait_secs)) => r?,
+        r = public_keys::fetch(&client, &config.receivers, &config.keys_dir, &pin_file, Duration::from_secs(p.key_wait_secs)) => r?,
         () = shutdown.wait() => return Ok(report),
     };
 
@@ -269,49 +323,52 @@ where
 
     let started = Instant::now();
     let mut pump = Pump {
-        outbox: Outbox::new(p.max_retries, p.backoff()),
         rx,
         input_done: false,
+        requeue: VecDeque::new(),
         max_inflight: p.max_inflight,
-        ack_timeout: p.ack_timeout(),
+        max_retries: p.max_retries,
         stats: &stats,
     };
     loop {
-        let end = pump.run(conn, &mut shutdown).await;
-        let lost = match end {
-            PumpEnd::Finished => break,
+        let lost = match pump.run(&client, &mut shutdown).await {
+            PumpEnd::Finished => {
+                let _ = tokio::time::timeout(QUIT_WAIT, client.close()).await;
+                break;
+            }
             PumpEnd::Lost(reason) => reason,
         };
-        for settled in pump
-            .outbox
-            .connection_lost(Instant::now(), pump.ack_timeout)
-        {
-            pump.count(&settled);
-        }
         if shutdown.fired() {
             tracing::warn!(reason = %lost, "connection lost while stopping; not reconnecting");
             break;
         }
-        if pump.input_done && pump.outbox.is_empty() {
+        if pump.input_done && pump.requeue.is_empty() {
             break;
         }
         stats.reconnects.fetch_add(1, Relaxed);
         tracing::warn!(reason = %lost, "connection lost; reconnecting");
-        conn = match dialer.connect(&mut shutdown).await? {
-            Dialed::Connected(c) => *c,
-            Dialed::Stopped => break,
+        client = match dial_client(
+            &client_config,
+            p.backoff(),
+            p.reconnect_attempts,
+            &mut shutdown,
+        )
+        .await?
+        {
+            DialedClient::Connected(c) => c,
+            DialedClient::Stopped => break,
         };
-        if conn.hello().client_id != sender_id {
+        if client.client_id() != sender_id {
             return Err(SenderError::Protocol(format!(
                 "reconnected as {} instead of {sender_id}",
-                conn.hello().client_id
+                client.client_id()
             )));
         }
     }
     report.elapsed = started.elapsed();
 
     // Whatever was not settled now never will be: stop the stage and count.
-    let mut unsent = pump.outbox.abandon_queued() as u64 + pump.outbox.inflight() as u64;
+    let mut unsent = pump.requeue.len() as u64;
     if !pump.input_done {
         stage.0.abort();
         while let Ok(_msg) = pump.rx.try_recv() {
@@ -343,177 +400,170 @@ where
     Ok(report)
 }
 
+/// One encrypted message on its way.
+struct Outgoing {
+    /// The publish, rendered once, sent as often as needed.
+    prepared: PreparedPublish,
+    /// Whether it was handed to a publisher before (for the `sent` count).
+    sent: bool,
+    /// Connections given up on for want of a reply while it was in flight.
+    timeouts: u32,
+}
+
+impl Outgoing {
+    /// A message never sent.
+    fn new(prepared: PreparedPublish) -> Outgoing {
+        Outgoing {
+            prepared,
+            sent: false,
+            timeouts: 0,
+        }
+    }
+}
+
 /// How a connection's pump ended.
 enum PumpEnd {
-    /// Everything settled, or the shutdown signal fired and in-flight publishes
-    /// were answered.
+    /// Everything settled, or the shutdown signal fired and the publishes in
+    /// flight were answered.
     Finished,
     /// The connection failed or stalled; the reason is for the log.
-    Lost(String),
+    Lost(Arc<Disconnected>),
 }
 
 /// The publish loop's state, kept across connections.
 struct Pump<'a> {
-    /// Ready, waiting and in-flight publishes.
-    outbox: Outbox,
     /// Encrypted messages from the stage.
     rx: mpsc::Receiver<Outgoing>,
     /// The stage has delivered everything.
     input_done: bool,
+    /// Messages whose connection was lost before their reply, to publish again
+    /// first.
+    requeue: VecDeque<Outgoing>,
     /// Most publishes in flight.
     max_inflight: usize,
-    /// Longest wait for a reply.
-    ack_timeout: Duration,
+    /// Connections lost to an ACK timeout a message may see before it fails.
+    max_retries: u32,
     /// Live counters.
     stats: &'a SenderStats,
 }
 
+/// A publish in flight: the message comes back with its outcome.
+type InFlight =
+    std::pin::Pin<Box<dyn Future<Output = (Outgoing, Result<Ack, PublishError>)> + Send>>;
+
 impl Pump<'_> {
-    /// Publishes over `conn` until done, stopped, or the connection fails.
-    async fn run(&mut self, conn: Connection, shutdown: &mut Shutdown<'_>) -> PumpEnd {
-        let (mut reader, writer) = conn.into_split();
-        let (lines, mut writer_task) = line_writer::spawn(writer);
+    /// Publishes through `client` until done, stopped, or the connection is lost.
+    async fn run(&mut self, client: &Client, shutdown: &mut Shutdown<'_>) -> PumpEnd {
+        let publisher = client.publisher();
+        let mut inflight: FuturesUnordered<InFlight> = FuturesUnordered::new();
+        let mut lost: Option<Arc<Disconnected>> = None;
         loop {
             let stopping = shutdown.fired();
-            if !self.fill_window(&lines, stopping) {
-                return PumpEnd::Lost("the connection's writer stopped".to_owned());
-            }
-            let drained = self.outbox.inflight() == 0
-                && (stopping || (self.input_done && self.outbox.queued() == 0));
-            if drained {
-                quit(&lines, &mut reader).await;
-                drop(lines);
-                let _ = tokio::time::timeout(QUIT_WAIT, writer_task.finish()).await;
-                return PumpEnd::Finished;
-            }
-            let deadline = self.next_deadline(stopping);
-            let can_take =
-                !stopping && !self.input_done && self.outbox.inflight() < self.max_inflight;
-            tokio::select! {
-                biased;
-                line = reader.read_line() => match line {
-                    Ok(Some(line)) => {
-                        match self.outbox.on_reply(&line, Instant::now()) {
-                            Ok(settled) => self.count(&settled),
-                            Err(desync) => return PumpEnd::Lost(desync.to_string()),
+            // Fill the window: messages to publish again first, then new ones.
+            while lost.is_none() && !stopping && inflight.len() < self.max_inflight {
+                let msg = match self.requeue.pop_front() {
+                    Some(msg) => msg,
+                    None if self.input_done => break,
+                    None => match self.rx.try_recv() {
+                        Ok(msg) => msg,
+                        Err(mpsc::error::TryRecvError::Empty) => break,
+                        Err(mpsc::error::TryRecvError::Disconnected) => {
+                            self.input_done = true;
+                            break;
                         }
-                    }
-                    Ok(None) => return PumpEnd::Lost("the broker closed the connection".to_owned()),
-                    Err(e) => return PumpEnd::Lost(e.to_string()),
-                },
-                result = writer_task.handle() => {
-                    let reason = match result {
-                        Ok(Err(e)) => e.to_string(),
-                        _ => "the connection's writer stopped".to_owned(),
-                    };
+                    },
+                };
+                inflight.push(self.start(&publisher, msg));
+            }
+            if inflight.is_empty() {
+                if let Some(reason) = lost {
                     return PumpEnd::Lost(reason);
                 }
+                if stopping || (self.input_done && self.requeue.is_empty()) {
+                    return PumpEnd::Finished;
+                }
+            }
+            let can_take = lost.is_none()
+                && !stopping
+                && !self.input_done
+                && inflight.len() < self.max_inflight;
+            tokio::select! {
+                biased;
+                Some((msg, result)) = inflight.next(), if !inflight.is_empty() => {
+                    if let Some(reason) = self.settle(msg, result) {
+                        lost.get_or_insert(reason);
+                    }
+                }
                 msg = self.rx.recv(), if can_take => match msg {
-                    Some(msg) => self.outbox.push(msg),
+                    Some(msg) => inflight.push(self.start(&publisher, msg)),
                     None => self.input_done = true,
                 },
-                () = tokio::time::sleep_until(deadline.into()) => {
-                    if self.outbox.timed_out(Instant::now(), self.ack_timeout) {
-                        return PumpEnd::Lost(format!(
-                            "no reply within the ACK timeout ({} s)",
-                            self.ack_timeout.as_secs()
-                        ));
-                    }
-                }
                 () = shutdown.wait(), if !stopping => {
-                    tracing::info!(inflight = self.outbox.inflight(), "stopping: waiting for the replies to publishes in flight");
+                    tracing::info!(inflight = inflight.len(), "stopping: waiting for the replies to publishes in flight");
                 }
             }
         }
     }
 
-    /// Writes publishes until the window is full or nothing is ready; false if
-    /// the writer task is gone.
-    fn fill_window(&mut self, lines: &LineSender, stopping: bool) -> bool {
-        if stopping {
-            return true;
+    /// Publishes `msg`, counting its first publish.
+    fn start(&self, publisher: &Publisher, mut msg: Outgoing) -> InFlight {
+        if !msg.sent {
+            msg.sent = true;
+            self.stats.sent.fetch_add(1, Relaxed);
         }
-        let now = Instant::now();
-        let mut batch = String::new();
-        while self.outbox.inflight() < self.max_inflight {
-            let msg = match self.outbox.next_to_send(now) {
-                Some(msg) => msg,
-                None if self.input_done => break,
-                None => match self.rx.try_recv() {
-                    Ok(msg) => msg,
-                    Err(mpsc::error::TryRecvError::Empty) => break,
-                    Err(mpsc::error::TryRecvError::Disconnected) => {
-                        self.input_done = true;
-                        break;
-                    }
-                },
-            };
-            batch.push_str(&msg.line);
-            if msg.attempts > 0 {
-                self.stats.retries.fetch_add(1, Relaxed);
-            }
-            if self.outbox.mark_sent(msg, now) {
-                self.stats.sent.fetch_add(1, Relaxed);
-            }
-        }
-        batch.is_empty() || lines.send(batch)
+        let publisher = publisher.clone();
+        Box::pin(async move {
+            let result = publisher.publish_prepared(&msg.prepared).await;
+            (msg, result)
+        })
     }
 
-    /// The next time something must be checked: a retry coming due, or the
-    /// oldest publish reaching the ACK timeout; an hour away if neither.
-    fn next_deadline(&self, stopping: bool) -> Instant {
-        let timeout = self
-            .outbox
-            .oldest_inflight_at()
-            .map(|at| at + self.ack_timeout);
-        let retry = if stopping {
-            None
-        } else {
-            self.outbox.next_retry_at()
-        };
-        match (timeout, retry) {
-            (Some(a), Some(b)) => a.min(b),
-            (Some(a), None) | (None, Some(a)) => a,
-            (None, None) => Instant::now() + Duration::from_secs(3600),
-        }
-    }
-
-    /// Counts and logs a settled publish.
-    fn count(&self, settled: &Settled) {
-        match settled {
-            Settled::Acked { .. } => {
+    /// Counts and logs a publish's outcome; the reason when its connection was
+    /// lost (the message then waits in `requeue`).
+    fn settle(
+        &mut self,
+        mut msg: Outgoing,
+        result: Result<Ack, PublishError>,
+    ) -> Option<Arc<Disconnected>> {
+        let message_id = msg.prepared.message_id().to_owned();
+        match result {
+            Ok(ack) => {
                 self.stats.acked.fetch_add(1, Relaxed);
+                self.stats
+                    .retries
+                    .fetch_add(u64::from(ack.attempts.saturating_sub(1)), Relaxed);
+                None
             }
-            Settled::Retrying {
-                message_id,
-                reason,
-                attempt,
-                delay,
-            } => {
-                tracing::debug!(%message_id, %reason, attempt, delay_ms = delay.as_millis() as u64, "will retry");
+            Err(PublishError::Request(RequestError::ConnectionLost(reason))) => {
+                if matches!(*reason, Disconnected::ReplyTimeout(_)) {
+                    msg.timeouts += 1;
+                    if msg.timeouts > self.max_retries {
+                        self.stats.failed.fetch_add(1, Relaxed);
+                        tracing::error!(%message_id, reason = "ack timeout", retries = self.max_retries, "message failed");
+                        return Some(reason);
+                    }
+                    self.stats.retries.fetch_add(1, Relaxed);
+                }
+                self.requeue.push_back(msg);
+                Some(reason)
             }
-            Settled::Failed { message_id, reason } => {
+            Err(PublishError::Nack {
+                reason, attempts, ..
+            }) => {
                 self.stats.failed.fetch_add(1, Relaxed);
-                tracing::error!(%message_id, %reason, "message failed");
+                self.stats
+                    .retries
+                    .fetch_add(u64::from(attempts.saturating_sub(1)), Relaxed);
+                tracing::error!(%message_id, %reason, attempts, "message failed: refused by the broker");
+                None
             }
-            Settled::Ignored => {}
-        }
-    }
-}
-
-/// Sends `quit` and waits briefly for `OK bye`, so the broker logs a clean close.
-async fn quit(lines: &LineSender, reader: &mut ConnectionReader) {
-    if !lines.send("quit\n".to_owned()) {
-        return;
-    }
-    let _ = tokio::time::timeout(QUIT_WAIT, async {
-        while let Ok(Some(line)) = reader.read_line().await {
-            if line == "OK bye" {
-                break;
+            Err(error) => {
+                self.stats.failed.fetch_add(1, Relaxed);
+                tracing::error!(%message_id, %error, "message failed");
+                None
             }
         }
-    })
-    .await;
+    }
 }
 
 /// A receiver as the encryption stage needs it.
@@ -635,19 +685,14 @@ fn encrypt_chunk(
             )?;
             // The broker checks it is our CN; receivers deduplicate per sender.
             body.sender_client_id = Some(ctx.sender_id.clone());
-            let json = serde_json::to_string(&body)
-                .map_err(|e| SenderError::Protocol(format!("cannot serialise a message: {e}")))?;
-            let mut line = String::with_capacity(
-                json.len() + ctx.exchange.len() + target.routing_key.len() + 11,
-            );
-            line.push_str("publish ");
-            line.push_str(&ctx.exchange);
-            line.push(' ');
-            line.push_str(&target.routing_key);
-            line.push(' ');
-            line.push_str(&json);
-            line.push('\n');
-            out.push(Outgoing::new(message_id, line));
+            let prepared =
+                Publisher::prepare(&ctx.exchange, &target.routing_key, &body).map_err(|error| {
+                    SenderError::Keys {
+                        receiver: target.receiver_id.clone(),
+                        error,
+                    }
+                })?;
+            out.push(Outgoing::new(prepared));
         }
     }
     Ok(out)
@@ -678,13 +723,13 @@ mod tests {
         let out = encrypt_chunk(&ctx, vec![(1, "hello".into())]).unwrap();
         assert_eq!(out.len(), 1);
         let json = out[0]
-            .line
+            .prepared
+            .line()
             .strip_prefix("publish ex receiver_1 ")
-            .and_then(|l| l.strip_suffix('\n'))
             .unwrap();
         // What the broker reads: the sender named, as our CN.
         let info = ciphermq_proto::message::inspect_message(json).unwrap();
-        assert_eq!(info.message_id, out[0].message_id);
+        assert_eq!(info.message_id, out[0].prepared.message_id());
         assert_eq!(info.sender_client_id.as_deref(), Some("sender_1"));
         let body: crypto::EncryptedInputData = serde_json::from_str(json).unwrap();
         assert_eq!(crypto::decrypt(&secret, &body).unwrap(), b"hello");

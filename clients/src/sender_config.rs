@@ -54,6 +54,11 @@ pub struct SenderConfig {
     /// where `ciphermq-pki` writes them).
     #[serde(default = "default_keys_dir")]
     pub keys_dir: PathBuf,
+    /// Receivers' public keys pinned on first use, one `<receiver_id> <base64>`
+    /// line each (default `<keys_dir>/known_receivers`). A key the broker offers
+    /// later that differs is refused; delete the receiver's line to accept it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub known_receivers: Option<PathBuf>,
     /// Messages rendered from `content_template` when no other input is given
     /// (default 10); each goes to every receiver.
     #[serde(default = "default_message_count")]
@@ -152,6 +157,7 @@ impl SenderConfig {
             routing_key: default_routing_key(),
             receivers: Vec::new(),
             keys_dir: default_keys_dir(),
+            known_receivers: None,
             message_count: default_message_count(),
             content_template: default_template(),
             pad_to_bytes: 0,
@@ -173,6 +179,16 @@ impl SenderConfig {
         self.tls.resolve_paths(base);
         self.logging.resolve_paths(base);
         client_config::resolve(base, &mut self.keys_dir);
+        if let Some(path) = &mut self.known_receivers {
+            client_config::resolve(base, path);
+        }
+    }
+
+    /// The pin file: `known_receivers`, else `<keys_dir>/known_receivers`.
+    pub fn known_receivers_path(&self) -> PathBuf {
+        self.known_receivers
+            .clone()
+            .unwrap_or_else(|| self.keys_dir.join("known_receivers"))
     }
 
     /// Checks bounds and names; call again after changing fields from flags.
