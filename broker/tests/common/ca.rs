@@ -46,11 +46,16 @@ impl TestCa {
         TestCa::load_from(&pki().certs)
     }
 
-    /// Loads `ca.crt` and `ca.key` from `dir` (e.g. the rogue CA's).
+    /// Loads `ca.crt` from `dir` (e.g. the rogue CA's) and its key from
+    /// where `ciphermq-pki` keeps it, apart from the leaf keys.
     pub fn load_from(dir: &Path) -> TestCa {
-        let read = |name: &str| std::fs::read_to_string(dir.join(name)).expect(name);
-        let key = KeyPair::from_pem(&read("ca.key")).expect("CA key");
-        let params = CertificateParams::from_ca_cert_pem(&read("ca.crt")).expect("CA params");
+        let read = |path: std::path::PathBuf| {
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        };
+        let ca_dir = ciphermq_clients::pki::default_ca_dir(dir);
+        let key = KeyPair::from_pem(&read(ca_dir.join("ca.key"))).expect("CA key");
+        let params =
+            CertificateParams::from_ca_cert_pem(&read(dir.join("ca.crt"))).expect("CA params");
         // Same subject and key as the real CA: what it signs verifies
         // against `ca.crt`.
         let cert = params.self_signed(&key).expect("CA issuer");
