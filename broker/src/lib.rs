@@ -16,7 +16,10 @@
 //!   (behind the handshake gate) and background tasks.
 //! - `handoff`: TLS handshake, identification by CN, and hand-off to the owner
 //!   shard `fnv1a(CN) % N`, which adopts the connection.
-//! - `shutdown`: the signal that stops every shard, and a shard's final drain.
+//! - `shutdown`: the signal that stops every shard, and a shard's final drain
+//!   (bounded by `server.shutdown_timeout_secs`, see [`Drain`]).
+//! - [`pulse`]: each shard's heartbeat and what its drain still waits for,
+//!   readable from any thread.
 //! - [`connection`], [`line_buffer`], [`replies`]: one connection's future
 //!   (the I/O shell), its input framing, and its in-order replies.
 //! - `session`, `commands`: a client's session without the socket, and what
@@ -55,6 +58,7 @@ pub mod handshake_gate;
 pub mod line_buffer;
 pub mod logging;
 pub mod policy;
+pub mod pulse;
 pub mod rate_limit;
 pub mod replies;
 pub mod server;
@@ -71,3 +75,4 @@ pub mod topology_file;
 
 pub use config::Config;
 pub use server::{start, BrokerHandle, StartError};
+pub use shutdown::Drain;
