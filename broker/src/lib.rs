@@ -20,6 +20,8 @@
 //!   (bounded by `server.shutdown_timeout_secs`, see [`Drain`]).
 //! - [`pulse`]: each shard's heartbeat and what its drain still waits for,
 //!   readable from any thread.
+//! - [`systemd`]: `sd_notify` by hand (readiness, stopping, the watchdog
+//!   that pings only while every shard beats).
 //! - [`connection`], [`line_buffer`], [`replies`]: one connection's future
 //!   (the I/O shell), its input framing, and its in-order replies.
 //! - `session`, `commands`: a client's session without the socket, and what
@@ -69,6 +71,7 @@ mod shutdown;
 pub mod stall_watch;
 pub mod storage;
 pub mod sys;
+pub mod systemd;
 pub mod tls;
 pub mod tls_session;
 pub mod topology_file;

@@ -11,9 +11,11 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::mpsc;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ciphermq_broker::config::Config;
+use ciphermq_broker::systemd::{self, Notifier};
 use ciphermq_broker::Drain;
 use clap::Parser;
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
@@ -118,6 +120,19 @@ fn serve(args: &Args, config: &Config) -> ExitCode {
         broker.shards()
     );
     println!("ciphermq-broker {listening}");
+    let notifier = Notifier::from_env().map(Arc::new);
+    if let Some(n) = &notifier {
+        n.ready(&listening);
+        if let Some(interval) = systemd::watchdog_interval_from_env() {
+            match systemd::spawn_watchdog(n.clone(), interval, pulses.clone()) {
+                Ok(_) => tracing::info!(
+                    interval_ms = interval.as_millis() as u64,
+                    "systemd watchdog: pinging while every shard runs"
+                ),
+                Err(e) => tracing::error!(error = %e, "cannot start the systemd watchdog thread"),
+            }
+        }
+    }
 
     let (events, next) = mpsc::channel();
     let signalled = events.clone();
@@ -173,6 +188,9 @@ fn serve(args: &Args, config: &Config) -> ExitCode {
                      SIGTERM/SIGINT exits at once)"
                 );
                 stop();
+                if let Some(n) = &notifier {
+                    n.stopping(&draining_status(timeout));
+                }
                 give_up_at = Some(timeout.map(|t| Instant::now() + t + STOP_GRACE));
             }
             Event::Signal(signal) => {
@@ -197,5 +215,16 @@ fn serve(args: &Args, config: &Config) -> ExitCode {
                 return ExitCode::from(EXIT_DRAIN_TIMEOUT);
             }
         }
+    }
+}
+
+/// The status line systemd shows while the broker drains.
+fn draining_status(timeout: Option<Duration>) -> String {
+    match timeout {
+        Some(t) => format!(
+            "draining: answering accepted commands, at most {} s",
+            t.as_secs()
+        ),
+        None => "draining: answering accepted commands (no deadline)".to_owned(),
     }
 }
