@@ -22,6 +22,8 @@
 //!   readable from any thread.
 //! - [`systemd`]: `sd_notify` by hand (readiness, stopping, the watchdog
 //!   that pings only while every shard beats).
+//! - [`preflight`]: `ciphermq-broker --check-config`, the start-up checks
+//!   that need neither a port nor the data directory's lock.
 //! - [`connection`], [`line_buffer`], [`replies`]: one connection's future
 //!   (the I/O shell), its input framing, and its in-order replies.
 //! - `session`, `commands`: a client's session without the socket, and what
@@ -60,6 +62,7 @@ pub mod handshake_gate;
 pub mod line_buffer;
 pub mod logging;
 pub mod policy;
+pub mod preflight;
 pub mod pulse;
 pub mod rate_limit;
 pub mod replies;

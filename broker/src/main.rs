@@ -1,14 +1,15 @@
 //! `ciphermq-broker`: loads the config, starts the shards, and stops cleanly on
-//! SIGTERM or SIGINT, within `server.shutdown_timeout_secs`.
+//! SIGTERM or SIGINT, within `server.shutdown_timeout_secs`; with
+//! `--check-config` it only checks the config.
 //!
 //! Exit statuses (docs/PROTOCOL.md, "Reload and shutdown"):
-//! 0 stopped after a complete drain;
+//! 0 stopped after a complete drain, or the config checked out;
 //! 1 the broker did not start (io_uring, a port, the data directory, …);
-//! 2 the config is invalid;
+//! 2 the config is invalid (and what `--check-config` refuses);
 //! 3 the drain did not finish within `server.shutdown_timeout_secs`;
 //! 4 a second SIGTERM/SIGINT ended the drain.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::mpsc;
 use std::sync::Arc;
@@ -20,7 +21,7 @@ use ciphermq_broker::Drain;
 use clap::Parser;
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 
-/// The config does not load.
+/// The config does not load or would not start the broker.
 const EXIT_CONFIG: u8 = 2;
 /// The broker did not start.
 const EXIT_START: u8 = 1;
@@ -48,6 +49,11 @@ struct Args {
     /// Override `server.shards` (0 = one per core).
     #[arg(long)]
     shards: Option<usize>,
+    /// Check the config (values, TLS files and key, data directory) and
+    /// exit: 0 with "config OK", 2 with the error. Binds no port and leaves
+    /// the data directory's lock alone, so it can run beside the broker.
+    #[arg(long)]
+    check_config: bool,
 }
 
 /// What the main thread waits for.
@@ -67,6 +73,9 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_CONFIG);
         }
     };
+    if args.check_config {
+        return check_config(&args.config, &config);
+    }
     let guard = ciphermq_broker::logging::init(&config);
     let code = serve(&args, &config);
     // Flushes the JSON log files' writer: the last lines say why it ended.
@@ -85,6 +94,26 @@ fn load(args: &Args) -> Result<Config, ciphermq_broker::config::ConfigError> {
     }
     config.validate()?;
     Ok(config)
+}
+
+/// `--check-config`: the warnings on stderr, the verdict on stdout.
+fn check_config(path: &Path, config: &Config) -> ExitCode {
+    for warning in config.warnings() {
+        eprintln!("warning: {warning}");
+    }
+    match ciphermq_broker::preflight::check(config) {
+        Ok(warnings) => {
+            for warning in warnings {
+                eprintln!("warning: {warning}");
+            }
+            println!("config OK: {}", path.display());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("ciphermq-broker: {}: {e}", path.display());
+            ExitCode::from(EXIT_CONFIG)
+        }
+    }
 }
 
 /// Runs the broker until it stops; the exit status.
