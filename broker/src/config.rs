@@ -251,6 +251,13 @@ pub struct ServerConfig {
     /// Name of this broker in status output and logs, 1–255 printable characters.
     /// Default `ciphermq`.
     pub name: String,
+    /// Seconds a stopping broker (SIGTERM, SIGINT) gives its connections to
+    /// be answered and closed; past it the shards give up, what is still
+    /// open is logged, and `ciphermq-broker` exits with status 3. Acks are
+    /// sent only after `fdatasync`, so nothing acknowledged is lost by giving
+    /// up. 0 = wait for as long as it takes. At most [`MAX_DURATION_SECS`].
+    /// Default 30.
+    pub shutdown_timeout_secs: u64,
 }
 
 impl Default for ServerConfig {
@@ -259,6 +266,7 @@ impl Default for ServerConfig {
             address: "127.0.0.1:5700".to_owned(),
             shards: 0,
             name: "ciphermq".to_owned(),
+            shutdown_timeout_secs: 30,
         }
     }
 }
@@ -1162,6 +1170,15 @@ impl Config {
             return Err(ConfigError::invalid(
                 "server.shards",
                 format!("{} is more than {MAX_SHARDS} (0 = one per core)", s.shards),
+            ));
+        }
+        if s.shutdown_timeout_secs > MAX_DURATION_SECS {
+            return Err(ConfigError::invalid(
+                "server.shutdown_timeout_secs",
+                format!(
+                    "{} is more than ten years; set 0 to wait for the drain however long it takes",
+                    s.shutdown_timeout_secs
+                ),
             ));
         }
         if s.name.is_empty() || s.name.len() > 255 || s.name.chars().any(char::is_control) {
@@ -2094,6 +2111,7 @@ mod tests {
         assert_eq!(c.server.address, "127.0.0.1:5700");
         assert_eq!(c.server.shards, 0);
         assert_eq!(c.server.name, "ciphermq");
+        assert_eq!(c.server.shutdown_timeout_secs, 30);
         assert_eq!(c.tls.cert_path, PathBuf::from("certs/server.crt"));
         assert_eq!(c.logging.level, "info");
         assert_eq!(c.logging.rotation, LogRotation::Daily);
@@ -2237,6 +2255,16 @@ mod tests {
         assert!(parse("[server]\naddress = \"localhost:5700\"").is_ok());
         assert!(parse("[server]\naddress = \"localhost:70000\"").is_err());
         assert!(err("[server]\nshards = 1025").starts_with("server.shards:"));
+        assert!(parse("[server]\nshutdown_timeout_secs = 0").is_ok());
+        let e = err("[server]\nshutdown_timeout_secs = 999999999999");
+        assert!(
+            e.starts_with("server.shutdown_timeout_secs: 999999999999 is more than ten years"),
+            "{e}"
+        );
+        let e = err("[server]\nshutdown_timeout_secs = -1");
+        assert!(e.starts_with("server.shutdown_timeout_secs: "), "{e}");
+        let e = err("[server]\nshutdown_timeout_secs = \"30s\"");
+        assert!(e.starts_with("server.shutdown_timeout_secs: "), "{e}");
         assert!(err("[admin]\naddress = \"nope\"").starts_with("admin.address:"));
         for (probe, why) in [
             ("0.0.0.0:9092", "is not a loopback"),
@@ -2737,7 +2765,7 @@ mod tests {
         // And it spells out every key (the derived max_line_bytes included).
         let table: toml::Table = text.parse().unwrap();
         for (section, keys) in [
-            ("server", 3),
+            ("server", 4),
             ("tls", 5),
             ("logging", 6),
             ("database", 9),

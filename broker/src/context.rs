@@ -14,6 +14,7 @@ use ciphermq_shard::{Quotas, Shard, TopologyStore};
 use crate::config::Config;
 use crate::identity::IdentityRule;
 use crate::policy::{Policy, PolicyStore};
+use crate::pulse::Pulses;
 use crate::rate_limit::CnLimiter;
 use crate::serving::Serving;
 use crate::tls::TlsMaterial;
@@ -62,6 +63,9 @@ pub struct Settings {
     /// `storage.memory_budget_mb`, in bytes, for the admin status (the
     /// queues of each shard apply their part in memory mode).
     pub memory_budget_bytes: u64,
+    /// `server.shutdown_timeout_secs`: how long a stopping shard drains
+    /// before it gives up; `None` = as long as it takes.
+    pub shutdown_timeout: Option<Duration>,
 }
 
 fn secs(n: u64) -> Option<Duration> {
@@ -94,6 +98,7 @@ impl Settings {
             max_queue_size: p.max_queue_size,
             max_queue_bytes: p.max_queue_bytes,
             memory_budget_bytes: config.storage.memory_budget_mb.saturating_mul(1 << 20),
+            shutdown_timeout: secs(config.server.shutdown_timeout_secs),
         }
     }
 }
@@ -119,6 +124,9 @@ pub struct Shared {
     pub(crate) config_file: OnceLock<PathBuf>,
     /// Held while a reload applies (`reload.rs`).
     pub(crate) reloading: Mutex<()>,
+    /// Each shard's heartbeat and, once stopping, what its drain waits for:
+    /// read by the systemd watchdog and `ciphermq-broker`'s shutdown.
+    pub pulses: Arc<Pulses>,
 }
 
 /// One shard's state, owned by its executor thread.

@@ -23,7 +23,14 @@
 //!   (behind the handshake gate) and background tasks.
 //! - `handoff`: TLS handshake, identification (CN or URI SAN), and hand-off
 //!   to the owner shard `fnv1a(identity) % N`, which adopts the connection.
-//! - `shutdown`: the signal that stops every shard, and a shard's final drain.
+//! - `shutdown`: the signal that stops every shard, and a shard's final drain
+//!   (bounded by `server.shutdown_timeout_secs`, see [`Drain`]).
+//! - [`pulse`]: each shard's heartbeat and what its drain still waits for,
+//!   readable from any thread.
+//! - [`systemd`]: `sd_notify` by hand (readiness, stopping, the watchdog
+//!   that pings only while every shard beats).
+//! - [`preflight`]: `ciphermq-broker --check-config`, the start-up checks
+//!   that need neither a port nor the data directory's lock.
 //! - [`connection`], [`line_buffer`], [`replies`]: one connection's future
 //!   (the I/O shell), its input framing, and its in-order replies.
 //! - `session`, `commands`: a client's session without the socket, and what
@@ -64,6 +71,8 @@ pub mod identity;
 pub mod line_buffer;
 pub mod logging;
 pub mod policy;
+pub mod preflight;
+pub mod pulse;
 pub mod rate_limit;
 pub mod reload;
 pub mod replies;
@@ -75,6 +84,7 @@ mod shutdown;
 pub mod stall_watch;
 pub mod storage;
 pub mod sys;
+pub mod systemd;
 pub mod tls;
 pub mod tls_session;
 pub mod tls_store;
@@ -82,3 +92,4 @@ pub mod topology_file;
 
 pub use config::Config;
 pub use server::{start, BrokerHandle, StartError};
+pub use shutdown::Drain;

@@ -26,8 +26,9 @@ use crate::context::{Settings, Shared};
 use crate::handoff::handoff_channels;
 use crate::policy::PolicyStore;
 use crate::reload::ReloadError;
+use crate::pulse::Pulses;
 use crate::shard_runtime::{run_shard, ShardStart};
-use crate::shutdown::ShutdownSignal;
+use crate::shutdown::{Drain, ShutdownSignal};
 use crate::storage::{Storage, StorageError};
 use crate::sys;
 use crate::tls::TlsMaterial;
@@ -127,21 +128,28 @@ impl BrokerHandle {
         self.admin.as_ref().and_then(AdminServer::probe_addr)
     }
 
-    /// Stops accepting, closes connections and waits for the shards to end.
-    pub fn shutdown(self) {
+    /// Stops accepting, closes connections and waits for the shards to end
+    /// (at most `server.shutdown_timeout_secs`, then they give up).
+    pub fn shutdown(self) -> Drain {
         self.shared.stats.set_lifecycle(Lifecycle::Stopping);
         self.shutdown.trigger();
-        self.join();
+        self.join()
     }
 
     /// Waits for the shards to end (after a shutdown from elsewhere), then
-    /// stops the Postgres bridge.
-    pub fn join(self) {
+    /// stops the Postgres bridge. Says whether every shard finished its
+    /// drain, or some gave up at `server.shutdown_timeout_secs`.
+    pub fn join(self) -> Drain {
         for t in self.threads {
             if let Err(e) = t.join() {
                 tracing::error!(error = %e, "shard ended with an error");
             }
         }
+        let drain = if self.shared.pulses.any_gave_up() {
+            Drain::GaveUp
+        } else {
+            Drain::Finished
+        };
         self.shared.stats.set_lifecycle(Lifecycle::Stopping);
         if let Some(admin) = self.admin {
             admin.shutdown();
@@ -151,6 +159,13 @@ impl BrokerHandle {
         if let Some(bridge) = self.bridge.and_then(Arc::into_inner) {
             bridge.shutdown();
         }
+        drain
+    }
+
+    /// Each shard's heartbeat and what its drain waits for, readable from
+    /// any thread (the systemd watchdog, the shutdown's log).
+    pub fn pulses(&self) -> Arc<Pulses> {
+        self.shared.pulses.clone()
     }
 
     /// The Postgres bridge's state (connection, rows written, lag), if it runs.
@@ -386,6 +401,7 @@ pub(crate) fn shared_state(
         stats: BrokerStats::new(shards, config.admin.enabled),
         config_file: OnceLock::new(),
         reloading: Mutex::new(()),
+        pulses: Arc::new(Pulses::new(shards)),
     });
     // Bindings follow the ACL: those it does not allow go now, and on reload.
     shared.policy.guard_bindings(&shared.topology);

@@ -164,6 +164,7 @@ pub(crate) async fn run_shard(
     future::or(accept_loop, ctx.shutdown.wait(shard)).await;
     drop(listener);
     drain_shard(&local, &committing, &handshaking).await;
+    local.shared.pulses.shard(shard).end();
 }
 
 /// Wakes every connection of this shard when the policy is reloaded, so those

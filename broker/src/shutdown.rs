@@ -5,6 +5,12 @@
 //! what they accepted (publishes wait for the last commit rounds), and sockets
 //! can only be closed while the reactor runs. So the order of the last steps
 //! lives here, in one place, apart from start-up and the accept loop.
+//!
+//! The drain is bounded by `server.shutdown_timeout_secs` (0: unbounded).
+//! Giving up is safe: a publish is answered `ACK` only after its
+//! `fdatasync`, so whatever is still open at the deadline was never
+//! acknowledged, and what a cut-short commit round leaves on disk is a torn
+//! tail that recovery cuts off, as after `kill -9`.
 
 use std::cell::Cell;
 use std::rc::Rc;
@@ -16,10 +22,7 @@ use std::time::{Duration, Instant};
 use atomic_waker::AtomicWaker;
 
 use crate::context::ShardLocal;
-
-/// How long a stopping shard waits for its connections, commits and
-/// handshakes before it ends regardless.
-const DRAIN_DEADLINE: Duration = Duration::from_secs(5);
+use crate::pulse::OpenWork;
 
 /// How often a stopping shard looks again whether it is idle.
 const DRAIN_POLL: Duration = Duration::from_millis(5);
@@ -89,27 +92,63 @@ impl Drop for InFlight {
     }
 }
 
+/// How a drain ended: one shard's, or the broker's (every shard's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Drain {
+    /// Everything accepted was answered and every connection closed.
+    Finished,
+    /// `server.shutdown_timeout_secs` passed first (on some shard): what was
+    /// still open was logged and dropped, never anything acknowledged.
+    GaveUp,
+}
+
 /// The end of a shard, once it no longer accepts: closes every connection's
-/// mailbox, then waits (at most [`DRAIN_DEADLINE`]) until its connections
-/// answered what they accepted (their publishes wait for the last commit
-/// rounds), said goodbye and went, and until no commit round (`committing`)
-/// and no handshake (`handshaking`) is in flight.
+/// mailbox, then waits until its connections answered what they accepted
+/// (their publishes wait for the last commit rounds), said goodbye and went,
+/// and until no commit round (`committing`) and no handshake (`handshaking`)
+/// is in flight; or, with `server.shutdown_timeout_secs`, until that much
+/// time has passed, when it logs what is still open and gives up. What it
+/// waits for is kept in the shard's pulse for other threads to read.
 pub(crate) async fn drain_shard(
     local: &ShardLocal,
     committing: &Cell<usize>,
     handshaking: &Cell<usize>,
-) {
+) -> Drain {
     for mailbox in local.shard.borrow().mailboxes() {
         mailbox.close();
     }
-    let deadline = Instant::now() + DRAIN_DEADLINE;
-    while Instant::now() < deadline {
-        let busy = committing.get() > 0 || handshaking.get() > 0 || {
-            let shard = local.shard.borrow();
-            shard.has_commit_work() || shard.mailboxes().next().is_some()
+    let shard = local.stats.shard;
+    let pulse = local.shared.pulses.shard(shard);
+    let timeout = local.shared.settings.shutdown_timeout;
+    let deadline = timeout.map(|t| Instant::now() + t);
+    loop {
+        let work = {
+            let state = local.shard.borrow();
+            OpenWork {
+                shard,
+                connections: state.mailboxes().count(),
+                commits: committing.get() + usize::from(state.has_commit_work()),
+                handshakes: handshaking.get(),
+                not_draining: false,
+                ended: false,
+            }
         };
-        if !busy {
-            break;
+        pulse.draining(work);
+        if work.is_idle() {
+            return Drain::Finished;
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            tracing::warn!(
+                shard,
+                connections = work.connections,
+                commits_pending = work.commits,
+                handshakes = work.handshakes,
+                shutdown_timeout_secs = timeout.map_or(0, |t| t.as_secs()),
+                "drain deadline passed (server.shutdown_timeout_secs): closing what is still open; \
+                 nothing acknowledged is lost (ACKs follow fsync), unanswered commands were never acknowledged"
+            );
+            pulse.give_up();
+            return Drain::GaveUp;
         }
         glommio::timer::sleep(DRAIN_POLL).await;
     }

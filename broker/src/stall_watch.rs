@@ -6,6 +6,9 @@
 //! shard step begun last before it (every step runs through
 //! [`ShardLocal::with_shard`], which notes its caller's source line).
 //!
+//! Each turn also renews the shard's heartbeat ([`crate::pulse`]), which the
+//! systemd watchdog reads from its own thread.
+//!
 //! The task runs in a task queue of its own, with no latency request (see
 //! `committer.rs` for why no queue asks glommio for one), so a turn may also
 //! come late because other queues had their fair share first: at most a few
@@ -39,7 +42,9 @@ pub fn spawn(local: Rc<ShardLocal>) {
 
 async fn run(local: Rc<ShardLocal>) {
     let throttle = LogThrottle::new(Duration::from_secs(1));
+    let (pulses, shard) = (local.shared.pulses.clone(), local.stats.shard);
     loop {
+        pulses.beat(shard);
         let asked = Instant::now();
         glommio::timer::sleep(TICK).await;
         let late = asked.elapsed().saturating_sub(TICK);

@@ -1,5 +1,6 @@
 //! The crate's only `unsafe` code: moving a socket between executors, two
 //! start-up probes of the kernel, the free-space query of the disk watcher,
+//! the write-permission query of `--check-config`,
 //! two `sysconf` values the process metrics need, and handing freed heap
 //! memory back to the kernel.
 //!
@@ -113,6 +114,31 @@ pub fn available_bytes(path: &std::path::Path) -> io::Result<u64> {
         stat.assume_init()
     };
     Ok((stat.f_bavail as u64).saturating_mul(stat.f_frsize as u64))
+}
+
+/// Whether this process may create and remove entries in the directory
+/// `path`: write and search permission for its effective user and groups,
+/// on a filesystem mounted read-write (`faccessat` with `AT_EACCESS`).
+/// Nothing is created.
+pub fn check_dir_writable(path: &std::path::Path) -> io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c_path = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path holds a NUL byte"))?;
+    // SAFETY: `c_path` is a NUL-terminated string alive across the call;
+    // faccessat only reads it.
+    let rc = unsafe {
+        libc::faccessat(
+            libc::AT_FDCWD,
+            c_path.as_ptr(),
+            libc::W_OK | libc::X_OK,
+            libc::AT_EACCESS,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
 }
 
 /// Hands the heap's free pages back to the kernel (glibc's `malloc_trim`).

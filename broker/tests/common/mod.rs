@@ -76,6 +76,11 @@ impl Drop for TestBroker {
 /// still runs the suite (the watermark's own tests set theirs).
 pub const TEST_MIN_FREE: &str = "min_free_mb = 16";
 
+/// The drain bound of test brokers (`server.shutdown_timeout_secs`): the
+/// bound shards had before it was a setting, so a test that leaves a client
+/// that does not read still stops in a few seconds.
+pub const TEST_SHUTDOWN_TIMEOUT: &str = "shutdown_timeout_secs = 5";
+
 /// The TOML of a test broker; `extra` is appended (whole sections).
 pub fn config_text(certs: &Path, data: &Path, shards: usize, extra: &str) -> String {
     format!(
@@ -83,6 +88,7 @@ pub fn config_text(certs: &Path, data: &Path, shards: usize, extra: &str) -> Str
 [server]
 address = "127.0.0.1:0"
 shards = {shards}
+{shutdown_timeout}
 
 [tls]
 cert_path = "{certs}/server.crt"
@@ -108,6 +114,7 @@ monitor_cns = ["monitor_1"]
         certs = certs.display(),
         data = data.display(),
         min_free = TEST_MIN_FREE,
+        shutdown_timeout = TEST_SHUTDOWN_TIMEOUT,
     )
 }
 

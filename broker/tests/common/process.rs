@@ -41,16 +41,29 @@ impl BrokerProcess {
     /// Starts the broker binary on `config`: the running broker once it
     /// prints its address, or how it ended when it exits first.
     pub fn spawn(config: &Path) -> Result<BrokerProcess, Refused> {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_ciphermq-broker"))
+        BrokerProcess::spawn_with(config, |_| {})
+    }
+
+    /// [`BrokerProcess::spawn`], the command passed through `configure`
+    /// first (environment variables, more arguments).
+    pub fn spawn_with(
+        config: &Path,
+        configure: impl FnOnce(&mut Command),
+    ) -> Result<BrokerProcess, Refused> {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_ciphermq-broker"));
+        command
             .arg("--config")
             .arg(config)
             .env("NO_COLOR", "1")
             .env_remove("RUST_LOG")
+            .env_remove("NOTIFY_SOCKET")
+            .env_remove("WATCHDOG_USEC")
+            .env_remove("WATCHDOG_PID")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start the broker binary");
+            .stderr(Stdio::piped());
+        configure(&mut command);
+        let mut child = command.spawn().expect("start the broker binary");
         let (tx, rx) = mpsc::channel::<String>();
         let stdout = child.stdout.take().expect("stdout");
         let log = Arc::new(Mutex::new(Vec::new()));
@@ -148,6 +161,30 @@ impl BrokerProcess {
                 panic!("the broker did not stop within {START_TIMEOUT:?} of SIGTERM");
             }
             std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Sends it `signal` (a name `kill` knows: `TERM`, `INT`, `HUP`).
+    pub fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -{signal} failed");
+    }
+
+    /// How it ended, if it ends within `limit`.
+    pub fn wait_timeout(&mut self, limit: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait for the broker") {
+                return Some(status);
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
         }
     }
 

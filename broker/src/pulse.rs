@@ -1,0 +1,226 @@
+//! What other threads can see of each shard without asking it (a shard
+//! answers nothing while it is wedged, and nothing once it ended).
+//!
+//! - A heartbeat: the shard's stall watch (`stall_watch.rs`) renews it every
+//!   few milliseconds, so a heartbeat that stops means the shard's loop no
+//!   longer runs. The systemd watchdog ([`crate::systemd`]) pings only while
+//!   every shard beats, so the service manager restarts a wedged broker.
+//! - Once the broker stops: what the shard's drain still waits for
+//!   (connections, commit rounds, handshakes), renewed by the drain itself
+//!   (`shutdown.rs`), and whether the drain gave up at
+//!   `server.shutdown_timeout_secs`. `ciphermq-broker` logs it when the drain
+//!   does not finish in time or a second signal cuts it short.
+//!
+//! Plain atomics, each written by one shard and read by anyone: the
+//! shard never waits on a reader.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+/// Every shard's pulse.
+#[derive(Debug)]
+pub struct Pulses {
+    /// What the heartbeats count their milliseconds from.
+    base: Instant,
+    shards: Box<[ShardPulse]>,
+}
+
+/// One shard's pulse; see the module documentation.
+#[derive(Debug, Default)]
+pub struct ShardPulse {
+    /// Milliseconds from [`Pulses::base`] to the last beat.
+    beat_ms: AtomicU64,
+    /// The shard's executor ended (after its drain): it no longer beats, and
+    /// that is no stall.
+    ended: AtomicBool,
+    /// The drain began: the three counts below are kept current.
+    draining: AtomicBool,
+    /// Connections the drain waits for.
+    connections: AtomicUsize,
+    /// Commit rounds in flight, plus one when appends wait for a round.
+    commits: AtomicUsize,
+    /// TLS handshakes in progress.
+    handshakes: AtomicUsize,
+    /// The drain gave up at the deadline with work still open.
+    gave_up: AtomicBool,
+}
+
+/// What one shard's drain still waited for when last looked at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct OpenWork {
+    /// Which shard.
+    pub shard: usize,
+    /// Connections not yet answered and closed (usually: a client that does
+    /// not read what it is owed).
+    pub connections: usize,
+    /// Commit rounds in flight, plus one when appends wait for a round:
+    /// publishes whose `ACK` waits for an `fdatasync`.
+    pub commits: usize,
+    /// TLS handshakes in progress.
+    pub handshakes: usize,
+    /// The drain has not begun on this shard (it has not seen the stop yet).
+    pub not_draining: bool,
+    /// The shard's executor has ended.
+    pub ended: bool,
+}
+
+impl OpenWork {
+    /// Whether the shard waits for nothing.
+    pub fn is_idle(&self) -> bool {
+        self.connections == 0 && self.commits == 0 && self.handshakes == 0
+    }
+}
+
+impl fmt::Display for OpenWork {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "shard {}: ", self.shard)?;
+        if self.ended {
+            return f.write_str("ended");
+        }
+        if self.not_draining {
+            return f.write_str("not draining yet");
+        }
+        write!(
+            f,
+            "{} connection(s), {} commit(s) pending, {} handshake(s)",
+            self.connections, self.commits, self.handshakes
+        )
+    }
+}
+
+/// [`OpenWork`] of every shard, shown as one line (`shard 0: …; shard 1: …`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpenWorkList(pub Vec<OpenWork>);
+
+impl fmt::Display for OpenWorkList {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, work) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            write!(f, "{work}")?;
+        }
+        Ok(())
+    }
+}
+
+impl Pulses {
+    /// Pulses for `shards` shards, each beating now.
+    pub fn new(shards: usize) -> Pulses {
+        Pulses {
+            base: Instant::now(),
+            shards: (0..shards).map(|_| ShardPulse::default()).collect(),
+        }
+    }
+
+    /// Shard `shard`'s pulse (`shard` < the shard count).
+    pub fn shard(&self, shard: usize) -> &ShardPulse {
+        &self.shards[shard]
+    }
+
+    /// Renews `shard`'s heartbeat (a relaxed store: no reader needs more).
+    pub fn beat(&self, shard: usize) {
+        let ms = self.base.elapsed().as_millis() as u64;
+        self.shards[shard].beat_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// The first shard that is still running but has not beaten for longer
+    /// than `limit`, and how long ago it last did.
+    pub fn stalled(&self, limit: Duration) -> Option<(usize, Duration)> {
+        let now = self.base.elapsed();
+        self.shards.iter().enumerate().find_map(|(i, pulse)| {
+            if pulse.ended.load(Ordering::Acquire) {
+                return None;
+            }
+            let beat = Duration::from_millis(pulse.beat_ms.load(Ordering::Relaxed));
+            let silent = now.saturating_sub(beat);
+            (silent > limit).then_some((i, silent))
+        })
+    }
+
+    /// What every shard's drain still waits for, as last recorded.
+    pub fn open_work(&self) -> OpenWorkList {
+        OpenWorkList(
+            self.shards
+                .iter()
+                .enumerate()
+                .map(|(shard, p)| OpenWork {
+                    shard,
+                    connections: p.connections.load(Ordering::Relaxed),
+                    commits: p.commits.load(Ordering::Relaxed),
+                    handshakes: p.handshakes.load(Ordering::Relaxed),
+                    not_draining: !p.draining.load(Ordering::Acquire),
+                    ended: p.ended.load(Ordering::Acquire),
+                })
+                .collect(),
+        )
+    }
+
+    /// Whether some shard's drain gave up at the deadline.
+    pub fn any_gave_up(&self) -> bool {
+        self.shards
+            .iter()
+            .any(|p| p.gave_up.load(Ordering::Acquire))
+    }
+}
+
+impl ShardPulse {
+    /// Records what the drain waits for now.
+    pub(crate) fn draining(&self, work: OpenWork) {
+        self.connections.store(work.connections, Ordering::Relaxed);
+        self.commits.store(work.commits, Ordering::Relaxed);
+        self.handshakes.store(work.handshakes, Ordering::Relaxed);
+        self.draining.store(true, Ordering::Release);
+    }
+
+    /// The drain gave up at the deadline.
+    pub(crate) fn give_up(&self) {
+        self.gave_up.store(true, Ordering::Release);
+    }
+
+    /// The shard's executor is about to end.
+    pub(crate) fn end(&self) {
+        self.ended.store(true, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_shard_that_stops_beating_is_stalled_until_it_ends() {
+        let pulses = Pulses::new(2);
+        pulses.beat(0);
+        pulses.beat(1);
+        assert_eq!(pulses.stalled(Duration::from_millis(200)), None);
+        std::thread::sleep(Duration::from_millis(60));
+        pulses.beat(0);
+        let (shard, silent) = pulses.stalled(Duration::from_millis(30)).unwrap();
+        assert_eq!(shard, 1);
+        assert!(silent >= Duration::from_millis(30), "{silent:?}");
+        pulses.shard(1).end();
+        assert_eq!(pulses.stalled(Duration::from_millis(30)), None);
+    }
+
+    #[test]
+    fn open_work_reads_as_one_line_per_broker() {
+        let pulses = Pulses::new(3);
+        pulses.shard(0).draining(OpenWork {
+            connections: 2,
+            commits: 1,
+            ..OpenWork::default()
+        });
+        pulses.shard(1).draining(OpenWork::default());
+        pulses.shard(1).end();
+        assert_eq!(
+            pulses.open_work().to_string(),
+            "shard 0: 2 connection(s), 1 commit(s) pending, 0 handshake(s); shard 1: ended; \
+             shard 2: not draining yet"
+        );
+        assert!(!pulses.any_gave_up());
+        pulses.shard(0).give_up();
+        assert!(pulses.any_gave_up());
+    }
+}
