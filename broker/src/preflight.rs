@@ -54,19 +54,22 @@ pub fn check(config: &Config) -> Result<Vec<String>, CheckError> {
     config.validate()?;
     config.validate_files()?;
     let mut warnings = Vec::new();
-    crate::tls::server_config(
-        &config.tls.cert_path,
-        &config.tls.key_path,
-        &config.tls.ca_cert_path,
-    )?;
-    for (key, path) in [
-        ("tls.cert_path", &config.tls.cert_path),
-        ("tls.ca_cert_path", &config.tls.ca_cert_path),
+    // Everything the listener would load: certificate, key, CAs, CRLs.
+    let material = crate::tls::load(&config.tls)?;
+    for (key, path, expiry) in [
+        (
+            "tls.cert_path",
+            &config.tls.cert_path,
+            material.expiries.server,
+        ),
+        (
+            "tls.ca_cert_path",
+            &config.tls.ca_cert_path,
+            material.expiries.ca,
+        ),
     ] {
-        let expiry = crate::tls::earliest_expiry(key, path)?;
-        if let Some(warning) = expiry_warning(key, path, expiry, SystemTime::now()) {
-            warnings.push(warning);
-        }
+        let warning = expiry.and_then(|e| expiry_warning(key, path, e, SystemTime::now()));
+        warnings.extend(warning);
     }
     if config.storage.mode == StorageMode::Durable {
         let dir = &config.storage.data_dir;
