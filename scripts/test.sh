@@ -39,6 +39,9 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
+# The dependency tree against deny.toml (licences, bans, sources, advisories;
+# docs/SUPPLY_CHAIN.md). Installs cargo-deny the first time.
+./scripts/audit.sh
 # promtool (Debian's prometheus package) for broker/tests/metrics_exposition.rs.
 # Its post-install does not start a Prometheus server where policy-rc.d
 # forbids it (containers); where one starts, it listens on 9090, which no
