@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Audits the dependency tree against deny.toml with cargo-deny: licences,
 # bans (wildcards, duplicates), sources, and advisories from the RustSec
-# database. docs/SUPPLY_CHAIN.md explains the policy and its exceptions.
+# database, and with cargo-machete for dependencies that no code uses.
+# docs/SUPPLY_CHAIN.md explains the policy and its exceptions.
 #
 #   scripts/audit.sh                                  # installs cargo-deny if missing
 #   CIPHERMQ_ADVISORY_DB=/path/to/advisory-db scripts/audit.sh   # advisories offline
@@ -9,12 +10,20 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 DENY_VERSION=0.20.2
+MACHETE_VERSION=0.9.2
 ADVISORY_DB_URL=https://github.com/rustsec/advisory-db
 
 if ! cargo deny --version 2>/dev/null | grep -qF "$DENY_VERSION"; then
   echo "== installing cargo-deny $DENY_VERSION (compiled from crates.io: a few minutes, once)"
   cargo install --locked --quiet cargo-deny --version "$DENY_VERSION"
 fi
+
+if ! cargo machete --version 2>/dev/null | grep -qF "$MACHETE_VERSION"; then
+  echo "== installing cargo-machete $MACHETE_VERSION (about a minute, once)"
+  cargo install --locked --quiet cargo-machete --version "$MACHETE_VERSION"
+fi
+echo "== cargo machete (dependencies no code uses)"
+cargo machete
 
 echo "== cargo deny check licenses bans sources"
 cargo deny --log-level error check licenses bans sources
