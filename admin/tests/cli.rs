@@ -224,11 +224,22 @@ async fn an_operator_reads_and_changes_a_running_broker() {
     assert_eq!(closed["reply"], "OK close_connection sender_1 0");
     let purge = ok(world.admin("admin", &["purge", "receiver_1_queue"]));
     assert_eq!(purge.trim(), "OK purge_queue receiver_1_queue 1");
+    let deleted = ok(world.admin("admin", &["delete", "queue", "receiver_1_queue"]));
+    assert_eq!(deleted.trim(), "OK delete_queue receiver_1_queue");
     let refused = failed(world.admin("admin", &["delete", "queue", "receiver_1_queue"]));
     assert!(
-        refused.contains("Error: delete_queue is not implemented yet"),
+        refused.contains("Error: unknown queue receiver_1_queue"),
         "{refused}"
     );
+    // Gone from the list once the shards' snapshots are refreshed.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while ok(world.admin("admin", &["queues"])).contains("receiver_1_queue") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still in the queue list"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let deleted = ok(world.admin("admin", &["delete", "exchange", "ex"]));
     assert_eq!(deleted.trim(), "OK delete_exchange ex");
 

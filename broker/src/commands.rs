@@ -28,8 +28,8 @@ thread_local! {
     /// Saved topology changes, one throttle per [`topology_command`] kind,
     /// so a receiver's setup (declare_exchange, declare_queue, bind) shows
     /// whole.
-    static CHANGED: [LogThrottle; 5] =
-        const { [const { LogThrottle::new(Duration::from_secs(1)) }; 5] };
+    static CHANGED: [LogThrottle; 6] =
+        const { [const { LogThrottle::new(Duration::from_secs(1)) }; 6] };
 }
 
 /// The command name of a topology change, and its index in `CHANGED`.
@@ -40,6 +40,8 @@ fn topology_command(change: &TopologyChange) -> (&'static str, usize) {
         TopologyChange::Bind { .. } => ("bind", 2),
         TopologyChange::Unbind { .. } => ("unbind", 3),
         TopologyChange::DeleteExchange { .. } => ("delete_exchange", 4),
+        TopologyChange::DeleteQueue { .. } => ("delete_queue", 5),
+        TopologyChange::QueueRemoved { .. } => ("delete_queue", 5),
     }
 }
 
@@ -190,8 +192,6 @@ impl Session {
                 };
                 self.change_topology(change, format!("OK delete_exchange {exchange}"));
             }
-            // Parsed and judged by the ACL, not carried out yet: a deleted
-            // queue's log directory must not come back at the next start.
             Request::PurgeQueue { queue } => {
                 if self.check(Op::PurgeQueue { queue }) {
                     self.purge(queue, now);
@@ -199,8 +199,7 @@ impl Session {
             }
             Request::DeleteQueue { queue } => {
                 if self.check(Op::DeleteQueue { queue }) {
-                    self.replies
-                        .line("Error: delete_queue is not implemented yet");
+                    self.delete_queue(queue);
                 }
             }
             Request::CloseConnection { client_id } => {
@@ -350,6 +349,81 @@ impl Session {
             tracing::info!(cn = %self.identity.cn, queue, purged = n, "purge_queue");
         }
         self.replies.purge(info.name, purged);
+    }
+
+    /// `delete_queue`: answered `OK delete_queue <q>` once the deletion is
+    /// durable, in three steps, each after the one before is done:
+    ///
+    /// 1. the topology without the queue and its bindings is saved, with
+    ///    the queue's name recorded as being deleted (nothing routes to it
+    ///    from then on, and a start after a crash removes its log instead
+    ///    of adopting it);
+    /// 2. its shard drops it (its consumers are told) and has its log
+    ///    directory moved away durably;
+    /// 3. the record is cleared (saved), so the name may be declared again,
+    ///    starting empty.
+    ///
+    /// A failure in step 2 answers an error and keeps the record: the queue
+    /// stays deleted, and the next start removes its directory.
+    fn delete_queue(&mut self, queue: &str) {
+        let info = self
+            .local
+            .shard
+            .borrow_mut()
+            .topology()
+            .queue(queue)
+            .cloned();
+        let Some(info) = info else {
+            self.replies.line(format!("Error: unknown queue {queue}"));
+            return;
+        };
+        let store = self.local.shared.topology.clone();
+        let deleted = store.submit(TopologyChange::DeleteQueue {
+            name: queue.to_owned(),
+            by: self.actor(),
+        });
+        let local = self.local.clone();
+        let (cn, role, peer) = (
+            self.identity.cn.clone(),
+            self.identity.role,
+            self.identity.peer,
+        );
+        self.reply_later(async move {
+            let name = info.name.clone();
+            match deleted.await {
+                Ok(()) => {}
+                Err(TopologyError::Denied(reason)) => {
+                    if let Some(skipped) = DENIED.with(|t| t.admit(Instant::now())) {
+                        tracing::info!(%cn, %peer, %role, command = "delete_queue", %reason, skipped, "access denied (skipped: denials not logged since the last line)");
+                    }
+                    return format!("Access denied: {reason} (role={role})");
+                }
+                Err(e) => return format!("Error: {e}"),
+            }
+            let (removed, done) = ciphermq_shard::pending::pending();
+            local.with_shard(|shard| shard.delete_queue(&info, done));
+            match removed.await {
+                Ok(()) => {}
+                Err(e) => {
+                    tracing::error!(%cn, queue = %name, error = %e, "delete_queue: the queue is deleted, but its log directory was not moved away; the next start removes it");
+                    return format!("Error: delete_queue {name}: storage: {e}");
+                }
+            }
+            let cleared = store
+                .submit(TopologyChange::QueueRemoved {
+                    name: name.to_string(),
+                })
+                .await;
+            if let Err(e) = cleared {
+                // Deleted for good all the same: only declaring the name
+                // again waits for the next start.
+                tracing::error!(queue = %name, error = %e, "delete_queue: the deletion record was not cleared; the name can be declared again after a restart");
+            }
+            if let Some(skipped) = CHANGED.with(|t| t[5].admit(Instant::now())) {
+                tracing::info!(%cn, %peer, %role, command = "delete_queue", skipped, "OK delete_queue {name} (skipped: delete_queue lines not logged since the last one)");
+            }
+            format!("OK delete_queue {name}")
+        });
     }
 
     fn fetch(&mut self, queue: &str, max: u32, now: Instant) {

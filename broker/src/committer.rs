@@ -34,13 +34,15 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
+use ciphermq_shard::durability::deleted_dir;
 use ciphermq_shard::log::dedup_file::DedupWrite;
 use ciphermq_shard::log::segment::{FILE_HEADER, FILE_HEADER_BYTES};
 use ciphermq_shard::log::unix_ms;
-use ciphermq_shard::CommitJob;
+use ciphermq_shard::{CommitJob, QueueRemoval};
 use futures_util::future::join_all;
 use glommio::io::Directory;
 use glommio::{GlommioError, Latency, Shares, Task};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::context::ShardLocal;
 use crate::file_deleter::{self, FileDeleter};
@@ -364,7 +366,22 @@ async fn run(stages: Stages) {
         .await;
         busy.set(busy.get() + 1);
         let taken = Instant::now();
-        local.shard.borrow_mut().take_commit_jobs(&mut jobs);
+        let mut removals = Vec::new();
+        {
+            // One borrow: a queue deleted before these jobs were taken has
+            // none among them.
+            let mut shard = local.shard.borrow_mut();
+            shard.take_commit_jobs(&mut jobs);
+            shard.take_removals(&mut removals);
+        }
+        if !removals.is_empty() {
+            // Every job of a deleted queue's log was taken in an earlier
+            // round: once that round is finished nothing writes there.
+            if let Some(previous) = syncing.take() {
+                previous.await;
+            }
+            remove_queue_dirs(&stages, &files, removals).await;
+        }
         let round = write_round(&local, &files, std::mem::take(&mut jobs), taken).await;
         // Depth two: this round is finished after the previous one, and the
         // next round is taken only once that one is done.
@@ -373,6 +390,100 @@ async fn run(stages: Stages) {
         }
         syncing = Some(stages.spawn(sync_round(stages.clone(), files.clone(), round)));
     }
+}
+
+/// Moves deleted queues' log directories away (see [`QueueRemoval`]): each
+/// is renamed to a name recovery removes and never reads, `queues/` is
+/// synced, and only then is the deletion answered; the renamed directory is
+/// freed afterwards, off the shard. A directory that was never made (a
+/// queue that stored nothing) needs nothing.
+async fn remove_queue_dirs(stages: &Stages, files: &RefCell<Files>, removals: Vec<QueueRemoval>) {
+    for removal in removals {
+        files
+            .borrow_mut()
+            .open
+            .retain(|path, _| !path.starts_with(&removal.dir));
+        let dir = removal.dir.clone();
+        let moved = blocking(move || {
+            let aside = deleted_dir(&dir, next_removal());
+            match std::fs::rename(&dir, &aside) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+                Err(e) => return Err(e),
+            }
+            sync_parent(&dir)?;
+            Ok(Some(aside))
+        })
+        .await;
+        let result = match moved {
+            Ok(aside) => {
+                if let Some(aside) = aside {
+                    free_dir(stages, aside).await;
+                }
+                Ok(())
+            }
+            Err(e) => {
+                tracing::error!(queue = %removal.queue, dir = %removal.dir.display(), error = %e, "deleted queue's log directory not moved away; the next start removes it");
+                Err(format!("{}: {e}", removal.dir.display()))
+            }
+        };
+        stages
+            .local
+            .with_shard(|shard| shard.removal_done(&removal.queue));
+        removal.done.resolve(result);
+    }
+}
+
+/// A number for each removal of this process, so two removals of one name
+/// within a millisecond get two names.
+fn next_removal() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Frees a deleted queue's renamed directory: its files go to the deleter
+/// thread one by one (they may be large), the directory itself after them
+/// on the blocking-I/O thread. Whatever is left (a crash, an error) is
+/// removed by the next start.
+async fn free_dir(stages: &Stages, dir: PathBuf) {
+    let listed = {
+        let dir = dir.clone();
+        blocking(move || {
+            let mut files = Vec::new();
+            for entry in std::fs::read_dir(&dir)? {
+                files.push(entry?.path());
+            }
+            Ok(files)
+        })
+        .await
+    };
+    let mut inline = Vec::new();
+    if let (Ok(paths), Some(deleter)) = (&listed, &stages.deleter) {
+        for path in paths {
+            if let Err(path) = deleter.delete(path.clone()) {
+                inline.push(path);
+            }
+        }
+        // The deleter takes the files in order; the directory goes once it
+        // is empty, on the deleter too.
+        if deleter.delete_dir(dir.clone()).is_ok() {
+            if !inline.is_empty() {
+                let _ = blocking(move || {
+                    inline.iter().for_each(|p| file_deleter::remove(p));
+                    Ok(())
+                })
+                .await;
+            }
+            return;
+        }
+    }
+    let _ = blocking(move || {
+        if let Err(e) = std::fs::remove_dir_all(&dir) {
+            tracing::warn!(dir = %dir.display(), error = %e, "could not free a deleted queue's log directory; the next start removes it");
+        }
+        Ok(())
+    })
+    .await;
 }
 
 /// Writes every job of a round concurrently; each log may then hand out its

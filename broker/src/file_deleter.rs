@@ -44,23 +44,36 @@ pub const STEP_BYTES: u64 = 4 << 20;
 /// up with a shard writing 600 MB/s.
 const STEP_PAUSE: Duration = Duration::from_millis(2);
 
+/// What the deleter thread is handed.
+#[derive(Debug)]
+enum Job {
+    /// A file, freed a step at a time.
+    File(PathBuf),
+    /// A deleted queue's directory, removed once the files handed over
+    /// before it are gone (whatever is still in it goes too).
+    Dir(PathBuf),
+}
+
 /// The sending side of one shard's deleter thread; the thread ends when this
 /// is dropped.
 #[derive(Debug)]
 pub struct FileDeleter {
-    tx: Sender<PathBuf>,
+    tx: Sender<Job>,
 }
 
 impl FileDeleter {
     /// Starts the deleter thread `name`.
     pub fn start(name: String) -> std::io::Result<FileDeleter> {
-        let (tx, rx) = crossbeam_channel::bounded::<PathBuf>(MAX_QUEUED);
+        let (tx, rx) = crossbeam_channel::bounded::<Job>(MAX_QUEUED);
         std::thread::Builder::new()
             .name(name)
             .stack_size(256 * 1024)
             .spawn(move || {
-                for path in rx {
-                    free(&path);
+                for job in rx {
+                    match job {
+                        Job::File(path) => free(&path),
+                        Job::Dir(path) => remove_dir(&path),
+                    }
                 }
             })?;
         Ok(FileDeleter { tx })
@@ -70,9 +83,43 @@ impl FileDeleter {
     /// is gone or [`MAX_QUEUED`] paths wait already: the caller deletes it
     /// itself then, off the shard thread.
     pub fn delete(&self, path: PathBuf) -> Result<(), PathBuf> {
-        match self.tx.try_send(path) {
+        match self.tx.try_send(Job::File(path)) {
             Ok(()) => Ok(()),
-            Err(TrySendError::Full(path) | TrySendError::Disconnected(path)) => Err(path),
+            Err(TrySendError::Full(job) | TrySendError::Disconnected(job)) => Err(job.into_path()),
+        }
+    }
+
+    /// Hands a deleted queue's directory to the deleter thread, to be
+    /// removed after the files handed over before it. Returns it back as
+    /// [`FileDeleter::delete`] does.
+    pub fn delete_dir(&self, path: PathBuf) -> Result<(), PathBuf> {
+        match self.tx.try_send(Job::Dir(path)) {
+            Ok(()) => Ok(()),
+            Err(TrySendError::Full(job) | TrySendError::Disconnected(job)) => Err(job.into_path()),
+        }
+    }
+}
+
+impl Job {
+    fn into_path(self) -> PathBuf {
+        match self {
+            Job::File(path) | Job::Dir(path) => path,
+        }
+    }
+}
+
+/// Removes a deleted queue's directory and whatever is still in it, logging
+/// a failure (the next start removes what is left).
+fn remove_dir(path: &Path) {
+    let result = match std::fs::remove_dir(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => std::fs::remove_dir_all(path),
+        other => other,
+    };
+    match result {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "could not remove a deleted queue's log directory; it is removed at the next restart");
         }
     }
 }

@@ -156,6 +156,14 @@ impl Session {
                 self.tracker.record(&delivery);
                 self.replies.delivery(delivery);
             }
+            ConnEvent::QueueDeleted { queue, consumer } => {
+                // Its deliveries are owed to no one any more: an ack of one
+                // is answered as for any unknown delivery.
+                self.tracker.forget_queue(&queue);
+                if consumer {
+                    self.replies.line(format!("Error: queue {queue} deleted"));
+                }
+            }
         }
     }
 

@@ -22,6 +22,7 @@ use std::time::Duration;
 use base64::Engine;
 use ciphermq_datadir::{self as data_dir, DataDirLock, StorageWarning};
 use ciphermq_pgbridge::{FileKeyStore, MemoryKeyStore, PgBridge, PgConfig, PublicKeyStore};
+use ciphermq_shard::durability::is_deleted_dir_name;
 use ciphermq_shard::log::{queue_dir, recover_queue, MirrorWatermarks};
 use ciphermq_shard::{DedupHasher, RecoveredQueue, Topology, TopologyChange, TopologyStore};
 
@@ -120,7 +121,8 @@ impl Storage {
         let (mut loaded, mut warnings) =
             topology_file::load(&topology_path, shards).map_err(|e| err("topology", &e))?;
         let dedup_hasher = dedup_hasher(&data_dir, &mut warnings)?;
-        if adopt_orphan_queues(config, &data_dir, &mut loaded, &mut warnings)? {
+        let removed = remove_deleted_queues(&data_dir, &mut loaded)?;
+        if adopt_orphan_queues(config, &data_dir, &mut loaded, &mut warnings)? || removed {
             // Saved before anything is served: the next start finds them
             // listed.
             topology_file::save(&topology_path, &loaded).map_err(|e| {
@@ -177,6 +179,53 @@ impl Storage {
             warnings,
         })
     }
+}
+
+/// Finishes what `delete_queue` left: every directory a deletion moved
+/// aside (`{queue}~deleted-…`) is removed, and so is the directory of every
+/// queue `topology.json` records as deleted (a crash before its log was
+/// moved away), before anything could adopt or read it; those records are
+/// then cleared in `topology` (the caller saves it). Returns whether any
+/// record was cleared.
+fn remove_deleted_queues(data_dir: &Path, topology: &mut Topology) -> Result<bool, StorageError> {
+    let queues = data_dir.join("queues");
+    let io_err = |path: &Path, e: std::io::Error| {
+        StorageError(format!("storage.data_dir: {}: {e}", path.display()))
+    };
+    let remove = |path: &Path| match std::fs::remove_dir_all(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(io_err(path, e)),
+    };
+    let mut removed_any = false;
+    for entry in std::fs::read_dir(&queues).map_err(|e| io_err(&queues, e))? {
+        let entry = entry.map_err(|e| io_err(&queues, e))?;
+        let name = entry.file_name();
+        if name.to_str().is_some_and(is_deleted_dir_name) {
+            let path = entry.path();
+            remove(&path)?;
+            tracing::info!(path = %path.display(), "removed the log directory of a deleted queue");
+            removed_any = true;
+        }
+    }
+    let deleting: Vec<String> = topology.deleting().into_iter().map(str::to_owned).collect();
+    for name in &deleting {
+        let dir = queue_dir(data_dir, name);
+        if dir.exists() {
+            remove(&dir)?;
+            tracing::info!(queue = %name, path = %dir.display(), "removed the log directory of a queue deleted before the last stop");
+            removed_any = true;
+        }
+    }
+    if removed_any {
+        data_dir::sync_dir(&queues).map_err(|e| io_err(&queues, e))?;
+    }
+    for name in &deleting {
+        topology
+            .apply(&TopologyChange::QueueRemoved { name: name.clone() })
+            .map_err(|e| StorageError(format!("storage.data_dir: topology: {e}")))?;
+    }
+    Ok(!deleting.is_empty())
 }
 
 /// Gives every queue directory that `topology.json` does not list back to

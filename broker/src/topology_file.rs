@@ -13,8 +13,12 @@
 //!
 //! The format is plain JSON, pretty-printed, sorted by name:
 //! `{"queues": [{"name", "owner"}], "exchanges": [{"name", "kind", "owner"?,
-//! "bindings": [{"queue", "key", "bound_by"?}]}]}`. Placement is not saved:
-//! it is recomputed from each owner for the shard count of the run.
+//! "bindings": [{"queue", "key", "bound_by"?}]}], "deleting"?: ["<queue>"]}`.
+//! Placement is not saved: it is recomputed from each owner for the shard
+//! count of the run. `deleting` names queues `delete_queue` removed whose
+//! log directory may still be on disk (absent when there are none): the
+//! start removes those directories rather than adopting them, so a deleted
+//! queue never comes back after a crash.
 //!
 //! An exchange's `owner` is the receiver CN that declared it first, absent
 //! when no receiver owns it; a binding's `bound_by` is `"admin"` or
@@ -230,8 +234,13 @@ pub fn save(path: &Path, t: &Topology) -> io::Result<()> {
         })
         .collect();
     exchanges.sort_by(|a, b| a.name.cmp(&b.name));
-    let bytes = serde_json::to_vec_pretty(&SavedTopology { queues, exchanges })
-        .map_err(io::Error::other)?;
+    let deleting = t.deleting().into_iter().map(str::to_owned).collect();
+    let bytes = serde_json::to_vec_pretty(&SavedTopology {
+        queues,
+        exchanges,
+        deleting,
+    })
+    .map_err(io::Error::other)?;
     keep_previous(path)?;
     data_dir::write_atomic(path, &bytes, data_dir::PUBLIC_MODE)
 }
@@ -264,6 +273,10 @@ fn keep_previous(path: &Path) -> io::Result<()> {
 struct SavedTopology {
     queues: Vec<SavedQueue>,
     exchanges: Vec<SavedExchange>,
+    /// Deleted queues whose log directories may remain; absent when none
+    /// (and in older files).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    deleting: Vec<String>,
 }
 
 #[derive(serde::Serialize, serde::Deserialize)]
@@ -348,6 +361,17 @@ fn validate(saved: SavedTopology, shards: usize) -> Result<Topology, String> {
             .map_err(|e| format!("cannot be rebuilt: {e}"))
     }
     let mut t = Topology::empty(shards);
+    for name in &saved.deleting {
+        if !is_queue_dir_name(name) {
+            return Err(format!("deleted queue name {name:?} is not a valid name"));
+        }
+        if saved.queues.iter().any(|q| q.name == *name) {
+            return Err(format!(
+                "queue {name} is listed as both declared and deleted"
+            ));
+        }
+        t.mark_deleting(name);
+    }
     for q in saved.queues {
         if !is_queue_dir_name(&q.name) {
             return Err(format!("queue name {:?} is not a valid name", q.name));

@@ -3,8 +3,11 @@
 //! gone), `close_connection` (an admin ends every connection of a CN, on
 //! whichever shard they live; others may not), `purge_queue` (the ready
 //! messages go, the owed stay, a restart keeps them gone; a backlog on disk
-//! is refused whole), and `delete_queue`, judged by the ACL but not carried
-//! out yet.
+//! is refused whole), and `delete_queue` (owner or admin; its bindings go,
+//! its consumers are told, on one shard or across two; a graceful restart,
+//! a SIGKILL right after the reply, or a crash in the middle of it never
+//! brings it or its messages back, and a queue declared again starts
+//! empty).
 
 mod common;
 
@@ -365,25 +368,340 @@ async fn a_purge_of_a_backlog_on_disk_is_refused_whole() {
     assert_eq!(got, expected);
 }
 
+/// `delete_queue` on 1 and 2 shards (on two, the queue of `owner` lives on
+/// another shard than the deleting admin's connection): the ACL, the
+/// consumer told, its connection kept, routing gone, pipelined replies in
+/// order, and a queue declared again under the name starting empty.
+async fn delete_queue_over(shards: usize, owner: &str, other: &str) {
+    let q = format!("{owner}_queue");
+    let data = tempfile::tempdir().expect("tempdir");
+    let broker = TestBroker::start_durable_at(shards, data.path(), "127.0.0.1:0");
+    if shards > 1 {
+        assert_ne!(
+            broker.shard_of("admin"),
+            broker.shard_of(owner),
+            "the admin's connection lives on another shard than the queue"
+        );
+    }
+    let mut receiver = connect_as(&broker, owner).await;
+    setup_receiver(&mut receiver, owner).await;
+    let mut consumer = connect_as(&broker, owner).await;
+    check(
+        &mut consumer,
+        &format!("consume {q} 1"),
+        &format!("OK consume {q}"),
+    )
+    .await;
+    let mut sender = connect_as(&broker, "sender_1").await;
+    for id in ["d-0", "d-1", "d-2"] {
+        publish_expect(&mut sender, "ex", owner, id, &format!("ACK {id}")).await;
+    }
+    // Prefetch 1: one delivery is owed to the consumer, two wait ready.
+    assert_eq!(next_delivery(&mut consumer).await.id, "d-0");
+
+    // The ACL comes first: senders and other receivers, whether or not the
+    // queue exists.
+    assert_eq!(
+        ask(&mut sender, &format!("delete_queue {q}")).await,
+        "Access denied: senders may not delete queues (role=sender)"
+    );
+    let mut stranger = connect_as(&broker, other).await;
+    let reply = ask(&mut stranger, &format!("delete_queue {q}")).await;
+    assert_denied(&reply, "receiver", "delete_queue of another's queue");
+    let reply = ask(&mut stranger, &format!("delete_queue {owner}_nowhere")).await;
+    assert_denied(
+        &reply,
+        "receiver",
+        "delete_queue of another's unknown queue",
+    );
+    check(
+        &mut receiver,
+        &format!("delete_queue {owner}_nowhere"),
+        &format!("Error: unknown queue {owner}_nowhere"),
+    )
+    .await;
+
+    // The admin deletes it, pipelined between other commands: replies stay
+    // in command order.
+    let mut admin = connect_as(&broker, "admin").await;
+    admin.queue_line("heartbeat");
+    admin.queue_line(&format!("delete_queue {q}"));
+    admin.queue_line(&format!("delete_queue {q}"));
+    admin.queue_line("heartbeat");
+    flush_t(&mut admin).await;
+    assert_eq!(line(&mut admin).await, "OK heartbeat");
+    assert_eq!(line(&mut admin).await, format!("OK delete_queue {q}"));
+    assert_eq!(line(&mut admin).await, format!("Error: unknown queue {q}"));
+    assert_eq!(line(&mut admin).await, "OK heartbeat");
+
+    // The consumer is told, and its connection stays open; what it was owed
+    // is owed no more.
+    assert_eq!(
+        line(&mut consumer).await,
+        format!("Error: queue {q} deleted")
+    );
+    check(
+        &mut consumer,
+        "ack d-0",
+        "Error: no outstanding delivery d-0",
+    )
+    .await;
+    check(&mut consumer, "heartbeat", "OK heartbeat").await;
+    check(
+        &mut consumer,
+        &format!("consume {q}"),
+        &format!("Error: unknown queue {q}"),
+    )
+    .await;
+    // Its binding went with it.
+    publish_expect(&mut sender, "ex", owner, "d-3", "NACK d-3 no_route").await;
+    check(
+        &mut receiver,
+        &format!("bind {q} ex {owner}"),
+        &format!("Error: unknown queue {q}"),
+    )
+    .await;
+
+    // Declared again, by its owner this time: empty, and its own again.
+    check(
+        &mut receiver,
+        &format!("declare_queue {q}"),
+        &format!("OK declare_queue {q}"),
+    )
+    .await;
+    assert!(fetch(&mut receiver, &q, 10).await.is_empty());
+    check(
+        &mut receiver,
+        &format!("bind {q} ex {owner}"),
+        &format!("OK bind {q} ex {owner}"),
+    )
+    .await;
+    publish_expect(&mut sender, "ex", owner, "d-new", "ACK d-new").await;
+    assert_eq!(ids(&fetch(&mut receiver, &q, 10).await), ["d-new"]);
+    check(&mut receiver, "ack d-new", "ACK_CONFIRMED d-new").await;
+    // Its owner may delete it too; nobody is left to tell.
+    check(
+        &mut receiver,
+        &format!("delete_queue {q}"),
+        &format!("OK delete_queue {q}"),
+    )
+    .await;
+    assert_silent(
+        &mut consumer,
+        std::time::Duration::from_millis(200),
+        "no longer a consumer of it",
+    )
+    .await;
+    // Nothing of it is left on disk once its files are freed.
+    let look = || -> Vec<String> {
+        std::fs::read_dir(data.path().join("queues"))
+            .expect("queues/")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with(&q))
+            .collect()
+    };
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    loop {
+        let left = look();
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still under queues/: {left:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn delete_queue_is_judged_but_not_carried_out_yet() {
-    let broker = TestBroker::start(1);
+async fn delete_queue_on_one_shard() {
+    delete_queue_over(1, "receiver_1", "receiver_2").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delete_queue_across_shards() {
+    delete_queue_over(2, "receiver_2", "receiver_1").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_queue_stays_deleted_after_a_restart() {
+    let data = tempfile::tempdir().expect("tempdir");
+    let broker = TestBroker::start_durable_at(2, data.path(), "127.0.0.1:0");
     let mut receiver = connect_as(&broker, "receiver_1").await;
     setup_receiver(&mut receiver, "receiver_1").await;
-    let mut other = connect_as(&broker, "receiver_2").await;
-    let reply = ask(&mut other, "delete_queue receiver_1_queue").await;
-    assert_denied(&reply, "receiver", "delete_queue");
+    let mut sender = connect_as(&broker, "sender_1").await;
+    for i in 0..5 {
+        let id = format!("old-{i}");
+        publish_expect(&mut sender, "ex", "receiver_1", &id, &format!("ACK {id}")).await;
+    }
     check(
         &mut receiver,
         "delete_queue receiver_1_queue",
-        "Error: delete_queue is not implemented yet",
+        "OK delete_queue receiver_1_queue",
     )
     .await;
-    // Nothing was removed.
+
+    drop((receiver, sender));
+    let broker = restart(broker, data.path());
+    let mut receiver = connect_as(&broker, "receiver_1").await;
     check(
         &mut receiver,
         "consume receiver_1_queue",
-        "OK consume receiver_1_queue",
+        "Error: unknown queue receiver_1_queue",
     )
     .await;
+    let mut sender = connect_as(&broker, "sender_1").await;
+    publish_expect(&mut sender, "ex", "receiver_1", "x", "NACK x no_route").await;
+    // Declared again after the restart: none of the old messages.
+    setup_receiver(&mut receiver, "receiver_1").await;
+    assert!(fetch(&mut receiver, "receiver_1_queue", 10)
+        .await
+        .is_empty());
+    publish_expect(&mut sender, "ex", "receiver_1", "new", "ACK new").await;
+    assert_eq!(
+        ids(&fetch(&mut receiver, "receiver_1_queue", 10).await),
+        ["new"]
+    );
+}
+
+/// SIGKILL right after `OK delete_queue`: the queue does not come back,
+/// neither from `topology.json` nor from its log directory, and a queue
+/// declared again under its name never serves its old messages.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_queue_stays_deleted_after_a_kill() {
+    use common::process::BrokerProcess;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("broker.toml");
+    let text = config_text(&pki().certs, &dir.path().join("data"), 2, "")
+        .replace(r#"mode = "memory""#, r#"mode = "durable""#);
+    std::fs::write(&config, text).unwrap();
+    for round in 0..3 {
+        let broker = BrokerProcess::start(&config);
+        let mut receiver = broker.connect("receiver_1").await;
+        if round == 0 {
+            setup_receiver(&mut receiver, "receiver_1").await;
+        } else {
+            // Whatever the kill left, the old messages are not served.
+            check(
+                &mut receiver,
+                "consume receiver_1_queue",
+                "Error: unknown queue receiver_1_queue",
+            )
+            .await;
+            setup_receiver(&mut receiver, "receiver_1").await;
+            assert!(
+                fetch(&mut receiver, "receiver_1_queue", 100)
+                    .await
+                    .is_empty(),
+                "round {round}: a queue declared again starts empty"
+            );
+        }
+        let mut sender = broker.connect("sender_1").await;
+        for i in 0..20 {
+            let id = format!("r{round}-{i}");
+            publish_expect(&mut sender, "ex", "receiver_1", &id, &format!("ACK {id}")).await;
+        }
+        // A consumer holds some of them when the queue goes.
+        let mut consumer = broker.connect("receiver_1").await;
+        check(
+            &mut consumer,
+            "consume receiver_1_queue 5",
+            "OK consume receiver_1_queue",
+        )
+        .await;
+        assert_eq!(next_delivery(&mut consumer).await.id, format!("r{round}-0"));
+        let mut admin = broker.connect("admin").await;
+        check(
+            &mut admin,
+            "delete_queue receiver_1_queue",
+            "OK delete_queue receiver_1_queue",
+        )
+        .await;
+        broker.kill();
+    }
+    let broker = BrokerProcess::start(&config);
+    let mut receiver = broker.connect("receiver_1").await;
+    check(
+        &mut receiver,
+        "fetch receiver_1_queue",
+        "Error: unknown queue receiver_1_queue",
+    )
+    .await;
+    let topology = std::fs::read_to_string(dir.path().join("data/topology.json")).unwrap();
+    assert!(
+        !topology.contains("receiver_1_queue"),
+        "neither declared nor being deleted: {topology}"
+    );
+    let queues: Vec<String> = std::fs::read_dir(dir.path().join("data/queues"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        queues.iter().all(|n| !n.starts_with("receiver_1_queue")),
+        "{queues:?}"
+    );
+    assert!(broker.stop().success());
+}
+
+/// A start after a crash between saving the deletion and moving the log
+/// away (the topology records the queue as being deleted, its directory is
+/// still there) removes the directory rather than adopting it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_finishes_a_deletion_a_crash_interrupted() {
+    let data = tempfile::tempdir().expect("tempdir");
+    let broker = TestBroker::start_durable_at(1, data.path(), "127.0.0.1:0");
+    let mut receiver = connect_as(&broker, "receiver_1").await;
+    setup_receiver(&mut receiver, "receiver_1").await;
+    let mut sender = connect_as(&broker, "sender_1").await;
+    for i in 0..5 {
+        let id = format!("kept-{i}");
+        publish_expect(&mut sender, "ex", "receiver_1", &id, &format!("ACK {id}")).await;
+    }
+    drop((receiver, sender));
+    let (addr, shards) = (broker.addr.clone(), broker.shards);
+    let mut broker = broker;
+    broker.stop();
+    // What the crash left: the deletion saved, the directory not moved yet,
+    // and a directory of an earlier deletion not yet freed.
+    let queues = data.path().join("queues");
+    let aside = queues.join("other~deleted-1-0");
+    std::fs::create_dir(&aside).unwrap();
+    std::fs::write(aside.join("segment-00000000000000000000.log"), b"x").unwrap();
+    let path = data.path().join("topology.json");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let mut saved: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let listed = saved["queues"].as_array_mut().unwrap();
+    listed.retain(|q| q["name"] != "receiver_1_queue");
+    for ex in saved["exchanges"].as_array_mut().unwrap() {
+        ex["bindings"] = serde_json::json!([]);
+    }
+    saved["deleting"] = serde_json::json!(["receiver_1_queue"]);
+    std::fs::write(&path, serde_json::to_vec_pretty(&saved).unwrap()).unwrap();
+    assert!(queues.join("receiver_1_queue").is_dir());
+
+    let broker = TestBroker::start_durable_at(shards, data.path(), &addr);
+    assert!(
+        !queues.join("receiver_1_queue").exists(),
+        "removed, not adopted"
+    );
+    assert!(!aside.exists(), "an interrupted removal is finished");
+    let mut receiver = connect_as(&broker, "receiver_1").await;
+    check(
+        &mut receiver,
+        "consume receiver_1_queue",
+        "Error: unknown queue receiver_1_queue",
+    )
+    .await;
+    check(
+        &mut receiver,
+        "declare_queue receiver_1_queue",
+        "OK declare_queue receiver_1_queue",
+    )
+    .await;
+    assert!(fetch(&mut receiver, "receiver_1_queue", 10)
+        .await
+        .is_empty());
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(!text.contains("deleting"), "the record is cleared: {text}");
 }

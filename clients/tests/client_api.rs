@@ -468,6 +468,62 @@ async fn a_consumer_streams_deliveries_with_ack_nack_and_redelivery_counts() {
     .await;
 }
 
+/// `delete_queue` through the library: the consumer's stream ends with
+/// `QueueDeleted` (the broker's pushed line is no reply to a pending
+/// command), the connection goes on, and the name can be declared again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_queue_ends_its_consumer_and_the_connection_goes_on() {
+    bounded(async {
+        let b = broker("");
+        let (recv, _key) = receiver(&b, "receiver_1").await;
+        let sender = connect(&b, "sender_1").await;
+        let p = sender.publisher();
+        p.publish_to_with_id("q-1", "receiver_1", "ex", "receiver_1", b"one")
+            .await
+            .expect("publish");
+        let mut consumer = recv.consume("receiver_1_queue", 10).await.expect("consume");
+        assert_eq!(next(&mut consumer).await.id(), "q-1");
+
+        let admin = connect(&b, "admin").await;
+        admin
+            .delete_queue("receiver_1_queue")
+            .await
+            .expect("delete queue");
+        match tokio::time::timeout(WAIT, consumer.next()).await {
+            Ok(Some(Err(RequestError::QueueDeleted(q)))) => assert_eq!(q, "receiver_1_queue"),
+            other => panic!("expected QueueDeleted, got {other:?}"),
+        }
+        assert!(
+            tokio::time::timeout(WAIT, consumer.next())
+                .await
+                .expect("the stream ends in time")
+                .is_none(),
+            "the stream ends after it"
+        );
+        // The connection goes on; the queue is gone.
+        recv.heartbeat().await.expect("heartbeat");
+        match admin.delete_queue("receiver_1_queue").await {
+            Err(RequestError::Broker(text)) => {
+                assert_eq!(text, "unknown queue receiver_1_queue")
+            }
+            other => panic!("expected unknown queue, got {other:?}"),
+        }
+        // Declared again: empty, and consumable anew on the same connection.
+        recv.declare_queue("receiver_1_queue")
+            .await
+            .expect("declare");
+        recv.bind("receiver_1_queue", "ex", "receiver_1")
+            .await
+            .expect("bind");
+        let mut consumer = recv.consume("receiver_1_queue", 10).await.expect("consume");
+        p.publish_to_with_id("q-2", "receiver_1", "ex", "receiver_1", b"two")
+            .await
+            .expect("publish");
+        assert_eq!(next(&mut consumer).await.id(), "q-2");
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ack_many_settles_deliveries_with_ack_batch() {
     bounded(async {

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
 use ciphermq_pgbridge::PgBridge;
-use ciphermq_shard::log::MirrorWatermarks;
+use ciphermq_shard::log::{queue_dir, MirrorWatermarks};
 use common::{sent_ms, wait_until, LogWriter, TestDb};
 
 const AES: [u8; 32] = [7u8; 32];
@@ -298,6 +298,73 @@ fn resumes_from_the_watermark_after_a_restart() {
         second.status().rows_written == N - 1_000
     });
     second.shutdown();
+}
+
+/// `delete_queue`: the broker moves the queue's log directory away and tells
+/// the mirror, which drops the queue's rows and position; a queue made again
+/// under the name is mirrored from its new log's start. A queue whose
+/// directory went while no bridge ran is dropped at the next start.
+#[test]
+fn a_deleted_queue_is_dropped_and_its_name_mirrored_afresh() {
+    let db = TestDb::new();
+    let data = tempfile::tempdir().unwrap();
+    let marks = Arc::new(MirrorWatermarks::new());
+    let bridge = PgBridge::start(
+        db.config(),
+        AES,
+        Some((data.path().to_owned(), marks.clone())),
+    )
+    .unwrap();
+    let mut gone = LogWriter::new(data.path(), "gone");
+    let mut kept = LogWriter::new(data.path(), "kept");
+    for seq in 0..100 {
+        gone.message(seq);
+        kept.message(seq);
+    }
+    gone.flush();
+    kept.flush();
+    wait_until("both queues' rows", || count(&db, "true") == 200);
+    assert!(watermark(&db, "gone").is_some());
+
+    // What the broker does: the directory moved aside, then the mirror told.
+    let dir = queue_dir(data.path(), "gone");
+    std::fs::rename(&dir, data.path().join("queues").join("gone~deleted-1-0")).unwrap();
+    marks.queue_deleted(&Arc::from("gone"));
+    wait_until("the deleted queue's rows are dropped", || {
+        count(&db, "queue = 'gone'") == 0 && watermark(&db, "gone").is_none()
+    });
+    assert_eq!(count(&db, "queue = 'kept'"), 100);
+
+    // Declared again: a new log, from sequence 0.
+    let mut again = LogWriter::new(data.path(), "gone");
+    for seq in 0..10 {
+        again.message(seq);
+    }
+    again.flush();
+    wait_until("the new queue's rows", || {
+        count(&db, "queue = 'gone'") == 10
+    });
+    assert_every_row_once(&db, "gone", 10);
+    assert!(
+        bridge.status().last_error.is_none(),
+        "{:?}",
+        bridge.status().last_error
+    );
+    bridge.shutdown();
+
+    // Deleted while no bridge ran (its deletion never reached the database).
+    std::fs::remove_dir_all(queue_dir(data.path(), "kept")).unwrap();
+    let bridge = PgBridge::start(
+        db.config(),
+        AES,
+        Some((data.path().to_owned(), Arc::new(MirrorWatermarks::new()))),
+    )
+    .unwrap();
+    wait_until("a queue gone while stopped is dropped", || {
+        count(&db, "queue = 'kept'") == 0 && watermark(&db, "kept").is_none()
+    });
+    assert_eq!(count(&db, "queue = 'gone'"), 10);
+    bridge.shutdown();
 }
 
 /// New rows go in with `COPY`, which fails on a row that exists; a batch

@@ -1,7 +1,7 @@
 //! A shard's durable side: the logs of its queues, what waits for the next
 //! group commit, and the publishes (tickets) to answer once it is done.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -12,7 +12,45 @@ use ciphermq_proto::NackReason;
 
 use crate::log::{queue_dir, unix_ms, CommitJob, MirrorWatermarks, QueueLog};
 use crate::mesh::Origin;
+use crate::pending::Resolver;
 use crate::queue::{Queue, QueueSettings};
+
+/// A deleted queue's log directory, for the committer to move away.
+///
+/// The committer takes it with its next round, after every job of the
+/// queue's log already taken has finished (so no write can create the
+/// directory again), renames the directory to a name no queue can have
+/// ([`deleted_dir`]), syncs `queues/`, and only then resolves `done`; what
+/// the renamed directory holds is freed afterwards, off the shard. A start
+/// removes such directories, so a crash at any point never serves the old
+/// messages again.
+#[derive(Debug)]
+pub struct QueueRemoval {
+    /// The deleted queue.
+    pub queue: Arc<str>,
+    /// Its log directory, `{data_dir}/queues/{queue}`.
+    pub dir: PathBuf,
+    /// Told once the directory is moved away durably (or why not).
+    pub done: Resolver<Result<(), String>>,
+}
+
+/// Marks a directory under `queues/` as a deleted queue's: `~` is no
+/// character of a queue name, so no queue's directory can be named so.
+pub const DELETED_MARK: &str = "~deleted-";
+
+/// The name a deleted queue's directory `dir` is renamed to before it is
+/// freed: beside it, `{queue}~deleted-{unix ms}-{n}`.
+pub fn deleted_dir(dir: &std::path::Path, n: u64) -> PathBuf {
+    let mut name = dir.as_os_str().to_owned();
+    name.push(format!("{DELETED_MARK}{}-{n}", unix_ms()));
+    PathBuf::from(name)
+}
+
+/// Whether a directory entry under `queues/` is a deleted queue's log
+/// directory (see [`deleted_dir`]), which recovery removes, never reads.
+pub fn is_deleted_dir_name(name: &str) -> bool {
+    name.contains(DELETED_MARK)
+}
 
 /// What to do when a ticket's commits are done.
 #[derive(Debug)]
@@ -87,6 +125,11 @@ pub struct Durability {
     mirror: Option<Arc<MirrorWatermarks>>,
     /// Free space on the data directory's filesystem.
     disk: Arc<DiskSpace>,
+    /// Deleted queues' directories waiting for the committer.
+    removals: Vec<QueueRemoval>,
+    /// Deleted queues whose removal has not finished: jobs of their logs
+    /// still in flight finish as durable (there is nothing left to keep).
+    retired: HashSet<Arc<str>>,
 }
 
 impl Durability {
@@ -110,6 +153,40 @@ impl Durability {
             next_ticket: 1,
             mirror,
             disk,
+            removals: Vec::new(),
+            retired: HashSet::new(),
+        }
+    }
+
+    /// `delete_queue`: forgets `queue`'s log (nothing more is appended to
+    /// it) and hands its directory to the committer ([`QueueRemoval`]),
+    /// which resolves `done`.
+    pub(crate) fn retire(&mut self, queue: &Arc<str>, done: Resolver<Result<(), String>>) {
+        self.logs.remove(queue);
+        self.dirty.retain(|q| q != queue);
+        self.retired.insert(queue.clone());
+        self.removals.push(QueueRemoval {
+            queue: queue.clone(),
+            dir: self.dir_of(queue),
+            done,
+        });
+        if let Some(waker) = self.committer.take() {
+            waker.wake();
+        }
+    }
+
+    /// Takes the removals due (see [`QueueRemoval`]).
+    pub(crate) fn take_removals(&mut self, out: &mut Vec<QueueRemoval>) {
+        out.append(&mut self.removals);
+    }
+
+    /// A removal finished: the queue's jobs are all done, and its directory
+    /// is out of the metadata mirror's sight, which is told now (told
+    /// earlier, it could read the directory again before it moved).
+    pub(crate) fn removal_done(&mut self, queue: &Arc<str>) {
+        self.retired.remove(queue);
+        if let Some(mirror) = &self.mirror {
+            mirror.queue_deleted(queue);
         }
     }
 
@@ -227,7 +304,7 @@ impl Durability {
 
     /// Whether a commit round has work.
     pub fn has_work(&self) -> bool {
-        !self.dirty.is_empty()
+        !self.dirty.is_empty() || !self.removals.is_empty()
     }
 
     /// Registers the committer task, woken by the next append.
@@ -286,7 +363,9 @@ impl Durability {
     /// whether its records are durable (see [`QueueLog::job_done`]).
     pub(crate) fn job_done(&mut self, job: &CommitJob, io_ok: bool) -> bool {
         let Some(log) = self.logs.get_mut(&job.queue) else {
-            return false;
+            // A deleted queue's: what waited for it is answered as stored,
+            // as it was, into a queue that is now gone.
+            return self.retired.contains(&job.queue);
         };
         let ok = log.job_done(job, io_ok);
         if log.is_dirty() && !self.dirty.contains(&job.queue) {

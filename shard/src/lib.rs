@@ -59,7 +59,7 @@ pub mod shard;
 pub mod topology;
 pub mod tracker;
 
-pub use durability::Durability;
+pub use durability::{Durability, QueueRemoval};
 pub use log::{CommitJob, RecoveredQueue};
 pub use mailbox::{Completion, ConnEvent, Mailbox};
 pub use mesh::{Mesh, MeshEndpoint, MeshInbound, MeshOutbound, Origin, ShardMsg};

@@ -38,6 +38,15 @@ pub enum ConnEvent {
     },
     /// A push delivery from a consumed queue.
     Delivery(Delivery),
+    /// A queue this connection consumed from, or holds deliveries of, was
+    /// deleted: its deliveries of that queue are no longer owed, and a
+    /// consumer is told with a pushed line.
+    QueueDeleted {
+        /// The deleted queue.
+        queue: std::sync::Arc<str>,
+        /// Whether the connection was one of its consumers.
+        consumer: bool,
+    },
 }
 
 /// One connection's inbox on its shard.

@@ -17,6 +17,7 @@ use crossbeam_channel::{Receiver, Sender, TryRecvError};
 
 use crate::mailbox::Completion;
 use crate::message::Message;
+use crate::pending::Resolver;
 use crate::placement::{ConnRef, ShardId};
 use crate::queue::Delivery;
 
@@ -102,6 +103,26 @@ pub enum ShardMsg {
     ConnClosed {
         /// The closed connection.
         conn: ConnRef,
+    },
+    /// `delete_queue`, once the topology without the queue is saved: drop
+    /// the queue of the receiving shard and remove its log.
+    DeleteQueue {
+        /// The queue.
+        queue: Arc<str>,
+        /// Resolved once the log is gone from the queue directory for good
+        /// (`Err`: why it could not be moved away).
+        done: Resolver<Result<(), String>>,
+    },
+    /// A queue the connection consumed from, or holds deliveries of, was
+    /// deleted.
+    QueueDeleted {
+        /// The connection told.
+        conn: ConnRef,
+        /// The deleted queue.
+        queue: Arc<str>,
+        /// Whether it was a consumer of it (and is told so), or only holds
+        /// deliveries of it (which it forgets).
+        consumer: bool,
     },
 }
 

@@ -1012,6 +1012,19 @@ impl Queue {
         Ok(count)
     }
 
+    /// The connections this queue deals with: each consumer (`true`), and
+    /// each other connection holding an unacked delivery of it (`false`);
+    /// each once. For telling them when the queue is deleted.
+    pub fn holders(&self) -> Vec<(ConnRef, bool)> {
+        let mut out: Vec<(ConnRef, bool)> = self.consumers.iter().map(|c| (c.conn, true)).collect();
+        for inflight in self.unacked.values() {
+            if !out.iter().any(|(c, _)| *c == inflight.conn) {
+                out.push((inflight.conn, false));
+            }
+        }
+        out
+    }
+
     /// Registers `conn` as a consumer (again: updates its prefetch).
     pub fn add_consumer(&mut self, conn: ConnRef, prefetch: u32) {
         match self.consumers.iter_mut().find(|c| c.conn == conn) {

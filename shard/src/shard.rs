@@ -14,11 +14,12 @@ use std::time::Instant;
 use ciphermq_proto::NackReason;
 
 use crate::backlog::ReadJob;
-use crate::durability::{Durability, TicketKind};
+use crate::durability::{Durability, QueueRemoval, TicketKind};
 use crate::log::{unix_ms, CommitJob, QueueLog, RecoveredQueue};
 use crate::mailbox::{Completion, ConnEvent, Mailbox};
 use crate::mesh::{MeshOutbound, Origin, ShardMsg};
 use crate::message::{DedupKey, Message};
+use crate::pending::Resolver;
 use crate::placement::{ConnRef, ShardId};
 use crate::queue::{Delivery, Enqueued, Entry, HeldBytes, Queue, QueueFull, QueueSettings};
 use crate::routing::Target;
@@ -392,6 +393,11 @@ impl Shard {
         let Some(q) = self.queues.get_mut(&job.queue) else {
             return;
         };
+        // A read of a deleted queue's log, finished after a queue of the
+        // same name was declared again: not this queue's.
+        if !q.is_reading() {
+            return;
+        }
         let data = match result {
             Ok(data) => data,
             Err(e) => {
@@ -443,7 +449,11 @@ impl Shard {
     }
 
     fn log_ack(&mut self, queue: &Arc<str>, seq: u64, key: crate::DedupKey) {
-        let next = self.queues.get(&**queue).map_or(0, Queue::next_seq);
+        // A queue deleted meanwhile has no log to settle it in, and must
+        // not get one (it would make its directory again).
+        let Some(next) = self.queues.get(&**queue).map(Queue::next_seq) else {
+            return;
+        };
         if let Some(d) = &mut self.durable {
             d.log(queue, next).append_ack(seq, unix_ms(), Some(key));
         }
@@ -806,6 +816,87 @@ impl Shard {
         result
     }
 
+    /// `delete_queue`, once the topology without `queue` is saved (so
+    /// nothing routes to it or declares it again): its shard drops it, tells
+    /// its consumers, and moves its log away; `done` resolves then.
+    pub fn delete_queue(&mut self, queue: &QueueInfo, done: Resolver<Result<(), String>>) {
+        if queue.shard != self.id {
+            self.out.send(
+                queue.shard,
+                ShardMsg::DeleteQueue {
+                    queue: queue.name.clone(),
+                    done,
+                },
+            );
+            return;
+        }
+        self.delete_local(&queue.name, done);
+    }
+
+    /// Drops a local queue: its ready messages and unacked deliveries go
+    /// (its bytes leave the shard's meter), waiting fetches are answered with
+    /// what they have, every consumer is told and every connection holding
+    /// its deliveries forgets them, and its log goes to the committer.
+    fn delete_local(&mut self, name: &Arc<str>, done: Resolver<Result<(), String>>) {
+        if let Some(q) = self.queues.remove(name) {
+            let (mine, others) = std::mem::take(&mut self.waiting_fetches)
+                .into_iter()
+                .partition(|f| f.queue == *name);
+            self.waiting_fetches = others;
+            let fetches: Vec<WaitingFetch> = mine;
+            for f in fetches {
+                self.complete(f.origin, Completion::Fetched(f.got));
+            }
+            for (conn, consumer) in q.holders() {
+                self.tell_deleted(conn, name, consumer);
+            }
+            tracing::info!(queue = %name, ready = q.ready_len(), "queue deleted");
+        }
+        self.to_read.retain(|q| q != name);
+        self.read_retry.retain(|q| q != name);
+        match &mut self.durable {
+            Some(d) => d.retire(name, done),
+            None => done.resolve(Ok(())),
+        }
+    }
+
+    fn tell_deleted(&mut self, conn: ConnRef, queue: &Arc<str>, consumer: bool) {
+        if conn.shard != self.id {
+            self.out.send(
+                conn.shard,
+                ShardMsg::QueueDeleted {
+                    conn,
+                    queue: queue.clone(),
+                    consumer,
+                },
+            );
+            return;
+        }
+        if let Some(mailbox) = self.conns.get(&conn.id) {
+            mailbox.push(ConnEvent::QueueDeleted {
+                queue: queue.clone(),
+                consumer,
+            });
+        }
+    }
+
+    /// Takes the deleted queues' directories due for removal (see
+    /// [`QueueRemoval`]): the committer moves each away once the jobs it
+    /// took before are done.
+    pub fn take_removals(&mut self, out: &mut Vec<QueueRemoval>) {
+        if let Some(d) = &mut self.durable {
+            d.take_removals(out);
+        }
+    }
+
+    /// The committer finished removing `queue`'s directory (moved it away,
+    /// or failed to: the next start removes it).
+    pub fn removal_done(&mut self, queue: &Arc<str>) {
+        if let Some(d) = &mut self.durable {
+            d.removal_done(queue);
+        }
+    }
+
     /// Pulls deliveries; `Some` when finished here, `None` when remote.
     pub fn fetch(
         &mut self,
@@ -1127,6 +1218,16 @@ impl Shard {
             ShardMsg::Ack { conn, queue, seq } => self.ack_local(conn, &queue, seq, now),
             ShardMsg::Requeue { conn, queue, seq } => self.requeue_local(conn, &queue, seq, now),
             ShardMsg::ConnClosed { conn } => self.conn_closed(conn),
+            ShardMsg::DeleteQueue { queue, done } => self.delete_local(&queue, done),
+            ShardMsg::QueueDeleted {
+                conn,
+                queue,
+                consumer,
+            } => {
+                if let Some(mailbox) = self.conns.get(&conn.id) {
+                    mailbox.push(ConnEvent::QueueDeleted { queue, consumer });
+                }
+            }
         }
     }
 

@@ -75,6 +75,9 @@ pub const FANOUT_NOT_OWNED: &str = "receivers may only bind queues to fanout exc
 /// Why a receiver may not delete an exchange it does not own.
 pub const EXCHANGE_NOT_OWNED: &str = "receivers may only delete exchanges they own";
 
+/// Why a receiver may not delete a queue it does not own.
+pub const QUEUE_NOT_OWNED: &str = "receivers may only delete queues they own";
+
 /// Who asks for a topology change: what ownership allows depends on it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Actor {
@@ -184,6 +187,11 @@ pub struct Topology {
     /// What each receiver CN holds, for its quotas; a CN holding nothing
     /// has no entry.
     usage: PMap<Arc<str>, Usage>,
+    /// Queues deleted whose logs may still be on disk: saved with the
+    /// topology, so that a start after a crash removes such a log instead of
+    /// adopting it, and refused to `declare_queue` until the log is gone, so
+    /// a queue declared again never starts from the old messages.
+    deleting: PMap<Arc<str>, ()>,
     /// Caps on a receiver's changes (none until installed).
     quotas: Quotas,
     /// The broker's rule over bindings, once installed.
@@ -204,6 +212,7 @@ impl Topology {
             exchange_owners: PMap::new(),
             binders: PMap::new(),
             usage: PMap::new(),
+            deleting: PMap::new(),
             quotas: Quotas::UNLIMITED,
             rule: None,
         }
@@ -227,6 +236,28 @@ impl Topology {
     /// Every queue.
     pub fn queues(&self) -> impl Iterator<Item = &QueueInfo> {
         self.queues.values()
+    }
+
+    /// Queues deleted whose logs may still be on disk (see
+    /// [`TopologyChange::DeleteQueue`]), sorted by name.
+    pub fn deleting(&self) -> Vec<&str> {
+        let mut names: Vec<&str> = self.deleting.keys().map(|n| &**n).collect();
+        names.sort_unstable();
+        names
+    }
+
+    /// Whether `name` was deleted and its log may still be on disk.
+    pub fn is_deleting(&self, name: &str) -> bool {
+        self.deleting.contains_key(name)
+    }
+
+    /// Records `name` as deleted with its log possibly still on disk, for
+    /// loading a saved topology (the start then removes that log and clears
+    /// the mark with [`TopologyChange::QueueRemoved`]). Bumps the version.
+    pub fn mark_deleting(&mut self, name: &str) {
+        if self.deleting.insert(Arc::from(name), ()).is_none() {
+            self.version += 1;
+        }
     }
 
     /// An exchange by name.
@@ -338,6 +369,9 @@ impl Topology {
                 if self.queues.contains_key(name.as_str()) {
                     return Ok(false);
                 }
+                if self.deleting.contains_key(name.as_str()) {
+                    return Err(TopologyError::QueueBeingDeleted(name.clone()));
+                }
                 self.check_quota(by.as_ref(), owner, Resource::Queues)?;
                 let info = QueueInfo {
                     name: Arc::from(name.as_str()),
@@ -400,7 +434,56 @@ impl Topology {
                 }
                 Ok(true)
             }
+            TopologyChange::DeleteQueue { name, by } => self.delete_queue(name, by),
+            TopologyChange::QueueRemoved { name } => {
+                Ok(self.deleting.remove(name.as_str()).is_some())
+            }
         }
+    }
+
+    /// `delete_queue`: ownership before existence is the ACL's; here a
+    /// receiver may delete only a queue recorded as its own. The queue, its
+    /// bindings on every exchange and their quota counts go; its name is
+    /// recorded in `deleting` until its log is gone.
+    fn delete_queue(&mut self, name: &str, by: &Actor) -> Result<bool, TopologyError> {
+        let Some(info) = self.queues.get(name) else {
+            return Err(TopologyError::UnknownQueue(name.to_owned()));
+        };
+        if let Actor::Receiver(cn) = by {
+            if *info.owner != **cn {
+                return Err(TopologyError::Denied(QUEUE_NOT_OWNED.into()));
+            }
+        }
+        let mut bound: HashMap<Arc<str>, Vec<Box<str>>> = HashMap::new();
+        for (exchange, ex) in &self.exchanges {
+            for (key, target) in ex.bindings() {
+                if &*target.queue == name {
+                    bound
+                        .entry(exchange.clone())
+                        .or_default()
+                        .push(Box::from(key));
+                }
+            }
+        }
+        for (exchange, keys) in bound {
+            for key in &keys {
+                self.forget_binding(&exchange, key, name);
+            }
+            if let Some(ex) = self.exchanges.get_mut(&exchange) {
+                let mut rebuilt = Exchange::new(ex.kind());
+                for (key, target) in ex.bindings() {
+                    if &*target.queue != name {
+                        rebuilt.bind(key, target.clone());
+                    }
+                }
+                *ex = Arc::new(rebuilt);
+            }
+        }
+        if let Some(info) = self.queues.remove(name) {
+            self.count(&info.owner, Resource::Queues, -1);
+            self.deleting.insert(info.name, ());
+        }
+        Ok(true)
     }
 
     /// `bind`: ownership of a fanout exchange is checked before whether the
@@ -570,6 +653,10 @@ pub enum TopologyError {
     /// `bind` to an exchange that was never declared.
     #[error("unknown exchange {0}")]
     UnknownExchange(String),
+    /// `declare_queue` of a name whose deleted queue's log is still being
+    /// removed: declaring it now could bring the old messages back.
+    #[error("queue {0} is being deleted; retry")]
+    QueueBeingDeleted(String),
     /// A receiver's change would take its CN past a quota.
     #[error("quota exceeded: {cn} already has {limit} {resource}, the most one client may have ({key})", key = resource.config_key())]
     QuotaExceeded {
@@ -697,6 +784,23 @@ pub enum TopologyChange {
         name: String,
         /// Who deletes it.
         by: Actor,
+    },
+    /// `delete_queue`: the queue and its bindings on every exchange. A
+    /// receiver may delete only a queue it owns. The name stays recorded as
+    /// being deleted (saved, refused to `declare_queue`) until
+    /// [`TopologyChange::QueueRemoved`]: its log is removed after this change
+    /// is saved, and a crash in between must not bring it back.
+    DeleteQueue {
+        /// Queue name.
+        name: String,
+        /// Who deletes it.
+        by: Actor,
+    },
+    /// The broker removed a deleted queue's log: the name may be declared
+    /// again, starting empty.
+    QueueRemoved {
+        /// Queue name.
+        name: String,
     },
 }
 
@@ -1577,6 +1681,77 @@ mod tests {
             .unwrap();
         assert_eq!(t.exchange_owner("fan"), Some("r2"));
         assert!(routed(&t, "fan", "k").is_empty());
+    }
+
+    #[test]
+    fn a_deleted_queue_takes_its_bindings_and_counts_and_blocks_its_name_until_removed() {
+        let mut t = Topology::empty(2);
+        t.quotas = quota_of(10);
+        let by_r1 = |name: &str| TopologyChange::DeclareQueue {
+            name: name.into(),
+            owner: "r1".into(),
+            by: Some(Actor::receiver("r1")),
+        };
+        t.apply(&by_r1("r1_queue")).unwrap();
+        t.apply(&by_r1("r1_other")).unwrap();
+        t.apply(&exchange("ev", ExchangeKind::Topic, None)).unwrap();
+        t.apply(&exchange("own", ExchangeKind::Fanout, Some("r1")))
+            .unwrap();
+        let r1 = || Some(Actor::receiver("r1"));
+        t.apply(&bind("r1_queue", "ev", "r1.a", r1())).unwrap();
+        t.apply(&bind("r1_other", "ev", "r1.a", r1())).unwrap();
+        t.apply(&bind("r1_queue", "own", "x", r1())).unwrap();
+        t.apply(&bind("r1_queue", "ev", "r1.admin", Some(Actor::Admin)))
+            .unwrap();
+        assert_eq!(t.usage("r1").queues, 2);
+        assert_eq!(t.usage("r1").bindings, 3);
+
+        let delete = |name: &str, by: Actor| TopologyChange::DeleteQueue {
+            name: name.into(),
+            by,
+        };
+        assert_eq!(
+            t.apply(&delete("r1_queue", Actor::receiver("r2"))),
+            Err(TopologyError::Denied(QUEUE_NOT_OWNED.into()))
+        );
+        assert_eq!(
+            t.apply(&delete("r1_queue", Actor::receiver("r1"))),
+            Ok(true)
+        );
+        assert!(t.queue("r1_queue").is_none());
+        assert!(t.is_deleting("r1_queue"));
+        assert_eq!(t.deleting(), ["r1_queue"]);
+        // Every binding of it went, on every exchange; the others stay.
+        assert_eq!(routed(&t, "ev", "r1.a"), vec!["r1_other"]);
+        assert!(routed(&t, "ev", "r1.admin").is_empty());
+        assert!(routed(&t, "own", "x").is_empty());
+        assert_eq!(t.binder("ev", "r1.a", "r1_queue"), None);
+        assert_eq!(t.usage("r1").queues, 1);
+        assert_eq!(t.usage("r1").bindings, 1);
+        assert_eq!(
+            t.apply(&delete("r1_queue", Actor::Admin)),
+            Err(TopologyError::UnknownQueue("r1_queue".into()))
+        );
+        // Until its log is gone, nobody declares the name, the broker neither.
+        assert_eq!(
+            t.apply(&by_r1("r1_queue")),
+            Err(TopologyError::QueueBeingDeleted("r1_queue".into()))
+        );
+        assert_eq!(
+            t.apply(&queue("r1_queue", "r1")),
+            Err(TopologyError::QueueBeingDeleted("r1_queue".into()))
+        );
+        let removed = TopologyChange::QueueRemoved {
+            name: "r1_queue".into(),
+        };
+        assert_eq!(t.apply(&removed), Ok(true));
+        assert_eq!(t.apply(&removed), Ok(false));
+        assert!(t.deleting().is_empty());
+        assert_eq!(t.apply(&by_r1("r1_queue")), Ok(true));
+        assert!(routed(&t, "ev", "r1.admin").is_empty(), "declared bare");
+        // An admin deletes any queue.
+        assert_eq!(t.apply(&delete("r1_other", Actor::Admin)), Ok(true));
+        assert!(routed(&t, "ev", "r1.a").is_empty());
     }
 
     fn quota_of(limit: usize) -> Quotas {

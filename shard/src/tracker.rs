@@ -140,6 +140,30 @@ impl DeliveryTracker {
         taken
     }
 
+    /// Forgets every outstanding delivery from `queue` (deleted); returns
+    /// how many.
+    pub fn forget_queue(&mut self, queue: &str) -> usize {
+        let before = self.len;
+        let mut removed = 0;
+        self.by_id.retain(|_, slots| match slots {
+            Slots::One(o) => {
+                let keep = *o.queue != *queue;
+                if !keep {
+                    removed += 1;
+                }
+                keep
+            }
+            Slots::Many(v) => {
+                let n = v.len();
+                v.retain(|o| *o.queue != *queue);
+                removed += n - v.len();
+                !v.is_empty()
+            }
+        });
+        self.len = before - removed;
+        removed
+    }
+
     /// Removes every outstanding delivery into `out`.
     pub fn take_all(&mut self, out: &mut Vec<Outstanding>) {
         for (_, slots) in self.by_id.drain() {

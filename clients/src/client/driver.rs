@@ -409,6 +409,13 @@ impl State {
         if line.starts_with("Message: ") {
             return self.on_delivery(&line);
         }
+        if let Some(queue) = deleted_queue(&line) {
+            // Pushed, not a reply: no command is answered so.
+            if let Some(sink) = self.sinks.remove(queue) {
+                let _ = sink.send(Err(RequestError::QueueDeleted(queue.to_owned())));
+            }
+            return Ok(());
+        }
         let Some(p) = self.pending.pop_front() else {
             return Err(Disconnected::Protocol(format!(
                 "a reply with no command waiting: {}",
@@ -476,6 +483,16 @@ impl State {
         }
         Ok(())
     }
+}
+
+/// The queue of a pushed `Error: queue <q> deleted` line (the broker tells
+/// a queue's consumers so when it is deleted; no command is answered with
+/// it), or `None`.
+fn deleted_queue(line: &str) -> Option<&str> {
+    let queue = line
+        .strip_prefix("Error: queue ")?
+        .strip_suffix(" deleted")?;
+    ciphermq_proto::is_valid_name(queue).then_some(queue)
 }
 
 /// At most 200 characters of a reply line, for errors.

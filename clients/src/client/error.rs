@@ -144,6 +144,11 @@ pub enum RequestError {
     /// be sent).
     #[error("connection lost: {0}")]
     ConnectionLost(Arc<Disconnected>),
+    /// The queue a [`Consumer`](crate::Consumer) read was deleted (the
+    /// broker pushed `Error: queue <q> deleted`): its stream ends after
+    /// this. The connection stays open.
+    #[error("queue {0} deleted")]
+    QueueDeleted(String),
 }
 
 impl RequestError {

@@ -329,6 +329,19 @@ impl Client {
         .await
     }
 
+    /// `delete_queue <queue>`: the queue, its messages and its bindings go,
+    /// durably; its consumers (on any connection) see their stream end with
+    /// [`RequestError::QueueDeleted`]. The name may be declared again, and
+    /// starts empty.
+    pub async fn delete_queue(&self, queue: &str) -> Result<(), RequestError> {
+        reply::check_name("queue", queue)?;
+        self.simple(
+            format!("delete_queue {queue}"),
+            &format!("delete_queue {queue}"),
+        )
+        .await
+    }
+
     /// `purge_queue <queue>`: drops its ready messages and returns how many;
     /// deliveries not acknowledged yet stay owed.
     pub async fn purge_queue(&self, queue: &str) -> Result<u64, RequestError> {

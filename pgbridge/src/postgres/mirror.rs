@@ -72,6 +72,13 @@ ON CONFLICT (queue) DO UPDATE SET
     byte_offset = EXCLUDED.byte_offset,
     updated_time = EXCLUDED.updated_time";
 
+/// Drops what the mirror holds of deleted queues: their rows and positions,
+/// in one transaction. A queue declared again under the same name then
+/// starts over at sequence 0 and segment 0 without meeting the old rows.
+const DROP_QUEUES: &str = "
+WITH gone AS (DELETE FROM message_metadata WHERE queue = ANY($1::text[]))
+DELETE FROM ciphermq_mirror_watermark WHERE queue = ANY($1::text[])";
+
 /// The batch statements, prepared once per connection.
 struct Statements {
     insert: Statement,
@@ -236,6 +243,10 @@ pub(crate) struct Mirror {
     rotation: usize,
     /// When a tick last read every log to its end and committed it.
     caught_up_at: Instant,
+    /// Deleted queues whose rows and position are still to be dropped
+    /// (reported by the shards, or found at connecting: a position whose
+    /// queue directory is gone).
+    gone: Vec<Arc<str>>,
 }
 
 impl Mirror {
@@ -263,7 +274,62 @@ impl Mirror {
             reported: Reported::default(),
             rotation: 0,
             caught_up_at: Instant::now(),
+            gone: Vec::new(),
         }
+    }
+
+    /// Notes every queue deleted since the last look.
+    fn note_deleted(&mut self) {
+        for queue in self.logs.watermarks.take_deleted() {
+            if !self.gone.contains(&queue) {
+                self.gone.push(queue);
+            }
+        }
+    }
+
+    /// Notes every committed position whose queue's log directory is gone:
+    /// a queue deleted while its deletion could not reach the database (the
+    /// broker stopped first). Checked on connecting, before any read.
+    fn note_vanished(&mut self) {
+        for queue in self.positions.keys() {
+            if !self.gone.contains(queue) && !queue_dir(&self.logs.data_dir, queue).exists() {
+                self.gone.push(queue.clone());
+            }
+        }
+    }
+
+    /// Drops the rows and positions of deleted queues before anything more
+    /// is read; `Err` (kept for the next tick) when the database refused.
+    async fn drop_deleted(&mut self, limit: Duration) -> Result<(), String> {
+        self.note_deleted();
+        if self.gone.is_empty() {
+            return Ok(());
+        }
+        let Some(conn) = self.link.conn() else {
+            return Err("not connected".to_owned());
+        };
+        let names: Vec<&str> = self.gone.iter().map(|q| &**q).collect();
+        match timeout(limit, conn.client.execute(DROP_QUEUES, &[&names])).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => return Err(describe(&e)),
+            Err(_) => {
+                return Err(format!(
+                    "dropping deleted queues took longer than {limit:?}"
+                ))
+            }
+        }
+        let released = self.budget.released();
+        for queue in std::mem::take(&mut self.gone) {
+            tracing::info!(%queue, "deleted queue dropped from the metadata mirror");
+            self.positions.remove(&queue);
+            self.mirrored_next.remove(&queue);
+            // A queue of that name made later holds its segments from its
+            // start again (or not at all while the budget is exceeded).
+            self.logs
+                .watermarks
+                .set(&queue, if released { u64::MAX } else { 0 });
+        }
+        Ok(())
     }
 
     /// Runs until `stop` turns true (or its sender goes), then makes one
@@ -317,6 +383,11 @@ impl Mirror {
         // Durable before the read starts: a read to the end covers them.
         let stored = self.logs.watermarks.stored();
         if self.ready(limit).await {
+            if let Err(why) = self.drop_deleted(limit).await {
+                self.link.fail(why);
+                self.measure(false, &stored);
+                return false;
+            }
             let mut batch = Batch::new(self.config.rows_per_batch());
             let (all_read, full) = self.read(&mut batch);
             if batch.is_empty() {
@@ -356,6 +427,7 @@ impl Mirror {
                 // The database is the truth: a batch whose commit answer was
                 // lost may have landed.
                 self.positions = positions;
+                self.note_vanished();
                 if !self.budget.released() {
                     for (queue, position) in &self.positions {
                         self.logs.watermarks.set(queue, position.base);

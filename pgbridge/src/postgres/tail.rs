@@ -61,7 +61,10 @@ pub(crate) fn list_queues(data_dir: &Path) -> Result<Vec<String>, TailError> {
             continue;
         }
         if let Ok(name) = entry.file_name().into_string() {
-            queues.push(name);
+            // A deleted queue's directory, on its way out: never mirrored.
+            if !ciphermq_shard::durability::is_deleted_dir_name(&name) {
+                queues.push(name);
+            }
         }
     }
     queues.sort();

@@ -18,6 +18,10 @@ pub struct MirrorWatermarks {
     /// Per queue: one past the last message durable in its log, so the
     /// mirror can tell its lag in rows.
     stored: Mutex<HashMap<Arc<str>, Arc<AtomicU64>>>,
+    /// Queues deleted since the mirror last looked: it drops their rows and
+    /// position before reading on, so a queue declared again under the same
+    /// name is mirrored from its new log's start.
+    deleted: Mutex<Vec<Arc<str>>>,
 }
 
 /// The cell of `queue` in `cells`, created at 0 on first use.
@@ -58,6 +62,29 @@ impl MirrorWatermarks {
             .iter()
             .map(|(q, c)| (q.clone(), c.load(Ordering::Acquire)))
             .collect()
+    }
+
+    /// `delete_queue`: forgets `queue`'s cells and tells the mirror (see
+    /// [`MirrorWatermarks::take_deleted`]). Called by the queue's shard
+    /// once its log directory is moved out of the mirror's sight.
+    pub fn queue_deleted(&self, queue: &Arc<str>) {
+        self.cells
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(queue);
+        self.stored
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(queue);
+        let mut deleted = self.deleted.lock().unwrap_or_else(PoisonError::into_inner);
+        if !deleted.contains(queue) {
+            deleted.push(queue.clone());
+        }
+    }
+
+    /// The queues deleted since the last call, for the mirror to drop.
+    pub fn take_deleted(&self) -> Vec<Arc<str>> {
+        std::mem::take(&mut *self.deleted.lock().unwrap_or_else(PoisonError::into_inner))
     }
 
     /// Records that the mirror is reading `queue`'s segment at `base`.

@@ -424,8 +424,7 @@ fn permission_matrix_with_replies_decided_off_the_shard() {
 /// The commands that take things away, every role: senders are refused
 /// each; a receiver unbinds its own queues with its own keys and deletes
 /// the exchanges it owns and purges its own queues; only admins close
-/// connections. `delete_queue` passes the ACL and is then answered as not
-/// implemented.
+/// connections; a receiver deletes its own queues, an admin any.
 /// Each row is checked for its effect too (routing after it).
 #[test]
 fn matrix_of_the_removals() {
@@ -514,13 +513,38 @@ fn matrix_of_the_removals() {
                 "purge_queue receiver_2_queue",
                 "OK purge_queue receiver_2_queue 0",
             ),
-        case("removals: delete_queue is judged, not carried out")
+        case("removals: delete_queue is for the queue's owner or an admin")
             .denied(r, "delete_queue receiver_2_queue", DENY_OWN_QUEUES)
+            .denied(r, "delete_queue receiver_2_nowhere", DENY_OWN_QUEUES)
+            .row(s, publish("ex", "receiver_1", "m-1"), "ACK m-1")
+            .row(
+                r,
+                "delete_queue receiver_1_queue",
+                "OK delete_queue receiver_1_queue",
+            )
+            .row(s, publish("ex", "receiver_1", "m-2"), "NACK m-2 no_route")
+            .row(
+                r,
+                "delete_queue receiver_1_queue",
+                "Error: unknown queue receiver_1_queue",
+            )
+            .row(
+                r,
+                "fetch receiver_1_queue 10",
+                "Error: unknown queue receiver_1_queue",
+            )
             .row(
                 a,
-                "delete_queue receiver_1_queue",
-                "Error: delete_queue is not implemented yet",
-            ),
+                "delete_queue receiver_2_queue",
+                "OK delete_queue receiver_2_queue",
+            )
+            .row(s, publish("ex", "receiver_2", "m-3"), "NACK m-3 no_route")
+            .row(
+                r,
+                "declare_queue receiver_1_queue",
+                "OK declare_queue receiver_1_queue",
+            )
+            .rows(r, "fetch receiver_1_queue 10", ["OK fetch 0"]),
     ];
     Table::new().world(acl_world()).run(cases);
 }
