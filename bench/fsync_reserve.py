@@ -8,6 +8,8 @@ msg/s), and prints percentiles:
   keep     blocks reserved 4 MiB ahead with FALLOC_FL_KEEP_SIZE (size still grows)
   reserve  blocks reserved 4 MiB ahead with plain fallocate (size grows 4 MiB at
            a time; most commits flush data only)
+  zeroed   the whole file written with zeros and synced before the timed part:
+           every commit overwrites blocks already written (a pure data flush)
 
     python3 bench/fsync_reserve.py /path/on/the/data/disk append keep reserve
 """
@@ -30,10 +32,17 @@ def run(directory, mode, n=4000):
     path = os.path.join(directory, f"fsync-{mode}.dat")
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
     took, offset, reserved = [], 0, 0
+    if mode == "zeroed":
+        zeros = bytes(CHUNK)
+        total = n * len(RECORD)
+        while reserved < total:
+            os.pwrite(fd, zeros, reserved)
+            reserved += CHUNK
+        os.fsync(fd)
     try:
         for _ in range(n):
             started = time.perf_counter()
-            if mode != "append" and offset + len(RECORD) > reserved:
+            if mode in ("keep", "reserve") and offset + len(RECORD) > reserved:
                 fallocate(fd, 1 if mode == "keep" else 0, reserved, CHUNK)
                 reserved += CHUNK
             os.pwrite(fd, RECORD, offset)
