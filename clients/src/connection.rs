@@ -484,6 +484,12 @@ impl ConnectionReader {
         self.reader.read_line().await
     }
 
+    /// A whole line already in the read buffer, without reading the socket:
+    /// `None` when none is (the next [`ConnectionReader::read_line`] reads).
+    pub(crate) fn buffered_line(&mut self) -> Option<Result<String, ClientError>> {
+        self.reader.buffered_line()
+    }
+
     /// The broker's greeting.
     pub fn hello(&self) -> &Hello {
         &self.hello
@@ -577,6 +583,22 @@ impl<R> LineReader<R> {
             end: 0,
             partial: Vec::new(),
         }
+    }
+
+    /// A whole line already in `buf`, if there is one.
+    fn buffered_line(&mut self) -> Option<Result<String, ClientError>> {
+        let available = &self.buf[self.start..self.end];
+        let newline = memchr::memchr(b'\n', available)?;
+        let line = if self.partial.is_empty() {
+            to_line(&available[..newline])
+        } else {
+            self.partial.extend_from_slice(&available[..newline]);
+            let line = to_line(&self.partial);
+            self.partial.clear();
+            line
+        };
+        self.start += newline + 1;
+        Some(line)
     }
 
     /// Moves the buffers onto another stream, returning the old one.

@@ -89,9 +89,10 @@ pub mod sender_config;
 mod shutdown;
 
 pub use client::{
-    Ack, Client, ClientConfig, ConnectError, Consumer, DecryptError, Delivery, Disconnected,
-    ExchangeKind, FilePins, KeyPins, MemoryPins, NackReason, PinStoreError, PreparedPublish,
-    PublishError, Publisher, ReceiverKey, RequestError, RetryPolicy, Role,
+    Ack, Client, ClientConfig, ConnectError, Consumer, ConsumerError, DecryptError, Delivery,
+    Disconnected, ExchangeKind, FilePins, KeyPins, MemoryPins, NackReason, PinStoreError,
+    PreparedPublish, PublishError, PublishOutcomes, PublishPipeline, Publisher, ReceiverKey,
+    RequestError, RetryPolicy, Role, Settlement, Settler,
 };
 pub use connection::{
     ClientError, Connection, ConnectionReader, ConnectionWriter, Hello, RawTls, TlsClientOptions,

@@ -4,7 +4,7 @@
 //!
 //! Per connection:
 //! 1. `declare_exchange`, `declare_queue`, `bind`, `register_public_key`, then
-//!    `consume <queue> <prefetch>`: the key is registered last, after the route
+//!    `consume <queue> <prefetch>`, pipelined: the key is registered last, after the route
 //!    exists, so a sender that finds the key can publish without `no_route`;
 //! 2. each delivery is checked (`message_id` and `receiver_client_id` are ours to
 //!    match), decrypted and staged in the [`Journal`]; a batch is committed (one
@@ -21,14 +21,18 @@
 //! 4. a message that cannot be decrypted is logged and `nack`ed, never written: the
 //!    broker redelivers it and, after `max_deliveries`, moves it to the dead-letter
 //!    queue;
-//! 5. a heartbeat every `heartbeat_secs`.
+//! 5. a heartbeat after `heartbeat_secs` without a command.
 //!
-//! A lost connection commits what is staged and reconnects with backoff; the
+//! It runs on the client library: a [`Client`] per connection, the queue's
+//! [`Consumer`] stream, a [`Settler`] for the `ack_batch` and `nack` lines
+//! (written at once; their replies are awaited beside the stream).
+//!
+//! A lost connection (or the queue deleted under it) commits what is staged
+//! and reconnects with backoff ([`Client::connect_with_retry`]); the
 //! deliveries it held come back and are deduplicated. On stop (shutdown signal,
 //! `max_messages`, `until_total`, idle) the receiver stops taking deliveries,
 //! commits, acknowledges, waits for the broker's confirmations, and says `quit`.
 
-use std::collections::VecDeque;
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -36,18 +40,21 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use ciphermq_proto::message::inspect_message;
-use ciphermq_proto::{Delivery, Reply};
-use tokio::time::MissedTickBehavior;
+use ciphermq_proto::ExchangeKind;
+use futures_util::stream::{FuturesUnordered, StreamExt as _};
 
+use crate::client::{
+    Client, ClientConfig, ConnectError, Consumer, ConsumerError, Delivery, RequestError,
+    Settlement, Settler,
+};
 use crate::client_config::ConfigError;
-use crate::connection::{ClientError, Connection, ConnectionReader};
-use crate::crypto::{self, SecretKey};
+use crate::connection::ClientError;
+use crate::crypto::SecretKey;
 use crate::journal::{Journal, JournalError};
 use crate::key_file::{self, KeyFileError};
-use crate::line_writer::{self, LineSender, WriterTask};
 use crate::opener::{Opened, Opener, Received};
 use crate::receiver_config::ReceiverConfig;
-use crate::reconnect::{Dialed, Dialer, QUIT_WAIT};
+use crate::reconnect::{dial_client, DialedClient, QUIT_WAIT};
 use crate::shutdown::Shutdown;
 
 /// Longest wait, when stopping, for the broker to confirm our acks.
@@ -60,9 +67,12 @@ pub enum ReceiverError {
     /// The configuration is invalid.
     #[error(transparent)]
     Config(#[from] ConfigError),
+    /// The TLS files cannot be loaded.
+    #[error(transparent)]
+    Tls(#[from] ClientError),
     /// Connecting failed in a way retrying cannot fix, or too many times in a row.
     #[error("cannot connect to the broker: {0}")]
-    Connect(#[from] ClientError),
+    Connect(#[from] ConnectError),
     /// Our certificate's CN is not a receiver (or admin) in the broker's ACL.
     #[error("connected as {client_id} with role {role}; consuming needs the receiver role (add the CN to acl.receiver_cns)")]
     NotReceiver {
@@ -201,35 +211,43 @@ where
     let mut shutdown = std::pin::pin!(shutdown);
     let mut shutdown = Shutdown::new(shutdown.as_mut());
     let tls = config.tls.options();
-    let dialer = Dialer {
-        addr: config.server_address.clone(),
-        connector: tls.connector()?,
-        server_name: tls.server_name()?,
-        backoff: config.backoff(),
-        max_attempts: config.reconnect_attempts,
-    };
+    // Acks and nacks are this client's only commands besides the setup; the
+    // connection task sends a heartbeat after `heartbeat_secs` without one.
+    let client_config = ClientConfig::with_connector(
+        config.server_address.clone(),
+        tls.connector()?,
+        tls.server_name()?,
+    )
+    .heartbeat_interval(Some(Duration::from_secs(config.heartbeat_secs)));
     let mut session: Option<Session> = None;
     let mut failures = 0u32;
     let stop = loop {
-        let mut conn = match dialer.connect(&mut shutdown).await? {
-            Dialed::Connected(conn) => *conn,
-            Dialed::Stopped => break StopReason::Shutdown,
+        let client = match dial_client(
+            &client_config,
+            config.backoff(),
+            config.reconnect_attempts,
+            &mut shutdown,
+        )
+        .await?
+        {
+            DialedClient::Connected(client) => client,
+            DialedClient::Stopped => break StopReason::Shutdown,
         };
         let s = match &mut session {
-            Some(s) if s.cn == conn.hello().client_id => s,
+            Some(s) if s.cn == client.client_id() => s,
             Some(s) => {
                 return Err(ReceiverError::Protocol(format!(
                     "reconnected as {} instead of {}",
-                    conn.hello().client_id,
+                    client.client_id(),
                     s.cn
                 )))
             }
-            None => session.insert(Session::start(config, &conn, limits, stats.clone())?),
+            None => session.insert(Session::start(config, &client, limits, stats.clone())?),
         };
-        let lost = match s.setup(&mut conn, config).await {
-            Ok(()) => {
+        let lost = match s.setup(&client, config).await {
+            Ok(consumer) => {
                 failures = 0;
-                match s.consume(conn, &mut shutdown).await? {
+                match s.consume(&client, consumer, &mut shutdown).await? {
                     End::Stopped(reason) => break reason,
                     End::Lost(reason) => reason,
                 }
@@ -237,6 +255,7 @@ where
             Err(SetupError::Fatal(e)) => return Err(e),
             Err(SetupError::Lost(e)) => e.to_string(),
         };
+        drop(client);
         s.journal.commit()?;
         stats.reconnects.fetch_add(1, Relaxed);
         failures += 1;
@@ -283,16 +302,7 @@ enum SetupError {
     /// The broker refused: reconnecting will not help.
     Fatal(ReceiverError),
     /// The connection failed.
-    Lost(ClientError),
-}
-
-/// A command whose reply is still owed, for matching replies by order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Owed {
-    /// An `ack_batch` line: its reply counts the deliveries it settled.
-    AckBatch,
-    Nack,
-    Heartbeat,
+    Lost(RequestError),
 }
 
 /// What lives across connections: identity, key, names, journal, counters.
@@ -301,8 +311,6 @@ struct Session {
     cn: String,
     /// Our X25519 private key, shared with the decryption threads.
     secret: Arc<SecretKey>,
-    /// Its public half, base64, for `register_public_key`.
-    public_b64: String,
     /// The queue consumed.
     queue: String,
     /// The binding key.
@@ -317,8 +325,6 @@ struct Session {
     batch_size: usize,
     /// Longest wait of a staged record.
     batch_delay: Duration,
-    /// Heartbeat period.
-    heartbeat: Duration,
     /// Deliveries granted before acks.
     prefetch: u32,
     /// Threads decrypting at once.
@@ -331,21 +337,19 @@ impl Session {
     /// Identity from the greeting; key, names and journal from the config.
     fn start(
         config: &ReceiverConfig,
-        conn: &Connection,
+        client: &Client,
         limits: ReceiverLimits,
         stats: Arc<ReceiverStats>,
     ) -> Result<Session, ReceiverError> {
-        let hello = conn.hello();
-        if hello.role != "receiver" && hello.role != "admin" {
+        if !client.role().can_consume() {
             return Err(ReceiverError::NotReceiver {
-                client_id: hello.client_id.clone(),
-                role: hello.role.clone(),
+                client_id: client.client_id().to_owned(),
+                role: client.role().to_string(),
             });
         }
-        let cn = hello.client_id.clone();
+        let cn = client.client_id().to_owned();
         let (queue, routing_key) = config.names(&cn)?;
         let secret = key_file::read_secret_key(&config.private_key_for(&cn))?;
-        let public_b64 = crypto::public_key_to_base64(&secret.public_key());
         let journal = Journal::open(&config.output_file(&queue))?;
         tracing::info!(
             client_id = %cn,
@@ -357,7 +361,6 @@ impl Session {
         Ok(Session {
             cn,
             secret: Arc::new(secret),
-            public_b64,
             queue,
             routing_key,
             journal,
@@ -365,88 +368,66 @@ impl Session {
             stats,
             batch_size: config.batch_size,
             batch_delay: Duration::from_millis(config.batch_delay_ms),
-            heartbeat: Duration::from_secs(config.heartbeat_secs),
             prefetch: config.prefetch,
             workers: std::thread::available_parallelism().map_or(1, |n| n.get()),
             last_delivery: Instant::now(),
         })
     }
 
-    /// Declares, binds, registers the key and starts consuming, pipelined: five
-    /// commands, five replies in order (deliveries only follow `OK consume`).
+    /// Declares, binds, registers the key and starts consuming, pipelined: the
+    /// five commands are written together, in this order, and their replies
+    /// checked in order (deliveries only follow `OK consume`).
     async fn setup(
         &self,
-        conn: &mut Connection,
+        client: &Client,
         config: &ReceiverConfig,
-    ) -> Result<(), SetupError> {
+    ) -> Result<Consumer, SetupError> {
         let (ex, q, key) = (&config.exchange_name, &self.queue, &self.routing_key);
-        let steps = [
-            (
-                format!("declare_exchange {ex} {}", config.exchange_type),
-                format!("OK declare_exchange {ex}"),
-            ),
-            (
-                format!("declare_queue {q}"),
-                format!("OK declare_queue {q}"),
-            ),
-            (
-                format!("bind {q} {ex} {key}"),
-                format!("OK bind {q} {ex} {key}"),
-            ),
-            (
-                format!("register_public_key {}", self.public_b64),
-                "Public key registered".to_owned(),
-            ),
-            (
-                format!("consume {q} {}", self.prefetch),
-                format!("OK consume {q}"),
-            ),
-        ];
-        for (command, _) in &steps {
-            conn.queue_line(command);
-        }
-        conn.flush().await.map_err(SetupError::Lost)?;
-        for (command, expected) in &steps {
-            let reply = conn
-                .read_line()
-                .await
-                .map_err(SetupError::Lost)?
-                .ok_or(SetupError::Lost(ClientError::Closed))?;
-            if &reply != expected {
-                // Never echo the key itself into an error.
-                let command = command
-                    .split(' ')
-                    .take(if command.starts_with("register_public_key") {
-                        1
-                    } else {
-                        4
-                    })
-                    .collect::<Vec<_>>()
-                    .join(" ");
-                return Err(SetupError::Fatal(ReceiverError::Refused { command, reply }));
-            }
-        }
+        let kind = ExchangeKind::parse(&config.exchange_type).ok_or_else(|| {
+            SetupError::Fatal(ReceiverError::Protocol(format!(
+                "unknown exchange type {}",
+                config.exchange_type
+            )))
+        })?;
+        let public = self.secret.public_key();
+        let (exchange, queue, bind, register, consume) = tokio::join!(
+            client.declare_exchange(ex, kind),
+            client.declare_queue(q),
+            client.bind(q, ex, key),
+            client.register_public_key(&public),
+            client.consume(q, self.prefetch),
+        );
+        let refused = |command: String, e: RequestError| match e {
+            RequestError::ConnectionLost(_) => SetupError::Lost(e),
+            other => SetupError::Fatal(ReceiverError::Refused {
+                command,
+                reply: reply_text(&other),
+            }),
+        };
+        exchange.map_err(|e| refused(format!("declare_exchange {ex} {kind}"), e))?;
+        queue.map_err(|e| refused(format!("declare_queue {q}"), e))?;
+        bind.map_err(|e| refused(format!("bind {q} {ex} {key}"), e))?;
+        // Never echo the key itself into an error.
+        register.map_err(|e| refused("register_public_key".to_owned(), e))?;
+        let consumer = consume.map_err(|e| refused(format!("consume {q} {}", self.prefetch), e))?;
         tracing::info!(queue = %self.queue, prefetch = self.prefetch, "public key registered; consuming");
-        Ok(())
+        Ok(consumer)
     }
 
     /// The consume loop of one connection.
     async fn consume(
         &mut self,
-        conn: Connection,
+        client: &Client,
+        mut consumer: Consumer,
         shutdown: &mut Shutdown<'_>,
     ) -> Result<End, ReceiverError> {
-        let (mut reader, writer) = conn.into_split();
-        let (lines, mut writer_task) = line_writer::spawn(writer);
         let mut link = Link {
-            lines,
-            owed: VecDeque::new(),
+            settler: consumer.settler(),
+            acks: FuturesUnordered::new(),
+            nacks: FuturesUnordered::new(),
             acks_after_commit: Vec::new(),
         };
         let mut opener = Opener::new(self.secret.clone(), &self.cn, self.workers);
-        let mut heartbeat =
-            tokio::time::interval_at(tokio::time::Instant::now() + self.heartbeat, self.heartbeat);
-        heartbeat.set_missed_tick_behavior(MissedTickBehavior::Delay);
         // When what is collected, staged or owed an ack must move on, at the latest.
         let mut batch_deadline: Option<Instant> = None;
         self.last_delivery = Instant::now();
@@ -462,40 +443,52 @@ impl Session {
             tokio::select! {
                 biased;
                 opened = opener.next(), if opener.has_jobs() => {
+                    let mut lost = None;
                     for o in opened.unwrap_or_default() {
-                        self.on_opened(o, &mut link);
+                        if let Err(reason) = self.on_opened(o, &mut link) {
+                            lost.get_or_insert(reason);
+                        }
+                    }
+                    if let Some(reason) = lost {
+                        break End::Lost(reason);
                     }
                     // Nothing more to decrypt right now: make the batch durable.
-                    if opener.is_idle() && !self.commit(&mut link, &opener)? {
-                        break End::Lost("the connection's writer stopped".to_owned());
+                    if opener.is_idle() {
+                        if let Err(lost) = self.commit(&mut link, &opener)? {
+                            break End::Lost(lost);
+                        }
                     }
                 }
-                line = reader.read_line() => match line {
-                    Ok(Some(line)) => {
-                        if self.on_line(&line, &mut link, &mut opener) {
+                item = consumer.next() => match item {
+                    Some(Ok(delivery)) => {
+                        if self.on_delivery(&delivery, &mut link, &mut opener) {
                             batch_deadline.get_or_insert_with(|| Instant::now() + self.batch_delay);
                         }
                     }
-                    Ok(None) => break End::Lost("the broker closed the connection".to_owned()),
-                    Err(e) => break End::Lost(e.to_string()),
+                    Some(Err(ConsumerError::Unsolicited(line))) => {
+                        tracing::warn!(%line, "the broker pushed an unexpected line; ignored");
+                    }
+                    // The queue deleted: reconnecting declares it again.
+                    Some(Err(e)) => break End::Lost(e.to_string()),
+                    None => break End::Lost("the consumer's stream ended".to_owned()),
                 },
-                result = writer_task.handle() => {
-                    break End::Lost(match result {
-                        Ok(Err(e)) => e.to_string(),
-                        _ => "the connection's writer stopped".to_owned(),
-                    });
+                Some(settled) = link.acks.next(), if !link.acks.is_empty() => {
+                    if let Err(lost) = self.on_settled(settled, true) {
+                        break End::Lost(lost);
+                    }
+                }
+                Some(settled) = link.nacks.next(), if !link.nacks.is_empty() => {
+                    if let Err(lost) = self.on_settled(settled, false) {
+                        break End::Lost(lost);
+                    }
                 }
                 () = tokio::time::sleep_until(batch_deadline.unwrap_or(far).into()), if batch_deadline.is_some() => {
                     batch_deadline = None;
                     opener.flush();
-                    if opener.is_idle() && !self.commit(&mut link, &opener)? {
-                        break End::Lost("the connection's writer stopped".to_owned());
-                    }
-                }
-                _ = heartbeat.tick() => {
-                    link.owed.push_back(Owed::Heartbeat);
-                    if !link.lines.send("heartbeat\n".to_owned()) {
-                        break End::Lost("the connection's writer stopped".to_owned());
+                    if opener.is_idle() {
+                        if let Err(lost) = self.commit(&mut link, &opener)? {
+                            break End::Lost(lost);
+                        }
                     }
                 }
                 // Pending work always has a deadline of its own; idle waits for it.
@@ -506,60 +499,53 @@ impl Session {
                 }
                 () = shutdown.wait(), if !shutdown.fired() => break End::Stopped(StopReason::Shutdown),
             }
-            if self.journal.staged() >= self.batch_size && !self.commit(&mut link, &opener)? {
-                break End::Lost("the connection's writer stopped".to_owned());
+            if self.journal.staged() >= self.batch_size {
+                if let Err(lost) = self.commit(&mut link, &opener)? {
+                    break End::Lost(lost);
+                }
             }
         };
         // Whatever ended the loop, finish what is being decrypted and make it
         // durable: on a lost connection its acks are lost too, and the messages
         // come back and are deduplicated.
         for o in opener.finish().await {
-            self.on_opened(o, &mut link);
+            // A lost connection shows in the commit's result below.
+            let _ = self.on_opened(o, &mut link);
         }
-        let sent = self.commit(&mut link, &opener)?;
+        let sent = self.commit(&mut link, &opener)?.is_ok();
         if let End::Stopped(reason) = &end {
             tracing::info!(?reason, "stopping: acknowledging what is written");
             if sent {
-                self.drain(&mut reader, &mut link, writer_task).await;
+                self.drain(client, &mut link).await;
             }
         }
         Ok(end)
     }
 
-    /// Handles one line; true when work was queued that a commit must follow
-    /// (a delivery to open, or an ack waiting for the next commit).
-    fn on_line(&mut self, line: &str, link: &mut Link, opener: &mut Opener) -> bool {
-        match Reply::parse(line) {
-            Reply::Message(delivery) => self.on_delivery(&delivery, link, opener),
-            other => {
-                self.on_reply(&other, line, link);
-                false
-            }
-        }
-    }
-
-    /// A delivery: deduplicate, or hand it to the decryption stage.
-    fn on_delivery(&mut self, d: &Delivery<'_>, link: &mut Link, opener: &mut Opener) -> bool {
+    /// A delivery: deduplicate, or hand it to the decryption stage. True when
+    /// work was queued that a commit must follow (a delivery to open, or an ack
+    /// waiting for the next commit).
+    fn on_delivery(&mut self, d: &Delivery, link: &mut Link, opener: &mut Opener) -> bool {
         self.stats.received.fetch_add(1, Relaxed);
         self.last_delivery = Instant::now();
         // A body this cannot read is refused by the decryption stage; until
         // then it counts as naming no sender.
-        let sender = inspect_message(d.body)
+        let sender = inspect_message(d.body())
             .ok()
             .and_then(|info| info.sender_client_id.map(|s| s.into_owned()));
-        if self.journal.contains(sender.as_deref(), d.message_id) {
+        if self.journal.contains(sender.as_deref(), d.id()) {
             // Written (or staged): acknowledge once the file holds it.
             self.stats.duplicates.fetch_add(1, Relaxed);
             tracing::debug!(
-                message_id = d.message_id,
-                count = d.delivery_count,
+                message_id = d.id(),
+                count = d.delivery_count(),
                 "duplicate; acknowledging without writing"
             );
-            link.queue_ack(d.message_id, d.queue);
+            link.acks_after_commit.push(d.id().to_owned());
             return true;
         }
-        if opener.contains(sender.as_deref(), d.message_id) {
-            // Another copy is being opened; its `ack <id> <queue>` settles both.
+        if opener.contains(sender.as_deref(), d.id()) {
+            // Another copy is being opened; its ack settles both.
             self.stats.duplicates.fetch_add(1, Relaxed);
             return false;
         }
@@ -568,17 +554,18 @@ impl Session {
             return false;
         }
         opener.push(Received {
-            message_id: d.message_id.to_owned(),
+            message_id: d.id().to_owned(),
             sender_client_id: sender,
-            queue: d.queue.to_owned(),
-            delivery_count: d.delivery_count,
-            body: d.body.to_owned(),
+            queue: d.queue().to_owned(),
+            delivery_count: d.delivery_count(),
+            body: d.body().to_owned(),
         });
         true
     }
 
     /// A decrypted delivery: stage it (acked after the commit), or nack it.
-    fn on_opened(&mut self, o: Opened, link: &mut Link) {
+    /// `Err` with the reason when the connection is gone.
+    fn on_opened(&mut self, o: Opened, link: &mut Link) -> Result<(), String> {
         let d = &o.delivery;
         match o.result {
             // Admitted while others were being opened, and the limit filled
@@ -591,7 +578,7 @@ impl Session {
                     &plaintext,
                     unix_now(),
                 );
-                link.queue_ack(&d.message_id, &d.queue);
+                link.acks_after_commit.push(d.message_id.clone());
             }
             Err(reason) => {
                 self.stats.rejected.fetch_add(1, Relaxed);
@@ -602,65 +589,73 @@ impl Session {
                     %reason,
                     "cannot open the message; nacking it (not written; after max_deliveries the broker dead-letters it)"
                 );
-                link.owed.push_back(Owed::Nack);
-                link.lines
-                    .send(format!("nack {} {}\n", d.message_id, d.queue));
+                match link.settler.nack_each([&d.message_id]) {
+                    Ok(settlement) => link.nacks.push(settlement),
+                    Err(RequestError::ConnectionLost(reason)) => return Err(reason.to_string()),
+                    Err(e) => tracing::warn!(message_id = %d.message_id, error = %e, "cannot nack"),
+                }
             }
         }
+        Ok(())
     }
 
-    /// A reply to one of our commands, matched by order.
-    fn on_reply(&mut self, reply: &Reply<'_>, line: &str, link: &mut Link) {
-        let Some(owed) = link.owed.pop_front() else {
-            tracing::warn!(line, "reply to no command; ignored");
-            return;
-        };
-        match (owed, reply) {
+    /// The broker's answer to acks (`ack == true`) or nacks. `Err` with the
+    /// reason when the connection is gone.
+    fn on_settled(&mut self, settled: Result<u64, RequestError>, ack: bool) -> Result<(), String> {
+        match settled {
             // Ids the broker no longer holds for us (after a reconnect the old
             // connection's deliveries come back and are deduplicated) are not
             // counted in the reply.
-            (Owed::AckBatch, Reply::Ok(text)) if text.starts_with("ack_batch ") => {
-                let settled = text.rsplit(' ').next().and_then(|n| n.parse::<u64>().ok());
-                match settled {
-                    Some(n) => {
-                        self.stats.acked.fetch_add(n, Relaxed);
-                    }
-                    None => tracing::warn!(line, "unexpected ack_batch reply"),
-                }
+            Ok(n) if ack => {
+                self.stats.acked.fetch_add(n, Relaxed);
             }
-            (Owed::Nack, Reply::NackConfirmed(_)) => {}
-            (Owed::Heartbeat, Reply::Ok(text)) if *text == "heartbeat" => {}
-            (owed, _) => tracing::warn!(?owed, line, "unexpected reply"),
+            Ok(_) => {}
+            Err(RequestError::ConnectionLost(reason)) => return Err(reason.to_string()),
+            Err(e) => tracing::warn!(ack, error = %e, "unexpected reply"),
         }
+        Ok(())
     }
 
-    /// Commits staged records, then sends the acks that waited for it; false if
-    /// the writer task is gone (the acks are then lost with the connection, and the
-    /// messages come back and are deduplicated).
+    /// Commits staged records, then sends the acks that waited for it, in
+    /// `ack_batch` lines; `Ok(Err(reason))` if the connection is gone (the
+    /// acks are then lost with it, and the messages come back and are
+    /// deduplicated).
     ///
     /// An ack whose id `opener` is still decrypting (another sender's message
     /// with the same id) waits for a later commit: it would settle that
     /// delivery too, before it is on disk.
-    fn commit(&mut self, link: &mut Link, opener: &Opener) -> Result<bool, ReceiverError> {
+    fn commit(
+        &mut self,
+        link: &mut Link,
+        opener: &Opener,
+    ) -> Result<Result<(), String>, ReceiverError> {
         let written = self.journal.commit()?;
         self.stats.written.fetch_add(written as u64, Relaxed);
         if link.acks_after_commit.is_empty() {
-            return Ok(true);
+            return Ok(Ok(()));
         }
-        let (held, acks): (Vec<PendingAck>, Vec<PendingAck>) =
-            std::mem::take(&mut link.acks_after_commit)
-                .into_iter()
-                .partition(|ack| opener.holds_id(&ack.message_id));
+        let (held, acks): (Vec<String>, Vec<String>) = std::mem::take(&mut link.acks_after_commit)
+            .into_iter()
+            .partition(|id| opener.holds_id(id));
         link.acks_after_commit = held;
-        if acks.is_empty() {
-            return Ok(true);
+        // Ids come from the broker's delivery lines; one that breaks the name
+        // rule could never be acknowledged by name, and must not hold back
+        // the others.
+        let (acks, bad): (Vec<String>, Vec<String>) = acks
+            .into_iter()
+            .partition(|id| ciphermq_proto::is_valid_name(id));
+        for id in bad {
+            tracing::warn!(message_id = %id, "a delivery id that breaks the name rule; not acknowledged");
         }
-        let lines = ack_batch_lines(&acks);
-        link.owed.extend(std::iter::repeat_n(
-            Owed::AckBatch,
-            lines.matches('\n').count(),
-        ));
-        Ok(link.lines.send(lines))
+        if acks.is_empty() {
+            return Ok(Ok(()));
+        }
+        match link.settler.ack_ids(&acks) {
+            Ok(settlement) => link.acks.push(settlement),
+            Err(RequestError::ConnectionLost(reason)) => return Ok(Err(reason.to_string())),
+            Err(e) => tracing::warn!(error = %e, "cannot acknowledge"),
+        }
+        Ok(Ok(()))
     }
 
     /// Whether staging another record would pass a limit. Deliveries being
@@ -701,105 +696,48 @@ impl Session {
         None
     }
 
-    /// Waits (bounded) for the replies still owed, ignoring new deliveries (they
-    /// stay unacknowledged and are redelivered), then says `quit`.
-    async fn drain(
-        &mut self,
-        reader: &mut ConnectionReader,
-        link: &mut Link,
-        writer_task: WriterTask,
-    ) {
+    /// Waits (bounded) for the broker's answers to the acks and nacks still
+    /// owed (new deliveries stay unacknowledged and are redelivered), then
+    /// says `quit`.
+    async fn drain(&mut self, client: &Client, link: &mut Link) {
         let _ = tokio::time::timeout(DRAIN_WAIT, async {
-            while !link.owed.is_empty() {
-                match reader.read_line().await {
-                    Ok(Some(line)) => match Reply::parse(&line) {
-                        Reply::Message(_) => {}
-                        reply => self.on_reply(&reply, &line, link),
-                    },
-                    _ => return,
+            while let Some(settled) = link.acks.next().await {
+                if self.on_settled(settled, true).is_err() {
+                    return;
+                }
+            }
+            while let Some(settled) = link.nacks.next().await {
+                if self.on_settled(settled, false).is_err() {
+                    return;
                 }
             }
         })
         .await;
-        if link.lines.send("quit\n".to_owned()) {
-            let _ = tokio::time::timeout(QUIT_WAIT, async {
-                while let Ok(Some(line)) = reader.read_line().await {
-                    if line == "OK bye" {
-                        break;
-                    }
-                }
-            })
-            .await;
-        }
-        drop(writer_task);
+        let _ = tokio::time::timeout(QUIT_WAIT, client.close()).await;
     }
 }
 
-/// The writing side of one connection and what it owes.
+/// The broker's refusal as it wrote it.
+fn reply_text(e: &RequestError) -> String {
+    match e {
+        RequestError::Denied(text) => format!("Access denied: {text}"),
+        RequestError::Broker(text) => format!("Error: {text}"),
+        RequestError::RateLimited => "Rate limited".to_owned(),
+        RequestError::Unexpected(line) => line.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// The settling side of one connection and what it owes.
 struct Link {
-    /// Commands to the writer task.
-    lines: LineSender,
-    /// Replies owed, in command order.
-    owed: VecDeque<Owed>,
-    /// `ack` lines to send once the current batch is durable.
-    acks_after_commit: Vec<PendingAck>,
-}
-
-impl Link {
-    /// Queues `ack <id> <queue>` for after the next commit.
-    fn queue_ack(&mut self, message_id: &str, queue: &str) {
-        self.acks_after_commit.push(PendingAck {
-            message_id: message_id.to_owned(),
-            queue: queue.to_owned(),
-        });
-    }
-}
-
-/// Longest `ack_batch` line the receiver writes, bytes: far below the
-/// broker's default `performance.max_line_bytes` (1 MiB + 4 KiB).
-const ACK_BATCH_LINE_BYTES: usize = 32 * 1024;
-
-/// `acks` as `ack_batch <queue> <id> …` lines: one per queue in the order
-/// the queues first appear, split where a line would pass
-/// [`ACK_BATCH_LINE_BYTES`].
-fn ack_batch_lines(acks: &[PendingAck]) -> String {
-    let mut queues: Vec<&str> = Vec::new();
-    for ack in acks {
-        if !queues.contains(&ack.queue.as_str()) {
-            queues.push(&ack.queue);
-        }
-    }
-    let mut out = String::new();
-    for queue in queues {
-        let mut open = 0usize;
-        for ack in acks.iter().filter(|a| a.queue == queue) {
-            if open > 0 && open + 1 + ack.message_id.len() > ACK_BATCH_LINE_BYTES {
-                out.push('\n');
-                open = 0;
-            }
-            if open == 0 {
-                let start = out.len();
-                out.push_str("ack_batch ");
-                out.push_str(queue);
-                open = out.len() - start;
-            }
-            out.push(' ');
-            out.push_str(&ack.message_id);
-            open += 1 + ack.message_id.len();
-        }
-        if open > 0 {
-            out.push('\n');
-        }
-    }
-    out
-}
-
-/// An `ack` waiting for a commit.
-struct PendingAck {
-    /// The id it settles (every delivery of it from its queue).
-    message_id: String,
-    /// The queue it came from.
-    queue: String,
+    /// Writes `ack_batch` and `nack` lines.
+    settler: Settler,
+    /// `ack_batch` replies owed.
+    acks: FuturesUnordered<Settlement>,
+    /// `nack` replies owed.
+    nacks: FuturesUnordered<Settlement>,
+    /// Ids to acknowledge once the current batch is durable.
+    acks_after_commit: Vec<String>,
 }
 
 /// Seconds since the Unix epoch (0 if the clock is before it).
@@ -807,33 +745,4 @@ fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
-}
-
-#[cfg(test)]
-mod ack_line_tests {
-    use super::*;
-
-    fn ack(id: &str, queue: &str) -> PendingAck {
-        PendingAck {
-            message_id: id.into(),
-            queue: queue.into(),
-        }
-    }
-
-    #[test]
-    fn acks_become_one_batch_line_per_queue_split_at_the_line_cap() {
-        let acks = [ack("a", "q1"), ack("b", "q2"), ack("c", "q1")];
-        assert_eq!(ack_batch_lines(&acks), "ack_batch q1 a c\nack_batch q2 b\n");
-        assert_eq!(ack_batch_lines(&[]), "");
-        let id = "x".repeat(200);
-        let many: Vec<PendingAck> = (0..400).map(|_| ack(&id, "q")).collect();
-        let lines = ack_batch_lines(&many);
-        let lines: Vec<&str> = lines.lines().collect();
-        assert!(lines.len() > 1);
-        assert!(lines
-            .iter()
-            .all(|l| l.len() <= ACK_BATCH_LINE_BYTES && l.starts_with("ack_batch q ")));
-        let ids: usize = lines.iter().map(|l| l.split(' ').count() - 2).sum();
-        assert_eq!(ids, 400);
-    }
 }

@@ -14,9 +14,9 @@ use ciphermq_broker::{BrokerHandle, Config};
 use ciphermq_clients::crypto::{self, PublicKey};
 use ciphermq_clients::pki::{self, PkiOptions};
 use ciphermq_clients::{
-    Client, ClientConfig, ConnectError, Consumer, DecryptError, Delivery, Disconnected,
-    ExchangeKind, FilePins, KeyPins, MemoryPins, NackReason, PinStoreError, PublishError,
-    ReceiverKey, RequestError, RetryPolicy, Role, TlsClientOptions,
+    Client, ClientConfig, ConnectError, Consumer, ConsumerError, DecryptError, Delivery,
+    Disconnected, ExchangeKind, FilePins, KeyPins, MemoryPins, NackReason, PinStoreError,
+    PublishError, Publisher, ReceiverKey, RequestError, RetryPolicy, Role, TlsClientOptions,
 };
 use futures_util::future::join_all;
 use futures_util::StreamExt;
@@ -490,7 +490,7 @@ async fn a_deleted_queue_ends_its_consumer_and_the_connection_goes_on() {
             .await
             .expect("delete queue");
         match tokio::time::timeout(WAIT, consumer.next()).await {
-            Ok(Some(Err(RequestError::QueueDeleted(q)))) => assert_eq!(q, "receiver_1_queue"),
+            Ok(Some(Err(ConsumerError::QueueDeleted(q)))) => assert_eq!(q, "receiver_1_queue"),
             other => panic!("expected QueueDeleted, got {other:?}"),
         }
         assert!(
@@ -567,6 +567,123 @@ async fn ack_many_settles_deliveries_with_ack_batch() {
             .consume("receiver_1_queue", 10)
             .await
             .expect("consume");
+        assert_silent(&mut consumer).await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publish_pipeline_and_a_settler_keep_order_and_count_what_the_broker_settled() {
+    bounded(async {
+        const N: usize = 2500;
+        let b = broker("");
+        let (recv, key) = receiver(&b, "receiver_1").await;
+        let sender = connect(&b, "sender_1").await;
+        let public = sender.receiver_key("receiver_1").await.expect("key");
+        let (mut pipeline, mut outcomes) = sender.publisher().pipeline();
+        for i in 0..N {
+            let id = format!("pipe-{i:05}");
+            let mut envelope =
+                crypto::encrypt(&public, &id, "receiver_1", format!("m{i}").as_bytes())
+                    .expect("encrypt");
+            envelope.sender_client_id = Some("sender_1".into());
+            if i % 2 == 0 {
+                pipeline
+                    .push(&Publisher::prepare("ex", "receiver_1", &envelope).expect("prepare"))
+                    .expect("push");
+            } else {
+                let json = serde_json::to_string(&envelope).expect("json");
+                pipeline
+                    .push_json("ex", "receiver_1", &id, &json)
+                    .expect("push");
+            }
+            if pipeline.queued() == 300 {
+                pipeline.flush().expect("flush");
+            }
+        }
+        // One publish with no route: a NACK in its place, not retried.
+        let envelope =
+            crypto::encrypt(&public, "pipe-noroute", "receiver_1", b"x").expect("encrypt");
+        pipeline
+            .push(&Publisher::prepare("ex", "nobody", &envelope).expect("prepare"))
+            .expect("push");
+        // Refused before anything is queued.
+        assert!(pipeline.push_json("ex", "receiver_1", "a b", "{}").is_err());
+        assert!(pipeline
+            .push_json("ex", "receiver_1", "ok", "{\n}")
+            .is_err());
+        pipeline.flush().expect("flush");
+        assert_eq!(pipeline.pushed(), N as u64 + 1);
+        for i in 0..N {
+            let ack = tokio::time::timeout(WAIT, outcomes.next())
+                .await
+                .expect("in time")
+                .expect("an outcome")
+                .expect("acknowledged");
+            assert_eq!(ack.message_id, format!("pipe-{i:05}"));
+        }
+        match outcomes.next().await {
+            Some(Err(PublishError::Nack {
+                message_id,
+                reason: NackReason::NoRoute,
+                attempts: 1,
+            })) => assert_eq!(message_id, "pipe-noroute"),
+            other => panic!("expected a no_route NACK, got {other:?}"),
+        }
+        drop(pipeline);
+        assert!(outcomes.next().await.is_none(), "ends with the pipeline");
+
+        let mut consumer = recv
+            .consume("receiver_1_queue", 10_000)
+            .await
+            .expect("consume");
+        let settler = consumer.settler();
+        assert_eq!(settler.queue(), "receiver_1_queue");
+        let mut got = Vec::new();
+        for i in 0..N {
+            let d = next(&mut consumer).await;
+            assert_eq!(d.id(), format!("pipe-{i:05}"));
+            assert_eq!(
+                d.decrypt(&key).expect("decrypt"),
+                format!("m{i}").as_bytes()
+            );
+            got.push(d);
+        }
+        assert!(consumer.next_ready().is_none(), "nothing more has come");
+        // The first 10 given back, the next 10 acknowledged one line each,
+        // the rest with ack_batch lines; all written before any reply is read.
+        let ids: Vec<&str> = got.iter().map(Delivery::id).collect();
+        let nacked = settler.nack_each(&ids[..10]).expect("nack");
+        let single = settler.ack_each(&ids[10..20]).expect("ack");
+        let batch = settler.ack_ids(&ids[20..]).expect("ack_batch");
+        assert!(settler.ack_ids(["bad id"]).is_err());
+        assert_eq!(nacked.await.expect("nacked"), 10);
+        assert_eq!(single.await.expect("acked"), 10);
+        assert_eq!(batch.await.expect("acked"), N as u64 - 20);
+        // Settled already: nothing counted, no error.
+        assert_eq!(
+            settler
+                .ack_each(&ids[10..12])
+                .expect("ack")
+                .await
+                .expect("ack"),
+            0
+        );
+        assert_eq!(
+            settler
+                .ack_ids(Vec::<String>::new())
+                .expect("none")
+                .await
+                .expect("none"),
+            0
+        );
+        // The nacked ones come back, counted once more.
+        for _ in 0..10 {
+            let d = next(&mut consumer).await;
+            assert_eq!(d.delivery_count(), 2);
+            assert!(ids[..10].contains(&d.id()));
+            d.ack().await.expect("ack");
+        }
         assert_silent(&mut consumer).await;
     })
     .await;
@@ -795,7 +912,7 @@ async fn refusals_are_typed_with_the_brokers_text() {
             .await
             .expect("in time")
         {
-            Some(Err(RequestError::ConnectionLost(reason))) => {
+            Some(Err(ConsumerError::ConnectionLost(reason))) => {
                 assert!(
                     matches!(*reason, Disconnected::ClosedByBroker),
                     "{reason:?}"

@@ -5,13 +5,21 @@
 //! arrive, the task appends the command line to the next write and pushes a
 //! [`Pending`] entry on a FIFO, in the same step, so the FIFO's order is the
 //! order of the lines on the wire. The broker answers strictly in command order
-//! (DESIGN.md §3), so each reply line pops the FIFO's head and goes to its
+//! (docs/PROTOCOL.md, "Replies"), so each reply line pops the FIFO's head and goes to its
 //! command's oneshot. `Message:` lines are no reply: they go to the consumer of
-//! their queue, whatever is pending.
+//! their queue, whatever is pending, and so does a pushed `Error: queue <q>
+//! deleted` for a queue consumed here (it ends that consumer, not the
+//! connection). A line that comes with no command waiting is no reply either:
+//! every consumer gets it as [`ConsumerError::Unsolicited`].
+//!
+//! One op may carry many lines with one reply channel ([`Op::Many`]): a
+//! publish pipeline's publishes, or a settlement's `ack_batch`/`ack` lines.
+//! Its FIFO entry answers that many replies before it is popped, so a burst
+//! costs one op, one entry and one channel, not one of each per line.
 //!
 //! Checks that keep the two sides in step: a publish's `ACK`/`NACK` must name the
-//! publish at the head of the FIFO; a reply with nothing pending, a malformed
-//! delivery, or a head left unanswered past the reply timeout ends the
+//! publish at the head of the FIFO; a malformed delivery, or a head left
+//! unanswered past the reply timeout ends the
 //! connection ([`Disconnected`]), and every waiting command and consumer gets the
 //! reason. Writes go through the `line_writer` task, so the reader never stops
 //! to write.
@@ -27,7 +35,7 @@ use ciphermq_proto::Reply;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
-use crate::client::error::{Disconnected, RequestError};
+use crate::client::error::{ConsumerError, Disconnected, RequestError};
 use crate::connection::Connection;
 use crate::line_writer;
 
@@ -35,19 +43,60 @@ use crate::line_writer;
 pub(crate) type ReplyResult = Result<String, RequestError>;
 
 /// Where a queue's deliveries go.
-pub(crate) type DeliverySink = mpsc::UnboundedSender<Result<RawDelivery, RequestError>>;
+pub(crate) type DeliverySink = mpsc::UnboundedSender<Result<RawDelivery, ConsumerError>>;
 
-/// A `Message:` line, owned.
+/// Where the replies of an [`Op::Many`] go, in order.
+pub(crate) type ManySink = mpsc::UnboundedSender<ReplyResult>;
+
+/// A `Message:` line, kept whole: its fields are ranges of it (no copy of the
+/// body per delivery).
 #[derive(Debug)]
 pub(crate) struct RawDelivery {
-    /// The message id.
-    pub(crate) id: String,
-    /// The queue it comes from.
-    pub(crate) queue: String,
+    /// `Message: <id> <queue> <count> <body>`.
+    line: String,
+    /// Where the id is in `line`.
+    id: (usize, usize),
+    /// Where the queue is in `line`.
+    queue: (usize, usize),
+    /// Where the body starts in `line`.
+    body: usize,
     /// 1 on first delivery, one more on each redelivery.
     pub(crate) count: u32,
+}
+
+impl RawDelivery {
+    /// Parses a `Message:` line; `None` if it is malformed.
+    pub(crate) fn parse(line: String) -> Option<RawDelivery> {
+        let d = ciphermq_proto::Delivery::parse(&line)?;
+        let base = line.as_ptr() as usize;
+        let at = |s: &str| s.as_ptr() as usize - base;
+        let id = (at(d.message_id), at(d.message_id) + d.message_id.len());
+        let queue = (at(d.queue), at(d.queue) + d.queue.len());
+        let body = at(d.body);
+        let count = d.delivery_count;
+        Some(RawDelivery {
+            line,
+            id,
+            queue,
+            body,
+            count,
+        })
+    }
+
+    /// The message id.
+    pub(crate) fn id(&self) -> &str {
+        &self.line[self.id.0..self.id.1]
+    }
+
+    /// The queue it comes from.
+    pub(crate) fn queue(&self) -> &str {
+        &self.line[self.queue.0..self.queue.1]
+    }
+
     /// The published JSON, unchanged.
-    pub(crate) body: String,
+    pub(crate) fn body(&self) -> &str {
+        &self.line[self.body..]
+    }
 }
 
 /// What a command's reply is checked against.
@@ -63,6 +112,10 @@ pub(crate) enum Expect {
     Heartbeat,
     /// `quit`: `OK bye` ends the connection.
     Quit,
+    /// Publishes of an [`Op::Many`]: each reply must name the oldest id left.
+    Publishes(VecDeque<Box<str>>),
+    /// This many more lines of an [`Op::Many`], any replies.
+    Lines(usize),
 }
 
 /// A request to the connection task.
@@ -89,14 +142,35 @@ pub(crate) enum Op {
         /// The `OK consume` reply.
         reply: oneshot::Sender<ReplyResult>,
     },
+    /// Many command lines (each ending in `\n`) answered through one channel,
+    /// one reply each, in order; `expect` is [`Expect::Publishes`] or
+    /// [`Expect::Lines`] and counts the lines.
+    Many {
+        /// The lines.
+        lines: String,
+        /// How to check the replies, and how many there are.
+        expect: Expect,
+        /// Where the replies go.
+        replies: ManySink,
+    },
+}
+
+/// Where a command's reply goes.
+enum ReplyTo {
+    /// A command's own oneshot.
+    One(oneshot::Sender<ReplyResult>),
+    /// One of many replies of an [`Op::Many`].
+    Many(ManySink),
+    /// The task's own commands: dropped.
+    Own,
 }
 
 /// A command written and not answered yet.
 struct Pending {
     /// How to check its reply.
     expect: Expect,
-    /// Where the reply goes (`None` for the task's own commands).
-    reply: Option<oneshot::Sender<ReplyResult>>,
+    /// Where the reply goes.
+    reply: ReplyTo,
     /// When it was handed to the writer.
     sent_at: Instant,
 }
@@ -142,6 +216,23 @@ impl Handle {
             })
             .map_err(|_| self.lost())?;
         Ok(rx)
+    }
+
+    /// Hands many lines to the task at once (see [`Op::Many`]); their replies
+    /// go to `replies`, in order.
+    pub(crate) fn submit_many(
+        &self,
+        lines: String,
+        expect: Expect,
+        replies: ManySink,
+    ) -> Result<(), RequestError> {
+        self.ops
+            .send(Op::Many {
+                lines,
+                expect,
+                replies,
+            })
+            .map_err(|_| self.lost())
     }
 
     /// Waits for the reply of a submitted command.
@@ -255,6 +346,27 @@ async fn run(
                     if let Err(reason) = st.on_line(line) {
                         break reason;
                     }
+                    // The lines already read (a burst of replies or
+                    // deliveries) are handled without going back to the select.
+                    let mut failed = None;
+                    while !st.bye {
+                        match reader.buffered_line() {
+                            Some(Ok(line)) => {
+                                if let Err(reason) = st.on_line(line) {
+                                    failed = Some(reason);
+                                    break;
+                                }
+                            }
+                            Some(Err(e)) => {
+                                failed = Some(Disconnected::Transport(e));
+                                break;
+                            }
+                            None => break,
+                        }
+                    }
+                    if let Some(reason) = failed {
+                        break reason;
+                    }
                     if st.bye {
                         break Disconnected::ClosedByClient;
                     }
@@ -314,16 +426,28 @@ async fn run(
     ops.close();
     let lost = || RequestError::ConnectionLost(reason.clone());
     for p in st.pending.drain(..) {
-        if let Some(tx) = p.reply {
-            let _ = tx.send(Err(lost()));
+        match p.reply {
+            ReplyTo::One(tx) => {
+                let _ = tx.send(Err(lost()));
+            }
+            ReplyTo::Many(tx) => {
+                let _ = tx.send(Err(lost()));
+            }
+            ReplyTo::Own => {}
         }
     }
     for (_, sink) in st.sinks.drain() {
-        let _ = sink.send(Err(lost()));
+        let _ = sink.send(Err(ConsumerError::ConnectionLost(reason.clone())));
     }
     while let Ok(op) = ops.try_recv() {
-        let (Op::Command { reply, .. } | Op::Consume { reply, .. }) = op;
-        let _ = reply.send(Err(lost()));
+        match op {
+            Op::Command { reply, .. } | Op::Consume { reply, .. } => {
+                let _ = reply.send(Err(lost()));
+            }
+            Op::Many { replies, .. } => {
+                let _ = replies.send(Err(lost()));
+            }
+        }
     }
 }
 
@@ -360,7 +484,32 @@ impl State {
                 batch.push('\n');
                 self.pending.push_back(Pending {
                     expect,
-                    reply: Some(reply),
+                    reply: ReplyTo::One(reply),
+                    sent_at: now,
+                });
+            }
+            Op::Many {
+                lines,
+                expect,
+                replies,
+            } => {
+                let empty = match &expect {
+                    Expect::Publishes(ids) => ids.is_empty(),
+                    Expect::Lines(n) => *n == 0,
+                    _ => false,
+                };
+                if empty || self.quitting {
+                    return;
+                }
+                if batch.is_empty() {
+                    // The first lines of a write move in; no copy.
+                    *batch = lines;
+                } else {
+                    batch.push_str(&lines);
+                }
+                self.pending.push_back(Pending {
+                    expect,
+                    reply: ReplyTo::Many(replies),
                     sent_at: now,
                 });
             }
@@ -383,7 +532,7 @@ impl State {
                 self.orphan_logged.remove(&queue);
                 self.pending.push_back(Pending {
                     expect: Expect::Consume(queue),
-                    reply: Some(reply),
+                    reply: ReplyTo::One(reply),
                     sent_at: now,
                 });
             }
@@ -399,7 +548,7 @@ impl State {
         batch.push('\n');
         self.pending.push_back(Pending {
             expect,
-            reply: None,
+            reply: ReplyTo::Own,
             sent_at: now,
         });
     }
@@ -407,34 +556,44 @@ impl State {
     /// Routes one line read from the broker.
     fn on_line(&mut self, line: String) -> Result<(), Disconnected> {
         if line.starts_with("Message: ") {
-            return self.on_delivery(&line);
+            return self.on_delivery(line);
         }
         if let Some(queue) = deleted_queue(&line) {
-            // Pushed, not a reply: no command is answered so.
             if let Some(sink) = self.sinks.remove(queue) {
-                let _ = sink.send(Err(RequestError::QueueDeleted(queue.to_owned())));
+                // The consume is over; the connection goes on.
+                let _ = sink.send(Err(ConsumerError::QueueDeleted(queue.to_owned())));
+                return Ok(());
+            }
+        }
+        let Some(head) = self.pending.front_mut() else {
+            return self.on_unsolicited(line);
+        };
+        // Entries of many replies answer one line at a time.
+        let done = match &mut head.expect {
+            Expect::Publishes(ids) => {
+                let Some(id) = ids.pop_front() else {
+                    return Err(Disconnected::Protocol("an empty publish pipeline".into()));
+                };
+                check_publish_reply(&line, &id)?;
+                ids.is_empty()
+            }
+            Expect::Lines(n) => {
+                *n = n.saturating_sub(1);
+                *n == 0
+            }
+            _ => true,
+        };
+        if !done {
+            if let ReplyTo::Many(tx) = &head.reply {
+                let _ = tx.send(Ok(line));
             }
             return Ok(());
         }
         let Some(p) = self.pending.pop_front() else {
-            return Err(Disconnected::Protocol(format!(
-                "a reply with no command waiting: {}",
-                shorten(&line)
-            )));
+            return self.on_unsolicited(line);
         };
         match &p.expect {
-            Expect::Publish(id) => match Reply::parse(&line) {
-                Reply::Ack(got)
-                | Reply::Nack {
-                    message_id: got, ..
-                } if got != &**id => {
-                    return Err(Disconnected::Protocol(format!(
-                        "{} while {id} was the oldest publish in flight",
-                        shorten(&line)
-                    )));
-                }
-                _ => {}
-            },
+            Expect::Publish(id) => check_publish_reply(&line, id)?,
             Expect::Consume(queue) => {
                 let ok = matches!(Reply::parse(&line), Reply::Ok(rest)
                     if rest.strip_prefix("consume ") == Some(queue.as_str()));
@@ -443,39 +602,55 @@ impl State {
                 }
             }
             Expect::Quit => self.bye = line == "OK bye",
-            Expect::Line | Expect::Heartbeat => {}
+            Expect::Line | Expect::Heartbeat | Expect::Publishes(_) | Expect::Lines(_) => {}
         }
-        if let Some(tx) = p.reply {
-            // A caller that stopped waiting (its future was dropped) loses
-            // only its own reply.
-            let _ = tx.send(Ok(line));
+        // A caller that stopped waiting (its future was dropped) loses only
+        // its own reply.
+        match p.reply {
+            ReplyTo::One(tx) => {
+                let _ = tx.send(Ok(line));
+            }
+            ReplyTo::Many(tx) => {
+                let _ = tx.send(Ok(line));
+            }
+            ReplyTo::Own => {}
+        }
+        Ok(())
+    }
+
+    /// A line with no command waiting: no reply, so a push this library does
+    /// not know. Every consumer gets it; the connection goes on.
+    fn on_unsolicited(&mut self, line: String) -> Result<(), Disconnected> {
+        let line = shorten(&line);
+        tracing::warn!(line = %line, "the broker sent a line with no command waiting");
+        for sink in self.sinks.values() {
+            let _ = sink.send(Err(ConsumerError::Unsolicited(line.clone())));
         }
         Ok(())
     }
 
     /// Hands a `Message:` line to its queue's consumer.
-    fn on_delivery(&mut self, line: &str) -> Result<(), Disconnected> {
-        let Some(d) = ciphermq_proto::Delivery::parse(line) else {
+    fn on_delivery(&mut self, line: String) -> Result<(), Disconnected> {
+        let len = line.len();
+        let Some(raw) = RawDelivery::parse(line) else {
             // Never the line itself: it may carry a body.
             return Err(Disconnected::Protocol(format!(
-                "a malformed delivery line ({} bytes)",
-                line.len()
+                "a malformed delivery line ({len} bytes)"
             )));
         };
-        let raw = RawDelivery {
-            id: d.message_id.to_owned(),
-            queue: d.queue.to_owned(),
-            count: d.delivery_count,
-            body: d.body.to_owned(),
+        let raw = match self.sinks.get(raw.queue()) {
+            Some(sink) => match sink.send(Ok(raw)) {
+                Ok(()) => return Ok(()),
+                // The consumer was dropped: the delivery comes back.
+                Err(mpsc::error::SendError(Ok(raw))) => raw,
+                Err(_) => return Ok(()),
+            },
+            None => raw,
         };
-        let delivered = match self.sinks.get(d.queue) {
-            Some(sink) => sink.send(Ok(raw)).is_ok(),
-            None => false,
-        };
-        if !delivered && self.orphan_logged.insert(d.queue.to_owned()) {
+        if self.orphan_logged.insert(raw.queue().to_owned()) {
             tracing::warn!(
-                queue = d.queue,
-                message_id = d.message_id,
+                queue = raw.queue(),
+                message_id = raw.id(),
                 "a delivery came for a queue with no live consumer on this connection \
                  (ciphermq/1 has no way to cancel a consume); it stays unacknowledged \
                  until this connection closes or the broker's ack_wait_secs passes"
@@ -485,10 +660,23 @@ impl State {
     }
 }
 
-/// The queue of a pushed `Error: queue <q> deleted` line (the broker tells
-/// a queue's consumers so when it is deleted; no command is answered with
-/// it), or `None`.
-fn deleted_queue(line: &str) -> Option<&str> {
+/// A publish's `ACK`/`NACK` must name the oldest publish in flight.
+fn check_publish_reply(line: &str, id: &str) -> Result<(), Disconnected> {
+    match Reply::parse(line) {
+        Reply::Ack(got)
+        | Reply::Nack {
+            message_id: got, ..
+        } if got != id => Err(Disconnected::Protocol(format!(
+            "{} while {id} was the oldest publish in flight",
+            shorten(line)
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// The queue of a pushed `Error: queue <q> deleted` (the broker's word to the
+/// consumers of a queue that was deleted).
+pub(crate) fn deleted_queue(line: &str) -> Option<&str> {
     let queue = line
         .strip_prefix("Error: queue ")?
         .strip_suffix(" deleted")?;
@@ -505,4 +693,143 @@ fn shorten(line: &str) -> String {
         end -= 1;
     }
     format!("{}… ({} bytes)", &line[..end], line.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sink() -> (
+        DeliverySink,
+        mpsc::UnboundedReceiver<Result<RawDelivery, ConsumerError>>,
+    ) {
+        mpsc::unbounded_channel()
+    }
+
+    fn pending(st: &mut State, expect: Expect) -> oneshot::Receiver<ReplyResult> {
+        let (tx, rx) = oneshot::channel();
+        st.pending.push_back(Pending {
+            expect,
+            reply: ReplyTo::One(tx),
+            sent_at: Instant::now(),
+        });
+        rx
+    }
+
+    #[test]
+    fn deleted_queue_lines_are_recognised() {
+        assert_eq!(deleted_queue("Error: queue q1 deleted"), Some("q1"));
+        assert_eq!(
+            deleted_queue("Error: queue receiver_1_queue.dlq deleted"),
+            Some("receiver_1_queue.dlq")
+        );
+        assert_eq!(deleted_queue("Error: queue  deleted"), None);
+        assert_eq!(deleted_queue("Error: queue a b deleted"), None);
+        assert_eq!(deleted_queue("Error: unknown queue q1"), None);
+        assert_eq!(deleted_queue("Error: queue q1 deleted!"), None);
+    }
+
+    #[test]
+    fn a_delivery_line_is_kept_whole_and_read_by_ranges() {
+        let raw = RawDelivery::parse("Message: m-1 q.a 3 {\"x\": \"a b\"}".to_owned()).unwrap();
+        assert_eq!(
+            (raw.id(), raw.queue(), raw.count, raw.body()),
+            ("m-1", "q.a", 3, "{\"x\": \"a b\"}")
+        );
+        assert!(RawDelivery::parse("Message: m-1 q.a".to_owned()).is_none());
+        assert!(RawDelivery::parse("Message: m-1 q.a x {}".to_owned()).is_none());
+    }
+
+    #[tokio::test]
+    async fn a_pushed_queue_deletion_ends_that_consumer_and_answers_no_command() {
+        let mut st = State::default();
+        let (tx, mut rx) = sink();
+        st.sinks.insert("q1".into(), tx);
+        let (other, mut other_rx) = sink();
+        st.sinks.insert("q2".into(), other);
+        let mut reply = pending(&mut st, Expect::Line);
+        st.on_line("Error: queue q1 deleted".into()).unwrap();
+        // Not the pending command's reply.
+        assert!(reply.try_recv().is_err());
+        assert_eq!(st.pending.len(), 1);
+        match rx.recv().await {
+            Some(Err(ConsumerError::QueueDeleted(q))) => assert_eq!(q, "q1"),
+            other => panic!("expected QueueDeleted, got {other:?}"),
+        }
+        // The stream ends; the other consumer goes on.
+        assert!(rx.recv().await.is_none());
+        st.on_line("Message: m1 q2 1 {}".into()).unwrap();
+        assert!(matches!(other_rx.recv().await, Some(Ok(d)) if d.id() == "m1"));
+        // The same words for a queue not consumed here are a reply.
+        st.on_line("Error: queue q9 deleted".into()).unwrap();
+        assert_eq!(reply.await.unwrap().unwrap(), "Error: queue q9 deleted");
+    }
+
+    #[tokio::test]
+    async fn a_line_with_no_command_waiting_goes_to_every_consumer() {
+        let mut st = State::default();
+        let (tx, mut rx) = sink();
+        st.sinks.insert("q1".into(), tx);
+        st.on_line("Error: the broker is restarting".into())
+            .unwrap();
+        match rx.recv().await {
+            Some(Err(ConsumerError::Unsolicited(line))) => {
+                assert_eq!(line, "Error: the broker is restarting")
+            }
+            other => panic!("expected Unsolicited, got {other:?}"),
+        }
+        // The stream goes on.
+        st.on_line("Message: m1 q1 1 {}".into()).unwrap();
+        assert!(matches!(rx.recv().await, Some(Ok(d)) if d.id() == "m1"));
+        // With no consumer it is only logged.
+        let mut st = State::default();
+        st.on_line("OK what".into()).unwrap();
+    }
+
+    #[tokio::test]
+    async fn many_lines_share_one_entry_and_publish_replies_must_match_in_order() {
+        let mut st = State::default();
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        st.pending.push_back(Pending {
+            expect: Expect::Publishes(["a".into(), "b".into()].into()),
+            reply: ReplyTo::Many(tx.clone()),
+            sent_at: Instant::now(),
+        });
+        st.pending.push_back(Pending {
+            expect: Expect::Lines(2),
+            reply: ReplyTo::Many(tx),
+            sent_at: Instant::now(),
+        });
+        st.on_line("ACK a".into()).unwrap();
+        assert_eq!(st.pending.len(), 2);
+        st.on_line("NACK b queue_full".into()).unwrap();
+        assert_eq!(st.pending.len(), 1);
+        st.on_line("OK ack_batch q 2".into()).unwrap();
+        st.on_line("ACK_CONFIRMED x".into()).unwrap();
+        assert!(st.pending.is_empty());
+        let mut got = Vec::new();
+        while let Ok(r) = rx.try_recv() {
+            got.push(r.unwrap());
+        }
+        assert_eq!(
+            got,
+            [
+                "ACK a",
+                "NACK b queue_full",
+                "OK ack_batch q 2",
+                "ACK_CONFIRMED x"
+            ]
+        );
+
+        let (tx, _rx) = mpsc::unbounded_channel();
+        st.pending.push_back(Pending {
+            expect: Expect::Publishes(["a".into()].into()),
+            reply: ReplyTo::Many(tx),
+            sent_at: Instant::now(),
+        });
+        assert!(matches!(
+            st.on_line("ACK z".into()),
+            Err(Disconnected::Protocol(_))
+        ));
+    }
 }

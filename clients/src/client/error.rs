@@ -1,7 +1,7 @@
 //! The client's errors, one enum per kind of operation: connecting
 //! ([`ConnectError`]), any command ([`RequestError`]), publishing
-//! ([`PublishError`]), opening a delivery ([`DecryptError`]), and why a
-//! connection ended ([`Disconnected`]).
+//! ([`PublishError`]), a consumer's stream ([`ConsumerError`]), opening a
+//! delivery ([`DecryptError`]), and why a connection ended ([`Disconnected`]).
 //!
 //! Refusals keep the broker's words: `Access denied: …` becomes
 //! [`RequestError::Denied`] and `Error: …` [`RequestError::Broker`] with the text,
@@ -144,11 +144,6 @@ pub enum RequestError {
     /// be sent).
     #[error("connection lost: {0}")]
     ConnectionLost(Arc<Disconnected>),
-    /// The queue a [`Consumer`](crate::Consumer) read was deleted (the
-    /// broker pushed `Error: queue <q> deleted`): its stream ends after
-    /// this. The connection stays open.
-    #[error("queue {0} deleted")]
-    QueueDeleted(String),
 }
 
 impl RequestError {
@@ -157,6 +152,80 @@ impl RequestError {
         match self {
             RequestError::ConnectionLost(reason) => Some(reason),
             _ => None,
+        }
+    }
+}
+
+/// What a [`Consumer`](crate::Consumer) yields instead of a delivery.
+///
+/// [`QueueDeleted`](ConsumerError::QueueDeleted) and
+/// [`ConnectionLost`](ConsumerError::ConnectionLost) end the stream (it yields
+/// `None` next); after [`Unsolicited`](ConsumerError::Unsolicited) it goes on.
+///
+/// ```no_run
+/// # async fn example(mut consumer: ciphermq_clients::Consumer) {
+/// use ciphermq_clients::ConsumerError;
+/// use futures_util::StreamExt;
+///
+/// while let Some(item) = consumer.next().await {
+///     match item {
+///         Ok(delivery) => { /* decrypt, store, ack */ }
+///         Err(ConsumerError::QueueDeleted(queue)) => {
+///             eprintln!("{queue} was deleted; nothing more will come from it");
+///         }
+///         Err(ConsumerError::Unsolicited(line)) => eprintln!("the broker said: {line}"),
+///         Err(e) => eprintln!("{e}"), // the connection is gone: connect again
+///     }
+/// }
+/// # }
+/// ```
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConsumerError {
+    /// The broker pushed `Error: queue <q> deleted`: the queue consumed was
+    /// deleted (by its owner or an admin). Nothing more comes from it; the
+    /// deliveries not acknowledged are gone with it. The connection stays up
+    /// for everything else.
+    #[error("queue {0} was deleted")]
+    QueueDeleted(String),
+    /// The broker sent a line that is neither a delivery nor the reply to a
+    /// command (no command was waiting), at most 200 characters of it. Every
+    /// consumer of the connection gets it; the stream goes on.
+    #[error("the broker pushed an unexpected line: {0}")]
+    Unsolicited(String),
+    /// The connection ended; a new client must consume again (the broker
+    /// redelivers what was not acknowledged).
+    #[error("connection lost: {0}")]
+    ConnectionLost(Arc<Disconnected>),
+}
+
+impl ConsumerError {
+    /// The reason a connection ended, when that is what ended the stream.
+    pub fn disconnected(&self) -> Option<&Disconnected> {
+        match self {
+            ConsumerError::ConnectionLost(reason) => Some(reason),
+            _ => None,
+        }
+    }
+
+    /// Whether the stream ends after this item.
+    pub fn ends_stream(&self) -> bool {
+        !matches!(self, ConsumerError::Unsolicited(_))
+    }
+}
+
+impl From<ConsumerError> for RequestError {
+    /// For code that handles every failure of a connection as a
+    /// [`RequestError`]: a lost connection stays
+    /// [`RequestError::ConnectionLost`]; the other two become
+    /// [`RequestError::Broker`] with the broker's words.
+    fn from(e: ConsumerError) -> Self {
+        match e {
+            ConsumerError::ConnectionLost(reason) => RequestError::ConnectionLost(reason),
+            ConsumerError::QueueDeleted(queue) => {
+                RequestError::Broker(format!("queue {queue} deleted"))
+            }
+            ConsumerError::Unsolicited(line) => RequestError::Broker(line),
         }
     }
 }

@@ -15,14 +15,16 @@
 //! - [`pins`]: receivers' public keys pinned on first use ([`KeyPins`],
 //!   [`MemoryPins`], [`FilePins`]); `keys`: the cache in front of them.
 //! - [`error`]: [`ConnectError`], [`RequestError`], [`PublishError`],
-//!   [`DecryptError`], [`Disconnected`].
+//!   [`ConsumerError`], [`DecryptError`], [`Disconnected`].
 //! - [`config`]: [`ClientConfig`], [`RetryPolicy`].
 //!
 //! A connection that fails is not re-established: every command waiting and
 //! every consumer gets [`RequestError::ConnectionLost`] with the reason, and the
-//! application connects again (publishing the unacknowledged messages again is
-//! safe: the broker deduplicates per sender and message id; what a consumer did
-//! not acknowledge is redelivered). `ciphermq-sender` shows one way.
+//! application connects again, with [`Client::connect_with_retry`] to ride out
+//! a broker restart (publishing the unacknowledged messages again is safe: the
+//! broker deduplicates per sender and message id; what a consumer did not
+//! acknowledge is redelivered). `ciphermq-sender` and `ciphermq-receiver` show
+//! how.
 //!
 //! ```no_run
 //! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
@@ -64,13 +66,15 @@ use tokio::sync::{mpsc, Semaphore};
 
 pub use ciphermq_proto::{ExchangeKind, NackReason};
 pub use config::{ClientConfig, RetryPolicy, MAX_PUBLISH_WINDOW};
-pub use consumer::{Consumer, Delivery, ReceiverKey};
+pub use consumer::{Consumer, Delivery, ReceiverKey, Settlement, Settler};
 pub use error::{
-    ConnectError, DecryptError, Disconnected, PinStoreError, PublishError, RequestError,
+    ConnectError, ConsumerError, DecryptError, Disconnected, PinStoreError, PublishError,
+    RequestError,
 };
 pub use pins::{FilePins, KeyPins, MemoryPins};
-pub use publisher::{Ack, PreparedPublish, Publisher};
+pub use publisher::{Ack, PreparedPublish, PublishOutcomes, PublishPipeline, Publisher};
 
+use crate::backoff::Backoff;
 use crate::connection::Connection;
 use crate::crypto::{self, PublicKey};
 use driver::{Expect, Handle};
@@ -220,6 +224,72 @@ impl Client {
         })
     }
 
+    /// [`Client::connect`], trying again after transient failures (the
+    /// broker unreachable or restarting, a connection closed during the
+    /// handshake, the broker's connection limit; see
+    /// [`ConnectError::is_transient`]) with `backoff` between attempts, up to
+    /// `max_attempts` failures in a row (0: never give up). Other failures
+    /// (unreadable files, a rejected certificate, an unknown CN, a bad
+    /// configuration) return at once, as does the last failure once the
+    /// attempts are spent. Each failure that will be retried is logged at warn.
+    ///
+    /// The future may be dropped at any time (in a `select!` with a shutdown
+    /// signal, for example): nothing is left running.
+    ///
+    /// A supervisor that keeps a consumer alive across broker restarts
+    /// reconnects with it when the stream ends or [`Client::closed`]
+    /// resolves, and sets up its queue and consumer again (what was not
+    /// acknowledged is redelivered); `ciphermq-receiver` works this way.
+    ///
+    /// ```no_run
+    /// # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::time::Duration;
+    /// use ciphermq_clients::backoff::Backoff;
+    /// use ciphermq_clients::{Client, ClientConfig, TlsClientOptions};
+    /// use futures_util::StreamExt;
+    ///
+    /// let tls = TlsClientOptions::for_cn("certs".as_ref(), "receiver_1");
+    /// let config = ClientConfig::new("127.0.0.1:5700", tls);
+    /// let backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(10));
+    /// loop {
+    ///     let client = Client::connect_with_retry(config.clone(), backoff, 0).await?;
+    ///     client.declare_queue("receiver_1_queue").await?;
+    ///     let mut deliveries = client.consume("receiver_1_queue", 100).await?;
+    ///     while let Some(Ok(delivery)) = deliveries.next().await {
+    ///         // ... store it ...
+    ///         delivery.ack().await?;
+    ///     }
+    ///     // The connection ended (or the queue was deleted): connect again.
+    /// }
+    /// # }
+    /// ```
+    pub async fn connect_with_retry(
+        config: ClientConfig,
+        backoff: Backoff,
+        max_attempts: u32,
+    ) -> Result<Client, ConnectError> {
+        let mut failures = 0u32;
+        loop {
+            let error = match Client::connect(config.clone()).await {
+                Ok(client) => return Ok(client),
+                Err(e) if !e.is_transient() => return Err(e),
+                Err(e) => e,
+            };
+            failures = failures.saturating_add(1);
+            if max_attempts != 0 && failures >= max_attempts {
+                return Err(error);
+            }
+            let delay = backoff.delay(failures);
+            tracing::warn!(
+                addr = %config.address(),
+                %error,
+                retry_in_ms = delay.as_millis() as u64,
+                "cannot connect to the broker"
+            );
+            tokio::time::sleep(delay).await;
+        }
+    }
+
     /// Our identity: the CN of our certificate, as the broker read it.
     pub fn client_id(&self) -> &str {
         &self.inner.client_id
@@ -331,7 +401,7 @@ impl Client {
 
     /// `delete_queue <queue>`: the queue, its messages and its bindings go,
     /// durably; its consumers (on any connection) see their stream end with
-    /// [`RequestError::QueueDeleted`]. The name may be declared again, and
+    /// [`ConsumerError::QueueDeleted`](crate::ConsumerError::QueueDeleted). The name may be declared again, and
     /// starts empty.
     pub async fn delete_queue(&self, queue: &str) -> Result<(), RequestError> {
         reply::check_name("queue", queue)?;

@@ -1,14 +1,22 @@
 //! Publishing: [`Publisher`] sends encrypted messages, pipelined up to the
 //! connection's window, retrying retryable NACKs with backoff, and encrypts for a
-//! receiver itself with [`Publisher::publish_to`].
+//! receiver itself with [`Publisher::publish_to`]. For the highest rate,
+//! [`Publisher::pipeline`] splits publishing into a [`PublishPipeline`] that
+//! queues and flushes publishes and a [`PublishOutcomes`] stream of their
+//! outcomes in order: no future, no channel per message, no retries.
 
+use std::collections::VecDeque;
 use std::fmt;
+use std::pin::Pin;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use ciphermq_proto::{NackReason, Reply};
+use futures_core::Stream;
+use tokio::sync::mpsc;
 
-use crate::client::driver::Expect;
+use crate::client::driver::{Expect, Handle, ManySink, ReplyResult};
 use crate::client::error::{PublishError, RequestError};
 use crate::client::{reply, Client};
 use crate::crypto::{self, EncryptedInputData};
@@ -235,6 +243,55 @@ impl Publisher {
         }
     }
 
+    /// A pipelined publishing path for the highest rate: a [`PublishPipeline`]
+    /// that queues publishes and hands them to the connection in one write per
+    /// [`flush`](PublishPipeline::flush), and a [`PublishOutcomes`] stream of
+    /// their outcomes in the order they were pushed. The two halves may live on
+    /// two tasks.
+    ///
+    /// Leaner than [`Publisher::publish`] (no future, channel or window slot
+    /// per message) and plainer: nothing is retried (a retryable NACK is an
+    /// outcome like any other) and the client's publish window does not apply;
+    /// bound what is in flight yourself ([`PublishPipeline::pushed`] minus the
+    /// outcomes read), well below the 65,536 replies a connection may owe.
+    ///
+    /// ```no_run
+    /// # async fn example(client: ciphermq_clients::Client, envelopes: Vec<ciphermq_clients::EncryptedInputData>) -> Result<(), Box<dyn std::error::Error>> {
+    /// use ciphermq_clients::Publisher;
+    /// use futures_util::StreamExt;
+    ///
+    /// let (mut pipeline, mut outcomes) = client.publisher().pipeline();
+    /// let n = envelopes.len();
+    /// for envelope in &envelopes {
+    ///     pipeline.push(&Publisher::prepare("ex", "receiver_1", envelope)?)?;
+    /// }
+    /// pipeline.flush()?;
+    /// for _ in 0..n {
+    ///     match outcomes.next().await {
+    ///         Some(Ok(ack)) => println!("{} stored", ack.message_id),
+    ///         Some(Err(e)) => eprintln!("{e}"),
+    ///         None => break,
+    ///     }
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn pipeline(&self) -> (PublishPipeline, PublishOutcomes) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        (
+            PublishPipeline {
+                handle: self.client.inner.handle.clone(),
+                lines: String::new(),
+                ids: VecDeque::new(),
+                replies: tx,
+                pushed: 0,
+            },
+            PublishOutcomes {
+                replies: rx,
+                ended: false,
+            },
+        )
+    }
+
     /// Encrypts `plaintext` for `receiver` and publishes it (see
     /// [`Publisher::publish`]) under a fresh message id
     /// `{our_id}-{run}.{seq}-{receiver}` (`run`: random per client).
@@ -279,5 +336,241 @@ impl Publisher {
         let mut envelope = crypto::encrypt(&key, message_id, receiver, plaintext)?;
         envelope.sender_client_id = Some(self.client.client_id().to_owned());
         self.publish(exchange, routing_key, &envelope).await
+    }
+}
+
+/// The sending half of [`Publisher::pipeline`]: publishes are queued with
+/// [`push`](PublishPipeline::push) or [`push_json`](PublishPipeline::push_json)
+/// and handed to the connection, in one write, by
+/// [`flush`](PublishPipeline::flush). Publishes still queued when it is
+/// dropped are not sent.
+pub struct PublishPipeline {
+    /// The connection.
+    handle: Handle,
+    /// Queued publish lines, each ending in `\n`.
+    lines: String,
+    /// Their message ids, in order.
+    ids: VecDeque<Box<str>>,
+    /// Where the connection task sends the replies.
+    replies: ManySink,
+    /// Publishes flushed so far.
+    pushed: u64,
+}
+
+impl fmt::Debug for PublishPipeline {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PublishPipeline")
+            .field("queued", &self.ids.len())
+            .field("queued_bytes", &self.lines.len())
+            .field("pushed", &self.pushed)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PublishPipeline {
+    /// Queues a publish [`Publisher::prepare`] rendered.
+    pub fn push(&mut self, prepared: &PreparedPublish) -> Result<(), PublishError> {
+        self.lines.push_str(&prepared.line);
+        self.lines.push('\n');
+        self.ids.push_back(Box::from(&*prepared.message_id));
+        Ok(())
+    }
+
+    /// Queues `publish <exchange> <routing_key> <json>`, where `json` is an
+    /// encrypted message rendered ahead (the JSON of an
+    /// [`EncryptedInputData`], one line) whose `message_id` is `message_id`.
+    /// The names are checked and the JSON must hold no line break; nothing is
+    /// queued otherwise. A body whose id is not `message_id` makes the broker
+    /// answer for another id than the one expected, which ends the connection
+    /// ([`Disconnected::Protocol`](crate::Disconnected::Protocol)).
+    pub fn push_json(
+        &mut self,
+        exchange: &str,
+        routing_key: &str,
+        message_id: &str,
+        json: &str,
+    ) -> Result<(), PublishError> {
+        reply::check_name("exchange", exchange)?;
+        reply::check_key(routing_key)?;
+        if !ciphermq_proto::is_valid_name(message_id) {
+            return Err(PublishError::InvalidMessageId(message_id.to_owned()));
+        }
+        if memchr::memchr2(b'\n', b'\r', json.as_bytes()).is_some() {
+            return Err(PublishError::Request(RequestError::Unsupported(
+                "a message's JSON is one line: no \\n or \\r".to_owned(),
+            )));
+        }
+        self.lines
+            .reserve(json.len() + exchange.len() + routing_key.len() + 11);
+        self.lines.push_str("publish ");
+        self.lines.push_str(exchange);
+        self.lines.push(' ');
+        self.lines.push_str(routing_key);
+        self.lines.push(' ');
+        self.lines.push_str(json);
+        self.lines.push('\n');
+        self.ids.push_back(Box::from(message_id));
+        Ok(())
+    }
+
+    /// Publishes queued and not flushed yet.
+    pub fn queued(&self) -> usize {
+        self.ids.len()
+    }
+
+    /// Bytes queued and not flushed yet (flush well before megabytes pile up:
+    /// the first publishes wait for the last).
+    pub fn queued_bytes(&self) -> usize {
+        self.lines.len()
+    }
+
+    /// Publishes handed to the connection so far.
+    pub fn pushed(&self) -> u64 {
+        self.pushed
+    }
+
+    /// Hands what is queued to the connection, in one write, without waiting
+    /// for it to be written. Fails only when the connection has ended (the
+    /// queued publishes are then dropped).
+    pub fn flush(&mut self) -> Result<(), RequestError> {
+        if self.ids.is_empty() {
+            return Ok(());
+        }
+        let n = self.ids.len() as u64;
+        let lines = std::mem::take(&mut self.lines);
+        let ids = std::mem::take(&mut self.ids);
+        self.handle
+            .submit_many(lines, Expect::Publishes(ids), self.replies.clone())?;
+        self.pushed += n;
+        Ok(())
+    }
+}
+
+/// The outcomes of a [`PublishPipeline`]'s publishes, one per publish in the
+/// order they were pushed: `Ok(Ack)` (stored), `Err(PublishError::Nack)` or
+/// `UnknownNack` (refused, not retried), `Err(PublishError::Request)` (a
+/// refusal such as `Error: invalid message`). A lost connection is one
+/// `Err` whose [`PublishError::is_connection_lost`] is true, the publishes
+/// then unanswered have no outcome, and the stream ends; it also ends once
+/// the pipeline is dropped and every outcome was read.
+pub struct PublishOutcomes {
+    /// The replies, in order.
+    replies: mpsc::UnboundedReceiver<ReplyResult>,
+    /// A lost connection was reported.
+    ended: bool,
+}
+
+impl fmt::Debug for PublishOutcomes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PublishOutcomes")
+            .field("ended", &self.ended)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PublishOutcomes {
+    /// The next outcome if one has arrived, without waiting.
+    pub fn next_ready(&mut self) -> Option<Result<Ack, PublishError>> {
+        if self.ended {
+            return None;
+        }
+        let reply = self.replies.try_recv().ok()?;
+        Some(self.outcome(reply))
+    }
+
+    /// One reply as an outcome.
+    fn outcome(&mut self, reply: ReplyResult) -> Result<Ack, PublishError> {
+        let mut line = match reply {
+            Ok(line) => line,
+            Err(e) => {
+                self.ended = true;
+                return Err(e.into());
+            }
+        };
+        if line.starts_with("ACK ") {
+            line.drain(..4);
+            return Ok(Ack {
+                message_id: line,
+                attempts: 1,
+            });
+        }
+        match Reply::parse(&line) {
+            Reply::Nack { message_id, reason } => match NackReason::parse(reason) {
+                Some(reason) => Err(PublishError::Nack {
+                    message_id: message_id.to_owned(),
+                    reason,
+                    attempts: 1,
+                }),
+                None => Err(PublishError::UnknownNack {
+                    message_id: message_id.to_owned(),
+                    reason: reason.to_owned(),
+                }),
+            },
+            _ => Err(PublishError::Request(reply::refusal(line))),
+        }
+    }
+}
+
+impl Stream for PublishOutcomes {
+    type Item = Result<Ack, PublishError>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        if this.ended {
+            return Poll::Ready(None);
+        }
+        match this.replies.poll_recv(cx) {
+            Poll::Ready(Some(reply)) => Poll::Ready(Some(this.outcome(reply))),
+            Poll::Ready(None) => {
+                this.ended = true;
+                Poll::Ready(None)
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::client::error::Disconnected;
+
+    #[test]
+    fn pipeline_outcomes_are_typed_in_order_and_end_after_a_lost_connection() {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let mut outcomes = PublishOutcomes {
+            replies: rx,
+            ended: false,
+        };
+        for line in [
+            "ACK m1",
+            "NACK m2 queue_full",
+            "NACK m3 something_new",
+            "Error: invalid message",
+        ] {
+            tx.send(Ok(line.to_owned())).unwrap();
+        }
+        tx.send(Err(RequestError::ConnectionLost(Arc::new(
+            Disconnected::ClosedByBroker,
+        ))))
+        .unwrap();
+        tx.send(Ok("ACK m9".to_owned())).unwrap();
+        assert!(
+            matches!(outcomes.next_ready(), Some(Ok(a)) if a.message_id == "m1" && a.attempts == 1)
+        );
+        assert!(matches!(
+            outcomes.next_ready(),
+            Some(Err(PublishError::Nack { message_id, reason: NackReason::QueueFull, attempts: 1 })) if message_id == "m2"
+        ));
+        assert!(matches!(
+            outcomes.next_ready(),
+            Some(Err(PublishError::UnknownNack { reason, .. })) if reason == "something_new"
+        ));
+        assert!(matches!(
+            outcomes.next_ready(),
+            Some(Err(PublishError::Request(RequestError::Broker(t)))) if t == "invalid message"
+        ));
+        assert!(matches!(outcomes.next_ready(), Some(Err(e)) if e.is_connection_lost()));
+        assert!(outcomes.next_ready().is_none());
     }
 }
