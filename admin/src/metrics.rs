@@ -630,7 +630,7 @@ pub(crate) fn render(ctx: &AdminContext, admin: &SlotStats, queue_series: QueueS
         }
     }
     type BacklogCounter = (&'static str, &'static str, fn(&BacklogReads) -> u64);
-    let backlog: [BacklogCounter; 5] = [
+    let backlog: [BacklogCounter; 6] = [
         (
             "ciphermq_backlog_reads_total",
             "Reads of queued bodies kept on disk only.",
@@ -655,6 +655,11 @@ pub(crate) fn render(ctx: &AdminContext, admin: &SlotStats, queue_series: QueueS
             "ciphermq_backlog_spilled_bytes_total",
             "Body bytes moved out of memory past storage.memory_budget_mb.",
             |b| b.spilled_bytes,
+        ),
+        (
+            "ciphermq_backlog_purged_messages_total",
+            "Purged messages settled by reading their records back (purge_queue of a backlog on disk).",
+            |b| b.purged,
         ),
     ];
     let reads: Vec<BacklogReads> = ctx

@@ -320,8 +320,9 @@ impl Session {
     }
 
     /// `purge_queue`: answered `OK purge_queue <q> <n>` once the queue's
-    /// shard dropped its ready messages (their ack records join the next
-    /// commit round).
+    /// shard dropped its ready messages (the ack records of those in memory
+    /// join the next commit round; those on disk only are settled as they
+    /// are read through).
     fn purge(&mut self, queue: &str, now: Instant) {
         let info = self
             .local
@@ -345,7 +346,7 @@ impl Session {
             Some(ciphermq_shard::Completion::Purged(result)) => Some(result),
             _ => None,
         };
-        if let Some(Ok(n)) = purged {
+        if let Some(n) = purged {
             tracing::info!(cn = %self.identity.cn, queue, purged = n, "purge_queue");
         }
         self.replies.purge(info.name, purged);

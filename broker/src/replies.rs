@@ -47,7 +47,7 @@ enum Slot {
     /// `OK purge_queue <q> <n>` once the queue's shard purged it.
     Purge {
         queue: Arc<str>,
-        purged: Option<Result<u64, u64>>,
+        purged: Option<u64>,
     },
     /// A push delivery.
     Delivery(Delivery),
@@ -158,7 +158,7 @@ impl ReplyQueue {
     }
 
     /// A purge, finished (`Some`) or waiting for the queue's shard.
-    pub fn purge(&mut self, queue: Arc<str>, purged: Option<Result<u64, u64>>) -> u64 {
+    pub fn purge(&mut self, queue: Arc<str>, purged: Option<u64>) -> u64 {
         self.push(Slot::Purge { queue, purged })
     }
 
@@ -274,10 +274,7 @@ impl ReplyQueue {
                 }
                 Slot::Purge { queue, purged } => {
                     let line = match purged {
-                        Some(Ok(n)) => format!("OK purge_queue {queue} {n}"),
-                        Some(Err(on_disk)) => format!(
-                            "Error: purge_queue {queue}: {on_disk} of its ready messages are on disk only (past the memory budget); purging those is not supported yet, consume them instead"
-                        ),
+                        Some(n) => format!("OK purge_queue {queue} {n}"),
                         None => format!("Error: purge_queue {queue}: no answer"),
                     };
                     write_line(out, &[&line]);

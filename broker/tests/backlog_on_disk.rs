@@ -398,3 +398,100 @@ async fn a_message_on_disk_stays_a_duplicate_past_the_window_and_across_a_restar
         ["w-0"]
     );
 }
+
+/// The sum over shards of metric `name`.
+async fn total(admin: SocketAddr, name: &str) -> u64 {
+    metric(admin, name).await.iter().map(|(_, v)| v).sum()
+}
+
+/// `purge_queue` of a backlog mostly on disk: the reply counts every ready
+/// message, deliveries still owed stay owed, new publishes are served at
+/// once, and the purged messages on disk are read through in the
+/// background and settled: their acks are logged (a restart brings none
+/// back) and their ids age out of the dedup window like acked ones (left
+/// marked stored, a later publish with one of them would be taken for a
+/// retry and dropped).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purged_backlog_on_disk_is_gone_for_good_and_its_ids_age_out() {
+    let data = tempfile::tempdir().expect("tempdir");
+    let perf = "dedup_window_secs = 1";
+    let OneQueue {
+        mut broker,
+        admin,
+        mut r,
+        mut s,
+    } = one_queue(data.path(), perf).await;
+    let all = ids("p", 1000);
+    publish_all(&mut s, "receiver_1", "receiver_1", &all).await;
+    settle(admin, 1, QUEUE, 700).await;
+    let held = fetch(&mut r, QUEUE, 3).await;
+    assert_eq!(
+        held.iter().map(|g| g.id.as_str()).collect::<Vec<_>>(),
+        ["p-0", "p-1", "p-2"]
+    );
+    // No consumer: nothing more is read back before the purge.
+    let on_disk = total(admin, "ciphermq_queue_on_disk").await;
+    assert!(on_disk >= 500, "{on_disk} on disk");
+
+    check(
+        &mut r,
+        &format!("purge_queue {QUEUE}"),
+        &format!("OK purge_queue {QUEUE} 997"),
+    )
+    .await;
+    // Published after the purge: served at once, whatever is still being
+    // read through.
+    let fresh = ids("n", 2);
+    publish_all(&mut s, "receiver_1", "receiver_1", &fresh).await;
+    let got = fetch(&mut r, QUEUE, 10).await;
+    assert_eq!(
+        got.iter().map(|g| g.id.as_str()).collect::<Vec<_>>(),
+        ["n-0", "n-1"]
+    );
+    for g in &got {
+        check(
+            &mut r,
+            &format!("ack {} {QUEUE}", g.id),
+            &format!("ACK_CONFIRMED {}", g.id),
+        )
+        .await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let settled = total(admin, "ciphermq_backlog_purged_messages_total").await;
+        if settled == on_disk {
+            break;
+        }
+        assert!(settled < on_disk, "{settled} settled of {on_disk} on disk");
+        assert!(
+            Instant::now() < deadline,
+            "the purge read through {settled} of {on_disk} messages on disk"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Past the window, an id purged on disk is stored again.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    publish_all(&mut s, "receiver_1", "receiver_1", &all[900..901]).await;
+    let again = fetch(&mut r, QUEUE, 10).await;
+    assert_eq!(
+        again.iter().map(|g| g.id.as_str()).collect::<Vec<_>>(),
+        ["p-900"]
+    );
+    check(&mut r, &format!("ack p-900 {QUEUE}"), "ACK_CONFIRMED p-900").await;
+    drop(r);
+    drop(s);
+    broker.stop();
+
+    // Only the deliveries owed at the purge come back.
+    let broker = start(1, data.path(), "127.0.0.1:0", perf);
+    let mut r = connect_as(&broker, "receiver_1").await;
+    let got = drain(&mut r, QUEUE).await;
+    let want: Vec<(String, u32)> = all[..3].iter().map(|id| (id.clone(), 2)).collect();
+    assert!(
+        got.len() == want.len(),
+        "nothing purged comes back: {} messages after the restart, the first {:?}",
+        got.len(),
+        &got[..got.len().min(6)]
+    );
+    assert_eq!(got, want, "the deliveries owed at the purge, once more");
+}

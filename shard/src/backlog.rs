@@ -232,6 +232,17 @@ impl DiskBacklog {
         self.bytes += front.bytes;
     }
 
+    /// Puts `back`'s messages, which all come after this backlog's, at its
+    /// end (a purge whose backlog joins one still being read through). The
+    /// read in flight, if any, is of this backlog's head, so it stays valid.
+    pub fn append(&mut self, mut back: DiskBacklog) {
+        debug_assert!(!back.reading);
+        self.len += back.len;
+        self.bytes += back.bytes;
+        self.runs.append(&mut back.runs);
+        self.deliveries.extend(back.deliveries.drain());
+    }
+
     /// Adopts delivery counts of messages held (before a restart).
     pub fn push_deliveries(&mut self, deliveries: impl IntoIterator<Item = (u64, u32)>) {
         self.deliveries.extend(deliveries);

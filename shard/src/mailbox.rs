@@ -21,9 +21,8 @@ pub enum Completion {
     Consumed,
     /// `fetch`: the deliveries, possibly none.
     Fetched(Vec<Delivery>),
-    /// `purge_queue`: how many ready messages went, or (`Err`) how many
-    /// ready messages are on disk only, which a purge cannot take yet.
-    Purged(Result<u64, u64>),
+    /// `purge_queue`: how many ready messages went.
+    Purged(u64),
 }
 
 /// Something a connection must act on.

@@ -235,6 +235,11 @@ pub struct Queue {
     ready: VecDeque<Entry>,
     /// Ready messages after `ready` whose bodies are only in the log.
     disk: DiskBacklog,
+    /// Messages a `purge_queue` dropped while their bodies were on disk
+    /// only: gone for consumers, their ids still marked stored. They are
+    /// read through in the background, in order, each one's id then
+    /// remembered as acked and its ack logged (see [`Queue::absorb`]).
+    purged_disk: DiskBacklog,
     /// Ready messages after `disk`, in memory: published since the queue
     /// started spilling, not durable yet or not spilled yet. Empty while
     /// `disk` is.
@@ -281,6 +286,7 @@ impl Queue {
             charged: 0,
             ready: VecDeque::new(),
             disk: DiskBacklog::default(),
+            purged_disk: DiskBacklog::default(),
             tail: VecDeque::new(),
             requeued: BTreeMap::new(),
             unacked: HashMap::default(),
@@ -305,6 +311,17 @@ impl Queue {
     /// Ready messages whose bodies are only on disk.
     pub fn disk_len(&self) -> u64 {
         self.disk.len()
+    }
+
+    /// Purged messages on disk not read through yet: their ids are still
+    /// marked stored, and a restart now would bring them back.
+    pub fn purging_len(&self) -> u64 {
+        self.purged_disk.len()
+    }
+
+    /// Whether the backlog, or a purge of it, has reads to make.
+    pub fn has_disk_work(&self) -> bool {
+        !self.disk.is_empty() || !self.purged_disk.is_empty()
     }
 
     /// Body bytes held in memory (the part of [`Queue::bytes`] on the
@@ -334,7 +351,7 @@ impl Queue {
 
     /// Brings the meter's charge for ids on disk up to date.
     fn recharge(&mut self) {
-        let charge = self.disk.len() * ID_BYTES;
+        let charge = (self.disk.len() + self.purged_disk.len()) * ID_BYTES;
         if charge > self.charged {
             self.held.add(charge - self.charged);
         } else {
@@ -576,6 +593,10 @@ impl Queue {
     /// wanted (`demand`) and fewer than a batch are in memory ahead of them.
     /// (segment, offset, length); marks a read in flight.
     pub fn next_read(&mut self, demand: bool) -> Option<(u64, u64, usize)> {
+        // A purge reads through whether anyone consumes or not, and first.
+        if !self.purged_disk.is_empty() {
+            return self.purged_disk.next_read();
+        }
         if !demand || self.disk.is_empty() || self.ready.len() >= crate::backlog::READAHEAD_MESSAGES
         {
             return None;
@@ -585,7 +606,7 @@ impl Queue {
 
     /// Whether a read of the backlog is in flight.
     pub fn is_reading(&self) -> bool {
-        self.disk.is_reading()
+        self.disk.is_reading() || self.purged_disk.is_reading()
     }
 
     /// Whether anyone could take a message now: a consumer with room.
@@ -596,11 +617,39 @@ impl Queue {
     /// A read of the backlog failed; the next [`Queue::next_read`] asks again.
     pub fn read_failed(&mut self) {
         self.disk.read_failed();
+        self.purged_disk.read_failed();
     }
 
     /// Takes in what a read of the backlog returned (`asked` bytes were
-    /// asked for at `offset` of `segment`).
-    pub fn absorb(&mut self, segment: u64, offset: u64, asked: usize, data: &[u8]) -> Absorbed {
+    /// asked for at `offset` of `segment`). A read of purged messages
+    /// settles them instead: each id is remembered as acked for the dedup
+    /// window, and (sequence number, dedup key) is pushed onto `purged` for
+    /// the log's ack records.
+    #[allow(clippy::too_many_arguments)]
+    pub fn absorb(
+        &mut self,
+        segment: u64,
+        offset: u64,
+        asked: usize,
+        data: &[u8],
+        now: Instant,
+        settings: &QueueSettings,
+        purged: &mut Vec<(u64, DedupKey)>,
+    ) -> Absorbed {
+        if self.purged_disk.is_reading() {
+            let mut loaded = VecDeque::new();
+            let done = self
+                .purged_disk
+                .absorb(segment, offset, asked, data, &mut loaded);
+            // Their bytes left `bytes` at the purge.
+            for entry in loaded {
+                let key = entry.msg.dedup_key(&settings.dedup_hasher);
+                self.forget_keyed(entry.seq, key, now, settings);
+                purged.push((entry.seq, key));
+            }
+            self.recharge();
+            return done;
+        }
         let done = self
             .disk
             .absorb(segment, offset, asked, data, &mut self.ready);
@@ -983,25 +1032,33 @@ impl Queue {
     }
 
     /// `purge_queue`: removes every ready message (redeliveries included)
-    /// and remembers their ids as acked for the dedup window, pushing each
-    /// one's sequence number and dedup key onto `purged` (for the log's ack
-    /// records); unacked deliveries stay owed. `Err` with the count of
-    /// ready messages whose bodies are on disk only: those cannot be
-    /// settled without reading them back, so nothing is removed.
+    /// and returns how many; unacked deliveries stay owed. Those in memory
+    /// are settled now: their ids are remembered as acked for the dedup
+    /// window and each one's sequence number and dedup key is pushed onto
+    /// `purged` (for the log's ack records). Those whose bodies are on disk
+    /// only leave the queue now too, and are settled as a background read
+    /// goes through them ([`Queue::purging_len`] counts what is left).
     pub fn purge(
         &mut self,
         now: Instant,
         settings: &QueueSettings,
         purged: &mut Vec<(u64, DedupKey)>,
-    ) -> Result<u64, u64> {
-        if !self.disk.is_empty() || self.disk.is_reading() {
-            return Err(self.disk.len());
-        }
+    ) -> u64 {
         self.expire_dedup(now);
+        let on_disk = std::mem::take(&mut self.disk);
+        let mut count = on_disk.len();
+        // Gone for `max_bytes` at once, though read through later.
+        self.bytes = self.bytes.saturating_sub(on_disk.bytes());
+        if self.purged_disk.is_empty() {
+            // Carries a read in flight of its head with it.
+            self.purged_disk = on_disk;
+        } else {
+            // A read in flight is the earlier purge's (it reads first).
+            self.purged_disk.append(on_disk);
+        }
         let requeued = std::mem::take(&mut self.requeued).into_values();
         let ready = std::mem::take(&mut self.ready);
         let tail = std::mem::take(&mut self.tail);
-        let mut count = 0;
         for entry in requeued.chain(ready).chain(tail) {
             let key = entry.msg.dedup_key(&settings.dedup_hasher);
             self.forget_keyed(entry.seq, key, now, settings);
@@ -1009,7 +1066,8 @@ impl Queue {
             purged.push((entry.seq, key));
             count += 1;
         }
-        Ok(count)
+        self.recharge();
+        count
     }
 
     /// The connections this queue deals with: each consumer (`true`), and
@@ -1390,7 +1448,94 @@ mod tests {
     fn read_back(q: &mut Queue, segment: &[u8]) {
         let (seg, offset, len) = q.next_read(true).expect("a read is due");
         let end = (offset as usize + len).min(segment.len());
-        q.absorb(seg, offset, len, &segment[offset as usize..end]);
+        let mut purged = Vec::new();
+        let data = &segment[offset as usize..end];
+        q.absorb(
+            seg,
+            offset,
+            len,
+            data,
+            Instant::now(),
+            &settings(),
+            &mut purged,
+        );
+    }
+
+    /// A purge takes the backlog on disk too, even with a read of it in
+    /// flight (that read then settles purged messages), and a second purge
+    /// joins the first's read-through; each purged id is settled once, in
+    /// order, and then stored again only past the window.
+    #[test]
+    fn a_purge_reads_its_backlog_through_and_settles_each_id_once() {
+        let s = QueueSettings {
+            max_len: 10_000,
+            ..settings()
+        };
+        let now = Instant::now();
+        let mut q = Queue::new(Arc::from("q"), 0);
+        let body = format!("\"{}\"", "b".repeat(1000));
+        for i in 0..3000 {
+            let m = Message::new(&format!("m{i}"), &body, Arc::from("s1"));
+            q.enqueue(m, now, &s).unwrap();
+        }
+        let (segment, offsets) = segment_of(&q);
+        let seqs: Vec<u64> = (0..3000).collect();
+        q.place(0, 0, &seqs, &offsets);
+        assert!(q.spill(u64::MAX, false) > 0);
+        // A read in flight when the purge comes.
+        let (seg, offset, len) = q.next_read(true).expect("a read is due");
+        let mut purged = Vec::new();
+        assert_eq!(q.purge(now, &s, &mut purged), 3000);
+        assert!(purged.is_empty(), "every body was on disk");
+        assert_eq!((q.ready_len(), q.purging_len()), (0, 3000));
+        assert!(q.is_reading());
+        // Published after the purge: ready at once, not behind it.
+        let fresh = Message::new("fresh", &body, Arc::from("s1"));
+        q.enqueue(fresh, now, &s).unwrap();
+        assert_eq!(q.ready_len(), 1);
+        let end = (offset as usize + len).min(segment.len());
+        q.absorb(
+            seg,
+            offset,
+            len,
+            &segment[offset as usize..end],
+            now,
+            &s,
+            &mut purged,
+        );
+        let first = purged.len();
+        assert!(first > 0 && first < 3000, "{first}");
+        // A second purge: the fresh message now, nothing new on disk.
+        let mut second = Vec::new();
+        assert_eq!(q.purge(now, &s, &mut second), 1);
+        assert_eq!(second.len(), 1);
+        while q.purging_len() > 0 {
+            let (seg, offset, len) = q.next_read(false).expect("a purge reads without demand");
+            let end = (offset as usize + len).min(segment.len());
+            q.absorb(
+                seg,
+                offset,
+                len,
+                &segment[offset as usize..end],
+                now,
+                &s,
+                &mut purged,
+            );
+        }
+        assert!(!q.has_disk_work() && !q.is_reading());
+        let got: Vec<u64> = purged.iter().map(|(seq, _)| *seq).collect();
+        assert_eq!(got, seqs, "each purged message settled once, in order");
+        assert_eq!((q.ready_len(), q.bytes(), q.resident_bytes()), (0, 0, 0));
+        // Settled as acked: a retry within the window stores nothing; past
+        // it, the id is stored again.
+        let retry = Message::new("m7", &body, Arc::from("s1"));
+        q.enqueue(retry, now, &s).unwrap();
+        assert_eq!(q.ready_len(), 0, "a retry within the window");
+        let later = now + s.dedup_window + Duration::from_secs(1);
+        q.expire_all_dedup(later);
+        let retry = Message::new("m7", &body, Arc::from("s1"));
+        q.enqueue(retry, later, &s).unwrap();
+        assert_eq!(q.ready_len(), 1, "stored again past the window");
     }
 
     #[test]

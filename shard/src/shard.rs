@@ -83,6 +83,9 @@ pub struct BacklogReads {
     pub lost: u64,
     /// Bodies moved out of memory.
     pub spilled_bytes: u64,
+    /// Purged messages settled by reading them through (their bodies were
+    /// on disk only when `purge_queue` dropped them).
+    pub purged: u64,
 }
 
 /// A `fetch` that ran into messages on disk: answered once they are read
@@ -408,7 +411,26 @@ impl Shard {
                 return;
             }
         };
-        let got = q.absorb(job.segment, job.offset, job.len, data);
+        let mut purged = std::mem::take(&mut self.acked);
+        purged.clear();
+        let got = q.absorb(
+            job.segment,
+            job.offset,
+            job.len,
+            data,
+            now,
+            &self.settings,
+            &mut purged,
+        );
+        if let (Some(d), false) = (&mut self.durable, purged.is_empty()) {
+            let log = d.log(q.name(), q.next_seq());
+            let at = unix_ms();
+            for &(seq, key) in &purged {
+                log.append_ack(seq, at, Some(key));
+            }
+        }
+        self.backlog.purged += purged.len() as u64;
+        self.acked = purged;
         let b = &mut self.backlog;
         b.reads += 1;
         b.bytes += data.len() as u64;
@@ -418,7 +440,7 @@ impl Shard {
         let name = job.queue.clone();
         self.dispatch(&name, now);
         self.serve_waiting_fetches(&name, now);
-        if self.queues.get(&name).is_some_and(|q| q.disk_len() > 0) {
+        if self.queues.get(&name).is_some_and(|q| q.has_disk_work()) {
             self.want_read(&name);
         }
     }
@@ -789,22 +811,25 @@ impl Shard {
         Some(Completion::Purged(self.purge_local(&queue.name, now)))
     }
 
-    /// Purges a local queue and logs an ack record for each message it
-    /// dropped, so a restart does not bring them back.
-    fn purge_local(&mut self, queue: &str, now: Instant) -> Result<u64, u64> {
+    /// Purges a local queue and logs an ack record for each message in
+    /// memory it dropped, so a restart does not bring them back; those on
+    /// disk only are read through (their acks are logged as each read
+    /// comes back, in [`Shard::read_done`]).
+    fn purge_local(&mut self, queue: &str, now: Instant) -> u64 {
         let settings = self.settings.clone();
         let mut purged = std::mem::take(&mut self.acked);
         purged.clear();
         // Declared but never used here yet: nothing to purge.
         if self.queue_mut(queue).is_none() {
             self.acked = purged;
-            return Ok(0);
+            return 0;
         }
         let Some(q) = self.queues.get_mut(queue) else {
             self.acked = purged;
-            return Ok(0);
+            return 0;
         };
         let result = q.purge(now, &settings, &mut purged);
+        let read_through = q.purging_len() > 0 && !q.is_reading();
         if let (Some(d), false) = (&mut self.durable, purged.is_empty()) {
             let log = d.log(q.name(), q.next_seq());
             let at = unix_ms();
@@ -813,6 +838,12 @@ impl Shard {
             }
         }
         self.acked = purged;
+        if read_through {
+            let name = self.queues.get(queue).map(|q| q.name().clone());
+            if let Some(name) = name {
+                self.want_read(&name);
+            }
+        }
         result
     }
 
