@@ -565,3 +565,103 @@ fn force_ca_replaces_the_ca_and_names_the_certificates_it_orphans() {
         verify_client(&d.join("certs"), cn);
     }
 }
+
+/// Verifies `certs/{cn}.crt` as the broker does with `tls.crl_path =
+/// certs/ca.crl`.
+fn verify_client_with_crl(certs: &Path, cn: &str) -> Result<(), rustls::Error> {
+    use rustls::pki_types::CertificateRevocationListDer;
+    let crls: Vec<CertificateRevocationListDer<'static>> =
+        CertificateRevocationListDer::pem_file_iter(certs.join("ca.crl"))
+            .unwrap()
+            .map(|crl| crl.unwrap())
+            .collect();
+    let verifier =
+        WebPkiClientVerifier::builder_with_provider(roots(&certs.join("ca.crt")), provider())
+            .with_crls(crls)
+            .build()
+            .unwrap();
+    verifier
+        .verify_client_cert(
+            &cert_der(certs.join(format!("{cn}.crt"))),
+            &[],
+            UnixTime::now(),
+        )
+        .map(|_| ())
+}
+
+#[test]
+fn revoke_lists_certificates_in_a_crl_that_keeps_earlier_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    ok(d, &["--client", "sender_1", "--client", "sender_2"]);
+    ok(d, &["issue", "sender_3"]);
+    // No CN: an empty list to start with.
+    let (out, _) = ok(d, &["revoke"]);
+    assert!(
+        out.contains("0 certificate(s) revoked, CRL number 1"),
+        "{out}"
+    );
+    verify_client_with_crl(&d.join("certs"), "sender_2").expect("not revoked yet");
+
+    let (out, err) = ok(d, &["revoke", "sender_2"]);
+    assert!(out.contains("revoked sender_2 (serial "), "{out}");
+    assert!(
+        out.contains("1 certificate(s) revoked, CRL number 2"),
+        "{out}"
+    );
+    assert!(err.contains("tls.crl_path"), "{err}");
+    assert_eq!(mode(d.join("certs/ca.crl")), 0o644);
+    let certs = d.join("certs");
+    match verify_client_with_crl(&certs, "sender_2") {
+        Err(rustls::Error::InvalidCertificate(rustls::CertificateError::Revoked)) => {}
+        other => panic!("sender_2 should be revoked: {other:?}"),
+    }
+    verify_client_with_crl(&certs, "sender_1").expect("sender_1 is not revoked");
+
+    // A second run keeps sender_2 listed; naming it again changes nothing.
+    let (out, _) = ok(
+        d,
+        &["revoke", "sender_3", "sender_2", "--next-update-days", "7"],
+    );
+    assert!(out.contains("sender_2: already revoked"), "{out}");
+    assert!(
+        out.contains("2 certificate(s) revoked, CRL number 3"),
+        "{out}"
+    );
+    for cn in ["sender_2", "sender_3"] {
+        assert!(
+            verify_client_with_crl(&certs, cn).is_err(),
+            "{cn} should be revoked"
+        );
+    }
+    verify_client_with_crl(&certs, "sender_1").expect("sender_1 is not revoked");
+    // The certificate files stay.
+    assert!(certs.join("sender_2.crt").is_file());
+}
+
+#[test]
+fn revoke_refuses_an_unknown_cn_and_a_list_of_another_ca() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let err = fails(d, &["revoke", "sender_1"]);
+    assert!(err.contains("run `ciphermq-pki init` first"), "{err}");
+    ok(d, &["--client", "sender_1"]);
+    let err = fails(d, &["revoke", "nobody"]);
+    assert!(
+        err.contains("no certificate for CN nobody") && err.contains("nobody.crt"),
+        "{err}"
+    );
+    assert!(!d.join("certs/ca.crl").exists(), "nothing written");
+    // A list signed by another CA is not carried over.
+    let other = tempfile::tempdir().unwrap();
+    ok(other.path(), &["--client", "x"]);
+    ok(other.path(), &["revoke", "x"]);
+    fs::copy(other.path().join("certs/ca.crl"), d.join("certs/ca.crl")).unwrap();
+    let before = read(d.join("certs/ca.crl"));
+    let err = fails(d, &["revoke", "sender_1"]);
+    assert!(
+        err.contains("ca.crl") && err.contains("not signed by this CA"),
+        "{err}"
+    );
+    assert_eq!(read(d.join("certs/ca.crl")), before, "left as it was");
+}

@@ -2,7 +2,8 @@
 //! shell over [`ciphermq_clients::pki`]).
 //!
 //! `init` makes the CA, the server certificate and `aes.key`; `issue` and
-//! `receiver` add clients; `list` shows what exists. Without a command it makes
+//! `receiver` add clients; `list` shows what exists; `revoke` keeps the CA's
+//! revocation list. Without a command it makes
 //! what the demo needs (init plus five clients). Nothing that exists is replaced
 //! unless `--force` (certificates) or `--force-ca` (the CA) says so.
 
@@ -26,7 +27,7 @@ const DEMO_RECEIVERS: [&str; 2] = ["receiver_1", "receiver_2"];
 #[command(
     name = "ciphermq-pki",
     version,
-    about = "Create and inspect the CipherMQ CA, server and client certificates, receivers' X25519 keys and the broker's AES key",
+    about = "Create and inspect the CipherMQ CA, server and client certificates, receivers' X25519 keys and the broker's AES key, and revoke certificates",
     long_about = "Create and inspect the CipherMQ CA, server and client certificates, receivers' X25519 keys and the broker's AES key.\n\n\
         Layout: certs/ (ca.crt, server.crt/.key, CN.crt/.key, aes.key), keys/ (CN_private.key, CN_public.key), \
         ca/ (ca.key alone, mode 0700, apart from the leaf keys).\n\n\
@@ -94,6 +95,26 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Revoke client certificates: add them to certs/ca.crl, the CA's revocation
+    /// list (the broker's tls.crl_path), re-signed; without a CN, renew the list
+    /// (or write an empty one to start with).
+    ///
+    /// Then reload the broker (`systemctl reload ciphermq`, `ciphermq-admin reload`
+    /// or SIGHUP): handshakes with a listed certificate fail, and its open sessions
+    /// are closed. The certificate files stay where they are.
+    Revoke(RevokeArgs),
+}
+
+/// Options of `revoke`.
+#[derive(Debug, Args)]
+struct RevokeArgs {
+    /// Client CNs whose certificates (certs/CN.crt) to revoke.
+    #[arg(value_name = "CN")]
+    cns: Vec<String>,
+    /// Days until the list's nextUpdate: renew it (`ciphermq-pki revoke`) before then.
+    #[arg(long, value_name = "DAYS", default_value_t = pki::DEFAULT_CRL_DAYS,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    next_update_days: u32,
 }
 
 /// Options of `init`.
@@ -203,6 +224,18 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             opts.force = args.force;
             let report = pki::issue(&opts).context("cannot issue the receiver")?;
             print_report(&report)
+        }
+        Some(Command::Revoke(args)) => {
+            let report = pki::revoke(&opts, &args.cns, args.next_update_days)
+                .context("cannot write the revocation list")?;
+            print(&report.to_string())?;
+            if !report.added.is_empty() {
+                eprintln!(
+                    "ciphermq-pki: the broker applies it once tls.crl_path names {} and it reloads (systemctl reload ciphermq, ciphermq-admin reload, or SIGHUP)",
+                    report.crl.path.display()
+                );
+            }
+            Ok(())
         }
         Some(Command::List { json }) => {
             let inventory = pki::inventory(&opts).context("cannot list the PKI")?;

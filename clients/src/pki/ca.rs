@@ -106,6 +106,26 @@ pub(super) fn write_ca(ca: &Ca, files: &CaFiles, out: &mut Vec<PkiFile>) -> Resu
     Ok(())
 }
 
+/// Loads the CA for a command that needs one and never makes one: both files
+/// must be there ([`PkiError::NoCa`], [`PkiError::PartialCa`] otherwise).
+pub(super) fn load_existing(files: &CaFiles, now: OffsetDateTime) -> Result<Ca, PkiError> {
+    match (exists(&files.crt)?, exists(&files.key)?) {
+        (true, true) => load_ca(files, now),
+        (false, false) => Err(PkiError::NoCa {
+            crt: files.crt.clone(),
+            key: files.key.clone(),
+        }),
+        (true, false) => Err(PkiError::PartialCa {
+            present: files.crt.clone(),
+            missing: files.key.clone(),
+        }),
+        (false, true) => Err(PkiError::PartialCa {
+            present: files.key.clone(),
+            missing: files.crt.clone(),
+        }),
+    }
+}
+
 /// Loads the CA on disk, checking that it is a CA, that the key belongs to the
 /// certificate and that it has not expired.
 pub(super) fn load_ca(files: &CaFiles, now: OffsetDateTime) -> Result<Ca, PkiError> {

@@ -95,6 +95,22 @@ pub enum PkiError {
         /// What is wrong with it.
         reason: String,
     },
+    /// A CN to revoke has no certificate where it would be.
+    #[error("no certificate for CN {cn}: {} does not exist (same --out as when it was issued?)", path.display())]
+    NoCertificate {
+        /// The CN.
+        cn: String,
+        /// Where its certificate was looked for.
+        path: PathBuf,
+    },
+    /// The revocation list on disk cannot be carried over.
+    #[error("{}: {reason}", path.display())]
+    BadCrl {
+        /// The list.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// rcgen refused to build a key or certificate.
     #[error("cannot generate {what}: {error}")]
     Rcgen {

@@ -18,6 +18,8 @@
 //! - [`issue`] (`issue`, `receiver`): client certificates, and receivers' key pairs,
 //!   signed by an existing CA; a CN that already has a certificate is refused.
 //! - [`inventory()`] (`list`): what exists, with expiry dates and SANs.
+//! - [`revoke`] (`revoke`): the CA's revocation list, `ca.crl`, with the
+//!   certificates of the CNs named added (the broker's `tls.crl_path`).
 //!
 //! Nothing that exists is replaced unless asked: a certificate is re-issued only
 //! with [`PkiOptions::force`] (a re-issued server certificate keeps every name it
@@ -28,7 +30,7 @@
 //!
 //! Modules: `plan` (checked inputs, what happens to each certificate, carrying it
 //! out), `names` (CN and SAN rules), `ca` (where the CA is, loading, creating),
-//! `leaf` (signing leaf certificates, judging one on disk), `secrets` (X25519 pairs
+//! `leaf` (signing leaf certificates, judging one on disk), `revocation` (`ca.crl`), `secrets` (X25519 pairs
 //! and the AES key), `files` (atomic writes with their modes, errors naming the
 //! path), `inventory` (`list`), `error`.
 //!
@@ -43,6 +45,7 @@ mod inventory;
 mod leaf;
 mod names;
 mod plan;
+mod revocation;
 mod secrets;
 
 use std::fmt;
@@ -55,6 +58,7 @@ use time::{Duration, OffsetDateTime};
 
 pub use error::PkiError;
 pub use inventory::{inventory, CaEntry, CertEntry, Inventory, KeysEntry};
+pub use revocation::{revoke, RevocationReport, RevokedEntry, DEFAULT_CRL_DAYS};
 pub use secrets::X25519Keys;
 
 use ca::CaFiles;
@@ -336,27 +340,7 @@ pub fn issue(opts: &PkiOptions) -> Result<PkiReport, PkiError> {
     }
     let now = OffsetDateTime::now_utc();
     let ca_files = ca::locate(&opts.out_dir, &job.ca_dir)?;
-    let ca = match (exists(&ca_files.crt)?, exists(&ca_files.key)?) {
-        (true, true) => ca::load_ca(&ca_files, now)?,
-        (false, false) => {
-            return Err(PkiError::NoCa {
-                crt: ca_files.crt,
-                key: ca_files.key,
-            })
-        }
-        (true, false) => {
-            return Err(PkiError::PartialCa {
-                present: ca_files.crt,
-                missing: ca_files.key,
-            })
-        }
-        (false, true) => {
-            return Err(PkiError::PartialCa {
-                present: ca_files.key,
-                missing: ca_files.crt,
-            })
-        }
-    };
+    let ca = ca::load_existing(&ca_files, now)?;
 
     let pairs = plan::plan_pairs(opts, &job.receivers)?;
     let mut leaves = Vec::new();
