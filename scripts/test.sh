@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Runs every check CI runs: formatting, clippy (warnings are errors), all tests.
+# Runs every check CI runs: formatting, clippy (warnings are errors), the
+# dependency audit, all tests, and the README's "Operate" commands
+# (scripts/operate-check.sh).
 # Works on a fresh machine: it installs what the tests need first. Ends with
 # one line, the totals of every test result (exit 1 if any failed or none ran).
 set -euo pipefail
@@ -63,11 +65,15 @@ mkdir -p target
 set +e
 cargo test --workspace 2>&1 | tee target/test-output.log
 status=${PIPESTATUS[0]}
+# The README's "Operate" commands, run as an operator would.
+echo "== scripts/operate-check.sh"
+./scripts/operate-check.sh
+operate=$?
 set -e
 
 # One line to end on: every `test result:` line summed (unit, integration
 # and doc tests), and a non-zero exit if any failed or none ran.
-awk -v status="$status" '
+awk -v status="$status" -v operate="$operate" '
   /^test result:/ {
     results++
     for (i = 2; i <= NF; i++) {
@@ -80,6 +86,8 @@ awk -v status="$status" '
     line = sprintf("== tests: %d passed, %d failed, %d ignored", passed, failed, ignored)
     if (results == 0) line = line " (no test result line in target/test-output.log)"
     else if (status != 0 && failed == 0) line = line " (cargo test exited with status " status ")"
+    if (operate != 0) line = line "; scripts/operate-check.sh FAILED"
+    else line = line "; scripts/operate-check.sh passed"
     print line
-    exit (results == 0 || failed > 0 || status != 0) ? 1 : 0
+    exit (results == 0 || failed > 0 || status != 0 || operate != 0) ? 1 : 0
   }' target/test-output.log
