@@ -1446,18 +1446,36 @@ mod tests {
     }
 
     fn read_back(q: &mut Queue, segment: &[u8]) {
-        let (seg, offset, len) = q.next_read(true).expect("a read is due");
+        let read = q.next_read(true).expect("a read is due");
+        absorb_read(
+            q,
+            segment,
+            read,
+            Instant::now(),
+            &settings(),
+            &mut Vec::new(),
+        );
+    }
+
+    /// Hands `q` what the read `(segment base, offset, length)` of `segment`
+    /// returns.
+    fn absorb_read(
+        q: &mut Queue,
+        segment: &[u8],
+        (seg, offset, len): (u64, u64, usize),
+        now: Instant,
+        s: &QueueSettings,
+        purged: &mut Vec<(u64, DedupKey)>,
+    ) {
         let end = (offset as usize + len).min(segment.len());
-        let mut purged = Vec::new();
-        let data = &segment[offset as usize..end];
         q.absorb(
             seg,
             offset,
             len,
-            data,
-            Instant::now(),
-            &settings(),
-            &mut purged,
+            &segment[offset as usize..end],
+            now,
+            s,
+            purged,
         );
     }
 
@@ -1483,7 +1501,7 @@ mod tests {
         q.place(0, 0, &seqs, &offsets);
         assert!(q.spill(u64::MAX, false) > 0);
         // A read in flight when the purge comes.
-        let (seg, offset, len) = q.next_read(true).expect("a read is due");
+        let read = q.next_read(true).expect("a read is due");
         let mut purged = Vec::new();
         assert_eq!(q.purge(now, &s, &mut purged), 3000);
         assert!(purged.is_empty(), "every body was on disk");
@@ -1493,16 +1511,7 @@ mod tests {
         let fresh = Message::new("fresh", &body, Arc::from("s1"));
         q.enqueue(fresh, now, &s).unwrap();
         assert_eq!(q.ready_len(), 1);
-        let end = (offset as usize + len).min(segment.len());
-        q.absorb(
-            seg,
-            offset,
-            len,
-            &segment[offset as usize..end],
-            now,
-            &s,
-            &mut purged,
-        );
+        absorb_read(&mut q, &segment, read, now, &s, &mut purged);
         let first = purged.len();
         assert!(first > 0 && first < 3000, "{first}");
         // A second purge: the fresh message now, nothing new on disk.
@@ -1510,17 +1519,8 @@ mod tests {
         assert_eq!(q.purge(now, &s, &mut second), 1);
         assert_eq!(second.len(), 1);
         while q.purging_len() > 0 {
-            let (seg, offset, len) = q.next_read(false).expect("a purge reads without demand");
-            let end = (offset as usize + len).min(segment.len());
-            q.absorb(
-                seg,
-                offset,
-                len,
-                &segment[offset as usize..end],
-                now,
-                &s,
-                &mut purged,
-            );
+            let read = q.next_read(false).expect("a purge reads without demand");
+            absorb_read(&mut q, &segment, read, now, &s, &mut purged);
         }
         assert!(!q.has_disk_work() && !q.is_reading());
         let got: Vec<u64> = purged.iter().map(|(seq, _)| *seq).collect();
