@@ -63,7 +63,7 @@ sed -e "s|^data_dir = .*|data_dir = \"$W/data\"|" \
     "$ROOT/config.toml" > config.toml
 
 echo "== ciphermq-broker --check-config"
-ciphermq-broker --check-config --config config.toml | grep -q "config OK" || fail "check-config"
+ciphermq-broker --check-config --config config.toml | grep "config OK" >/dev/null || fail "check-config"
 
 start() {
   : > broker.log
@@ -103,6 +103,17 @@ envelope() {
   printf '{"message_id":"%s","receiver_client_id":"receiver_1","enc_session_key":"a2V5","nonce":"bm9uY2U=","ciphertext":"QUFB"}' "$1"
 }
 mirrored() { psql_do -d "$PG_DB" -At -c "$1"; }
+# Waits (5 s at most) until ciphermq-admin shows ops_q with $1 ready
+# messages: the endpoint's figures are refreshed every second or so.
+expect_ready() {
+  local ready=none
+  for _ in $(seq 50); do
+    ready=$(admin queues --json | python3 -c 'import json,sys; q=[q for q in json.load(sys.stdin)["queues"] if q["name"]=="ops_q"]; print(q[0]["ready"] if q else "none")')
+    [ "$ready" = "$1" ] && return 0
+    sleep 0.1
+  done
+  fail "ops_q shows $ready ready messages, not $1 ($2)"
+}
 
 start
 admin status >/dev/null || fail "ciphermq-admin status"
@@ -136,27 +147,27 @@ admin reload >/dev/null || fail "reload with the CRL"
 for _ in $(seq 100); do kill -0 "$HELD" 2>/dev/null || break; sleep 0.1; done
 kill -0 "$HELD" 2>/dev/null && fail "sender_2's open session was not closed"
 HELD=
-as_cn sender_2 heartbeat | grep -q "OK heartbeat" && fail "sender_2 still completes a handshake"
-as_cn sender_1 heartbeat | grep -q "OK heartbeat" || fail "sender_1 (re-issued) was turned away"
-ciphermq-pki revoke | grep -q "1 certificate(s) revoked, CRL number 2" || fail "renewing the list"
+as_cn sender_2 heartbeat | grep "OK heartbeat" >/dev/null && fail "sender_2 still completes a handshake"
+as_cn sender_1 heartbeat | grep "OK heartbeat" >/dev/null || fail "sender_1 (re-issued) was turned away"
+ciphermq-pki revoke | grep "1 certificate(s) revoked, CRL number 2" >/dev/null || fail "renewing the list"
 admin reload >/dev/null || fail "reload with the renewed list"
-as_cn sender_2 heartbeat | grep -q "OK heartbeat" && fail "sender_2 served after the renewal"
+as_cn sender_2 heartbeat | grep "OK heartbeat" >/dev/null && fail "sender_2 served after the renewal"
 echo "   sender_2's session closed, its handshakes refused; sender_1 served"
 
 echo "== a message through, then an upgrade: stop (drain, exit 0), install, check, start"
 as_cn admin "declare_exchange ops" "declare_queue ops_q" "bind ops_q ops k" >/dev/null
-as_cn sender_1 "publish ops k $(envelope m-1)" | grep -q "ACK m-1" || fail "publish m-1"
+as_cn sender_1 "publish ops k $(envelope m-1)" | grep "ACK m-1" >/dev/null || fail "publish m-1"
 stop
 install -m 0755 "$BIN/ciphermq-broker" bin/ciphermq-broker
 ciphermq-broker --check-config --config config.toml >/dev/null || fail "check-config after the upgrade"
 start
-admin queues --json | grep -q '"ops_q"' || fail "ops_q gone after the upgrade"
+expect_ready 1 "after the upgrade"
 
 echo "== backup (stopped), one more message, restore, the mirror's watermark deleted, start"
 stop
 cp -a data backup
 start
-as_cn sender_1 "publish ops k $(envelope m-2)" | grep -q "ACK m-2" || fail "publish m-2"
+as_cn sender_1 "publish ops k $(envelope m-2)" | grep "ACK m-2" >/dev/null || fail "publish m-2"
 for _ in $(seq 100); do
   [ "$(mirrored "SELECT count(*) FROM message_metadata WHERE message_id IN ('m-1','m-2')")" = 2 ] && break
   sleep 0.1
@@ -165,13 +176,7 @@ stop
 rm -rf data && cp -a backup data
 psql_do -d "$PG_DB" -c "DELETE FROM ciphermq_mirror_watermark;"
 start
-# The endpoint's figures are refreshed every second or so.
-for _ in $(seq 50); do
-  ready=$(admin queues --json | python3 -c 'import json,sys; q=[q for q in json.load(sys.stdin)["queues"] if q["name"]=="ops_q"]; print(q[0]["ready"] if q else "none")')
-  [ "$ready" = 1 ] && break
-  sleep 0.1
-done
-[ "$ready" = 1 ] || fail "after the restore ops_q holds $ready ready messages, not 1 (m-1 only)"
+expect_ready 1 "after the restore: m-1 only"
 for _ in $(seq 100); do
   n=$(mirrored "SELECT count(*) FROM ciphermq_mirror_watermark")
   [ "$n" != 0 ] && break

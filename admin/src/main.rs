@@ -213,11 +213,22 @@ async fn show(
 ) -> Result<(), String> {
     let doc = get_json(endpoint, Method::GET, path).await?;
     if json {
-        println!("{doc:#}");
+        out(&format!("{doc:#}\n"))
     } else {
-        print!("{}", render(&doc));
+        out(&render(&doc))
     }
-    Ok(())
+}
+
+/// Writes a report to stdout. A reader that stopped reading (`| head`,
+/// `| grep -q`) is not a failure: the command has done its work.
+fn out(text: &str) -> Result<(), String> {
+    use std::io::Write as _;
+    match std::io::stdout().lock().write_all(text.as_bytes()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(format!("cannot write to stdout: {e}"))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// `method path` on the endpoint, whose answer must be a 2xx JSON document.
@@ -254,12 +265,10 @@ async fn change(broker: &BrokerPort, line: &str, json: bool) -> Result<(), Strin
     let reply = broker.command(line).await?;
     let ok = reply.starts_with("OK ");
     if json {
-        println!(
-            "{}",
-            serde_json::json!({ "command": line, "ok": ok, "reply": reply })
-        );
+        let doc = serde_json::json!({ "command": line, "ok": ok, "reply": reply });
+        out(&format!("{doc}\n"))?;
     } else if ok {
-        println!("{reply}");
+        out(&format!("{reply}\n"))?;
     }
     if ok {
         Ok(())
@@ -272,9 +281,11 @@ async fn change(broker: &BrokerPort, line: &str, json: bool) -> Result<(), Strin
 async fn reload(endpoint: &AdminEndpoint, json: bool) -> Result<(), String> {
     let doc = get_json(endpoint, Method::POST, "/api/reload").await?;
     if json {
-        println!("{doc:#}");
+        out(&format!("{doc:#}\n"))
     } else {
-        println!("{}", doc["status"].as_str().unwrap_or("reloaded"));
+        out(&format!(
+            "{}\n",
+            doc["status"].as_str().unwrap_or("reloaded")
+        ))
     }
-    Ok(())
 }

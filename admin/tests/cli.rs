@@ -96,8 +96,16 @@ impl World {
 
     /// Runs `ciphermq-admin` as `cn` with `args`.
     fn admin(&self, cn: &str, args: &[&str]) -> Output {
+        self.admin_command(cn, args)
+            .output()
+            .expect("run ciphermq-admin")
+    }
+
+    /// `ciphermq-admin` as `cn` with `args`, to be run.
+    fn admin_command(&self, cn: &str, args: &[&str]) -> Command {
         let broker = self.broker();
-        Command::new(env!("CARGO_BIN_EXE_ciphermq-admin"))
+        let mut command = Command::new(env!("CARGO_BIN_EXE_ciphermq-admin"));
+        command
             .arg("--endpoint")
             .arg(broker.admin_addr().unwrap().to_string())
             .arg("--broker")
@@ -110,9 +118,8 @@ impl World {
             .arg(self.certs.join(format!("{cn}.crt")))
             .arg("--key")
             .arg(self.certs.join(format!("{cn}.key")))
-            .args(args)
-            .output()
-            .expect("run ciphermq-admin")
+            .args(args);
+        command
     }
 
     /// One `ciphermq/1` command as `cn`, its reply.
@@ -306,4 +313,24 @@ async fn reload_rereads_the_config_file_and_a_bad_file_changes_nothing() {
         message.contains("admin.crt") && message.contains("sender_1.key"),
         "{message}"
     );
+}
+
+/// `ciphermq-admin queues --json | grep -q …`: a reader that stops reading
+/// early is not a failure (no panic on the closed pipe, exit 0).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_that_stops_early_is_no_failure() {
+    let world = World::start();
+    for args in [&["queues", "--json"][..], &["status"], &["exchanges"]] {
+        let mut child = world
+            .admin_command("admin", args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("run ciphermq-admin");
+        drop(child.stdout.take());
+        let out = child.wait_with_output().expect("wait");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{args:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    }
 }
