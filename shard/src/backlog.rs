@@ -376,7 +376,10 @@ impl DiskBacklog {
             self.need = 0;
         }
         run.offset += pos as u64;
-        if run.offset >= run.end || (short && pos >= data.len()) {
+        // A run whose every message is read back is done, though bytes of
+        // messages acked before a restart may follow in its segment: the
+        // messages after it must not wait for those to be read.
+        if run.count == 0 || run.offset >= run.end || (short && pos >= data.len()) {
             if run.count > 0 {
                 tracing::error!(
                     segment,
@@ -490,6 +493,43 @@ mod tests {
         let (seqs, total) = drain(&mut backlog, &file, 100);
         assert_eq!(seqs, (0..50).collect::<Vec<_>>());
         assert_eq!((total.lost, total.damaged_bytes), (0, 0));
+    }
+
+    /// A run rebuilt after a restart whose last messages were acked before
+    /// it (holes to its end) is done once its live messages are read: what
+    /// follows it is not held up behind bytes of acked messages.
+    #[test]
+    fn a_run_ends_with_its_last_live_message() {
+        let mut file = vec![0u8; 16];
+        let mut ends = Vec::new();
+        for seq in 0..200u64 {
+            record(seq, &format!("m{seq}"), &mut file);
+            ends.push(file.len() as u64);
+        }
+        let mut run = Run {
+            segment: 0,
+            framing: Framing::V2,
+            offset: 16,
+            end: file.len() as u64,
+            first_seq: 0,
+            last_seq: 199,
+            count: 200,
+            bytes: 1400,
+            holes: Vec::new(),
+        };
+        for seq in 2..200 {
+            run.add_hole(seq);
+        }
+        let mut backlog = DiskBacklog::default();
+        backlog.push_run(run, []);
+        let mut out = VecDeque::new();
+        let (segment, offset, _) = backlog.next_read().unwrap();
+        // A read of the first 10 records only.
+        let data = &file[16..ends[9] as usize];
+        backlog.absorb(segment, offset, data.len(), data, &mut out);
+        assert_eq!(out.iter().map(|e| e.seq).collect::<Vec<_>>(), [0, 1]);
+        assert!(backlog.is_empty(), "nothing left to read: {backlog:?}");
+        assert_eq!(backlog.bytes(), 0);
     }
 
     #[test]
