@@ -320,9 +320,10 @@ impl Session {
     }
 
     /// `purge_queue`: answered `OK purge_queue <q> <n>` once the queue's
-    /// shard dropped its ready messages (the ack records of those in memory
-    /// join the next commit round; those on disk only are settled as they
-    /// are read through).
+    /// shard dropped its ready messages and the commit round holding the
+    /// records of that (an ack record per message in memory, a purge record
+    /// for those on disk only, settled later as they are read through) is
+    /// done.
     fn purge(&mut self, queue: &str, now: Instant) {
         let info = self
             .local
@@ -343,12 +344,10 @@ impl Session {
             .local
             .with_shard(|shard| shard.purge(origin, &info, now));
         let purged = match done {
-            Some(ciphermq_shard::Completion::Purged(result)) => Some(result),
+            Some(ciphermq_shard::Completion::Purged { count, durable }) => Some((count, durable)),
             _ => None,
         };
-        if let Some(n) = purged {
-            tracing::info!(cn = %self.identity.cn, queue, purged = n, "purge_queue");
-        }
+        tracing::info!(cn = %self.identity.cn, queue, purged = purged.as_ref().map(|p| p.0), "purge_queue");
         self.replies.purge(info.name, purged);
     }
 

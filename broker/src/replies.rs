@@ -44,10 +44,11 @@ enum Slot {
         deliveries: Option<Vec<Delivery>>,
         rendered: usize,
     },
-    /// `OK purge_queue <q> <n>` once the queue's shard purged it.
+    /// `OK purge_queue <q> <n>` once the queue's shard purged it and its
+    /// records are durable.
     Purge {
         queue: Arc<str>,
-        purged: Option<u64>,
+        purged: Option<(u64, Result<(), NackReason>)>,
     },
     /// A push delivery.
     Delivery(Delivery),
@@ -158,7 +159,7 @@ impl ReplyQueue {
     }
 
     /// A purge, finished (`Some`) or waiting for the queue's shard.
-    pub fn purge(&mut self, queue: Arc<str>, purged: Option<u64>) -> u64 {
+    pub fn purge(&mut self, queue: Arc<str>, purged: Option<(u64, Result<(), NackReason>)>) -> u64 {
         self.push(Slot::Purge { queue, purged })
     }
 
@@ -201,7 +202,9 @@ impl ReplyQueue {
             }
             (Slot::Consume { waiting, .. }, Completion::Consumed) => *waiting = false,
             (Slot::Fetch { deliveries, .. }, Completion::Fetched(got)) => *deliveries = Some(got),
-            (Slot::Purge { purged, .. }, Completion::Purged(result)) => *purged = Some(result),
+            (Slot::Purge { purged, .. }, Completion::Purged { count, durable }) => {
+                *purged = Some((count, durable))
+            }
             _ => return None,
         }
         let slot = &self.slots[index];
@@ -274,7 +277,11 @@ impl ReplyQueue {
                 }
                 Slot::Purge { queue, purged } => {
                     let line = match purged {
-                        Some(n) => format!("OK purge_queue {queue} {n}"),
+                        Some((n, Ok(()))) => format!("OK purge_queue {queue} {n}"),
+                        Some((n, Err(reason))) => format!(
+                            "Error: purge_queue {queue}: {n} messages purged, but writing that to the log failed ({}); the broker writes it again, and until then a restart may bring them back",
+                            reason.as_str()
+                        ),
                         None => format!("Error: purge_queue {queue}: no answer"),
                     };
                     write_line(out, &[&line]);

@@ -57,6 +57,8 @@ pub fn is_deleted_dir_name(name: &str) -> bool {
 pub(crate) enum TicketKind {
     /// Answer a publish.
     Publish,
+    /// Answer a `purge_queue` of `count` messages.
+    Purge { count: u64 },
     /// Append the ack of a dead-lettered message to its source queue.
     AckAfter {
         queue: Arc<str>,
@@ -269,6 +271,23 @@ impl Durability {
                 kind: TicketKind::Publish,
                 origin,
                 remaining: 0,
+                outcome: Ok(()),
+            },
+        );
+        id
+    }
+
+    /// A ticket that answers a purge of `count` messages once the one
+    /// commit holding its records is done.
+    pub(crate) fn new_purge_ticket(&mut self, origin: Origin, count: u64) -> u64 {
+        let id = self.next_ticket;
+        self.next_ticket += 1;
+        self.tickets.insert(
+            id,
+            Ticket {
+                kind: TicketKind::Purge { count },
+                origin,
+                remaining: 1,
                 outcome: Ok(()),
             },
         );

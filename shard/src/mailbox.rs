@@ -21,8 +21,15 @@ pub enum Completion {
     Consumed,
     /// `fetch`: the deliveries, possibly none.
     Fetched(Vec<Delivery>),
-    /// `purge_queue`: how many ready messages went.
-    Purged(u64),
+    /// `purge_queue`: how many ready messages went, and whether the log
+    /// records that keep them gone across a restart were made durable
+    /// (they are appended again after a failed commit either way).
+    Purged {
+        /// Ready messages removed.
+        count: u64,
+        /// The commit of the purge's records.
+        durable: Result<(), NackReason>,
+    },
 }
 
 /// Something a connection must act on.

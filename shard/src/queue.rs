@@ -335,6 +335,14 @@ impl Queue {
         self.unacked.len()
     }
 
+    /// Sequence numbers of the deliveries not yet acked, ascending: what a
+    /// purge keeps.
+    pub fn unacked_seqs(&self) -> Vec<u64> {
+        let mut seqs: Vec<u64> = self.unacked.keys().copied().collect();
+        seqs.sort_unstable();
+        seqs
+    }
+
     /// Body bytes of the messages held, ready and unacked.
     pub fn bytes(&self) -> u64 {
         self.bytes
@@ -669,7 +677,8 @@ impl Queue {
     }
 
     /// Rebuilds a queue from its log: unacked messages in order, on disk
-    /// (read back as consumers want them), and the ids recovery found
+    /// (read back as consumers want them), those a purge took and had not
+    /// settled (`purged`: read through at once), and the ids recovery found
     /// (`dedup`: every unacked message's, and those acked within the
     /// window). `evidence` lists the acked ids whose only evidence is a
     /// segment (key, Unix ms of the ack, a seq of that segment), to carry
@@ -681,6 +690,7 @@ impl Queue {
         held: HeldBytes,
         next_seq: u64,
         backlog: DiskBacklog,
+        purged: DiskBacklog,
         dedup: IdSet,
         evidence: &[(DedupKey, u64, u64)],
         settings: &QueueSettings,
@@ -691,6 +701,7 @@ impl Queue {
         q.next_seq = next_seq;
         q.bytes = backlog.bytes();
         q.disk = backlog;
+        q.purged_disk = purged;
         q.recharge();
         q.dedup = dedup;
         if settings.carry_dedup {
@@ -1292,6 +1303,7 @@ mod tests {
             held.clone(),
             1,
             backlog,
+            DiskBacklog::default(),
             IdSet::new(s.dedup_window),
             &[],
             &s,
@@ -1675,6 +1687,7 @@ mod tests {
             0,
             HeldBytes::default(),
             3,
+            DiskBacklog::default(),
             DiskBacklog::default(),
             ids,
             &[],

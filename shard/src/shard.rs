@@ -184,19 +184,25 @@ impl Shard {
             backlog.push_run(run, []);
         }
         backlog.push_deliveries(recovered.deliveries.iter().copied());
+        let mut purged = crate::backlog::DiskBacklog::default();
+        for run in recovered.purged {
+            purged.push_run(run, []);
+        }
         let queue = Queue::restore(
             name.clone(),
             self.id,
             self.held.clone(),
             recovered.next_seq,
             backlog,
+            purged,
             recovered.dedup,
             &recovered.acked,
             &self.settings,
             now,
             unix_ms(),
         );
-        tracing::info!(queue = %name, ready = queue.ready_len(), "queue recovered");
+        let purging = queue.purging_len();
+        tracing::info!(queue = %name, ready = queue.ready_len(), purging, "queue recovered");
         if let Some(d) = &mut self.durable {
             let log = QueueLog::recovered(
                 d.dir_of(&name),
@@ -207,7 +213,11 @@ impl Shard {
             );
             d.insert_log(name.clone(), log, recovered.next_seq);
         }
-        self.queues.insert(name, queue);
+        self.queues.insert(name.clone(), queue);
+        if purging > 0 {
+            // The purge's read-through goes on where it stopped.
+            self.want_read(&name);
+        }
     }
 
     /// Whether the committer has work.
@@ -285,6 +295,10 @@ impl Shard {
         for t in finished {
             match t.kind {
                 TicketKind::Publish => self.complete(t.origin, Completion::Enqueued(t.outcome)),
+                TicketKind::Purge { count } => {
+                    let durable = t.outcome;
+                    self.complete(t.origin, Completion::Purged { count, durable });
+                }
                 TicketKind::AckAfter { queue, seq, key } if t.outcome.is_ok() => {
                     self.log_ack(&queue, seq, key)
                 }
@@ -808,34 +822,50 @@ impl Shard {
             );
             return None;
         }
-        Some(Completion::Purged(self.purge_local(&queue.name, now)))
+        self.purge_local(origin, &queue.name, now)
+            .map(|count| Completion::Purged {
+                count,
+                durable: Ok(()),
+            })
     }
 
-    /// Purges a local queue and logs an ack record for each message in
-    /// memory it dropped, so a restart does not bring them back; those on
-    /// disk only are read through (their acks are logged as each read
-    /// comes back, in [`Shard::read_done`]).
-    fn purge_local(&mut self, queue: &str, now: Instant) -> u64 {
+    /// Purges a local queue. Each message in memory it dropped gets an ack
+    /// record; when some bodies were on disk only, a purge record follows
+    /// (see [`crate::log::record::Record::Purge`]) and those are read
+    /// through, their acks logged as each read comes back
+    /// ([`Shard::read_done`]). Returns the count when done at once, `None`
+    /// when the answer waits for the commit of its records (a restart
+    /// after the answer never brings the purged messages back).
+    fn purge_local(&mut self, origin: Origin, queue: &str, now: Instant) -> Option<u64> {
         let settings = self.settings.clone();
         let mut purged = std::mem::take(&mut self.acked);
         purged.clear();
         // Declared but never used here yet: nothing to purge.
         if self.queue_mut(queue).is_none() {
             self.acked = purged;
-            return 0;
+            return Some(0);
         }
         let Some(q) = self.queues.get_mut(queue) else {
             self.acked = purged;
-            return 0;
+            return Some(0);
         };
-        let result = q.purge(now, &settings, &mut purged);
+        let was_purging = q.purging_len();
+        let count = q.purge(now, &settings, &mut purged);
+        let from_disk = q.purging_len() > was_purging;
         let read_through = q.purging_len() > 0 && !q.is_reading();
-        if let (Some(d), false) = (&mut self.durable, purged.is_empty()) {
+        let mut waits = false;
+        if let (Some(d), true) = (&mut self.durable, !purged.is_empty() || from_disk) {
+            let id = d.new_purge_ticket(origin, count);
             let log = d.log(q.name(), q.next_seq());
             let at = unix_ms();
             for &(seq, key) in &purged {
                 log.append_ack(seq, at, Some(key));
             }
+            if from_disk {
+                log.append_purge(q.next_seq(), q.unacked_seqs());
+            }
+            log.add_waiter(id);
+            waits = true;
         }
         self.acked = purged;
         if read_through {
@@ -844,7 +874,7 @@ impl Shard {
                 self.want_read(&name);
             }
         }
-        result
+        (!waits).then_some(count)
     }
 
     /// `delete_queue`, once the topology without `queue` is saved (so
@@ -1224,8 +1254,10 @@ impl Shard {
                 self.complete(origin, Completion::Consumed);
             }
             ShardMsg::Purge { origin, queue } => {
-                let purged = self.purge_local(&queue, now);
-                self.complete(origin, Completion::Purged(purged));
+                if let Some(count) = self.purge_local(origin, &queue, now) {
+                    let durable = Ok(());
+                    self.complete(origin, Completion::Purged { count, durable });
+                }
             }
             ShardMsg::Fetch { origin, queue, max } => {
                 if let Some(deliveries) = self.fetch_local(origin, &queue, max, now) {

@@ -25,7 +25,7 @@ use std::sync::Arc;
 
 use crate::log::dedup_file::{DedupFiles, DedupWrite, RecoveredDedupFile};
 use crate::log::mirror::mirrored;
-use crate::log::record::{encode, Record};
+use crate::log::record::{encode, PackedSeqs, Record};
 use crate::log::recovery::RecoveredSegment;
 use crate::log::segment::{segment_path, FILE_HEADER_BYTES};
 use crate::message::Message;
@@ -80,6 +80,9 @@ pub struct CommitJob {
     /// Acks in `bytes` (seq, Unix ms, dedup key): appended again if the
     /// job fails.
     pub acks: Vec<(u64, u64, Option<u128>)>,
+    /// Purge records in `bytes` (upto, kept): appended again if the job
+    /// fails.
+    pub purges: Vec<(u64, Vec<u64>)>,
     /// Fully acked segments to delete after the write: (base, file).
     pub delete: Vec<(u64, PathBuf)>,
     /// Dedup entries carried out of `delete`: written and synced first.
@@ -108,6 +111,7 @@ pub struct QueueLog {
     message_seqs: Vec<u64>,
     message_offsets: Vec<u32>,
     acks: Vec<(u64, u64, Option<u128>)>,
+    purges: Vec<(u64, Vec<u64>)>,
     /// Files the next job cuts back before writing (see [`CommitJob::cuts`]).
     cuts: Vec<(PathBuf, u64)>,
     /// Failures so far (see the module doc).
@@ -146,6 +150,7 @@ impl QueueLog {
             message_seqs: Vec::new(),
             message_offsets: Vec::new(),
             acks: Vec::new(),
+            purges: Vec::new(),
             cuts: Vec::new(),
             epoch: 0,
             writing: false,
@@ -278,6 +283,14 @@ impl QueueLog {
         }
     }
 
+    /// Appends a purge of every message below `upto` not acked and not in
+    /// `kept` (ascending: the deliveries still owed), so a restart does not
+    /// bring back what the purge's read-through has not settled yet.
+    pub fn append_purge(&mut self, upto: u64, kept: Vec<u64>) {
+        encode_purge(upto, &kept, self.pending());
+        self.purges.push((upto, kept));
+    }
+
     /// `seq`'s message left the queue without an ack: its record was in a
     /// failed job and is cut from the file, so its segment stops holding it.
     pub fn forget_message(&mut self, seq: u64) {
@@ -405,6 +418,7 @@ impl QueueLog {
             message_seqs: std::mem::take(&mut self.message_seqs),
             message_offsets: std::mem::take(&mut self.message_offsets),
             acks: std::mem::take(&mut self.acks),
+            purges: std::mem::take(&mut self.purges),
             delete,
             dedup_write,
             dedup_delete,
@@ -521,7 +535,18 @@ impl QueueLog {
             );
             self.acks.push((seq, at, key));
         }
+        for (upto, kept) in &job.purges {
+            encode_purge(*upto, kept, &mut self.pending);
+            self.purges.push((*upto, kept.clone()));
+        }
     }
+}
+
+fn encode_purge(upto: u64, kept: &[u64], out: &mut Vec<u8>) {
+    let mut packed = Vec::with_capacity(kept.len() * 8);
+    PackedSeqs::pack(kept, &mut packed);
+    let kept = PackedSeqs::new(&packed).unwrap_or_else(|| unreachable!("whole u64s"));
+    encode(&Record::Purge { upto, kept }, out);
 }
 
 #[cfg(test)]
@@ -580,6 +605,7 @@ mod tests {
         finish(&mut log, &first);
         log.append_message(1, &msg("b"));
         log.append_ack(0, 9, None);
+        log.append_purge(2, vec![1]);
         let second = take(&mut log, 2);
         log.job_written(&second, true);
         log.append_message(2, &msg("c"));
@@ -596,6 +622,17 @@ mod tests {
         assert_eq!(retry.cuts, vec![(first.path.clone(), second.offset)]);
         assert_eq!(retry.offset, second.offset);
         assert_eq!(retry.acks, vec![(0, 9, None)], "the ack goes out again");
+        assert_eq!(retry.purges, vec![(2, vec![1])], "and the purge");
+        let mut records = Vec::new();
+        let mut pos = 0;
+        while let crate::log::segment::Step::Record(record, n) =
+            crate::log::segment::step(&retry.bytes, pos, crate::log::record::Framing::V2, true)
+        {
+            records.push(format!("{record:?}"));
+            pos += n;
+        }
+        assert_eq!(records.len(), 3, "the ack, the purge and d: {records:?}");
+        assert!(records[1].starts_with("Purge { upto: 2"), "{records:?}");
         finish(&mut log, &retry);
         assert_eq!(log.segments[0].live, 1, "only d is held");
     }

@@ -16,6 +16,10 @@
 //! kind 6  Dedup     (key:u128 acked_at_ms:u64)…   ids acked within the dedup
 //!                   window, carried over from segments about to be deleted
 //! kind 7  Padding   zeros: stands where recovery moved damaged bytes out
+//! kind 9  Purge     upto:u64 (kept:u64)…   `purge_queue`: every message
+//!                   below `upto` not acked and not in `kept` (the deliveries
+//!                   owed then) left the queue, whether or not its ack record
+//!                   follows yet (bodies on disk are settled as they are read)
 //! kind 1  Message without route or time (written by earlier versions; read only)
 //! kind 3  Delivered without time (written by earlier versions; read only)
 //! ```
@@ -52,6 +56,7 @@ const KIND_DELIVERED: u8 = 5;
 const KIND_DEDUP: u8 = 6;
 const KIND_PADDING: u8 = 7;
 const KIND_ACK_KEYED: u8 = 8;
+const KIND_PURGE: u8 = 9;
 /// Bytes of one entry of a dedup record.
 pub const DEDUP_ENTRY_BYTES: usize = 24;
 
@@ -98,6 +103,43 @@ pub enum Record<'a> {
     Dedup(DedupEntries<'a>),
     /// Filler where damaged bytes were moved out: nothing to read.
     Padding,
+    /// A `purge_queue`: the messages below `upto` that were neither acked
+    /// nor owed to a consumer (`kept`) left the queue. Their ack records
+    /// come later, as a purged backlog on disk is read through; until then
+    /// this record is what keeps a restart from bringing them back.
+    Purge {
+        /// The queue's next sequence number when it was purged.
+        upto: u64,
+        /// Sequence numbers below `upto` delivered and owed then, ascending.
+        kept: PackedSeqs<'a>,
+    },
+}
+
+/// Sequence numbers packed as little-endian `u64`s, borrowed from a record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PackedSeqs<'a>(&'a [u8]);
+
+impl<'a> PackedSeqs<'a> {
+    /// Wraps packed sequence numbers; `None` unless whole ones.
+    pub fn new(bytes: &'a [u8]) -> Option<PackedSeqs<'a>> {
+        bytes.len().is_multiple_of(8).then_some(PackedSeqs(bytes))
+    }
+
+    /// Packs `seqs` into `out`.
+    pub fn pack(seqs: &[u64], out: &mut Vec<u8>) {
+        for seq in seqs {
+            out.extend_from_slice(&seq.to_le_bytes());
+        }
+    }
+
+    /// The sequence numbers.
+    pub fn iter(&self) -> impl Iterator<Item = u64> + 'a {
+        self.0.chunks_exact(8).map(|c| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(c);
+            u64::from_le_bytes(b)
+        })
+    }
 }
 
 /// The packed entries of a dedup record.
@@ -243,6 +285,11 @@ pub fn encode(record: &Record<'_>, out: &mut Vec<u8>) {
             out.extend_from_slice(entries.0);
         }
         Record::Padding => out.push(KIND_PADDING),
+        Record::Purge { upto, kept } => {
+            out.push(KIND_PURGE);
+            put_u64(out, *upto);
+            out.extend_from_slice(kept.0);
+        }
     }
     seal(out, start);
 }
@@ -390,6 +437,10 @@ fn fields(kind: u8, payload: &[u8]) -> Option<Record<'_>> {
             c.rest_bytes();
             Record::Padding
         }
+        KIND_PURGE => Record::Purge {
+            upto: c.u64()?,
+            kept: PackedSeqs::new(c.rest_bytes())?,
+        },
         KIND_DELIVERED_V1 => Record::Delivered {
             seq: c.u64()?,
             count: c.u32()?,
@@ -492,6 +543,14 @@ mod tests {
                 delivered_at_ms: 1_699_999_999_500,
             },
             Record::Dedup(DedupEntries(&DEDUP_SAMPLE)),
+            Record::Purge {
+                upto: 9,
+                kept: PackedSeqs(&DEDUP_SAMPLE[..16]),
+            },
+            Record::Purge {
+                upto: 0,
+                kept: PackedSeqs(&[]),
+            },
         ]
     }
 

@@ -98,6 +98,10 @@ pub struct RecoveredQueue {
     /// Unacked messages in queue order, as runs of their segments: their
     /// bodies are not read (a restart costs per segment, not per message).
     pub backlog: Vec<Run>,
+    /// Unacked messages a `purge_queue` took (its purge record is in the
+    /// log, their ack records not yet): gone for consumers, to be read
+    /// through and settled, as the purge had begun to.
+    pub purged: Vec<Run>,
     /// Delivery counts of unacked messages delivered before, by seq.
     pub deliveries: Vec<(u64, u32)>,
     /// The ids to remember: every unacked message's (stored), and those
@@ -179,6 +183,8 @@ struct LiveRuns {
     /// Acks of an earlier version's logs, which carry no key: (seq, Unix ms
     /// of the ack), resolved once every segment is read.
     keyless_acks: Vec<(u64, u64)>,
+    /// Purge records found: (upto, kept ascending).
+    purges: Vec<(u64, Vec<u64>)>,
 }
 
 impl LiveRuns {
@@ -549,8 +555,9 @@ pub fn recover_queue(
     {
         out.next_seq += 1;
     }
+    out.purged = take_purged(&mut live);
     live.runs.retain(|r| r.count > 0);
-    for run in &live.runs {
+    for run in live.runs.iter().chain(&out.purged) {
         let i = out.segments.partition_point(|s| s.base < run.segment);
         if let Some(segment) = out.segments.get_mut(i) {
             segment.live += run.count;
@@ -560,6 +567,105 @@ pub fn recover_queue(
     out.deliveries.sort_unstable();
     out.backlog = live.runs;
     Ok(out)
+}
+
+/// Applies the purge records found (see [`Record::Purge`]) once every
+/// segment is replayed, since acks of purged messages follow their purge:
+/// a message still unacked that some purge took (below its `upto`, not
+/// among its `kept`) moves from the backlog to the returned runs.
+fn take_purged(live: &mut LiveRuns) -> Vec<Run> {
+    let purges = std::mem::take(&mut live.purges);
+    let Some(upto) = purges.iter().map(|(upto, _)| *upto).max() else {
+        return Vec::new();
+    };
+    // A message below `upto` escaped every purge that reached it only if
+    // each one kept it; the purges up to `upto` are among them, so such a
+    // message is among their kept.
+    let escaped = |seq: u64| {
+        purges
+            .iter()
+            .filter(|(u, _)| *u > seq)
+            .all(|(_, kept)| kept.binary_search(&seq).is_ok())
+    };
+    let mut exempt: Vec<u64> = purges
+        .iter()
+        .filter(|(u, _)| *u == upto)
+        .flat_map(|(_, kept)| kept.iter().copied())
+        .filter(|&seq| escaped(seq))
+        .collect();
+    exempt.sort_unstable();
+    exempt.dedup();
+    let mut purged = Vec::new();
+    for run in &mut live.runs {
+        if run.count == 0 || run.first_seq >= upto {
+            continue;
+        }
+        let last = run.last_seq.min(upto - 1);
+        let kept: Vec<u64> = exempt
+            .iter()
+            .copied()
+            .filter(|&seq| run.first_seq <= seq && seq <= last && !run.is_hole(seq))
+            .collect();
+        // The purged part: the run up to `last`, less what was kept.
+        let mut taken = run.clone();
+        taken.last_seq = last;
+        taken.holes = merged_holes(&run.holes, kept.iter().map(|&s| (s, s + 1)), last + 1);
+        taken.count = live_count(taken.first_seq, taken.last_seq, &taken.holes);
+        if taken.count == 0 {
+            continue;
+        }
+        let share = u128::from(run.bytes) * u128::from(taken.count) / u128::from(run.count);
+        taken.bytes = share as u64;
+        // What stays: the run less the purged part.
+        let mut gaps = Vec::with_capacity(kept.len() + 1);
+        let mut from = run.first_seq;
+        for &seq in kept.iter().chain(std::iter::once(&(last + 1))) {
+            if from < seq {
+                gaps.push((from, seq));
+            }
+            from = seq + 1;
+        }
+        run.holes = merged_holes(&run.holes, gaps.into_iter(), u64::MAX);
+        run.count -= taken.count;
+        run.bytes -= taken.bytes;
+        purged.push(taken);
+    }
+    live.deliveries
+        .retain(|seq, _| *seq >= upto || exempt.binary_search(seq).is_ok());
+    purged
+}
+
+/// `holes` and `extra` (half-open ranges) merged, sorted and disjoint,
+/// cut at `below`.
+fn merged_holes(
+    holes: &[(u64, u64)],
+    extra: impl Iterator<Item = (u64, u64)>,
+    below: u64,
+) -> Vec<(u64, u64)> {
+    let mut all: Vec<(u64, u64)> = holes.iter().copied().chain(extra).collect();
+    all.sort_unstable();
+    let mut out: Vec<(u64, u64)> = Vec::with_capacity(all.len());
+    for (start, end) in all {
+        let end = end.min(below);
+        if start >= end {
+            continue;
+        }
+        match out.last_mut() {
+            Some(last) if start <= last.1 => last.1 = last.1.max(end),
+            _ => out.push((start, end)),
+        }
+    }
+    out
+}
+
+/// Sequence numbers in `first..=last` outside `holes`.
+fn live_count(first: u64, last: u64, holes: &[(u64, u64)]) -> u64 {
+    let span = last - first + 1;
+    let holed: u64 = holes
+        .iter()
+        .map(|&(start, end)| end.min(last + 1).saturating_sub(start.max(first)))
+        .sum();
+    span.saturating_sub(holed)
 }
 
 /// What one segment holds, read on a worker thread: its records, less
@@ -591,6 +697,10 @@ enum Event {
     Delivered {
         seq: u64,
         count: u32,
+    },
+    Purge {
+        upto: u64,
+        kept: Vec<u64>,
     },
 }
 
@@ -630,6 +740,10 @@ fn scan_segment(
         }),
         Record::Dedup(entries) => events.push(Event::Dedup(entries.iter().collect())),
         Record::Delivered { seq, count, .. } => events.push(Event::Delivered { seq, count }),
+        Record::Purge { upto, kept } => events.push(Event::Purge {
+            upto,
+            kept: kept.iter().collect(),
+        }),
         Record::Padding => {}
     })?;
     Ok(FileScan {
@@ -689,6 +803,10 @@ fn replay(scan: FileScan, window: &Window, live: &mut LiveRuns, out: &mut Recove
                     let n = live.deliveries.entry(seq).or_insert(0);
                     *n = (*n).max(count);
                 }
+            }
+            Event::Purge { upto, mut kept } => {
+                kept.sort_unstable();
+                live.purges.push((upto, kept));
             }
         }
     }
@@ -801,7 +919,7 @@ fn truncate(path: &Path, len: u64) -> io::Result<()> {
 mod tests {
     use super::*;
     use crate::dedup::IdState;
-    use crate::log::record::{encode, DedupEntries};
+    use crate::log::record::{encode, DedupEntries, PackedSeqs};
     use crate::log::segment_path;
 
     fn msg(seq: u64, id: &str) -> Record<'_> {
@@ -838,6 +956,94 @@ mod tests {
             .iter()
             .map(|m| m.msg.message_id().to_owned())
             .collect()
+    }
+
+    /// Sequence numbers of `runs`' messages.
+    fn seqs_of(runs: &[Run]) -> Vec<u64> {
+        runs.iter()
+            .flat_map(|r| (r.first_seq..=r.last_seq).filter(|s| !r.is_hole(*s)))
+            .collect()
+    }
+
+    fn delivered(seq: u64) -> Record<'static> {
+        Record::Delivered {
+            seq,
+            count: 1,
+            delivered_at_ms: 2,
+        }
+    }
+
+    fn acked(seq: u64, hasher: &DedupHasher, id: &str) -> Record<'static> {
+        Record::Ack {
+            seq,
+            acked_at_ms: 5,
+            key: Some(hasher.key("s1", id).0),
+        }
+    }
+
+    /// A purge's record takes what it purged out of the backlog after a
+    /// restart, though their acks (the read-through's) never came: what the
+    /// purge kept (deliveries owed then) stays, unless a later purge took
+    /// it, and what came after it stays.
+    #[test]
+    fn a_purge_record_keeps_purged_messages_out_of_the_backlog() {
+        let dir = tempfile::tempdir().unwrap();
+        let hasher = DedupHasher::random();
+        let packed = |seqs: &[u64]| {
+            let mut b = Vec::new();
+            PackedSeqs::pack(seqs, &mut b);
+            b
+        };
+        let (first_kept, second_kept) = (packed(&[2, 3]), packed(&[2, 7]));
+        let ids = ["a", "b", "c", "d", "e", "f", "g", "h", "i"];
+        let mut first: Vec<Record<'_>> = (0..6).map(|s| msg(s, ids[s as usize])).collect();
+        first.extend([
+            delivered(2),
+            delivered(3),
+            acked(0, &hasher, "a"),
+            Record::Purge {
+                upto: 6,
+                kept: PackedSeqs::new(&first_kept).unwrap(),
+            },
+            // The read-through settled 1 before the crash.
+            acked(1, &hasher, "b"),
+        ]);
+        write(&segment_path(dir.path(), 0), &first);
+        write(
+            &segment_path(dir.path(), 6),
+            &[
+                msg(6, "g"),
+                msg(7, "h"),
+                delivered(7),
+                // 3 was given back (nacked) by now, 2 is still owed.
+                Record::Purge {
+                    upto: 8,
+                    kept: PackedSeqs::new(&second_kept).unwrap(),
+                },
+                msg(8, "i"),
+            ],
+        );
+        let q = recover_queue(dir.path(), &hasher, WINDOW).unwrap();
+        let got: Vec<_> = q
+            .read_back()
+            .unwrap()
+            .iter()
+            .map(|m| (m.seq, m.msg.message_id().to_owned(), m.deliveries))
+            .collect();
+        assert_eq!(
+            got,
+            [(2, "c".into(), 1), (7, "h".into(), 1), (8, "i".into(), 0)]
+        );
+        assert_eq!(seqs_of(&q.purged), [3, 4, 5, 6], "purged, not settled yet");
+        assert_eq!(q.purged.iter().map(|r| r.count).sum::<u64>(), 4);
+        let live: Vec<u64> = q.segments.iter().map(|s| s.live).collect();
+        assert_eq!(
+            live,
+            [4, 3],
+            "purged messages hold their segments until settled"
+        );
+        assert!(q.deliveries.iter().all(|(seq, _)| [2, 7].contains(seq)));
+        assert_eq!(q.next_seq, 9);
     }
 
     #[test]
