@@ -3,7 +3,8 @@
 //! its record (the rest is served, the damage is quarantined and reported); a
 //! full disk refuses publishes early and is left by itself once consumers free
 //! space; a real ENOSPC answers `NACK storage` without making files in a loop
-//! or leaving a hole, and is recovered from without a restart.
+//! or leaving a hole, and is recovered from without a restart; a purge it
+//! keeps from being written says so, and is written once there is room.
 
 mod common;
 
@@ -378,4 +379,57 @@ async fn a_real_enospc_is_nacked_storage_with_no_file_loop_and_no_hole() {
             .await,
         Some(0.0)
     );
+}
+
+/// Fills the filesystem at `dir` with one file, until it is full.
+fn fill(dir: &Path) -> PathBuf {
+    use std::io::Write;
+    let path = dir.join("filler");
+    let mut file = std::fs::File::create(&path).unwrap();
+    let chunk = vec![7u8; 64 << 10];
+    while file.write_all(&chunk).is_ok() {}
+    while file.write_all(&chunk[..512]).is_ok() {}
+    let _ = file.sync_all();
+    path
+}
+
+/// `purge_queue` whose records cannot be written (a real ENOSPC): the
+/// answer says the purge is not durable yet instead of `OK`; the records go
+/// out with the queue's next commit once there is room, and from then on a
+/// crash does not bring the purged messages back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purge_that_cannot_be_written_says_so_and_is_written_later() {
+    let dir = tempfile::tempdir().unwrap();
+    let disk = SmallDisk::mount(8);
+    let data = disk.path().join("data");
+    let config = setup(dir.path(), &data, "min_free_mb = 0");
+    let broker = BrokerProcess::start(&config);
+    let mut r = broker.connect("receiver_1").await;
+    setup_receiver(&mut r, "receiver_1").await;
+    let mut s = broker.connect("sender_1").await;
+    let ids: Vec<String> = (0..300).map(|i| format!("p{i}")).collect();
+    for (id, reply) in ids.iter().zip(publish_pipelined(&mut s, &ids, 100).await) {
+        assert_eq!(reply, format!("ACK {id}"));
+    }
+    let filler = fill(disk.path());
+    r.queue_line(&format!("purge_queue {QUEUE}"));
+    r.flush().await.unwrap();
+    let reply = next(&mut r).await;
+    assert!(
+        reply.starts_with(&format!(
+            "Error: purge_queue {QUEUE}: 300 messages purged, but writing that to the log failed (storage)"
+        )),
+        "{reply}"
+    );
+    assert!(fetch_all(&mut r).await.is_empty(), "purged all the same");
+
+    // Room again: the next publish's commit carries the purge's records
+    // (a queue's commits are made in order).
+    std::fs::remove_file(filler).unwrap();
+    let resumed = publish_until_acked(&mut s, "after", Duration::from_secs(20)).await;
+    drop((r, s));
+    broker.kill();
+    let broker = BrokerProcess::start(&config);
+    let mut r = broker.connect("receiver_1").await;
+    assert_eq!(fetch_all(&mut r).await, [resumed]);
 }
