@@ -958,6 +958,15 @@ mod tests {
             .collect()
     }
 
+    /// The unacked messages read back: (seq, id, deliveries).
+    fn restored(q: &RecoveredQueue) -> Vec<(u64, String, u32)> {
+        q.read_back()
+            .unwrap()
+            .iter()
+            .map(|m| (m.seq, m.msg.message_id().to_owned(), m.deliveries))
+            .collect()
+    }
+
     /// Sequence numbers of `runs`' messages.
     fn seqs_of(runs: &[Run]) -> Vec<u64> {
         runs.iter()
@@ -1024,12 +1033,7 @@ mod tests {
             ],
         );
         let q = recover_queue(dir.path(), &hasher, WINDOW).unwrap();
-        let got: Vec<_> = q
-            .read_back()
-            .unwrap()
-            .iter()
-            .map(|m| (m.seq, m.msg.message_id().to_owned(), m.deliveries))
-            .collect();
+        let got = restored(&q);
         assert_eq!(
             got,
             [(2, "c".into(), 1), (7, "h".into(), 1), (8, "i".into(), 0)]
@@ -1082,12 +1086,7 @@ mod tests {
         );
         let hasher = DedupHasher::random();
         let mut q = recover_queue(dir.path(), &hasher, WINDOW).unwrap();
-        let got: Vec<_> = q
-            .read_back()
-            .unwrap()
-            .iter()
-            .map(|m| (m.seq, m.msg.message_id().to_owned(), m.deliveries))
-            .collect();
+        let got = restored(&q);
         assert_eq!(got, [(1, "b".into(), 2), (2, "c".into(), 1)]);
         assert_eq!(q.next_seq, 3);
         q.acked.sort_unstable_by_key(|(_, _, holder)| *holder);
