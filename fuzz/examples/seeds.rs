@@ -12,7 +12,7 @@ use std::fs;
 use std::path::Path;
 
 use ciphermq_fuzz::QueueFiles;
-use ciphermq_shard::log::record::{encode, DedupEntries, Record};
+use ciphermq_shard::log::record::{encode, DedupEntries, PackedSeqs, Record};
 use ciphermq_shard::log::segment::FILE_HEADER;
 
 const BODY: &str = r#"{"message_id":"sender_1-42-receiver_1","receiver_client_id":"receiver_1","enc_session_key":"AAAA","nonce":"BBBB","ciphertext":"CCCC"}"#;
@@ -149,6 +149,8 @@ fn main() {
 /// One record of every kind this version writes.
 fn records() -> Vec<Record<'static>> {
     static KEYS: [u8; 24] = [9; 24];
+    // Sequence number 0, still owed when the queue was purged.
+    static KEPT: [u8; 8] = [0; 8];
     vec![
         Record::Message {
             seq: 0,
@@ -188,6 +190,10 @@ fn records() -> Vec<Record<'static>> {
             body: "{\"a\": \"b c\"}",
         },
         Record::Dedup(DedupEntries::new(&KEYS).unwrap()),
+        Record::Purge {
+            upto: 3,
+            kept: PackedSeqs::new(&KEPT).unwrap(),
+        },
         Record::Padding,
     ]
 }
