@@ -3,11 +3,11 @@
 //! gone), `close_connection` (an admin ends every connection of a CN, on
 //! whichever shard they live; others may not), `purge_queue` (the ready
 //! messages go, the owed stay, a restart keeps them gone; a backlog on disk
-//! is refused whole), and `delete_queue` (owner or admin; its bindings go,
-//! its consumers are told, on one shard or across two; a graceful restart,
-//! a SIGKILL right after the reply, or a crash in the middle of it never
-//! brings it or its messages back, and a queue declared again starts
-//! empty).
+//! goes too), and `delete_queue` (owner or admin; its bindings go, its
+//! consumers are told, on one shard or across two; publishes racing it are
+//! all answered; a graceful restart, a SIGKILL right after the reply, or a
+//! crash in the middle of it never brings it or its messages back, and a
+//! queue declared again starts empty).
 
 mod common;
 
@@ -713,4 +713,60 @@ async fn a_start_finishes_a_deletion_a_crash_interrupted() {
         .is_empty());
     let text = std::fs::read_to_string(&path).unwrap();
     assert!(!text.contains("deleting"), "the record is cleared: {text}");
+}
+
+/// Publishes streaming into a queue while it is deleted are every one
+/// answered: `ACK` (stored before the deletion, into a queue now gone) or,
+/// once nothing routes there, `NACK <id> no_route`. None is left waiting
+/// for a commit of the deleted queue's log, on one shard or across two.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publishes_racing_a_delete_queue_are_all_answered() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    for shards in [1, 2] {
+        let data = tempfile::tempdir().expect("tempdir");
+        let broker = TestBroker::start_durable_at(shards, data.path(), "127.0.0.1:0");
+        let mut receiver = connect_as(&broker, "receiver_1").await;
+        setup_receiver(&mut receiver, "receiver_1").await;
+        let mut sender = connect_as(&broker, "sender_1").await;
+        let deleted = Arc::new(AtomicBool::new(false));
+        let seen = deleted.clone();
+        let publisher = tokio::spawn(async move {
+            let (mut acked, mut unrouted) = (0u32, 0u32);
+            let mut n = 0u32;
+            // Windows of 100 until some were refused after the deletion.
+            while !(seen.load(Ordering::Acquire) && unrouted > 0) {
+                let ids: Vec<String> = (n..n + 100).map(|i| format!("m{i}")).collect();
+                n += 100;
+                for id in &ids {
+                    sender.queue_line(&format!("publish ex receiver_1 {}", body(id, "receiver_1")));
+                }
+                flush_t(&mut sender).await;
+                for id in &ids {
+                    let reply = line(&mut sender).await;
+                    if reply == format!("ACK {id}") {
+                        acked += 1;
+                    } else {
+                        assert_eq!(reply, format!("NACK {id} no_route"), "shards={shards}");
+                        unrouted += 1;
+                    }
+                }
+                assert!(n < 1_000_000, "the deletion never took effect");
+            }
+            (acked, unrouted)
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        check(
+            &mut receiver,
+            "delete_queue receiver_1_queue",
+            "OK delete_queue receiver_1_queue",
+        )
+        .await;
+        deleted.store(true, Ordering::Release);
+        let (acked, unrouted) = publisher.await.expect("publisher");
+        assert!(
+            acked > 0 && unrouted > 0,
+            "{acked} acked, {unrouted} refused"
+        );
+    }
 }

@@ -162,9 +162,19 @@ impl Durability {
 
     /// `delete_queue`: forgets `queue`'s log (nothing more is appended to
     /// it) and hands its directory to the committer ([`QueueRemoval`]),
-    /// which resolves `done`.
-    pub(crate) fn retire(&mut self, queue: &Arc<str>, done: Resolver<Result<(), String>>) {
-        self.logs.remove(queue);
+    /// which resolves `done`. Returns the tickets that waited for a commit
+    /// of the log not taken yet, for the caller to release as a finished
+    /// job of a deleted queue's is (see [`Durability::job_done`]).
+    pub(crate) fn retire(
+        &mut self,
+        queue: &Arc<str>,
+        done: Resolver<Result<(), String>>,
+    ) -> Vec<u64> {
+        let waiters = self
+            .logs
+            .remove(queue)
+            .map(|mut log| log.take_waiters())
+            .unwrap_or_default();
         self.dirty.retain(|q| q != queue);
         self.retired.insert(queue.clone());
         self.removals.push(QueueRemoval {
@@ -175,6 +185,7 @@ impl Durability {
         if let Some(waker) = self.committer.take() {
             waker.wake();
         }
+        waiters
     }
 
     /// Takes the removals due (see [`QueueRemoval`]).

@@ -276,11 +276,18 @@ impl Shard {
         if ok {
             self.keep_budget();
         }
+        self.release_waiters(&job.waiters, ok);
+        ok
+    }
+
+    /// Counts a commit (durable: `ok`) against each of `waiters`' tickets,
+    /// and carries out those that have all theirs.
+    fn release_waiters(&mut self, waiters: &[u64], ok: bool) {
         let Some(d) = &mut self.durable else {
-            return ok;
+            return;
         };
         let mut finished = Vec::new();
-        for id in &job.waiters {
+        for id in waiters {
             if let MapEntry::Occupied(mut e) = d.tickets.entry(*id) {
                 let t = e.get_mut();
                 t.remaining = t.remaining.saturating_sub(1);
@@ -305,7 +312,6 @@ impl Shard {
                 TicketKind::AckAfter { .. } => {}
             }
         }
-        ok
     }
 
     /// Past 7/8 of its part of the memory budget, the shard moves the
@@ -916,7 +922,13 @@ impl Shard {
         self.to_read.retain(|q| q != name);
         self.read_retry.retain(|q| q != name);
         match &mut self.durable {
-            Some(d) => d.retire(name, done),
+            Some(d) => {
+                // What waited for a commit of the log is answered as stored,
+                // as it was, into a queue that is now gone (as when its job
+                // was in flight: [`Durability::job_done`]).
+                let waiters = d.retire(name, done);
+                self.release_waiters(&waiters, true);
+            }
             None => done.resolve(Ok(())),
         }
     }

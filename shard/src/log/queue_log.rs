@@ -345,6 +345,12 @@ impl QueueLog {
         self.waiters.push(ticket);
     }
 
+    /// The tickets waiting for a job not taken yet, given up: the log is
+    /// being removed with its queue, and no job of it will be taken again.
+    pub fn take_waiters(&mut self) -> Vec<u64> {
+        std::mem::take(&mut self.waiters)
+    }
+
     fn deletable(&self) -> usize {
         // Oldest first, never the active segment, never one the mirror has
         // not read yet.

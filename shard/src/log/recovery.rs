@@ -615,7 +615,7 @@ fn take_purged(live: &mut LiveRuns) -> Vec<Run> {
             continue;
         }
         let share = u128::from(run.bytes) * u128::from(taken.count) / u128::from(run.count);
-        taken.bytes = share as u64;
+        taken.bytes = u64::try_from(share).unwrap_or(run.bytes).min(run.bytes);
         // What stays: the run less the purged part.
         let mut gaps = Vec::with_capacity(kept.len() + 1);
         let mut from = run.first_seq;
@@ -626,8 +626,9 @@ fn take_purged(live: &mut LiveRuns) -> Vec<Run> {
             from = seq + 1;
         }
         run.holes = merged_holes(&run.holes, gaps.into_iter(), u64::MAX);
-        run.count -= taken.count;
-        run.bytes -= taken.bytes;
+        // Saturating: a damaged log may hold the same seq twice.
+        run.count = run.count.saturating_sub(taken.count);
+        run.bytes = run.bytes.saturating_sub(taken.bytes);
         purged.push(taken);
     }
     live.deliveries
