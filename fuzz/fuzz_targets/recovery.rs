@@ -10,8 +10,8 @@
 //!   file recovery failed to make sense of;
 //! - the second recovery, of the files the first one repaired, finds no new
 //!   damage and no torn tail, and reads the same messages (with their
-//!   delivery counts), the same acked ids and the same segments and dedup
-//!   files.
+//!   delivery counts), the same purged messages still to settle, the same
+//!   acked ids and the same segments and dedup files.
 //!
 //! "No new damage": a damaged range shorter than a frame header has no
 //! padding frame to stand in its place, so it stays in the file and the next
@@ -98,11 +98,16 @@ fn summary(q: &RecoveredQueue) -> impl PartialEq + std::fmt::Debug {
         .iter()
         .map(|(k, at, seq)| (k.0, *at, *seq))
         .collect();
+    let purged: Vec<(u64, u64, u64, u64)> = q
+        .purged
+        .iter()
+        .map(|r| (r.segment, r.first_seq, r.last_seq, r.count))
+        .collect();
     let segments: Vec<(u64, u64)> = q.segments.iter().map(|s| (s.base, s.live)).collect();
     let dedup: Vec<(u64, u64)> = q
         .dedup_files
         .iter()
         .map(|d| (d.number, d.newest_ms))
         .collect();
-    (messages, acked, segments, dedup, q.dedup.len())
+    (messages, purged, acked, segments, dedup, q.dedup.len())
 }

@@ -34,10 +34,20 @@ fn check(line: &str) {
             queue,
             exchange,
             routing_key,
+        }
+        | Request::Unbind {
+            queue,
+            exchange,
+            routing_key,
         } => {
             assert!(is_valid_name(queue) && is_valid_name(exchange));
             assert!(!routing_key.is_empty());
         }
+        Request::PurgeQueue { queue } | Request::DeleteQueue { queue } => {
+            assert!(is_valid_name(queue))
+        }
+        Request::DeleteExchange { exchange } => assert!(is_valid_name(exchange)),
+        Request::CloseConnection { client_id } => assert!(is_valid_name(client_id)),
         Request::Publish { body, .. } => {
             assert!(!body.is_empty());
             let _ = inspect_message(body);
