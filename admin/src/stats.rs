@@ -236,7 +236,7 @@ pub struct ShardStats {
     pub commit_round_latency: Histogram,
     /// How late each turn the stall watch asked for came.
     pub loop_lag: Histogram,
-    /// Turns that came [`crate::stall_watch::STALL_THRESHOLD`] late or more.
+    /// Turns that came the broker's stall threshold late or more.
     pub stalls: Counter,
     /// TLS bytes read from client connections once they are served (after
     /// the handshake).

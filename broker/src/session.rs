@@ -23,7 +23,7 @@ use crate::policy::Policy;
 use crate::replies::ReplyQueue;
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 /// What executing commands needs, and nothing of I/O.
 pub(crate) struct Session {

@@ -64,3 +64,94 @@ async fn run(local: Rc<ShardLocal>) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+    use crate::session::tests::{Backing, Broker};
+
+    /// A log sink the test reads back.
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Captured {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().expect("log buffer").extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// A shard step that holds the thread (a blocking call, here a sleep)
+    /// past the threshold: the watch counts one stall, times its lateness,
+    /// logs the step by its source line, and the shard's heartbeat goes
+    /// stale while it lasts, so the systemd watchdog would withhold its ping.
+    #[test]
+    fn a_step_that_holds_the_shard_is_counted_logged_and_named() {
+        const HELD: Duration = Duration::from_millis(150);
+        let log = Captured::default();
+        let sink = log.clone();
+        let executor = glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+            .spawn(move || async move {
+                let subscriber = tracing_subscriber::fmt()
+                    .with_ansi(false)
+                    .with_writer(move || sink.clone())
+                    .finish();
+                let _default = tracing::subscriber::set_default(subscriber);
+                let broker = Broker::start(Backing::Memory, &[], "");
+                let local = broker.local.clone();
+                spawn(local.clone());
+                glommio::timer::sleep(TICK * 4).await;
+                let lag_before = local.stats.loop_lag.snapshot().count();
+                assert!(lag_before > 0, "the watch takes turns");
+
+                // Another thread, as the watchdog, reads the heartbeat while
+                // the shard is held.
+                let pulses = local.shared.pulses.clone();
+                let watchdog = std::thread::spawn(move || {
+                    std::thread::sleep(HELD / 2);
+                    pulses.stalled(HELD / 4)
+                });
+                let held_at = line!() + 1;
+                local.with_shard(|_| std::thread::sleep(HELD));
+                glommio::timer::sleep(TICK * 4).await;
+
+                let stalled = watchdog.join().expect("the watchdog thread");
+                let (shard, silent) = stalled.expect("a held shard's heartbeat is stale");
+                assert_eq!(shard, 0);
+                assert!(silent >= HELD / 4, "silent for {silent:?}");
+                // At least: a loaded machine may deschedule the thread too.
+                assert!(local.stats.stalls.get() >= 1, "the held step is a stall");
+                let step = local.last_step().expect("the held step is noted");
+                assert_eq!((step.file(), step.line()), (file!(), held_at));
+                assert!(
+                    local.shared.pulses.stalled(HELD / 2).is_none(),
+                    "beating again"
+                );
+                let late = local.stats.loop_lag.snapshot();
+                assert!(late.count() > lag_before);
+                (held_at, late)
+            })
+            .expect("an executor");
+        let (held_at, late) = executor.join().expect("the shard thread");
+        assert!(
+            late.sum_us >= (HELD - TICK).as_micros() as u64,
+            "the late turn is timed: {} µs late in all",
+            late.sum_us
+        );
+        let text = String::from_utf8(log.0.lock().expect("log buffer").clone()).expect("utf-8");
+        let named = format!("last_step={}:{held_at}", file!());
+        let line = text
+            .lines()
+            .find(|l| l.contains(&named))
+            .unwrap_or_else(|| panic!("no warning names the held step ({named}): {text}"));
+        assert!(line.contains("WARN") && line.contains("shard=0"), "{line}");
+        assert!(line.contains("shard loop stalled"), "{line}");
+        assert!(line.contains("ciphermq_shard_stalls_total"), "{line}");
+    }
+}

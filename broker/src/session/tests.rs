@@ -46,7 +46,7 @@ const RECEIVERS: &[&str] = &["receiver_1", "receiver_2", "receiver_1_2"];
 
 /// Where the broker under test keeps its topology and public keys.
 #[derive(Debug, Clone, Copy)]
-enum Backing {
+pub(crate) enum Backing {
     /// `storage.mode = "memory"`, as the socket suites run: every change is
     /// answered at once.
     Memory,
@@ -57,10 +57,11 @@ enum Backing {
     DataDir,
 }
 
-/// One shard of a broker, with the services every shard shares.
-struct Broker {
+/// One shard of a broker, with the services every shard shares (also the
+/// stall watch's test shard).
+pub(crate) struct Broker {
     /// The shard state sessions run against.
-    local: Rc<ShardLocal>,
+    pub(crate) local: Rc<ShardLocal>,
     /// The shard's end of the mesh, kept open for whatever it sends itself.
     _inbound: MeshInbound,
     /// The data directory (and base of the config's relative paths); last,
@@ -120,7 +121,7 @@ fn unused_tls() -> Arc<rustls::ServerConfig> {
 
 impl Broker {
     /// A one-shard broker of `config_text(backing, receivers, extra)`.
-    fn start(backing: Backing, receivers: &[&str], extra: &str) -> Broker {
+    pub(crate) fn start(backing: Backing, receivers: &[&str], extra: &str) -> Broker {
         let data = tempfile::tempdir().expect("tempdir");
         let text = config_text(backing, receivers, extra);
         let config = Config::parse_unchecked(&text, data.path()).expect("test config");
