@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs every check CI runs: formatting, clippy (warnings are errors), the
-# dependency audit, all tests, and the README's "Operate" commands
+# fuzz targets' build, the dependency audit, all tests, and the README's "Operate" commands
 # (scripts/operate-check.sh).
 # Works on a fresh machine: it installs what the tests need first. Ends with
 # one line, the totals of every test result (exit 1 if any failed or none ran).
@@ -41,6 +41,15 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
+# The fuzz targets are their own package (fuzz/), outside the workspace, so
+# the lines above never build them; compile them here so they cannot rot
+# between runs of scripts/fuzz.sh (which runs them, and is not part of CI).
+echo "== fuzz targets compile (cargo check; scripts/fuzz.sh runs them)"
+command -v c++ >/dev/null || {
+  echo "== installing g++ (libFuzzer is C++)"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends g++ >/dev/null
+}
+cargo check -q --locked --manifest-path fuzz/Cargo.toml --bins --target-dir target/fuzz-check
 # The dependency tree against deny.toml (licences, bans, sources, advisories;
 # docs/SUPPLY_CHAIN.md). Installs cargo-deny the first time.
 ./scripts/audit.sh
