@@ -40,6 +40,8 @@
 //!   each shard's group committer (io_uring writes, `fdatasync`, then `ACK`s).
 //! - [`backlog_reader`]: each shard's reads of queued bodies kept on disk
 //!   only (past the memory budget), ahead of the consumers.
+//! - [`chores`]: what a purge or a deletion leaves to settle and free, done
+//!   in slices between the shard's other tasks.
 //! - [`topology_file`]: `topology.json` and its `.prev` copy, loaded at start
 //!   and written by the topology store's saver thread (never on a shard);
 //!   the other files of the data directory go through `ciphermq-datadir`.
@@ -56,6 +58,7 @@
 pub mod acl;
 mod admin_view;
 pub mod backlog_reader;
+pub mod chores;
 pub mod closures;
 mod commands;
 pub mod committer;

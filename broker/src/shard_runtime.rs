@@ -101,6 +101,7 @@ pub(crate) async fn run_shard(
     glommio::spawn_local(watch_policy(local.clone(), ctx.shard)).detach();
     glommio::spawn_local(sweep_deliveries(local.clone())).detach();
     crate::stall_watch::spawn(local.clone());
+    crate::chores::spawn(local.clone());
     let committing = Rc::new(Cell::new(0usize));
     if is_durable {
         committer::spawn(local.clone(), committing.clone());

@@ -503,16 +503,32 @@ async fn a_purged_backlog_on_disk_is_gone_for_good_and_its_ids_age_out() {
 /// Over 2 shards, twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_purge_of_a_backlog_on_disk_survives_a_kill() {
+    purge_then_kill(3000, "\nmemory_budget_mb = 1").await;
+}
+
+/// The same with every message in memory (50 MB under the default budget):
+/// the reply does not wait for the purged messages' ack records, which the
+/// shard logs as it settles them in slices after it; a kill right after
+/// `OK` brings none of them back all the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purge_in_memory_survives_a_kill_before_it_is_settled() {
+    purge_then_kill(5000, "").await;
+}
+
+/// Publishes `count` messages (10 KB each) over 2 shards with `storage`
+/// appended to `[storage]`, holds 3 deliveries, purges, kills, and checks
+/// what comes back (twice).
+async fn purge_then_kill(count: usize, storage: &str) {
     use common::process::BrokerProcess;
     let dir = tempfile::tempdir().expect("tempdir");
     let config = dir.path().join("broker.toml");
     let perf = "\n[performance]\ndedup_window_secs = 1\n";
     let text = config_text(&pki().certs, &dir.path().join("data"), 2, perf).replace(
         r#"mode = "memory""#,
-        "mode = \"durable\"\nmemory_budget_mb = 1",
+        &format!("mode = \"durable\"{storage}"),
     );
     std::fs::write(&config, text).expect("config");
-    let all = ids("k", 3000);
+    let all = ids("k", count);
     let broker = BrokerProcess::start(&config);
     let mut a = broker.connect("admin").await;
     check(&mut a, "declare_exchange ex", "OK declare_exchange ex").await;
@@ -528,7 +544,7 @@ async fn a_purge_of_a_backlog_on_disk_survives_a_kill() {
     check(
         &mut r,
         &format!("purge_queue {QUEUE}"),
-        &format!("OK purge_queue {QUEUE} 2997"),
+        &format!("OK purge_queue {QUEUE} {}", count - 3),
     )
     .await;
     broker.kill();
@@ -549,17 +565,18 @@ async fn a_purge_of_a_backlog_on_disk_survives_a_kill() {
     // the window, a purged id is stored again, not taken for a retry.
     tokio::time::sleep(Duration::from_millis(2500)).await;
     let mut s = broker.connect("sender_1").await;
-    publish_all(&mut s, "receiver_1", "receiver_1", &all[2999..]).await;
+    publish_all(&mut s, "receiver_1", "receiver_1", &all[count - 1..]).await;
     let again = fetch(&mut r, QUEUE, 10).await;
+    let last = &all[count - 1];
     assert_eq!(
         again.iter().map(|g| g.id.as_str()).collect::<Vec<_>>(),
-        ["k-2999"],
+        [last.as_str()],
         "a purged id, settled after the restart, is a new message"
     );
     check(
         &mut r,
-        &format!("ack k-2999 {QUEUE}"),
-        "ACK_CONFIRMED k-2999",
+        &format!("ack {last} {QUEUE}"),
+        &format!("ACK_CONFIRMED {last}"),
     )
     .await;
     // What it settled stays settled through another kill. (A publish's

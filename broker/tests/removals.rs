@@ -3,7 +3,7 @@
 //! gone), `close_connection` (an admin ends every connection of a CN, on
 //! whichever shard they live; others may not), `purge_queue` (the ready
 //! messages go, the owed stay, a restart keeps them gone; a backlog on disk
-//! goes too), and `delete_queue` (owner or admin; its bindings go, its
+//! goes too; a large one is settled after its reply), and `delete_queue` (owner or admin; its bindings go, its
 //! consumers are told, on one shard or across two; publishes racing it are
 //! all answered; a graceful restart, a SIGKILL right after the reply, or a
 //! crash in the middle of it never brings it or its messages back, and a
@@ -311,6 +311,63 @@ async fn purge_drops_the_ready_keeps_the_owed_and_survives_a_restart() {
         ids(&fetch(&mut receiver, "receiver_1_queue", 10).await),
         ["p-1"]
     );
+}
+
+/// A purge answers before it settles what it took from memory: that is
+/// done after the reply, a slice at a time between the shard's other work.
+/// Each purged id is then remembered as acked for the dedup window, and
+/// forgotten past it (a publish of it is then a new message): it would stay
+/// a duplicate for ever if the settling never ran. In memory and durable
+/// mode, over 2 shards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_purge_in_memory_is_settled_after_its_reply() {
+    const N: usize = 5000;
+    for durable in [false, true] {
+        let data = tempfile::tempdir().expect("tempdir");
+        let extra = "[performance]\ndedup_window_secs = 1\n";
+        let broker = if durable {
+            TestBroker::start_durable_with(2, data.path(), "127.0.0.1:0", extra)
+        } else {
+            TestBroker::start_with(2, extra)
+        };
+        let mut receiver = connect_as(&broker, "receiver_1").await;
+        setup_receiver(&mut receiver, "receiver_1").await;
+        let all: Vec<String> = (0..N).map(|i| format!("l-{i}")).collect();
+        let answers = process::publish_pipelined(&broker.addr, "sender_1", &all, 200).await;
+        assert!(answers
+            .iter()
+            .all(|(id, reply)| *reply == format!("ACK {id}")));
+        assert_eq!(answers.len(), N);
+        let mut admin = connect_as(&broker, "admin").await;
+        check(
+            &mut admin,
+            "purge_queue receiver_1_queue",
+            &format!("OK purge_queue receiver_1_queue {N}"),
+        )
+        .await;
+        let mut sender = connect_as(&broker, "sender_1").await;
+        // Within the window (settled or not yet): a duplicate.
+        publish_expect(&mut sender, "ex", "receiver_1", "l-17", "ACK l-17").await;
+        assert!(fetch(&mut receiver, "receiver_1_queue", 10)
+            .await
+            .is_empty());
+        // Past it: settled, then forgotten, so stored as a new message.
+        tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
+        let last = &all[N - 1];
+        publish_expect(
+            &mut sender,
+            "ex",
+            "receiver_1",
+            last,
+            &format!("ACK {last}"),
+        )
+        .await;
+        assert_eq!(
+            ids(&fetch(&mut receiver, "receiver_1_queue", 10).await),
+            std::slice::from_ref(last),
+            "durable: {durable}"
+        );
+    }
 }
 
 /// `purge_queue` of a backlog mostly on disk, over 2 shards, from the

@@ -98,7 +98,12 @@ async fn drain_and_ack(r: &mut Connection) -> Vec<String> {
 
 /// Fetches everything without acking: the ids in order.
 async fn fetch_all(r: &mut Connection) -> Vec<String> {
-    r.queue_line(&format!("fetch {QUEUE} 100000"));
+    fetch_up_to(r, 100_000).await
+}
+
+/// Fetches up to `max` ready messages (left unacked) and returns their ids.
+async fn fetch_up_to(r: &mut Connection, max: usize) -> Vec<String> {
+    r.queue_line(&format!("fetch {QUEUE} {max}"));
     r.flush().await.unwrap();
     let mut got = Vec::new();
     loop {
@@ -393,10 +398,11 @@ fn fill(dir: &Path) -> PathBuf {
     path
 }
 
-/// `purge_queue` whose records cannot be written (a real ENOSPC): the
-/// answer says the purge is not durable yet instead of `OK`; the records go
+/// `purge_queue` whose record cannot be written (a real ENOSPC): the
+/// answer says the purge is not durable yet instead of `OK`; the record goes
 /// out with the queue's next commit once there is room, and from then on a
-/// crash does not bring the purged messages back.
+/// crash does not bring the purged messages back (and does bring back the
+/// deliveries that were owed).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_purge_that_cannot_be_written_says_so_and_is_written_later() {
     let dir = tempfile::tempdir().unwrap();
@@ -407,10 +413,14 @@ async fn a_purge_that_cannot_be_written_says_so_and_is_written_later() {
     let mut r = broker.connect("receiver_1").await;
     setup_receiver(&mut r, "receiver_1").await;
     let mut s = broker.connect("sender_1").await;
-    let ids: Vec<String> = (0..300).map(|i| format!("p{i}")).collect();
+    let ids: Vec<String> = (0..1300).map(|i| format!("p{i}")).collect();
     for (id, reply) in ids.iter().zip(publish_pipelined(&mut s, &ids, 100).await) {
         assert_eq!(reply, format!("ACK {id}"));
     }
+    // 1,000 deliveries owed at the purge make its record 8 KB (8 bytes
+    // each): more than the slack a filled disk leaves in a log's last page.
+    let owed = fetch_up_to(&mut r, 1000).await;
+    assert_eq!(owed, ids[..1000]);
     let filler = fill(disk.path());
     r.queue_line(&format!("purge_queue {QUEUE}"));
     r.flush().await.unwrap();
@@ -431,5 +441,11 @@ async fn a_purge_that_cannot_be_written_says_so_and_is_written_later() {
     broker.kill();
     let broker = BrokerProcess::start(&config);
     let mut r = broker.connect("receiver_1").await;
-    assert_eq!(fetch_all(&mut r).await, [resumed]);
+    let mut expected = owed;
+    expected.push(resumed);
+    assert_eq!(
+        fetch_all(&mut r).await,
+        expected,
+        "owed ones and the new one"
+    );
 }

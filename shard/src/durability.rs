@@ -228,6 +228,11 @@ impl Durability {
         self.segment_bytes
     }
 
+    /// Bytes appended to `queue`'s log that no commit job has taken yet.
+    pub(crate) fn pending_bytes(&self, queue: &str) -> usize {
+        self.logs.get(queue).map_or(0, QueueLog::pending_bytes)
+    }
+
     /// The log of `queue`, created empty on first use.
     pub(crate) fn log(&mut self, queue: &Arc<str>, next_seq: u64) -> &mut QueueLog {
         if !self.dirty.iter().any(|q| q == queue) {

@@ -240,6 +240,13 @@ pub struct Queue {
     /// read through in the background, in order, each one's id then
     /// remembered as acked and its ack logged (see [`Queue::absorb`]).
     purged_disk: DiskBacklog,
+    /// Messages a `purge_queue` dropped while they were in memory, in the
+    /// batches it took them out in (whole deques, so a purge moves no
+    /// message): gone for consumers, still on the meter and their ids still
+    /// marked stored until [`Queue::settle_purged`] gets to them, a slice
+    /// at a time, so that a purge of a million messages never holds the
+    /// shard for the whole of them.
+    purged_mem: VecDeque<VecDeque<Entry>>,
     /// Ready messages after `disk`, in memory: published since the queue
     /// started spilling, not durable yet or not spilled yet. Empty while
     /// `disk` is.
@@ -287,6 +294,7 @@ impl Queue {
             ready: VecDeque::new(),
             disk: DiskBacklog::default(),
             purged_disk: DiskBacklog::default(),
+            purged_mem: VecDeque::new(),
             tail: VecDeque::new(),
             requeued: BTreeMap::new(),
             unacked: HashMap::default(),
@@ -317,6 +325,11 @@ impl Queue {
     /// marked stored, and a restart now would bring them back.
     pub fn purging_len(&self) -> u64 {
         self.purged_disk.len()
+    }
+
+    /// Whether purged messages in memory wait for [`Queue::settle_purged`].
+    pub fn has_purged_in_memory(&self) -> bool {
+        !self.purged_mem.is_empty()
     }
 
     /// Whether the backlog, or a purge of it, has reads to make.
@@ -1043,18 +1056,16 @@ impl Queue {
     }
 
     /// `purge_queue`: removes every ready message (redeliveries included)
-    /// and returns how many; unacked deliveries stay owed. Those in memory
-    /// are settled now: their ids are remembered as acked for the dedup
-    /// window and each one's sequence number and dedup key is pushed onto
-    /// `purged` (for the log's ack records). Those whose bodies are on disk
-    /// only leave the queue now too, and are settled as a background read
-    /// goes through them ([`Queue::purging_len`] counts what is left).
-    pub fn purge(
-        &mut self,
-        now: Instant,
-        settings: &QueueSettings,
-        purged: &mut Vec<(u64, DedupKey)>,
-    ) -> u64 {
+    /// and returns how many; unacked deliveries stay owed. None of them is
+    /// settled here, so a purge costs the same for ten messages or ten
+    /// million: those in memory move, a whole deque at a time, to the
+    /// purged messages that [`Queue::settle_purged`] settles in slices;
+    /// those whose bodies are on disk only leave the queue too, and are
+    /// settled as a background read goes through them
+    /// ([`Queue::purging_len`] counts what is left). Until settled, a
+    /// message's id stays marked stored (so a publish of it again is a
+    /// duplicate, as it is once acked).
+    pub fn purge(&mut self, now: Instant) -> u64 {
         self.expire_dedup(now);
         let on_disk = std::mem::take(&mut self.disk);
         let mut count = on_disk.len();
@@ -1067,18 +1078,65 @@ impl Queue {
             // A read in flight is the earlier purge's (it reads first).
             self.purged_disk.append(on_disk);
         }
-        let requeued = std::mem::take(&mut self.requeued).into_values();
+        let requeued: VecDeque<Entry> = std::mem::take(&mut self.requeued).into_values().collect();
         let ready = std::mem::take(&mut self.ready);
         let tail = std::mem::take(&mut self.tail);
-        for entry in requeued.chain(ready).chain(tail) {
-            let key = entry.msg.dedup_key(&settings.dedup_hasher);
-            self.forget_keyed(entry.seq, key, now, settings);
-            self.release_bytes(&entry);
-            purged.push((entry.seq, key));
-            count += 1;
+        for batch in [requeued, ready, tail] {
+            if !batch.is_empty() {
+                count += batch.len() as u64;
+                self.purged_mem.push_back(batch);
+            }
         }
         self.recharge();
         count
+    }
+
+    /// Settles up to `budget` of the messages a purge took out of memory,
+    /// oldest purge first: each one's id is remembered as acked for the
+    /// dedup window, its bytes leave the meter, and its sequence number and
+    /// dedup key are pushed onto `settled` (for the log's ack records).
+    /// Returns how many it settled.
+    pub fn settle_purged(
+        &mut self,
+        budget: usize,
+        now: Instant,
+        settings: &QueueSettings,
+        settled: &mut Vec<(u64, DedupKey)>,
+    ) -> usize {
+        let mut done = 0;
+        while done < budget {
+            let Some(batch) = self.purged_mem.front_mut() else {
+                break;
+            };
+            let Some(entry) = batch.pop_front() else {
+                self.purged_mem.pop_front();
+                continue;
+            };
+            let key = entry.msg.dedup_key(&settings.dedup_hasher);
+            self.forget_keyed(entry.seq, key, now, settings);
+            self.release_bytes(&entry);
+            settled.push((entry.seq, key));
+            done += 1;
+        }
+        if self.purged_mem.front().is_some_and(VecDeque::is_empty) {
+            self.purged_mem.pop_front();
+        }
+        done
+    }
+
+    /// Takes every message out of a queue being deleted, in batches, for
+    /// the shard to drop a slice at a time (the meter is settled when the
+    /// queue itself is dropped).
+    pub fn take_messages(&mut self) -> Vec<VecDeque<Entry>> {
+        let requeued: VecDeque<Entry> = std::mem::take(&mut self.requeued).into_values().collect();
+        let mut out: Vec<VecDeque<Entry>> = std::mem::take(&mut self.purged_mem).into();
+        out.extend([
+            requeued,
+            std::mem::take(&mut self.ready),
+            std::mem::take(&mut self.tail),
+        ]);
+        out.retain(|b| !b.is_empty());
+        out
     }
 
     /// The connections this queue deals with: each consumer (`true`), and
@@ -1515,8 +1573,8 @@ mod tests {
         // A read in flight when the purge comes.
         let read = q.next_read(true).expect("a read is due");
         let mut purged = Vec::new();
-        assert_eq!(q.purge(now, &s, &mut purged), 3000);
-        assert!(purged.is_empty(), "every body was on disk");
+        assert_eq!(q.purge(now), 3000);
+        assert!(!q.has_purged_in_memory(), "every body was on disk");
         assert_eq!((q.ready_len(), q.purging_len()), (0, 3000));
         assert!(q.is_reading());
         // Published after the purge: ready at once, not behind it.
@@ -1528,7 +1586,8 @@ mod tests {
         assert!(first > 0 && first < 3000, "{first}");
         // A second purge: the fresh message now, nothing new on disk.
         let mut second = Vec::new();
-        assert_eq!(q.purge(now, &s, &mut second), 1);
+        assert_eq!(q.purge(now), 1);
+        assert_eq!(q.settle_purged(usize::MAX, now, &s, &mut second), 1);
         assert_eq!(second.len(), 1);
         while q.purging_len() > 0 {
             let read = q.next_read(false).expect("a purge reads without demand");
@@ -1548,6 +1607,61 @@ mod tests {
         let retry = Message::new("m7", &body, Arc::from("s1"));
         q.enqueue(retry, later, &s).unwrap();
         assert_eq!(q.ready_len(), 1, "stored again past the window");
+    }
+
+    /// A purge of messages in memory takes them all out of the queue at
+    /// once, but settles none: that is done in slices of a given size, in
+    /// order, each id once, the bytes leaving the meter as they go. Ids
+    /// not settled yet are duplicates still, and new publishes are ready at
+    /// once.
+    #[test]
+    fn a_purge_in_memory_is_settled_in_slices() {
+        let s = QueueSettings {
+            max_len: 10_000,
+            ..settings()
+        };
+        let now = Instant::now();
+        let held = HeldBytes::default();
+        let mut q = Queue::metered(Arc::from("q"), 0, held.clone(), s.dedup_window);
+        let body = format!("\"{}\"", "b".repeat(100));
+        for i in 0..5000 {
+            let m = Message::new(&format!("m{i}"), &body, Arc::from("s1"));
+            q.enqueue(m, now, &s).unwrap();
+        }
+        let full = q.bytes();
+        assert_eq!(held.get(), full);
+        assert_eq!(q.purge(now), 5000);
+        assert_eq!(q.ready_len(), 0, "gone for consumers at once");
+        assert!(q.has_purged_in_memory());
+        assert_eq!(q.bytes(), full, "nothing settled yet");
+        // Not settled yet: publishing one of them again is a duplicate.
+        q.enqueue(Message::new("m4999", &body, Arc::from("s1")), now, &s)
+            .unwrap();
+        assert_eq!(q.ready_len(), 0, "a purged id not settled yet");
+        q.enqueue(Message::new("fresh", &body, Arc::from("s1")), now, &s)
+            .unwrap();
+        assert_eq!(q.ready_len(), 1, "a new message is ready at once");
+        let mut settled = Vec::new();
+        let mut slices = 0;
+        while q.has_purged_in_memory() {
+            let n = q.settle_purged(2048, now, &s, &mut settled);
+            assert!(n <= 2048);
+            slices += 1;
+        }
+        assert_eq!(slices, 3);
+        let seqs: Vec<u64> = settled.iter().map(|(seq, _)| *seq).collect();
+        assert_eq!(seqs, (0..5000).collect::<Vec<u64>>(), "each once, in order");
+        let fresh = body.len() as u64;
+        assert_eq!(
+            (q.bytes(), held.get()),
+            (fresh, fresh),
+            "only the new one held"
+        );
+        // Settled as acked: still a duplicate within the window.
+        q.enqueue(Message::new("m7", &body, Arc::from("s1")), now, &s)
+            .unwrap();
+        assert_eq!(q.ready_len(), 1);
+        assert_eq!(q.settle_purged(2048, now, &s, &mut settled), 0);
     }
 
     #[test]

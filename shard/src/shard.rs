@@ -6,7 +6,7 @@
 //! piece of work.
 
 use std::collections::hash_map::Entry as MapEntry;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Instant;
@@ -98,6 +98,42 @@ struct WaitingFetch {
     got: Vec<Delivery>,
 }
 
+/// Work a command started that is too large for one shard step, done a
+/// slice at a time between other tasks' turns ([`Shard::do_chores`]).
+#[derive(Debug, Default)]
+struct Chores {
+    /// Queues holding purged messages in memory still to settle.
+    settle: Vec<Arc<str>>,
+    /// Messages of deleted queues, still to drop (each one a body to free).
+    drop: Vec<VecDeque<Entry>>,
+    /// The task doing them, woken when there are some.
+    waker: Option<std::task::Waker>,
+}
+
+impl Chores {
+    fn wake(&mut self) {
+        if let Some(w) = self.waker.take() {
+            w.wake();
+        }
+    }
+}
+
+/// What one call of [`Shard::do_chores`] got through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChoreProgress {
+    /// This many messages settled or freed (0: nothing left to do).
+    Done(usize),
+    /// Work is left, but the ack records of the last slice are not taken by
+    /// a commit yet: settling waits for the committer, so that a large
+    /// purge adds at most a slice to each commit round, and the publishes
+    /// committed beside it are not held behind megabytes of ack records.
+    WaitingForCommit,
+}
+
+/// Ack records a purge's settling may have waiting for a commit before it
+/// waits too: a little over one slice of them (about 40 bytes each).
+const SETTLE_PENDING_BYTES: usize = 64 << 10;
+
 /// Least time between two searches for the queue to spill: a search scans
 /// every queue of the shard.
 const SPILL_SEARCH_EVERY: std::time::Duration = std::time::Duration::from_millis(5);
@@ -138,6 +174,8 @@ pub struct Shard {
     /// The reader task, woken when a queue wants a read.
     reader: Option<std::task::Waker>,
     waiting_fetches: Vec<WaitingFetch>,
+    /// Purges to settle and deleted queues' messages to drop.
+    chores: Chores,
     backlog: BacklogReads,
     /// Messages moved to a dead-letter queue since start.
     dead_lettered: u64,
@@ -171,6 +209,7 @@ impl Shard {
             read_retry: Vec::new(),
             reader: None,
             waiting_fetches: Vec::new(),
+            chores: Chores::default(),
             backlog: BacklogReads::default(),
             dead_lettered: 0,
             last_spill_search: None,
@@ -382,6 +421,70 @@ impl Shard {
     /// Registers the reader task, woken when a queue wants a read.
     pub fn register_reader(&mut self, waker: &std::task::Waker) {
         self.reader = Some(waker.clone());
+    }
+
+    /// Whether purges wait to be settled or deleted queues' messages to be
+    /// dropped.
+    pub fn has_chores(&self) -> bool {
+        !self.chores.settle.is_empty() || !self.chores.drop.is_empty()
+    }
+
+    /// Registers the task doing the chores, woken when there are some.
+    pub fn register_chores(&mut self, waker: &std::task::Waker) {
+        self.chores.waker = Some(waker.clone());
+    }
+
+    /// Does up to `budget` messages' worth of chores: drops messages of
+    /// deleted queues, then settles purged ones (ids remembered as acked
+    /// for the dedup window, bytes off the meter, ack records logged, at
+    /// the pace of the commits). The caller yields between calls, so that
+    /// a purge or a deletion of a million messages never holds the shard
+    /// for the whole of them.
+    pub fn do_chores(&mut self, budget: usize, now: Instant) -> ChoreProgress {
+        let mut done = 0;
+        while done < budget {
+            let Some(batch) = self.chores.drop.last_mut() else {
+                break;
+            };
+            let n = (budget - done).min(batch.len());
+            batch.drain(..n);
+            done += n;
+            if batch.is_empty() {
+                self.chores.drop.pop();
+            }
+        }
+        while done < budget {
+            let Some(name) = self.chores.settle.first() else {
+                break;
+            };
+            let Some(q) = self.queues.get_mut(name) else {
+                self.chores.settle.remove(0);
+                continue;
+            };
+            if let Some(d) = &self.durable {
+                if d.pending_bytes(name) >= SETTLE_PENDING_BYTES {
+                    return match done {
+                        0 => ChoreProgress::WaitingForCommit,
+                        n => ChoreProgress::Done(n),
+                    };
+                }
+            }
+            let mut settled = std::mem::take(&mut self.acked);
+            settled.clear();
+            done += q.settle_purged(budget - done, now, &self.settings, &mut settled);
+            if let (Some(d), false) = (&mut self.durable, settled.is_empty()) {
+                let log = d.log(q.name(), q.next_seq());
+                let at = unix_ms();
+                for &(seq, key) in &settled {
+                    log.append_ack(seq, at, Some(key));
+                }
+            }
+            self.acked = settled;
+            if !q.has_purged_in_memory() {
+                self.chores.settle.remove(0);
+            }
+        }
+        ChoreProgress::Done(done)
     }
 
     /// Takes the reads due: at most one in flight per queue, for queues
@@ -843,42 +946,38 @@ impl Shard {
     /// when the answer waits for the commit of its records (a restart
     /// after the answer never brings the purged messages back).
     fn purge_local(&mut self, origin: Origin, queue: &str, now: Instant) -> Option<u64> {
-        let settings = self.settings.clone();
-        let mut purged = std::mem::take(&mut self.acked);
-        purged.clear();
         // Declared but never used here yet: nothing to purge.
         if self.queue_mut(queue).is_none() {
-            self.acked = purged;
             return Some(0);
         }
         let Some(q) = self.queues.get_mut(queue) else {
-            self.acked = purged;
             return Some(0);
         };
-        let was_purging = q.purging_len();
-        let count = q.purge(now, &settings, &mut purged);
-        let from_disk = q.purging_len() > was_purging;
+        let count = q.purge(now);
         let read_through = q.purging_len() > 0 && !q.is_reading();
+        let settle = q.has_purged_in_memory();
+        let name = q.name().clone();
         let mut waits = false;
-        if let (Some(d), true) = (&mut self.durable, !purged.is_empty() || from_disk) {
+        if let (Some(d), true) = (&mut self.durable, count > 0) {
+            // One record stands for every message purged, in memory or on
+            // disk: the reply waits for it alone, and the ack records of
+            // each (the dedup window's, the mirror's) follow as the purge
+            // settles. A restart before then settles the rest by reading
+            // them through.
             let id = d.new_purge_ticket(origin, count);
             let log = d.log(q.name(), q.next_seq());
-            let at = unix_ms();
-            for &(seq, key) in &purged {
-                log.append_ack(seq, at, Some(key));
-            }
-            if from_disk {
-                log.append_purge(q.next_seq(), q.unacked_seqs());
-            }
+            log.append_purge(q.next_seq(), q.unacked_seqs());
             log.add_waiter(id);
             waits = true;
         }
-        self.acked = purged;
-        if read_through {
-            let name = self.queues.get(queue).map(|q| q.name().clone());
-            if let Some(name) = name {
-                self.want_read(&name);
+        if settle {
+            if !self.chores.settle.contains(&name) {
+                self.chores.settle.push(name.clone());
             }
+            self.chores.wake();
+        }
+        if read_through {
+            self.want_read(&name);
         }
         (!waits).then_some(count)
     }
@@ -905,7 +1004,7 @@ impl Shard {
     /// what they have, every consumer is told and every connection holding
     /// its deliveries forgets them, and its log goes to the committer.
     fn delete_local(&mut self, name: &Arc<str>, done: Resolver<Result<(), String>>) {
-        if let Some(q) = self.queues.remove(name) {
+        if let Some(mut q) = self.queues.remove(name) {
             let (mine, others) = std::mem::take(&mut self.waiting_fetches)
                 .into_iter()
                 .partition(|f| f.queue == *name);
@@ -918,7 +1017,15 @@ impl Shard {
                 self.tell_deleted(conn, name, consumer);
             }
             tracing::info!(queue = %name, ready = q.ready_len(), "queue deleted");
+            // Its messages are freed a slice at a time; the rest of it
+            // (and its bytes on the meter) goes now.
+            let messages = q.take_messages();
+            if !messages.is_empty() {
+                self.chores.drop.extend(messages);
+                self.chores.wake();
+            }
         }
+        self.chores.settle.retain(|q| q != name);
         self.to_read.retain(|q| q != name);
         self.read_retry.retain(|q| q != name);
         match &mut self.durable {

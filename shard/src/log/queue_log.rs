@@ -361,6 +361,11 @@ impl QueueLog {
             .count()
     }
 
+    /// Bytes appended and not yet handed to a job.
+    pub fn pending_bytes(&self) -> usize {
+        self.pending.len()
+    }
+
     /// Whether there is something to commit, even if a job is being written.
     pub fn is_dirty_or_waiting(&self) -> bool {
         !self.pending.is_empty()
