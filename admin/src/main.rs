@@ -86,8 +86,8 @@ enum Command {
         /// The client's CN.
         client_id: String,
     },
-    /// Reload `[acl]` and `[rate_limit]` from the broker's config file, as
-    /// SIGHUP does.
+    /// Reload `[acl]`, `[rate_limit]` and `[tls]` (certificate, key, CA
+    /// bundle, CRL) from the broker's config file, as SIGHUP does.
     Reload,
     /// Serve the live web dashboard on a loopback address for a browser.
     Dashboard {
