@@ -46,8 +46,19 @@ fn topology_command(change: &TopologyChange) -> (&'static str, usize) {
 }
 
 impl Session {
-    /// Executes one request line (without its newline).
-    pub(crate) fn execute(&mut self, line: &[u8]) {
+    /// Executes one request line (without its newline) and returns what it
+    /// weighs: 1, or for a command that may move many messages in one shard
+    /// step (`fetch`, `ack_batch`, `publish_batch`) how many. The
+    /// connection charges its per-turn budget with it, so a pipeline of
+    /// large fetches yields between them instead of holding the shard for
+    /// all of them.
+    pub(crate) fn execute(&mut self, line: &[u8]) -> usize {
+        self.weight = 1;
+        self.execute_line(line);
+        self.weight
+    }
+
+    fn execute_line(&mut self, line: &[u8]) {
         let Ok(line) = std::str::from_utf8(line) else {
             self.replies.line("Error: invalid UTF-8 in request");
             return;
@@ -218,7 +229,9 @@ impl Session {
                 if !self.check(Op::Fetch { queue }) {
                     return;
                 }
-                self.fetch(queue, max.unwrap_or(1), now);
+                let max = max.unwrap_or(1);
+                self.weight = max as usize;
+                self.fetch(queue, max, now);
             }
             Request::Ack { message_id, queue } => {
                 if self.check(Op::Ack) {
@@ -481,6 +494,7 @@ impl Session {
         let mut owed = Vec::new();
         for id in Request::batch_ids(ids) {
             self.tracker.take(id, Some(queue), &mut owed);
+            self.weight += 1;
         }
         if !owed.is_empty() {
             let conn = self.conn;
@@ -700,6 +714,7 @@ impl Session {
             self.replies.line("OK publish_batch 0");
             return;
         }
+        self.weight = elements.len();
         for element in elements {
             let text = element.get();
             match inspect_message(text) {

@@ -323,10 +323,16 @@ impl Connection {
         {
             match lines.next_line() {
                 Line::Complete(line) => {
-                    self.session.execute(line);
+                    let weight = self.session.execute(line);
                     *budget -= 1;
                     progress = true;
-                    if budget.is_multiple_of(PREEMPT_CHECK_EVERY)
+                    // A fetch of thousands is charged as thousands of
+                    // commands (it ends the turn), and checks at once.
+                    let heavy = weight > 1;
+                    if heavy {
+                        *budget = budget.saturating_sub(weight - 1);
+                    }
+                    if (heavy || budget.is_multiple_of(PREEMPT_CHECK_EVERY))
                         && glommio::executor().need_preempt()
                     {
                         // Yield now (the poll ends as if the budget were spent).

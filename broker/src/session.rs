@@ -53,6 +53,9 @@ pub(crate) struct Session {
     ticket: u64,
     /// The closings version last looked at.
     seen_closures: u64,
+    /// What the command executed last weighs, in messages it may move
+    /// (see [`Session::execute`]).
+    pub(crate) weight: usize,
 }
 
 /// Why a session must end at once.
@@ -97,6 +100,7 @@ impl Session {
             consumed: false,
             ticket,
             seen_closures,
+            weight: 1,
         };
         (session, mailbox)
     }

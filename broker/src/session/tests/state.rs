@@ -83,3 +83,31 @@ fn a_reload_that_changes_the_role_ends_the_session() {
     );
     assert_eq!(r2.send(b"heartbeat"), ["OK heartbeat"]);
 }
+
+/// What a command weighs, for the connection's per-turn budget: 1, or the
+/// messages a `fetch`, `ack_batch` or `publish_batch` may move in one step,
+/// so that a pipeline of large fetches cannot hold the shard for all of
+/// them in one turn.
+#[test]
+fn a_command_weighs_the_messages_it_may_move() {
+    let broker = Broker::start(Backing::Memory, RECEIVERS, "");
+    let mut admin = broker.client("admin");
+    for (line, reply) in routed_world()
+        .steps
+        .iter()
+        .map(|s| (s.line.clone(), s.replies.clone()))
+    {
+        assert_eq!(admin.send(&line), reply);
+    }
+    let publish = publish("ex", "receiver_1", "m-1");
+    assert_eq!(admin.session.execute(publish.as_bytes()), 1);
+    assert_eq!(admin.session.execute(b"heartbeat"), 1);
+    let mut r = broker.client("receiver_1");
+    assert_eq!(r.session.execute(b"fetch receiver_1_queue 5000"), 5000);
+    assert_eq!(r.session.execute(b"fetch receiver_1_queue"), 1);
+    assert_eq!(r.session.execute(b"ack_batch receiver_1_queue a b c"), 4);
+    // Refused, so nothing moves.
+    assert_eq!(r.session.execute(b"fetch receiver_2_queue 5000"), 1);
+    r.settle();
+    r.take_lines();
+}
