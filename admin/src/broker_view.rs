@@ -99,6 +99,8 @@ pub struct Limits {
     pub max_fetch_bytes: usize,
     /// Largest `consume` prefetch.
     pub max_prefetch: u32,
+    /// Unacked deliveries a connection may hold before `fetch` is refused.
+    pub max_unacked_per_connection: usize,
     /// Messages a queue may hold.
     pub max_queue_size: usize,
     /// 0: no byte cap.

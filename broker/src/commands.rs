@@ -229,7 +229,18 @@ impl Session {
                 if !self.check(Op::Fetch { queue }) {
                     return;
                 }
-                let max = max.unwrap_or(1);
+                let held = self.tracker.len();
+                let cap = self.local.shared.settings.max_unacked_per_connection;
+                let Some(room) = cap.checked_sub(held).filter(|&room| room > 0) else {
+                    self.replies.line(format!(
+                        "Error: fetch: this connection holds {held} unacked deliveries, the most \
+                         one may (performance.max_unacked_per_connection); ack or nack some first"
+                    ));
+                    return;
+                };
+                let max = max
+                    .unwrap_or(1)
+                    .min(u32::try_from(room).unwrap_or(u32::MAX));
                 self.weight = max as usize;
                 self.fetch(queue, max, now);
             }

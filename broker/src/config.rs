@@ -631,6 +631,13 @@ pub struct PerformanceConfig {
     /// Most unacked deliveries per consumer, whatever its `consume` asks.
     /// At least 1. Default 10 000.
     pub max_prefetch: u32,
+    /// Most deliveries one connection may hold unacked (fetched or
+    /// consumed) before its `fetch`es are refused; a fetch is served up to
+    /// the room left. `consume` is bounded by its prefetch instead. So a
+    /// client fetching without acking cannot build a set whose every fetch,
+    /// and whose give-back at close, costs the shard more and more. At
+    /// least 1. Default 50 000.
+    pub max_unacked_per_connection: usize,
     /// Queues one receiver CN may own; a `declare_queue` past it is
     /// `Error: quota exceeded: …`. Admins are not limited. At least 1.
     /// Default 1 000.
@@ -669,6 +676,7 @@ struct RawPerformanceConfig {
     max_fetch: u32,
     max_fetch_bytes: usize,
     max_prefetch: u32,
+    max_unacked_per_connection: usize,
     max_queues_per_cn: usize,
     max_exchanges_per_cn: usize,
     max_bindings_per_cn: usize,
@@ -696,6 +704,7 @@ impl Default for RawPerformanceConfig {
             max_fetch: d.max_fetch,
             max_fetch_bytes: d.max_fetch_bytes,
             max_prefetch: d.max_prefetch,
+            max_unacked_per_connection: d.max_unacked_per_connection,
             max_queues_per_cn: d.max_queues_per_cn,
             max_exchanges_per_cn: d.max_exchanges_per_cn,
             max_bindings_per_cn: d.max_bindings_per_cn,
@@ -726,6 +735,7 @@ impl From<RawPerformanceConfig> for PerformanceConfig {
             max_fetch: raw.max_fetch,
             max_fetch_bytes: raw.max_fetch_bytes,
             max_prefetch: raw.max_prefetch,
+            max_unacked_per_connection: raw.max_unacked_per_connection,
             max_queues_per_cn: raw.max_queues_per_cn,
             max_exchanges_per_cn: raw.max_exchanges_per_cn,
             max_bindings_per_cn: raw.max_bindings_per_cn,
@@ -755,6 +765,7 @@ impl Default for PerformanceConfig {
             max_fetch: 10_000,
             max_fetch_bytes: 16 << 20,
             max_prefetch: 10_000,
+            max_unacked_per_connection: 50_000,
             max_queues_per_cn: 1_000,
             max_exchanges_per_cn: 100,
             max_bindings_per_cn: 10_000,
@@ -1297,7 +1308,7 @@ impl Config {
 
     fn validate_performance(&self) -> Result<(), ConfigError> {
         let p = &self.performance;
-        let at_least_one: [(&str, u64); 14] = [
+        let at_least_one: [(&str, u64); 15] = [
             ("performance.max_queues_per_cn", p.max_queues_per_cn as u64),
             (
                 "performance.max_exchanges_per_cn",
@@ -1310,6 +1321,10 @@ impl Config {
             ("performance.max_fetch", u64::from(p.max_fetch)),
             ("performance.max_fetch_bytes", p.max_fetch_bytes as u64),
             ("performance.max_prefetch", u64::from(p.max_prefetch)),
+            (
+                "performance.max_unacked_per_connection",
+                p.max_unacked_per_connection as u64,
+            ),
             ("performance.max_handshakes", u64::from(p.max_handshakes)),
             (
                 "performance.max_handshakes_per_ip",
@@ -2770,7 +2785,7 @@ mod tests {
             ("logging", 6),
             ("database", 9),
             ("encryption", 2),
-            ("performance", 21),
+            ("performance", 22),
             ("storage", 6),
             ("admin", 9),
             ("rate_limit", 7),

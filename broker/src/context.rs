@@ -56,6 +56,9 @@ pub struct Settings {
     pub max_fetch_bytes: usize,
     /// `performance.max_prefetch`, likewise.
     pub max_prefetch: u32,
+    /// `performance.max_unacked_per_connection`: what a connection may hold
+    /// through `fetch` (its sessions apply it).
+    pub max_unacked_per_connection: usize,
     /// `performance.max_queue_size`, likewise.
     pub max_queue_size: usize,
     /// `performance.max_queue_bytes` (0: none), likewise.
@@ -95,6 +98,7 @@ impl Settings {
             max_fetch: p.max_fetch,
             max_fetch_bytes: p.max_fetch_bytes,
             max_prefetch: p.max_prefetch,
+            max_unacked_per_connection: p.max_unacked_per_connection,
             max_queue_size: p.max_queue_size,
             max_queue_bytes: p.max_queue_bytes,
             memory_budget_bytes: config.storage.memory_budget_mb.saturating_mul(1 << 20),

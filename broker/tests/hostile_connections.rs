@@ -121,6 +121,64 @@ async fn a_fetch_of_everything_is_served_up_to_the_cap() {
     assert_eq!(got.len(), 10, "the next ten");
 }
 
+/// A receiver that fetches and never acks is stopped at
+/// `performance.max_unacked_per_connection`: the last fetch is served up to
+/// the room left, the next is refused with a line saying why, other
+/// connections fetch on, and closing the hoarder gives its deliveries back.
+/// Over 2 shards (the queue may live on the other one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receiver_that_never_acks_is_stopped_at_the_unacked_cap() {
+    let broker = TestBroker::start_with(
+        2,
+        "\n[performance]\nmax_fetch = 30\nmax_unacked_per_connection = 100\n",
+    );
+    let mut hoarder = common::connect_as(&broker, "receiver_1").await;
+    common::setup_receiver(&mut hoarder, "receiver_1").await;
+    let mut s = common::connect_as(&broker, "sender_1").await;
+    for i in 0..250 {
+        let id = format!("m{i}");
+        common::publish_expect(&mut s, "ex", "receiver_1", &id, &format!("ACK {id}")).await;
+    }
+    let mut held = 0;
+    for want in [30, 30, 30, 10] {
+        let got = common::fetch(&mut hoarder, "receiver_1_queue", 30).await;
+        assert_eq!(got.len(), want, "after {held}");
+        held += got.len();
+    }
+    let reply = common::ask(&mut hoarder, "fetch receiver_1_queue 30").await;
+    assert_eq!(
+        reply,
+        "Error: fetch: this connection holds 100 unacked deliveries, the most one may \
+         (performance.max_unacked_per_connection); ack or nack some first"
+    );
+    // Another connection has room of its own.
+    let mut other = common::connect_as(&broker, "receiver_1").await;
+    let got = common::fetch(&mut other, "receiver_1_queue", 30).await;
+    assert_eq!(common::ids(&got)[0], "m100");
+    // The hoarder's 100 go back to the queue when it leaves.
+    drop(hoarder);
+    let mut back = Vec::new();
+    for _ in 0..100 {
+        let got = common::fetch(&mut other, "receiver_1_queue", 30).await;
+        let ids = common::ids(&got);
+        for id in &ids {
+            common::check(
+                &mut other,
+                &format!("ack {id}"),
+                &format!("ACK_CONFIRMED {id}"),
+            )
+            .await;
+        }
+        back.extend(got.into_iter().filter(|g| g.count == 2).map(|g| g.id));
+        if back.len() == 100 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    back.sort_by_key(|id| id[1..].parse::<u32>().unwrap());
+    assert_eq!(back, (0..100).map(|i| format!("m{i}")).collect::<Vec<_>>());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slowloris_line_never_keeps_its_connection_and_others_are_served() {
     let broker = TestBroker::start_with(1, "\n[performance]\nidle_timeout_sec = 2\n");

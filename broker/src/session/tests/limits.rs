@@ -240,6 +240,41 @@ fn keys_and_fetches_are_bounded() {
         .run(vec![c, fetch]);
 }
 
+/// `performance.max_unacked_per_connection`: a fetch is served up to the
+/// room the connection has left, refused with none, and served again once
+/// an ack makes room.
+#[test]
+fn fetches_stop_at_the_connections_unacked_cap() {
+    let r = "receiver_1";
+    let mut c = case("unacked cap");
+    for i in 0..6 {
+        let id = format!("m{i}");
+        c = c.row("sender_1", publish("ex", r, &id), format!("ACK {id}"));
+    }
+    let lines = |ids: std::ops::Range<usize>| {
+        let mut lines: Vec<String> = ids
+            .map(|i| delivery("receiver_1_queue", 1, &body(&format!("m{i}"), r)))
+            .collect();
+        lines.push(format!("OK fetch {}", lines.len()));
+        lines
+    };
+    let refused = "Error: fetch: this connection holds 3 unacked deliveries, the most one may \
+                   (performance.max_unacked_per_connection); ack or nack some first";
+    c = c
+        .rows(r, "fetch receiver_1_queue 2", lines(0..2))
+        .rows(r, "fetch receiver_1_queue 10", lines(2..3))
+        .row(r, "fetch receiver_1_queue 10", refused)
+        .row(r, "ack m0", "ACK_CONFIRMED m0")
+        .rows(r, "fetch receiver_1_queue 10", lines(3..4))
+        .row(r, "fetch receiver_1_queue", refused)
+        // Another connection has a cap of its own.
+        .rows("admin", "fetch receiver_1_queue 10", lines(4..6));
+    Table::new()
+        .extra("[performance]\nmax_unacked_per_connection = 3\n")
+        .world(routed_world())
+        .run(vec![c]);
+}
+
 /// `performance.max_queue_bytes` caps the bodies a queue holds, ready and
 /// unacked, alongside the count cap: a publish past it is
 /// `NACK <id> queue_full`, and an ack makes room again.
