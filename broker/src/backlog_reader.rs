@@ -10,9 +10,9 @@
 //! backlog read once); a filesystem that refuses it is read buffered.
 
 use std::rc::Rc;
-use std::task::Poll;
 
 use ciphermq_shard::backlog::ReadJob;
+use ciphermq_shard::Shard;
 use glommio::io::{BufferedFile, DmaFile, ReadResult};
 
 use crate::context::ShardLocal;
@@ -25,16 +25,9 @@ pub fn spawn(local: Rc<ShardLocal>) {
 async fn run(local: Rc<ShardLocal>) {
     let mut jobs = Vec::new();
     loop {
-        std::future::poll_fn(|cx| {
-            let mut shard = local.shard.borrow_mut();
-            if shard.has_read_work() {
-                Poll::Ready(())
-            } else {
-                shard.register_reader(cx.waker());
-                Poll::Pending
-            }
-        })
-        .await;
+        local
+            .work_for(Shard::has_read_work, Shard::register_reader)
+            .await;
         local.with_shard(|shard| shard.take_read_jobs(&mut jobs));
         for job in jobs.drain(..) {
             glommio::spawn_local(read_one(local.clone(), job)).detach();

@@ -13,10 +13,9 @@
 //! a million messages crowd a two-core machine into 50-120 ms stalls.)
 
 use std::rc::Rc;
-use std::task::Poll;
 use std::time::{Duration, Instant};
 
-use ciphermq_shard::ChoreProgress;
+use ciphermq_shard::{ChoreProgress, Shard};
 use glommio::{Latency, Shares};
 
 use crate::context::ShardLocal;
@@ -39,16 +38,9 @@ pub fn spawn(local: Rc<ShardLocal>) {
 
 async fn run(local: Rc<ShardLocal>) {
     loop {
-        std::future::poll_fn(|cx| {
-            let mut shard = local.shard.borrow_mut();
-            if shard.has_chores() {
-                Poll::Ready(())
-            } else {
-                shard.register_chores(cx.waker());
-                Poll::Pending
-            }
-        })
-        .await;
+        local
+            .work_for(Shard::has_chores, Shard::register_chores)
+            .await;
         let progress = local.with_shard(|shard| shard.do_chores(SLICE, Instant::now()));
         if progress != ChoreProgress::Done(0) {
             glommio::timer::sleep(PAUSE).await;

@@ -31,14 +31,13 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::sync::Arc;
-use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use ciphermq_shard::durability::deleted_dir;
 use ciphermq_shard::log::dedup_file::DedupWrite;
 use ciphermq_shard::log::segment::{FILE_HEADER, FILE_HEADER_BYTES};
 use ciphermq_shard::log::unix_ms;
-use ciphermq_shard::{CommitJob, QueueRemoval};
+use ciphermq_shard::{CommitJob, QueueRemoval, Shard};
 use futures_util::future::join_all;
 use glommio::io::Directory;
 use glommio::{GlommioError, Latency, Shares, Task};
@@ -354,16 +353,9 @@ async fn run(stages: Stages) {
     let mut jobs: Vec<CommitJob> = Vec::new();
     let mut syncing: Option<Task<()>> = None;
     loop {
-        std::future::poll_fn(|cx| {
-            let mut shard = local.shard.borrow_mut();
-            if shard.has_commit_work() {
-                Poll::Ready(())
-            } else {
-                shard.register_committer(cx.waker());
-                Poll::Pending
-            }
-        })
-        .await;
+        local
+            .work_for(Shard::has_commit_work, Shard::register_committer)
+            .await;
         busy.set(busy.get() + 1);
         let taken = Instant::now();
         let mut removals = Vec::new();

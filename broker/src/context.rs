@@ -185,6 +185,26 @@ impl ShardLocal {
         (cached.1.server.clone(), cached.1.identity.clone())
     }
 
+    /// Waits until `has_work(shard)`, registering the calling task with
+    /// `register` to be woken while it has none: how the shard's background
+    /// tasks (committer, backlog reader, chores) sleep until it wants them.
+    pub async fn work_for(
+        &self,
+        has_work: impl Fn(&Shard) -> bool,
+        register: impl Fn(&mut Shard, &std::task::Waker),
+    ) {
+        std::future::poll_fn(|cx| {
+            let mut shard = self.shard.borrow_mut();
+            if has_work(&shard) {
+                std::task::Poll::Ready(())
+            } else {
+                register(&mut shard, cx.waker());
+                std::task::Poll::Pending
+            }
+        })
+        .await
+    }
+
     /// The caller of the last [`ShardLocal::with_shard`].
     pub fn last_step(&self) -> Option<&'static Location<'static>> {
         self.last_step.get()

@@ -36,14 +36,7 @@ fn quit_says_bye_and_marks_the_session_closing() {
 #[test]
 fn a_fetch_marks_the_session_as_one_to_requeue_on_close() {
     let broker = Broker::start(Backing::Memory, RECEIVERS, "");
-    let mut admin = broker.client("admin");
-    for (line, reply) in routed_world()
-        .steps
-        .iter()
-        .map(|s| (s.line.clone(), s.replies.clone()))
-    {
-        assert_eq!(admin.send(&line), reply);
-    }
+    let mut admin = routed_admin(&broker);
     assert_eq!(
         admin.send(publish("ex", "receiver_1", "m-1").as_bytes()),
         ["ACK m-1"]
@@ -91,14 +84,7 @@ fn a_reload_that_changes_the_role_ends_the_session() {
 #[test]
 fn a_command_weighs_the_messages_it_may_move() {
     let broker = Broker::start(Backing::Memory, RECEIVERS, "");
-    let mut admin = broker.client("admin");
-    for (line, reply) in routed_world()
-        .steps
-        .iter()
-        .map(|s| (s.line.clone(), s.replies.clone()))
-    {
-        assert_eq!(admin.send(&line), reply);
-    }
+    let mut admin = routed_admin(&broker);
     let publish = publish("ex", "receiver_1", "m-1");
     assert_eq!(admin.session.execute(publish.as_bytes()), 1);
     assert_eq!(admin.session.execute(b"heartbeat"), 1);
@@ -110,4 +96,13 @@ fn a_command_weighs_the_messages_it_may_move() {
     assert_eq!(r.session.execute(b"fetch receiver_2_queue 5000"), 1);
     r.settle();
     r.take_lines();
+}
+
+/// An admin session of `broker`, after it has built the routed world.
+fn routed_admin(broker: &Broker) -> Client {
+    let mut admin = broker.client("admin");
+    for step in &routed_world().steps {
+        assert_eq!(admin.send(&step.line), step.replies);
+    }
+    admin
 }
