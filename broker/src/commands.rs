@@ -344,10 +344,9 @@ impl Session {
     }
 
     /// `purge_queue`: answered `OK purge_queue <q> <n>` once the queue's
-    /// shard dropped its ready messages and the commit round holding the
-    /// records of that (an ack record per message in memory, a purge record
-    /// for those on disk only, settled later as they are read through) is
-    /// done.
+    /// shard dropped its ready messages and the commit round holding its
+    /// purge record (one for them all) is done; each message's ack record
+    /// follows as the shard settles it.
     fn purge(&mut self, queue: &str, now: Instant) {
         let info = self
             .local

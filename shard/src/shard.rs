@@ -938,13 +938,14 @@ impl Shard {
             })
     }
 
-    /// Purges a local queue. Each message in memory it dropped gets an ack
-    /// record; when some bodies were on disk only, a purge record follows
-    /// (see [`crate::log::record::Record::Purge`]) and those are read
-    /// through, their acks logged as each read comes back
-    /// ([`Shard::read_done`]). Returns the count when done at once, `None`
-    /// when the answer waits for the commit of its records (a restart
-    /// after the answer never brings the purged messages back).
+    /// Purges a local queue. One purge record stands for every message it
+    /// dropped (see [`crate::log::record::Record::Purge`]); their ack
+    /// records follow as the purge settles: those in memory through the
+    /// chores ([`Shard::do_chores`]), those on disk as the reader goes
+    /// through them ([`Shard::read_done`]). Returns the count when done at
+    /// once (nothing purged, or memory mode), `None` when the answer waits
+    /// for the commit of the purge record (a restart after the answer never
+    /// brings the purged messages back).
     fn purge_local(&mut self, origin: Origin, queue: &str, now: Instant) -> Option<u64> {
         // Declared but never used here yet: nothing to purge.
         if self.queue_mut(queue).is_none() {

@@ -105,8 +105,9 @@ pub enum Record<'a> {
     Padding,
     /// A `purge_queue`: the messages below `upto` that were neither acked
     /// nor owed to a consumer (`kept`) left the queue. Their ack records
-    /// come later, as a purged backlog on disk is read through; until then
-    /// this record is what keeps a restart from bringing them back.
+    /// come later, as the purge settles them (in memory a slice at a time,
+    /// on disk as their records are read through); until then this record
+    /// is what keeps a restart from bringing them back.
     Purge {
         /// The queue's next sequence number when it was purged.
         upto: u64,
