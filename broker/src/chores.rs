@@ -1,9 +1,11 @@
-//! The chores of one shard: work a command starts that is too large for one
-//! shard step. A `purge_queue` takes a queue's messages out at once but
-//! leaves each one to settle (its id remembered as acked, its ack logged,
-//! its body freed), and a `delete_queue` leaves its messages to free; a
-//! million of either is about a second of the shard's time, which done in
-//! one step would hold every connection of the shard that long. This task
+//! The chores of one shard: work a command (or a close) starts that is too
+//! large for one shard step. A `purge_queue` takes a queue's messages out
+//! at once but leaves each one to settle (its id remembered as acked, its
+//! ack logged, its body freed), a `delete_queue` leaves its messages to
+//! free, and a connection that closes owing a prefetch on each of many
+//! queues leaves its deliveries to give back; a million of any is about a
+//! second of the shard's time, which done in one step would hold every
+//! connection of the shard that long. This task
 //! does them [`SLICE`] messages at a time with a [`PAUSE`] after each, so
 //! they take about half of the shard's thread while they last, never all of
 //! it; a purge's ack records also go out at the pace of the commits, a

@@ -48,7 +48,7 @@ fn topology_command(change: &TopologyChange) -> (&'static str, usize) {
 impl Session {
     /// Executes one request line (without its newline) and returns what it
     /// weighs: 1, or for a command that may move many messages in one shard
-    /// step (`fetch`, `ack_batch`, `publish_batch`) how many. The
+    /// step (`fetch`, `ack_batch`, `publish_batch`, `resend`) how many. The
     /// connection charges its per-turn budget with it, so a pipeline of
     /// large fetches yields between them instead of holding the shard for
     /// all of them.
@@ -267,6 +267,7 @@ impl Session {
                 self.tracker.take_all(&mut owed);
                 // Requeue in queue order so redeliveries stay FIFO.
                 owed.sort_unstable_by(|a, b| (&a.queue, a.seq).cmp(&(&b.queue, b.seq)));
+                self.weight = owed.len().max(1);
                 let conn = self.conn;
                 self.local.with_shard(|shard| {
                     for d in &owed {

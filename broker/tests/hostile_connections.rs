@@ -179,6 +179,46 @@ async fn a_receiver_that_never_acks_is_stopped_at_the_unacked_cap() {
     assert_eq!(back, (0..100).map(|i| format!("m{i}")).collect::<Vec<_>>());
 }
 
+/// A receiver that closes owing more deliveries than one shard step gives
+/// back (they go back a slice at a time, as chores): every one is
+/// redelivered, once, oldest first, to a consumer that was waiting all
+/// along. Over 2 shards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receiver_closing_with_thousands_owed_has_each_redelivered_in_order() {
+    const N: usize = 3000;
+    let broker = TestBroker::start_with(2, "");
+    let mut hoarder = common::connect_as(&broker, "receiver_1").await;
+    common::setup_receiver(&mut hoarder, "receiver_1").await;
+    common::check(
+        &mut hoarder,
+        &format!("consume receiver_1_queue {N}"),
+        "OK consume receiver_1_queue",
+    )
+    .await;
+    let all: Vec<String> = (0..N).map(|i| format!("h{i}")).collect();
+    let answers = common::process::publish_pipelined(&broker.addr, "sender_1", &all, 200).await;
+    assert!(answers.iter().all(|(id, r)| *r == format!("ACK {id}")));
+    for id in &all {
+        let got = common::next_delivery(&mut hoarder).await;
+        assert_eq!((&got.id, got.count), (id, 1));
+    }
+    // Waiting with room for all of them, and nothing to take yet.
+    let mut waiting = common::connect_as(&broker, "receiver_1").await;
+    common::check(
+        &mut waiting,
+        &format!("consume receiver_1_queue {N}"),
+        "OK consume receiver_1_queue",
+    )
+    .await;
+    common::assert_silent(&mut waiting, Duration::from_millis(200), "all are owed").await;
+    drop(hoarder);
+    for id in &all {
+        let got = common::next_delivery(&mut waiting).await;
+        assert_eq!((&got.id, got.count), (id, 2), "redelivered in order, once");
+    }
+    common::assert_silent(&mut waiting, Duration::from_millis(300), "each one once").await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slowloris_line_never_keeps_its_connection_and_others_are_served() {
     let broker = TestBroker::start_with(1, "\n[performance]\nidle_timeout_sec = 2\n");

@@ -1164,30 +1164,24 @@ impl Queue {
         }
     }
 
-    /// Forgets a closed connection: its consumers go, its deliveries are
-    /// requeued (or dead-lettered at `max_deliveries`).
-    pub fn remove_conn(
-        &mut self,
-        conn: ConnRef,
-        settings: &QueueSettings,
-        now: Instant,
-        dead: &mut Vec<Entry>,
-    ) {
+    /// Forgets a closed connection's consumers, and puts in `owed` (in
+    /// order) the deliveries it still owes here, for the caller to give
+    /// back with [`Queue::requeue`]: a connection may owe millions (a
+    /// prefetch on each of a thousand queues), more than one shard step
+    /// should give back, so the giving back is the caller's to pace.
+    pub fn remove_conn(&mut self, conn: ConnRef, owed: &mut Vec<u64>) {
         self.consumers.retain(|c| c.conn != conn);
         if self.next_consumer >= self.consumers.len() {
             self.next_consumer = 0;
         }
-        let owed: Vec<u64> = self
-            .unacked
-            .iter()
-            .filter(|(_, i)| i.conn == conn)
-            .map(|(s, _)| *s)
-            .collect();
-        for seq in owed {
-            if let Some(inflight) = self.unacked.remove(&seq) {
-                self.give_back(inflight.entry, settings, now, dead);
-            }
-        }
+        owed.clear();
+        owed.extend(
+            self.unacked
+                .iter()
+                .filter(|(_, i)| i.conn == conn)
+                .map(|(s, _)| *s),
+        );
+        owed.sort_unstable();
     }
 }
 
@@ -1889,7 +1883,12 @@ mod tests {
         let mut out = Vec::new();
         q.dispatch(&s, now, &mut out, &mut Vec::new());
         assert_eq!(out.len(), 3);
-        q.remove_conn(conn(1), &s, now, &mut Vec::new());
+        let mut owed = Vec::new();
+        q.remove_conn(conn(1), &mut owed);
+        assert_eq!(owed, [0, 1, 2]);
+        for &seq in owed.iter().rev() {
+            assert!(q.requeue(seq, conn(1), &s, now, &mut Vec::new()));
+        }
         assert_eq!(q.unacked_len(), 0);
         q.add_consumer(conn(2), 10);
         out.clear();

@@ -106,6 +106,8 @@ struct Chores {
     settle: Vec<Arc<str>>,
     /// Messages of deleted queues, still to drop (each one a body to free).
     drop: Vec<VecDeque<Entry>>,
+    /// Deliveries closed connections still owe, to give back for redelivery.
+    give_back: VecDeque<GiveBack>,
     /// The task doing them, woken when there are some.
     waker: Option<std::task::Waker>,
 }
@@ -117,6 +119,22 @@ impl Chores {
         }
     }
 }
+
+/// The deliveries a closed connection still owes in one queue, given back a
+/// slice at a time from `next` on.
+#[derive(Debug)]
+struct GiveBack {
+    queue: Arc<str>,
+    conn: ConnRef,
+    /// In order, so that redeliveries keep the queue's order.
+    seqs: Vec<u64>,
+    next: usize,
+}
+
+/// Deliveries a connection's close gives back in its own step; the rest
+/// (a connection may owe a prefetch on each of a thousand queues, millions
+/// in all) are given back as chores, a slice at a time.
+const GIVE_BACK_AT_CLOSE: usize = 1024;
 
 /// What one call of [`Shard::do_chores`] got through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -423,10 +441,12 @@ impl Shard {
         self.reader = Some(waker.clone());
     }
 
-    /// Whether purges wait to be settled or deleted queues' messages to be
-    /// dropped.
+    /// Whether purges wait to be settled, deleted queues' messages to be
+    /// dropped, or closed connections' deliveries to be given back.
     pub fn has_chores(&self) -> bool {
-        !self.chores.settle.is_empty() || !self.chores.drop.is_empty()
+        !self.chores.settle.is_empty()
+            || !self.chores.drop.is_empty()
+            || !self.chores.give_back.is_empty()
     }
 
     /// Registers the task doing the chores, woken when there are some.
@@ -434,14 +454,24 @@ impl Shard {
         self.chores.waker = Some(waker.clone());
     }
 
-    /// Does up to `budget` messages' worth of chores: drops messages of
-    /// deleted queues, then settles purged ones (ids remembered as acked
+    /// Does up to `budget` messages' worth of chores: gives back what
+    /// closed connections owed, drops messages of deleted queues, then
+    /// settles purged ones (ids remembered as acked
     /// for the dedup window, bytes off the meter, ack records logged, at
     /// the pace of the commits). The caller yields between calls, so that
     /// a purge or a deletion of a million messages never holds the shard
     /// for the whole of them.
     pub fn do_chores(&mut self, budget: usize, now: Instant) -> ChoreProgress {
         let mut done = 0;
+        while done < budget {
+            let Some(mut owed) = self.chores.give_back.pop_front() else {
+                break;
+            };
+            done += self.give_back_some(&mut owed, budget - done, now);
+            if owed.next < owed.seqs.len() {
+                self.chores.give_back.push_front(owed);
+            }
+        }
         while done < budget {
             let Some(batch) = self.chores.drop.last_mut() else {
                 break;
@@ -1284,18 +1314,56 @@ impl Shard {
         }
     }
 
+    /// Drops a closed connection's consumers and waiting fetches, and gives
+    /// back what it owed: up to [`GIVE_BACK_AT_CLOSE`] deliveries now, the
+    /// rest as chores.
     fn conn_closed(&mut self, conn: ConnRef) {
         self.waiting_fetches.retain(|f| f.origin.conn != conn);
         let now = Instant::now();
-        let settings = self.settings.clone();
         let names: Vec<Arc<str>> = self.queues.keys().cloned().collect();
+        let mut budget = GIVE_BACK_AT_CLOSE;
         for name in names {
-            let mut dead = std::mem::take(&mut self.dead);
-            if let Some(q) = self.queues.get_mut(&name) {
-                q.remove_conn(conn, &settings, now, &mut dead);
+            let Some(q) = self.queues.get_mut(&name) else {
+                continue;
+            };
+            let mut seqs = Vec::new();
+            q.remove_conn(conn, &mut seqs);
+            if seqs.is_empty() {
+                continue;
             }
-            self.after_give_back(&name, true, dead, now);
+            let mut owed = GiveBack {
+                queue: name,
+                conn,
+                seqs,
+                next: 0,
+            };
+            budget -= self.give_back_some(&mut owed, budget, now);
+            if owed.next < owed.seqs.len() {
+                self.chores.give_back.push_back(owed);
+                self.chores.wake();
+            }
         }
+    }
+
+    /// Gives back up to `budget` of what `owed` lists; returns how many it
+    /// went through (a delivery settled or given back since is skipped).
+    fn give_back_some(&mut self, owed: &mut GiveBack, budget: usize, now: Instant) -> usize {
+        let end = owed.seqs.len().min(owed.next + budget);
+        let slice = &owed.seqs[owed.next..end];
+        owed.next = end;
+        if slice.is_empty() {
+            return 0;
+        }
+        let settings = self.settings.clone();
+        let mut dead = std::mem::take(&mut self.dead);
+        let mut changed = false;
+        if let Some(q) = self.queues.get_mut(&owed.queue) {
+            for &seq in slice {
+                changed |= q.requeue(seq, owed.conn, &settings, now, &mut dead);
+            }
+        }
+        self.after_give_back(&owed.queue, changed, dead, now);
+        slice.len()
     }
 
     /// Redelivers deliveries unacked past `ack_wait`, and lets the committer
