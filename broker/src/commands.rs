@@ -48,7 +48,7 @@ fn topology_command(change: &TopologyChange) -> (&'static str, usize) {
 impl Session {
     /// Executes one request line (without its newline) and returns what it
     /// weighs: 1, or for a command that may move many messages in one shard
-    /// step (`fetch`, `ack_batch`, `publish_batch`, `resend`) how many. The
+    /// step (`fetch`, `consume`, `ack_batch`, `publish_batch`, `resend`) how many. The
     /// connection charges its per-turn budget with it, so a pipeline of
     /// large fetches yields between them instead of holding the shard for
     /// all of them.
@@ -223,6 +223,8 @@ impl Session {
                     return;
                 }
                 let prefetch = prefetch.unwrap_or(self.local.shared.settings.default_prefetch);
+                // It may start that many deliveries at once.
+                self.weight = prefetch as usize;
                 self.consume(queue, prefetch, now);
             }
             Request::Fetch { queue, max } => {

@@ -78,22 +78,31 @@ fn a_reload_that_changes_the_role_ends_the_session() {
 }
 
 /// What a command weighs, for the connection's per-turn budget: 1, or the
-/// messages a `fetch`, `ack_batch` or `publish_batch` may move in one step,
-/// so that a pipeline of large fetches cannot hold the shard for all of
-/// them in one turn.
+/// messages a `fetch`, `consume`, `ack_batch`, `publish_batch` or `resend`
+/// may move in one step, so that a pipeline of large fetches cannot hold
+/// the shard for all of them in one turn.
 #[test]
 fn a_command_weighs_the_messages_it_may_move() {
     let broker = Broker::start(Backing::Memory, RECEIVERS, "");
     let mut admin = routed_admin(&broker);
-    let publish = publish("ex", "receiver_1", "m-1");
-    assert_eq!(admin.session.execute(publish.as_bytes()), 1);
+    for id in ["m-1", "m-2", "m-3"] {
+        let publish = publish("ex", "receiver_1", id);
+        assert_eq!(admin.session.execute(publish.as_bytes()), 1);
+    }
     assert_eq!(admin.session.execute(b"heartbeat"), 1);
+    admin.settle();
     let mut r = broker.client("receiver_1");
     assert_eq!(r.session.execute(b"fetch receiver_1_queue 5000"), 5000);
     assert_eq!(r.session.execute(b"fetch receiver_1_queue"), 1);
     assert_eq!(r.session.execute(b"ack_batch receiver_1_queue a b c"), 4);
+    r.settle();
+    // The three fetched are owed: resend gives back each.
+    assert_eq!(r.session.execute(b"resend"), 3);
+    assert_eq!(r.session.execute(b"consume receiver_1_queue 300"), 300);
+    assert_eq!(r.session.execute(b"consume receiver_1_queue"), 1000);
     // Refused, so nothing moves.
     assert_eq!(r.session.execute(b"fetch receiver_2_queue 5000"), 1);
+    assert_eq!(r.session.execute(b"consume receiver_2_queue 300"), 1);
     r.settle();
     r.take_lines();
 }
