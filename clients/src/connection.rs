@@ -457,6 +457,8 @@ impl Connection {
             ConnectionWriter {
                 inner: write_half,
                 write_buf: self.write_buf,
+                sent: 0,
+                unflushed: false,
             },
         )
     }
@@ -502,12 +504,17 @@ pub struct ConnectionWriter {
     inner: WriteHalf<RawTls>,
     /// Bytes queued and not yet flushed.
     write_buf: Vec<u8>,
+    /// How much of `write_buf` [`ConnectionWriter::send_some`] has already
+    /// handed to the TLS layer.
+    sent: usize,
+    /// Bytes were handed to the TLS layer since its last flush.
+    unflushed: bool,
 }
 
 impl fmt::Debug for ConnectionWriter {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ConnectionWriter")
-            .field("queued_bytes", &self.write_buf.len())
+            .field("queued_bytes", &self.queued_bytes())
             .finish_non_exhaustive()
     }
 }
@@ -525,7 +532,63 @@ impl ConnectionWriter {
 
     /// Sends everything queued; see [`Connection::flush`].
     pub async fn flush(&mut self) -> Result<(), ClientError> {
-        flush(&mut self.inner, &mut self.write_buf).await
+        if self.sent > 0 {
+            self.write_buf.drain(..self.sent);
+            self.sent = 0;
+        }
+        flush(&mut self.inner, &mut self.write_buf).await?;
+        self.unflushed = false;
+        Ok(())
+    }
+
+    /// Queues bytes it takes over: with nothing queued they become the
+    /// write buffer as they are, without a copy. Returns a buffer it no
+    /// longer needs (the empty write buffer, or `bytes` once copied), for
+    /// reuse.
+    pub(crate) fn queue_owned(&mut self, mut bytes: Vec<u8>) -> Vec<u8> {
+        if self.write_buf.is_empty() {
+            std::mem::swap(&mut self.write_buf, &mut bytes);
+        } else {
+            self.write_buf.extend_from_slice(&bytes);
+        }
+        bytes
+    }
+
+    /// Bytes queued and not handed to the TLS layer yet.
+    pub(crate) fn queued_bytes(&self) -> usize {
+        self.write_buf.len() - self.sent
+    }
+
+    /// Whether [`ConnectionWriter::send_some`] has work: bytes queued, or
+    /// bytes in the TLS layer not flushed yet.
+    pub(crate) fn has_unsent(&self) -> bool {
+        self.sent < self.write_buf.len() || self.unflushed
+    }
+
+    /// One step of sending what is queued: one write of the queued bytes (as
+    /// many as the TLS layer takes), or, once all are taken, one flush.
+    ///
+    /// Cancel safe, for a task that selects between reading and writing on
+    /// one connection: a write that does not complete has taken no bytes (the
+    /// next call writes them), and a flush that does not complete leaves its
+    /// records in the TLS layer for the next call.
+    pub(crate) async fn send_some(&mut self) -> Result<(), ClientError> {
+        if self.sent < self.write_buf.len() {
+            let n = self.inner.write(&self.write_buf[self.sent..]).await?;
+            if n == 0 {
+                return Err(ClientError::Io(io::ErrorKind::WriteZero.into()));
+            }
+            self.sent += n;
+            if self.sent == self.write_buf.len() {
+                self.write_buf.clear();
+                self.sent = 0;
+            }
+            self.unflushed = true;
+        } else {
+            self.inner.flush().await?;
+            self.unflushed = false;
+        }
+        Ok(())
     }
 
     /// Flushes, then sends `close_notify`; see [`Connection::shutdown`].

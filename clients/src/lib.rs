@@ -62,7 +62,6 @@ pub mod crypto;
 #[cfg(feature = "tools")]
 pub mod journal;
 pub mod key_file;
-mod line_writer;
 #[cfg(feature = "tools")]
 pub mod logging;
 #[cfg(feature = "tools")]
@@ -87,6 +86,7 @@ pub mod sender;
 pub mod sender_config;
 #[cfg(feature = "tools")]
 mod shutdown;
+mod task_guard;
 
 pub use client::{
     Ack, Client, ClientConfig, ConnectError, Consumer, ConsumerError, DecryptError, Delivery,

@@ -11,7 +11,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use crate::crypto::{self, EncryptedInputData, SecretKey};
-use crate::line_writer::AbortOnDrop;
+use crate::task_guard::AbortOnDrop;
 
 /// Deliveries per decryption job: enough to amortise a thread hand-off (~6 ms of
 /// work), few enough that a short burst still spreads over the cores.

@@ -44,12 +44,12 @@ use crate::client::{
 use crate::client_config::ConfigError;
 use crate::connection::ClientError;
 use crate::crypto::{self, CryptoError, PublicKey};
-use crate::line_writer::AbortOnDrop;
 use crate::message_source::{correlation_id, Contents};
 use crate::public_keys;
 use crate::reconnect::{dial_client, DialedClient, QUIT_WAIT};
 use crate::sender_config::SenderConfig;
 use crate::shutdown::Shutdown;
+use crate::task_guard::AbortOnDrop;
 
 /// Plaintexts per encryption job: large enough to amortise a thread hand-off,
 /// small enough to keep several workers busy on a short run.

@@ -21,7 +21,7 @@ use std::task::{Context, Poll};
 use futures_core::Stream;
 use tokio::sync::mpsc;
 
-use crate::client::driver::{Expect, Handle, RawDelivery, ReplyResult};
+use crate::client::driver::{DeliveryBatch, Expect, Handle, RawDelivery, ReplyBatch};
 use crate::client::error::{ConsumerError, DecryptError, RequestError};
 use crate::client::reply as expect_reply;
 use crate::crypto::{self, EncryptedInputData, PublicKey, SecretKey};
@@ -67,8 +67,11 @@ const ACK_BATCH_BYTES: usize = 64 * 1024;
 pub struct Consumer {
     /// The queue.
     queue: String,
-    /// Deliveries from the connection task.
-    rx: mpsc::UnboundedReceiver<Result<RawDelivery, ConsumerError>>,
+    /// Deliveries from the connection task, a batch per read.
+    rx: mpsc::UnboundedReceiver<DeliveryBatch>,
+    /// The rest of the batch received last, yielded one by one before the
+    /// channel is read again.
+    ready: std::vec::IntoIter<RawDelivery>,
     /// For acks; shared with every delivery.
     handle: Arc<Handle>,
 }
@@ -85,12 +88,13 @@ impl Consumer {
     /// A consumer over the sink the connection task fills.
     pub(crate) fn new(
         queue: String,
-        rx: mpsc::UnboundedReceiver<Result<RawDelivery, ConsumerError>>,
+        rx: mpsc::UnboundedReceiver<DeliveryBatch>,
         handle: Handle,
     ) -> Consumer {
         Consumer {
             queue,
             rx,
+            ready: Vec::new().into_iter(),
             handle: Arc::new(handle),
         }
     }
@@ -138,16 +142,23 @@ impl Consumer {
     /// # Ok(()) }
     /// ```
     pub fn next_ready(&mut self) -> Option<Result<Delivery, ConsumerError>> {
-        let item = self.rx.try_recv().ok()?;
-        Some(self.wrap(item))
+        loop {
+            if let Some(raw) = self.ready.next() {
+                return Some(Ok(self.wrap(raw)));
+            }
+            match self.rx.try_recv().ok()? {
+                Ok(batch) => self.ready = batch.into_iter(),
+                Err(e) => return Some(Err(e)),
+            }
+        }
     }
 
     /// A delivery of the connection task's, with a handle to settle it.
-    fn wrap(&self, item: Result<RawDelivery, ConsumerError>) -> Result<Delivery, ConsumerError> {
-        item.map(|raw| Delivery {
+    fn wrap(&self, raw: RawDelivery) -> Delivery {
+        Delivery {
             raw,
             handle: self.handle.clone(),
-        })
+        }
     }
 }
 
@@ -156,7 +167,17 @@ impl Stream for Consumer {
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = self.get_mut();
-        this.rx.poll_recv(cx).map(|item| item.map(|r| this.wrap(r)))
+        loop {
+            if let Some(raw) = this.ready.next() {
+                return Poll::Ready(Some(Ok(this.wrap(raw))));
+            }
+            match this.rx.poll_recv(cx) {
+                Poll::Ready(Some(Ok(batch))) => this.ready = batch.into_iter(),
+                Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e))),
+                Poll::Ready(None) => return Poll::Ready(None),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
     }
 }
 
@@ -264,10 +285,12 @@ impl Settler {
     ) -> Result<Settlement, RequestError> {
         let (tx, rx) = mpsc::unbounded_channel();
         if count > 0 {
-            self.handle.submit_many(lines, Expect::Lines(count), tx)?;
+            self.handle
+                .submit_many(lines.into_bytes(), Expect::Lines(count), tx)?;
         }
         Ok(Settlement {
             replies: rx,
+            ready: Vec::new().into_iter(),
             left: count,
             kind,
             settled: 0,
@@ -291,8 +314,10 @@ enum SettleKind {
 /// settles all the same).
 #[must_use = "the lines are sent already; await the settlement to learn the broker's count and errors"]
 pub struct Settlement {
-    /// The replies, in order.
-    replies: mpsc::UnboundedReceiver<ReplyResult>,
+    /// The replies, in order, a batch per read.
+    replies: mpsc::UnboundedReceiver<ReplyBatch>,
+    /// The rest of the batch received last.
+    ready: std::vec::IntoIter<String>,
     /// Replies still owed.
     left: usize,
     /// How to read them.
@@ -345,15 +370,17 @@ impl Future for Settlement {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
         while this.left > 0 {
+            if let Some(line) = this.ready.next() {
+                this.left -= 1;
+                if let Err(e) = this.on_reply(line) {
+                    this.left = 0;
+                    return Poll::Ready(Err(e));
+                }
+                continue;
+            }
             match this.replies.poll_recv(cx) {
                 Poll::Pending => return Poll::Pending,
-                Poll::Ready(Some(Ok(line))) => {
-                    this.left -= 1;
-                    if let Err(e) = this.on_reply(line) {
-                        this.left = 0;
-                        return Poll::Ready(Err(e));
-                    }
-                }
+                Poll::Ready(Some(Ok(batch))) => this.ready = batch.into_iter(),
                 Poll::Ready(Some(Err(e))) => {
                     this.left = 0;
                     return Poll::Ready(Err(e));

@@ -17,12 +17,24 @@
 //! Its FIFO entry answers that many replies before it is popped, so a burst
 //! costs one op, one entry and one channel, not one of each per line.
 //!
+//! Deliveries are handed over in batches: those of one read (every line
+//! already in the read buffer) go to their consumer as one `Vec`, so a burst
+//! costs one channel message per consumer, not one per delivery. A batch is
+//! handed over before any reply or error that came after it on the wire, so a
+//! caller who sees a reply also finds every delivery read before it.
+//!
 //! Checks that keep the two sides in step: a publish's `ACK`/`NACK` must name the
 //! publish at the head of the FIFO; a malformed delivery, or a head left
 //! unanswered past the reply timeout ends the
 //! connection ([`Disconnected`]), and every waiting command and consumer gets the
-//! reason. Writes go through the `line_writer` task, so the reader never stops
-//! to write.
+//! reason.
+//!
+//! The task writes to the socket itself, with no task between the commands and
+//! the wire, and never waits on a write: each turn of its loop makes one
+//! non-blocking step of sending what is queued, then reads what has come, then
+//! takes new commands (also after every read, so a stream of deliveries cannot
+//! hold back the acks). It takes no more commands while
+//! [`WRITE_BACKLOG_BYTES`] wait to be written; they stay in its channel.
 //!
 //! The task sends `heartbeat` when nothing was written for the heartbeat
 //! interval, and `quit` once every handle is gone.
@@ -36,68 +48,32 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
 use crate::client::error::{ConsumerError, Disconnected, RequestError};
-use crate::connection::Connection;
-use crate::line_writer;
+use crate::connection::{Connection, ConnectionWriter};
+
+pub(crate) use crate::client::batches::{PublishIds, RawDelivery, Spares};
 
 /// What a command gets back: its reply line, or why none came.
 pub(crate) type ReplyResult = Result<String, RequestError>;
 
+/// What a consumer gets: the deliveries of one read, in order, or why its
+/// stream ends (or, for [`ConsumerError::Unsolicited`], a line it should see).
+pub(crate) type DeliveryBatch = Result<Vec<RawDelivery>, ConsumerError>;
+
 /// Where a queue's deliveries go.
-pub(crate) type DeliverySink = mpsc::UnboundedSender<Result<RawDelivery, ConsumerError>>;
+pub(crate) type DeliverySink = mpsc::UnboundedSender<DeliveryBatch>;
+
+/// Bytes waiting to be written past which the task takes no more commands
+/// (a broker that stops reading stops the client's writers too, instead of
+/// the client buffering without bound).
+pub(crate) const WRITE_BACKLOG_BYTES: usize = 1024 * 1024;
 
 /// Where the replies of an [`Op::Many`] go, in order.
-pub(crate) type ManySink = mpsc::UnboundedSender<ReplyResult>;
+pub(crate) type ManySink = mpsc::UnboundedSender<ReplyBatch>;
 
-/// A `Message:` line, kept whole: its fields are ranges of it (no copy of the
-/// body per delivery).
-#[derive(Debug)]
-pub(crate) struct RawDelivery {
-    /// `Message: <id> <queue> <count> <body>`.
-    line: String,
-    /// Where the id is in `line`.
-    id: (usize, usize),
-    /// Where the queue is in `line`.
-    queue: (usize, usize),
-    /// Where the body starts in `line`.
-    body: usize,
-    /// 1 on first delivery, one more on each redelivery.
-    pub(crate) count: u32,
-}
-
-impl RawDelivery {
-    /// Parses a `Message:` line; `None` if it is malformed.
-    pub(crate) fn parse(line: String) -> Option<RawDelivery> {
-        let d = ciphermq_proto::Delivery::parse(&line)?;
-        let base = line.as_ptr() as usize;
-        let at = |s: &str| s.as_ptr() as usize - base;
-        let id = (at(d.message_id), at(d.message_id) + d.message_id.len());
-        let queue = (at(d.queue), at(d.queue) + d.queue.len());
-        let body = at(d.body);
-        let count = d.delivery_count;
-        Some(RawDelivery {
-            line,
-            id,
-            queue,
-            body,
-            count,
-        })
-    }
-
-    /// The message id.
-    pub(crate) fn id(&self) -> &str {
-        &self.line[self.id.0..self.id.1]
-    }
-
-    /// The queue it comes from.
-    pub(crate) fn queue(&self) -> &str {
-        &self.line[self.queue.0..self.queue.1]
-    }
-
-    /// The published JSON, unchanged.
-    pub(crate) fn body(&self) -> &str {
-        &self.line[self.body..]
-    }
-}
+/// Replies of [`Op::Many`]s, in order: those of one read that go to one
+/// channel travel together (one channel message, not one a reply), or why no
+/// more will come.
+pub(crate) type ReplyBatch = Result<Vec<String>, RequestError>;
 
 /// What a command's reply is checked against.
 #[derive(Debug)]
@@ -113,7 +89,7 @@ pub(crate) enum Expect {
     /// `quit`: `OK bye` ends the connection.
     Quit,
     /// Publishes of an [`Op::Many`]: each reply must name the oldest id left.
-    Publishes(VecDeque<Box<str>>),
+    Publishes(PublishIds),
     /// This many more lines of an [`Op::Many`], any replies.
     Lines(usize),
 }
@@ -146,8 +122,9 @@ pub(crate) enum Op {
     /// one reply each, in order; `expect` is [`Expect::Publishes`] or
     /// [`Expect::Lines`] and counts the lines.
     Many {
-        /// The lines.
-        lines: String,
+        /// The lines (bytes: a publish body may be left to the broker's UTF-8
+        /// check).
+        lines: Vec<u8>,
         /// How to check the replies, and how many there are.
         expect: Expect,
         /// Where the replies go.
@@ -191,6 +168,8 @@ pub(crate) struct Handle {
     ops: mpsc::UnboundedSender<Op>,
     /// `Some` once the connection has ended.
     closed: watch::Receiver<Option<Arc<Disconnected>>>,
+    /// Write buffers to build lines in, shared with the task.
+    spares: Arc<Spares>,
 }
 
 impl Handle {
@@ -222,7 +201,7 @@ impl Handle {
     /// go to `replies`, in order.
     pub(crate) fn submit_many(
         &self,
-        lines: String,
+        lines: Vec<u8>,
         expect: Expect,
         replies: ManySink,
     ) -> Result<(), RequestError> {
@@ -233,6 +212,11 @@ impl Handle {
                 replies,
             })
             .map_err(|_| self.lost())
+    }
+
+    /// An empty buffer to build an [`Op::Many`]'s lines in (see [`Spares`]).
+    pub(crate) fn spare_buffer(&self) -> Vec<u8> {
+        self.spares.take()
     }
 
     /// Waits for the reply of a submitted command.
@@ -293,10 +277,70 @@ impl Handle {
 pub(crate) fn spawn(conn: Connection, settings: Settings) -> Handle {
     let (ops_tx, ops_rx) = mpsc::unbounded_channel();
     let (closed_tx, closed_rx) = watch::channel(None);
-    tokio::spawn(run(conn, ops_rx, closed_tx, settings));
+    let spares = Arc::new(Spares::default());
+    tokio::spawn(run(conn, ops_rx, closed_tx, settings, spares.clone()));
     Handle {
         ops: ops_tx,
         closed: closed_rx,
+        spares,
+    }
+}
+
+/// A consumer, with the deliveries read for it and not handed over yet.
+struct Sink {
+    /// Where its deliveries go.
+    tx: DeliverySink,
+    /// Deliveries of the current read, handed over by
+    /// [`State::hand_over`].
+    held: Vec<RawDelivery>,
+}
+
+impl Sink {
+    /// A consumer with nothing held.
+    fn new(tx: DeliverySink) -> Sink {
+        Sink {
+            tx,
+            held: Vec::new(),
+        }
+    }
+}
+
+/// Replies of [`Op::Many`]s read and not handed over yet: those of one read
+/// for one channel go as one message.
+#[derive(Default)]
+struct HeldReplies {
+    /// The replies, in order.
+    lines: Vec<String>,
+    /// Where they go.
+    to: Option<ManySink>,
+}
+
+impl HeldReplies {
+    /// Holds a reply for `tx`; what is held for another channel goes first.
+    fn hold(&mut self, tx: &ManySink, line: String) {
+        match &self.to {
+            Some(to) if to.same_channel(tx) => {}
+            _ => {
+                self.hand_over();
+                self.to = Some(tx.clone());
+            }
+        }
+        self.lines.push(line);
+    }
+
+    /// Hands the replies held over, in one channel message.
+    fn hand_over(&mut self) {
+        let Some(tx) = self.to.take() else {
+            return;
+        };
+        if self.lines.is_empty() {
+            return;
+        }
+        let room = self.lines.len();
+        let batch = std::mem::replace(&mut self.lines, Vec::with_capacity(room));
+        // A receiver that was dropped stopped waiting; the broker acted all
+        // the same.
+        let _ = tx.send(Ok(batch));
     }
 }
 
@@ -306,25 +350,34 @@ struct State {
     /// Commands written, oldest first.
     pending: VecDeque<Pending>,
     /// Live consumers by queue.
-    sinks: HashMap<String, DeliverySink>,
+    sinks: HashMap<String, Sink>,
+    /// Some sink holds deliveries.
+    holding: bool,
+    /// Replies of [`Op::Many`]s read and not handed over yet.
+    held: HeldReplies,
     /// Queues whose orphaned deliveries were already logged.
     orphan_logged: HashSet<String>,
     /// `quit` was written: no more commands.
     quitting: bool,
     /// `OK bye` came.
     bye: bool,
+    /// Where emptied write buffers go back to the handles.
+    spares: Arc<Spares>,
 }
 
-/// The task: reads and routes lines, writes commands, keeps time.
+/// The task: writes commands, reads and routes lines, keeps time.
 async fn run(
     conn: Connection,
     mut ops: mpsc::UnboundedReceiver<Op>,
     closed: watch::Sender<Option<Arc<Disconnected>>>,
     settings: Settings,
+    spares: Arc<Spares>,
 ) {
-    let (mut reader, writer) = conn.into_split();
-    let (lines, mut writer_task) = line_writer::spawn(writer);
-    let mut st = State::default();
+    let (mut reader, mut writer) = conn.into_split();
+    let mut st = State {
+        spares,
+        ..State::default()
+    };
     let mut last_write = Instant::now();
     // With nothing to time, the timer idles a day ahead (and fires harmlessly).
     const IDLE: Duration = Duration::from_secs(24 * 3600);
@@ -339,66 +392,57 @@ async fn run(
         if timer.deadline() != wake {
             timer.as_mut().reset(wake);
         }
+        let room = !st.quitting && writer.queued_bytes() < WRITE_BACKLOG_BYTES;
         tokio::select! {
             biased;
+            // One step, never a wait: a socket that takes nothing leaves the
+            // turn to the read.
+            sent = writer.send_some(), if writer.has_unsent() => {
+                if let Err(e) = sent {
+                    break Disconnected::Transport(e);
+                }
+            },
             line = reader.read_line() => match line {
                 Ok(Some(line)) => {
-                    if let Err(reason) = st.on_line(line) {
-                        break reason;
-                    }
+                    let mut failed = st.on_line(line).err();
                     // The lines already read (a burst of replies or
                     // deliveries) are handled without going back to the select.
-                    let mut failed = None;
-                    while !st.bye {
+                    while failed.is_none() && !st.bye {
                         match reader.buffered_line() {
-                            Some(Ok(line)) => {
-                                if let Err(reason) = st.on_line(line) {
-                                    failed = Some(reason);
-                                    break;
-                                }
-                            }
-                            Some(Err(e)) => {
-                                failed = Some(Disconnected::Transport(e));
-                                break;
-                            }
+                            Some(Ok(line)) => failed = st.on_line(line).err(),
+                            Some(Err(e)) => failed = Some(Disconnected::Transport(e)),
                             None => break,
                         }
                     }
+                    st.hand_over();
                     if let Some(reason) = failed {
                         break reason;
                     }
                     if st.bye {
                         break Disconnected::ClosedByClient;
                     }
+                    // Commands that came meanwhile go out with the next write,
+                    // however busy the read side is.
+                    if room && st.take_ready(&mut ops, &mut writer, Instant::now()) {
+                        last_write = Instant::now();
+                    }
                 }
                 Ok(None) if st.quitting => break Disconnected::ClosedByClient,
                 Ok(None) => break Disconnected::ClosedByBroker,
                 Err(e) => break Disconnected::Transport(e),
             },
-            result = writer_task.handle() => break match result {
-                Ok(Err(e)) => Disconnected::Transport(e),
-                _ => Disconnected::Protocol("the connection's writer stopped".to_owned()),
-            },
-            op = ops.recv(), if !st.quitting => {
+            op = ops.recv(), if room => {
                 let now = Instant::now();
-                let mut batch = String::new();
                 match op {
                     Some(op) => {
-                        st.take(op, &mut batch, now);
-                        while !st.quitting {
-                            match ops.try_recv() {
-                                Ok(op) => st.take(op, &mut batch, now),
-                                Err(_) => break,
-                            }
-                        }
+                        st.take(op, &mut writer, now);
+                        st.take_ready(&mut ops, &mut writer, now);
                     }
                     // Every handle is gone: say goodbye, wait for `OK bye`.
-                    None => st.push_own("quit", Expect::Quit, &mut batch, now),
+                    None => st.push_own("quit", Expect::Quit, &mut writer, now),
                 }
-                if !batch.is_empty() {
+                if writer.has_unsent() {
                     last_write = now;
-                    // A writer that stopped is noticed by its branch above.
-                    let _ = lines.send(batch);
                 }
             },
             () = &mut timer => {
@@ -408,10 +452,8 @@ async fn run(
                 }
                 if let Some(every) = settings.heartbeat {
                     if !st.quitting && now >= last_write + every {
-                        let mut batch = String::new();
-                        st.push_own("heartbeat", Expect::Heartbeat, &mut batch, now);
+                        st.push_own("heartbeat", Expect::Heartbeat, &mut writer, now);
                         last_write = now;
-                        let _ = lines.send(batch);
                     }
                 }
             }
@@ -425,6 +467,8 @@ async fn run(
     closed.send_replace(Some(reason.clone()));
     ops.close();
     let lost = || RequestError::ConnectionLost(reason.clone());
+    // What was read goes out before the news.
+    st.hand_over();
     for p in st.pending.drain(..) {
         match p.reply {
             ReplyTo::One(tx) => {
@@ -437,7 +481,9 @@ async fn run(
         }
     }
     for (_, sink) in st.sinks.drain() {
-        let _ = sink.send(Err(ConsumerError::ConnectionLost(reason.clone())));
+        let _ = sink
+            .tx
+            .send(Err(ConsumerError::ConnectionLost(reason.clone())));
     }
     while let Ok(op) = ops.try_recv() {
         match op {
@@ -469,8 +515,29 @@ impl State {
         }
     }
 
-    /// Appends an op's line to `batch` and records what it waits for.
-    fn take(&mut self, op: Op, batch: &mut String, now: Instant) {
+    /// Takes the ops already waiting, up to the write backlog (none once
+    /// `quit` is written); whether it took any.
+    fn take_ready(
+        &mut self,
+        ops: &mut mpsc::UnboundedReceiver<Op>,
+        out: &mut ConnectionWriter,
+        now: Instant,
+    ) -> bool {
+        let mut took = false;
+        while !self.quitting && out.queued_bytes() < WRITE_BACKLOG_BYTES {
+            match ops.try_recv() {
+                Ok(op) => {
+                    self.take(op, out, now);
+                    took = true;
+                }
+                Err(_) => break,
+            }
+        }
+        took
+    }
+
+    /// Queues an op's lines for writing and records what they wait for.
+    fn take(&mut self, op: Op, out: &mut ConnectionWriter, now: Instant) {
         match op {
             Op::Command {
                 line,
@@ -480,8 +547,7 @@ impl State {
                 if matches!(expect, Expect::Quit) {
                     self.quitting = true;
                 }
-                batch.push_str(&line);
-                batch.push('\n');
+                out.queue_line(&line);
                 self.pending.push_back(Pending {
                     expect,
                     reply: ReplyTo::One(reply),
@@ -501,12 +567,7 @@ impl State {
                 if empty || self.quitting {
                     return;
                 }
-                if batch.is_empty() {
-                    // The first lines of a write move in; no copy.
-                    *batch = lines;
-                } else {
-                    batch.push_str(&lines);
-                }
+                self.spares.give(out.queue_owned(lines));
                 self.pending.push_back(Pending {
                     expect,
                     reply: ReplyTo::Many(replies),
@@ -519,16 +580,12 @@ impl State {
                 sink,
                 reply,
             } => {
-                if self.sinks.get(&queue).is_some_and(|s| !s.is_closed()) {
+                if self.sinks.get(&queue).is_some_and(|s| !s.tx.is_closed()) {
                     let _ = reply.send(Err(RequestError::AlreadyConsuming(queue)));
                     return;
                 }
-                batch.push_str("consume ");
-                batch.push_str(&queue);
-                batch.push(' ');
-                batch.push_str(&prefetch.to_string());
-                batch.push('\n');
-                self.sinks.insert(queue.clone(), sink);
+                out.queue_line(&format!("consume {queue} {prefetch}"));
+                self.sinks.insert(queue.clone(), Sink::new(sink));
                 self.orphan_logged.remove(&queue);
                 self.pending.push_back(Pending {
                     expect: Expect::Consume(queue),
@@ -539,13 +596,12 @@ impl State {
         }
     }
 
-    /// Appends one of the task's own commands.
-    fn push_own(&mut self, line: &str, expect: Expect, batch: &mut String, now: Instant) {
+    /// Queues one of the task's own commands.
+    fn push_own(&mut self, line: &str, expect: Expect, out: &mut ConnectionWriter, now: Instant) {
         if matches!(expect, Expect::Quit) {
             self.quitting = true;
         }
-        batch.push_str(line);
-        batch.push('\n');
+        out.queue_line(line);
         self.pending.push_back(Pending {
             expect,
             reply: ReplyTo::Own,
@@ -559,9 +615,15 @@ impl State {
             return self.on_delivery(line);
         }
         if let Some(queue) = deleted_queue(&line) {
-            if let Some(sink) = self.sinks.remove(queue) {
-                // The consume is over; the connection goes on.
-                let _ = sink.send(Err(ConsumerError::QueueDeleted(queue.to_owned())));
+            if self.sinks.contains_key(queue) {
+                // What came before it first.
+                self.hand_over();
+                if let Some(sink) = self.sinks.remove(queue) {
+                    // The consume is over; the connection goes on.
+                    let _ = sink
+                        .tx
+                        .send(Err(ConsumerError::QueueDeleted(queue.to_owned())));
+                }
                 return Ok(());
             }
         }
@@ -574,7 +636,7 @@ impl State {
                 let Some(id) = ids.pop_front() else {
                     return Err(Disconnected::Protocol("an empty publish pipeline".into()));
                 };
-                check_publish_reply(&line, &id)?;
+                check_publish_reply(&line, id)?;
                 ids.is_empty()
             }
             Expect::Lines(n) => {
@@ -585,7 +647,7 @@ impl State {
         };
         if !done {
             if let ReplyTo::Many(tx) = &head.reply {
-                let _ = tx.send(Ok(line));
+                self.held.hold(tx, line);
             }
             return Ok(());
         }
@@ -608,11 +670,12 @@ impl State {
         // its own reply.
         match p.reply {
             ReplyTo::One(tx) => {
+                // A caller who sees this reply finds every delivery and reply
+                // read before it.
+                self.hand_over();
                 let _ = tx.send(Ok(line));
             }
-            ReplyTo::Many(tx) => {
-                let _ = tx.send(Ok(line));
-            }
+            ReplyTo::Many(tx) => self.held.hold(&tx, line),
             ReplyTo::Own => {}
         }
         Ok(())
@@ -623,13 +686,15 @@ impl State {
     fn on_unsolicited(&mut self, line: String) -> Result<(), Disconnected> {
         let line = shorten(&line);
         tracing::warn!(line = %line, "the broker sent a line with no command waiting");
+        self.hand_over();
         for sink in self.sinks.values() {
-            let _ = sink.send(Err(ConsumerError::Unsolicited(line.clone())));
+            let _ = sink.tx.send(Err(ConsumerError::Unsolicited(line.clone())));
         }
         Ok(())
     }
 
-    /// Hands a `Message:` line to its queue's consumer.
+    /// Holds a `Message:` line for its queue's consumer, to go with the rest
+    /// of the read ([`State::hand_over`]).
     fn on_delivery(&mut self, line: String) -> Result<(), Disconnected> {
         let len = line.len();
         let Some(raw) = RawDelivery::parse(line) else {
@@ -638,15 +703,57 @@ impl State {
                 "a malformed delivery line ({len} bytes)"
             )));
         };
-        let raw = match self.sinks.get(raw.queue()) {
-            Some(sink) => match sink.send(Ok(raw)) {
-                Ok(()) => return Ok(()),
-                // The consumer was dropped: the delivery comes back.
-                Err(mpsc::error::SendError(Ok(raw))) => raw,
-                Err(_) => return Ok(()),
-            },
-            None => raw,
+        // One consumer per connection is the usual case: no hashing then.
+        let sink = if self.sinks.len() == 1 {
+            self.sinks
+                .iter_mut()
+                .next()
+                .filter(|(queue, _)| queue.as_str() == raw.queue())
+                .map(|(_, sink)| sink)
+        } else {
+            self.sinks.get_mut(raw.queue())
         };
+        match sink {
+            Some(sink) if !sink.tx.is_closed() => {
+                sink.held.push(raw);
+                self.holding = true;
+            }
+            _ => self.orphaned(&raw),
+        }
+        Ok(())
+    }
+
+    /// Hands every consumer the deliveries held for it, one batch each, then
+    /// the replies held (see [`HeldReplies`]).
+    fn hand_over(&mut self) {
+        if std::mem::take(&mut self.holding) {
+            self.hand_over_deliveries();
+        }
+        self.held.hand_over();
+    }
+
+    /// Hands every consumer the deliveries held for it, one batch each.
+    fn hand_over_deliveries(&mut self) {
+        let mut lost = Vec::new();
+        for sink in self.sinks.values_mut() {
+            if sink.held.is_empty() {
+                continue;
+            }
+            // The next read likely brings as many: room for them at once.
+            let room = sink.held.len();
+            let batch = std::mem::replace(&mut sink.held, Vec::with_capacity(room));
+            // The consumer was dropped: the deliveries come back.
+            if let Err(mpsc::error::SendError(Ok(mut batch))) = sink.tx.send(Ok(batch)) {
+                lost.extend(batch.pop());
+            }
+        }
+        for raw in lost {
+            self.orphaned(&raw);
+        }
+    }
+
+    /// A delivery for a queue with no live consumer here: logged once a queue.
+    fn orphaned(&mut self, raw: &RawDelivery) {
         if self.orphan_logged.insert(raw.queue().to_owned()) {
             tracing::warn!(
                 queue = raw.queue(),
@@ -656,7 +763,6 @@ impl State {
                  until this connection closes or the broker's ack_wait_secs passes"
             );
         }
-        Ok(())
     }
 }
 
@@ -699,10 +805,7 @@ fn shorten(line: &str) -> String {
 mod tests {
     use super::*;
 
-    fn sink() -> (
-        DeliverySink,
-        mpsc::UnboundedReceiver<Result<RawDelivery, ConsumerError>>,
-    ) {
+    fn sink() -> (DeliverySink, mpsc::UnboundedReceiver<DeliveryBatch>) {
         mpsc::unbounded_channel()
     }
 
@@ -744,9 +847,9 @@ mod tests {
     async fn a_pushed_queue_deletion_ends_that_consumer_and_answers_no_command() {
         let mut st = State::default();
         let (tx, mut rx) = sink();
-        st.sinks.insert("q1".into(), tx);
+        st.sinks.insert("q1".into(), Sink::new(tx));
         let (other, mut other_rx) = sink();
-        st.sinks.insert("q2".into(), other);
+        st.sinks.insert("q2".into(), Sink::new(other));
         let mut reply = pending(&mut st, Expect::Line);
         st.on_line("Error: queue q1 deleted".into()).unwrap();
         // Not the pending command's reply.
@@ -759,7 +862,8 @@ mod tests {
         // The stream ends; the other consumer goes on.
         assert!(rx.recv().await.is_none());
         st.on_line("Message: m1 q2 1 {}".into()).unwrap();
-        assert!(matches!(other_rx.recv().await, Some(Ok(d)) if d.id() == "m1"));
+        st.hand_over();
+        assert!(matches!(other_rx.recv().await, Some(Ok(b)) if b.len() == 1 && b[0].id() == "m1"));
         // The same words for a queue not consumed here are a reply.
         st.on_line("Error: queue q9 deleted".into()).unwrap();
         assert_eq!(reply.await.unwrap().unwrap(), "Error: queue q9 deleted");
@@ -769,7 +873,7 @@ mod tests {
     async fn a_line_with_no_command_waiting_goes_to_every_consumer() {
         let mut st = State::default();
         let (tx, mut rx) = sink();
-        st.sinks.insert("q1".into(), tx);
+        st.sinks.insert("q1".into(), Sink::new(tx));
         st.on_line("Error: the broker is restarting".into())
             .unwrap();
         match rx.recv().await {
@@ -780,7 +884,8 @@ mod tests {
         }
         // The stream goes on.
         st.on_line("Message: m1 q1 1 {}".into()).unwrap();
-        assert!(matches!(rx.recv().await, Some(Ok(d)) if d.id() == "m1"));
+        st.hand_over();
+        assert!(matches!(rx.recv().await, Some(Ok(b)) if b.len() == 1 && b[0].id() == "m1"));
         // With no consumer it is only logged.
         let mut st = State::default();
         st.on_line("OK what".into()).unwrap();
@@ -791,7 +896,7 @@ mod tests {
         let mut st = State::default();
         let (tx, mut rx) = mpsc::unbounded_channel();
         st.pending.push_back(Pending {
-            expect: Expect::Publishes(["a".into(), "b".into()].into()),
+            expect: Expect::Publishes(["a", "b"].into_iter().collect()),
             reply: ReplyTo::Many(tx.clone()),
             sent_at: Instant::now(),
         });
@@ -807,9 +912,10 @@ mod tests {
         st.on_line("OK ack_batch q 2".into()).unwrap();
         st.on_line("ACK_CONFIRMED x".into()).unwrap();
         assert!(st.pending.is_empty());
+        st.hand_over();
         let mut got = Vec::new();
         while let Ok(r) = rx.try_recv() {
-            got.push(r.unwrap());
+            got.extend(r.unwrap());
         }
         assert_eq!(
             got,
@@ -823,7 +929,7 @@ mod tests {
 
         let (tx, _rx) = mpsc::unbounded_channel();
         st.pending.push_back(Pending {
-            expect: Expect::Publishes(["a".into()].into()),
+            expect: Expect::Publishes(["a"].into_iter().collect()),
             reply: ReplyTo::Many(tx),
             sent_at: Instant::now(),
         });
@@ -831,5 +937,33 @@ mod tests {
             st.on_line("ACK z".into()),
             Err(Disconnected::Protocol(_))
         ));
+    }
+
+    #[tokio::test]
+    async fn the_deliveries_of_one_read_go_as_one_batch_before_any_later_reply() {
+        let mut st = State::default();
+        let (tx, mut rx) = sink();
+        st.sinks.insert("q1".into(), Sink::new(tx));
+        let mut reply = pending(&mut st, Expect::Line);
+        st.on_line("Message: m1 q1 1 {}".into()).unwrap();
+        st.on_line("Message: m2 q1 2 {}".into()).unwrap();
+        // Held for the rest of the read.
+        assert!(rx.try_recv().is_err());
+        // A reply hands them over first.
+        st.on_line("OK purge_queue q9 0".into()).unwrap();
+        assert_eq!(reply.try_recv().unwrap().unwrap(), "OK purge_queue q9 0");
+        match rx.try_recv() {
+            Ok(Ok(batch)) => {
+                let ids: Vec<(&str, u32)> = batch.iter().map(|d| (d.id(), d.count)).collect();
+                assert_eq!(ids, [("m1", 1), ("m2", 2)]);
+            }
+            other => panic!("expected one batch, got {other:?}"),
+        }
+        st.on_line("Message: m3 q1 1 {}".into()).unwrap();
+        st.hand_over();
+        assert!(matches!(rx.try_recv(), Ok(Ok(b)) if b.len() == 1 && b[0].id() == "m3"));
+        // Nothing is sent for a read without deliveries.
+        st.hand_over();
+        assert!(rx.try_recv().is_err());
     }
 }

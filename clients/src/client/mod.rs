@@ -8,7 +8,10 @@
 //! - `driver`: the connection task that owns the socket. It writes commands in
 //!   the order they are made and hands each reply to the command that sent it
 //!   (replies come in command order) and each `Message:` line to the consumer of
-//!   its queue, so a pushed delivery never passes for a reply.
+//!   its queue, so a pushed delivery never passes for a reply. It writes to
+//!   the socket itself and hands deliveries and pipelined replies over a
+//!   read at a time; `batches` holds what it hands over and the buffers it
+//!   reuses.
 //! - [`publisher`]: [`Publisher`] (pipelining up to a window, retries of
 //!   retryable NACKs, encryption for a receiver).
 //! - [`consumer`]: [`Consumer`] (a `Stream` of [`Delivery`]s), [`ReceiverKey`].
@@ -49,6 +52,7 @@
 //! # Ok(()) }
 //! ```
 
+mod batches;
 pub mod config;
 pub mod consumer;
 mod driver;

@@ -5,7 +5,6 @@
 //! queues and flushes publishes and a [`PublishOutcomes`] stream of their
 //! outcomes in order: no future, no channel per message, no retries.
 
-use std::collections::VecDeque;
 use std::fmt;
 use std::pin::Pin;
 use std::sync::atomic::Ordering::Relaxed;
@@ -16,7 +15,7 @@ use ciphermq_proto::{NackReason, Reply};
 use futures_core::Stream;
 use tokio::sync::mpsc;
 
-use crate::client::driver::{Expect, Handle, ManySink, ReplyResult};
+use crate::client::driver::{Expect, Handle, ManySink, PublishIds, ReplyBatch, ReplyResult};
 use crate::client::error::{PublishError, RequestError};
 use crate::client::{reply, Client};
 use crate::crypto::{self, EncryptedInputData};
@@ -280,13 +279,15 @@ impl Publisher {
         (
             PublishPipeline {
                 handle: self.client.inner.handle.clone(),
-                lines: String::new(),
-                ids: VecDeque::new(),
+                lines: Vec::new(),
+                ids: PublishIds::default(),
+                route: None,
                 replies: tx,
                 pushed: 0,
             },
             PublishOutcomes {
                 replies: rx,
+                ready: Vec::new().into_iter(),
                 ended: false,
             },
         )
@@ -348,9 +349,12 @@ pub struct PublishPipeline {
     /// The connection.
     handle: Handle,
     /// Queued publish lines, each ending in `\n`.
-    lines: String,
+    lines: Vec<u8>,
     /// Their message ids, in order.
-    ids: VecDeque<Box<str>>,
+    ids: PublishIds,
+    /// The exchange and routing key checked last: a run of publishes to one
+    /// route checks the names once.
+    route: Option<(String, String)>,
     /// Where the connection task sends the replies.
     replies: ManySink,
     /// Publishes flushed so far.
@@ -370,9 +374,9 @@ impl fmt::Debug for PublishPipeline {
 impl PublishPipeline {
     /// Queues a publish [`Publisher::prepare`] rendered.
     pub fn push(&mut self, prepared: &PreparedPublish) -> Result<(), PublishError> {
-        self.lines.push_str(&prepared.line);
-        self.lines.push('\n');
-        self.ids.push_back(Box::from(&*prepared.message_id));
+        self.lines.extend_from_slice(prepared.line.as_bytes());
+        self.lines.push(b'\n');
+        self.ids.push(&prepared.message_id);
         Ok(())
     }
 
@@ -390,26 +394,46 @@ impl PublishPipeline {
         message_id: &str,
         json: &str,
     ) -> Result<(), PublishError> {
-        reply::check_name("exchange", exchange)?;
-        reply::check_key(routing_key)?;
+        self.push_json_bytes(exchange, routing_key, message_id, json.as_bytes())
+    }
+
+    /// [`PublishPipeline::push_json`] for JSON rendered into a byte buffer
+    /// (a load generator patching a template), checked as there except for
+    /// UTF-8: the broker checks every line, so a body that is not UTF-8 is not
+    /// scanned twice; it is refused on its own (its outcome is
+    /// `Err(PublishError::Request)`, `invalid UTF-8 in request`) and the
+    /// pipeline goes on.
+    pub fn push_json_bytes(
+        &mut self,
+        exchange: &str,
+        routing_key: &str,
+        message_id: &str,
+        json: &[u8],
+    ) -> Result<(), PublishError> {
+        let known = matches!(&self.route, Some((e, k)) if e == exchange && k == routing_key);
+        if !known {
+            reply::check_name("exchange", exchange)?;
+            reply::check_key(routing_key)?;
+            self.route = Some((exchange.to_owned(), routing_key.to_owned()));
+        }
         if !ciphermq_proto::is_valid_name(message_id) {
             return Err(PublishError::InvalidMessageId(message_id.to_owned()));
         }
-        if memchr::memchr2(b'\n', b'\r', json.as_bytes()).is_some() {
+        if memchr::memchr2(b'\n', b'\r', json).is_some() {
             return Err(PublishError::Request(RequestError::Unsupported(
                 "a message's JSON is one line: no \\n or \\r".to_owned(),
             )));
         }
         self.lines
             .reserve(json.len() + exchange.len() + routing_key.len() + 11);
-        self.lines.push_str("publish ");
-        self.lines.push_str(exchange);
-        self.lines.push(' ');
-        self.lines.push_str(routing_key);
-        self.lines.push(' ');
-        self.lines.push_str(json);
-        self.lines.push('\n');
-        self.ids.push_back(Box::from(message_id));
+        self.lines.extend_from_slice(b"publish ");
+        self.lines.extend_from_slice(exchange.as_bytes());
+        self.lines.push(b' ');
+        self.lines.extend_from_slice(routing_key.as_bytes());
+        self.lines.push(b' ');
+        self.lines.extend_from_slice(json);
+        self.lines.push(b'\n');
+        self.ids.push(message_id);
         Ok(())
     }
 
@@ -437,8 +461,12 @@ impl PublishPipeline {
             return Ok(());
         }
         let n = self.ids.len() as u64;
-        let lines = std::mem::take(&mut self.lines);
-        let ids = std::mem::take(&mut self.ids);
+        // The lines go out in a buffer the connection emptied before (no
+        // allocation a flush); the ids' room is sized on this flush.
+        let next_lines = self.handle.spare_buffer();
+        let lines = std::mem::replace(&mut self.lines, next_lines);
+        let next_ids = PublishIds::with_capacity(self.ids.len(), self.ids.text_len());
+        let ids = std::mem::replace(&mut self.ids, next_ids);
         self.handle
             .submit_many(lines, Expect::Publishes(ids), self.replies.clone())?;
         self.pushed += n;
@@ -454,8 +482,10 @@ impl PublishPipeline {
 /// then unanswered have no outcome, and the stream ends; it also ends once
 /// the pipeline is dropped and every outcome was read.
 pub struct PublishOutcomes {
-    /// The replies, in order.
-    replies: mpsc::UnboundedReceiver<ReplyResult>,
+    /// The replies, in order, a batch per read.
+    replies: mpsc::UnboundedReceiver<ReplyBatch>,
+    /// The rest of the batch received last, read before the channel.
+    ready: std::vec::IntoIter<String>,
     /// A lost connection was reported.
     ended: bool,
 }
@@ -474,8 +504,15 @@ impl PublishOutcomes {
         if self.ended {
             return None;
         }
-        let reply = self.replies.try_recv().ok()?;
-        Some(self.outcome(reply))
+        loop {
+            if let Some(line) = self.ready.next() {
+                return Some(self.outcome(Ok(line)));
+            }
+            match self.replies.try_recv().ok()? {
+                Ok(batch) => self.ready = batch.into_iter(),
+                Err(e) => return Some(self.outcome(Err(e))),
+            }
+        }
     }
 
     /// One reply as an outcome.
@@ -519,13 +556,19 @@ impl Stream for PublishOutcomes {
         if this.ended {
             return Poll::Ready(None);
         }
-        match this.replies.poll_recv(cx) {
-            Poll::Ready(Some(reply)) => Poll::Ready(Some(this.outcome(reply))),
-            Poll::Ready(None) => {
-                this.ended = true;
-                Poll::Ready(None)
+        loop {
+            if let Some(line) = this.ready.next() {
+                return Poll::Ready(Some(this.outcome(Ok(line))));
             }
-            Poll::Pending => Poll::Pending,
+            match this.replies.poll_recv(cx) {
+                Poll::Ready(Some(Ok(batch))) => this.ready = batch.into_iter(),
+                Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(this.outcome(Err(e)))),
+                Poll::Ready(None) => {
+                    this.ended = true;
+                    return Poll::Ready(None);
+                }
+                Poll::Pending => return Poll::Pending,
+            }
         }
     }
 }
@@ -540,21 +583,22 @@ mod tests {
         let (tx, rx) = mpsc::unbounded_channel();
         let mut outcomes = PublishOutcomes {
             replies: rx,
+            ready: Vec::new().into_iter(),
             ended: false,
         };
-        for line in [
-            "ACK m1",
-            "NACK m2 queue_full",
-            "NACK m3 something_new",
-            "Error: invalid message",
+        // Replies come in batches (those of one read); outcomes one by one.
+        for batch in [
+            &["ACK m1", "NACK m2 queue_full"][..],
+            &["NACK m3 something_new", "Error: invalid message"],
         ] {
-            tx.send(Ok(line.to_owned())).unwrap();
+            tx.send(Ok(batch.iter().map(|l| l.to_string()).collect()))
+                .unwrap();
         }
         tx.send(Err(RequestError::ConnectionLost(Arc::new(
             Disconnected::ClosedByBroker,
         ))))
         .unwrap();
-        tx.send(Ok("ACK m9".to_owned())).unwrap();
+        tx.send(Ok(vec!["ACK m9".to_owned()])).unwrap();
         assert!(
             matches!(outcomes.next_ready(), Some(Ok(a)) if a.message_id == "m1" && a.attempts == 1)
         );
