@@ -1,17 +1,24 @@
-//! The scenario against CipherMQ over mutual TLS.
+//! The scenario against CipherMQ over mutual TLS, on the client library
+//! (`ciphermq_clients::Client`).
 //!
 //! Setup (as the receiver): `declare_exchange bench_<type> <type>`, queues
 //! `<receiver>_bench_q<j>`, bound with `<receiver>.q<j>` (direct),
-//! `<receiver>.*.q<j>.#` (topic) or `<receiver>` (fanout). Publishers pipeline
-//! `publish` lines up to the window; replies come in command order, so each
-//! `ACK` matches the oldest outstanding publish. Consumers `consume` with the
-//! prefetch and `ack <id> <queue>` every delivery.
+//! `<receiver>.*.q<j>.#` (topic) or `<receiver>` (fanout). Publishers use the
+//! library's publish pipeline (`Publisher::pipeline`): publishes are queued up
+//! to the window and flushed in one write, and their outcomes come back in
+//! order, each matched with its send time. Consumers are the library's
+//! `Consumer` streams; whatever deliveries have arrived are settled together
+//! through a `Settler`: one `ack_batch` line (at most [`ACK_BATCH_IDS`] ids),
+//! or with `--single-acks` one `ack` line each.
 
 use std::sync::Arc;
 
-use anyhow::{bail, Context, Result};
-use ciphermq_clients::connection::{Connection, TlsClientOptions};
-use ciphermq_proto::{Delivery, Reply};
+use anyhow::{Context, Result};
+use ciphermq_clients::{
+    Client, ClientConfig, Consumer, Delivery, ExchangeKind, PublishError, Settlement, Settler,
+    TlsClientOptions,
+};
+use futures_lite::StreamExt as _;
 use tokio::sync::mpsc;
 
 use crate::args::{ExchangeArg, LoadArgs};
@@ -54,42 +61,36 @@ impl Names {
     }
 }
 
-async fn connect(args: &LoadArgs, cn: &str) -> Result<Connection> {
-    let opts = TlsClientOptions::for_cn(&args.certs, cn);
-    Connection::connect(&args.addr, &opts)
+async fn connect(args: &LoadArgs, cn: &str) -> Result<Client> {
+    let tls = TlsClientOptions::for_cn(&args.certs, cn);
+    Client::connect(ClientConfig::new(args.addr.clone(), tls))
         .await
         .with_context(|| format!("connecting to CipherMQ at {} as {cn}", args.addr))
 }
 
-async fn expect_ok(conn: &mut Connection, line: &str) -> Result<()> {
-    let reply = conn.request(line).await?;
-    if !reply.starts_with("OK ") {
-        bail!("{line}: {reply}");
-    }
-    Ok(())
-}
-
 /// Declares the exchange, the queues and the bindings.
 async fn setup(args: &LoadArgs, names: &Names) -> Result<()> {
-    let mut conn = connect(args, &args.receiver).await?;
-    expect_ok(
-        &mut conn,
-        &format!(
-            "declare_exchange {} {}",
-            names.exchange,
-            args.exchange.as_str()
-        ),
-    )
-    .await?;
+    let client = connect(args, &args.receiver).await?;
+    let kind = match args.exchange {
+        ExchangeArg::Direct => ExchangeKind::Direct,
+        ExchangeArg::Topic => ExchangeKind::Topic,
+        ExchangeArg::Fanout => ExchangeKind::Fanout,
+    };
+    client
+        .declare_exchange(&names.exchange, kind)
+        .await
+        .with_context(|| format!("declare_exchange {}", names.exchange))?;
     for (queue, binding) in names.queues.iter().zip(&names.bindings) {
-        expect_ok(&mut conn, &format!("declare_queue {queue}")).await?;
-        expect_ok(
-            &mut conn,
-            &format!("bind {queue} {} {binding}", names.exchange),
-        )
-        .await?;
+        client
+            .declare_queue(queue)
+            .await
+            .with_context(|| format!("declare_queue {queue}"))?;
+        client
+            .bind(queue, &names.exchange, binding)
+            .await
+            .with_context(|| format!("bind {queue} {} {binding}", names.exchange))?;
     }
-    let _ = conn.request("quit").await;
+    let _ = client.close().await;
     Ok(())
 }
 
@@ -126,47 +127,46 @@ async fn publisher(
     mut ctx: PublisherCtx,
 ) -> Result<PublisherReport> {
     let cn = &args.senders[ctx.index % args.senders.len()];
-    let (mut rd, mut wr) = connect(&args, cn).await?.into_split();
+    let client = connect(&args, cn).await?;
+    let (mut pipeline, mut outcomes) = client.publisher().pipeline();
     let (stamps_tx, mut stamps_rx) = mpsc::unbounded_channel::<u64>();
     let mut acks = ctx.acks();
     let reader = tokio::spawn(async move {
         while let Some(stamp) = stamps_rx.recv().await {
-            let line = rd
-                .read_line()
-                .await?
-                .context("the broker closed a publisher connection")?;
-            match Reply::parse(&line) {
-                Reply::Ack(_) => acks.record(stamp, true),
-                Reply::Nack { .. } => acks.record(stamp, false),
-                other => bail!("unexpected reply to publish: {other:?}"),
+            match outcomes
+                .next()
+                .await
+                .context("the broker closed a publisher connection")?
+            {
+                Ok(_) => acks.record(stamp, true),
+                Err(PublishError::Nack { .. } | PublishError::UnknownNack { .. }) => {
+                    acks.record(stamp, false)
+                }
+                Err(e) => return Err(anyhow::Error::new(e).context("publishing")),
             }
         }
         anyhow::Ok(acks.finish())
     });
 
-    let prefixes: Vec<Vec<u8>> = names
-        .keys
-        .iter()
-        .map(|key| format!("publish {} {key} ", names.exchange).into_bytes())
-        .collect();
-    let mut line = Vec::with_capacity(args.size + 128);
+    let mut json = Vec::with_capacity(args.size + 64);
     let mut seq = 0u64;
     let (body, index) = (ctx.body.clone(), ctx.index);
-    let mut emit = |wr: &mut ciphermq_clients::ConnectionWriter, stamp: u64| {
-        line.clear();
-        line.extend_from_slice(&prefixes[(seq % prefixes.len() as u64) as usize]);
-        body.write(&mut line, index, seq, stamp)?;
-        line.push(b'\n');
-        wr.queue_bytes(&line);
+    let mut emit = |pipeline: &mut ciphermq_clients::PublishPipeline, stamp: u64| {
+        let key = &names.keys[(seq % names.keys.len() as u64) as usize];
+        json.clear();
+        body.write(&mut json, index, seq, stamp)?;
         seq += 1;
-        anyhow::Ok(line.len())
+        let id = crate::payload::id_of(&json).context("a message body without an id")?;
+        // The broker checks the body's UTF-8; it is not scanned here too.
+        pipeline.push_json_bytes(&names.exchange, key, id, &json)?;
+        anyhow::Ok(())
     };
     let sent = async {
         while let Some(slot) = ctx.source.next().await {
             let stamp = ctx.admit(slot).await?;
-            let mut queued = emit(&mut wr, stamp)?;
+            emit(&mut pipeline, stamp)?;
             let _ = stamps_tx.send(stamp);
-            while queued < FLUSH_BYTES {
+            while pipeline.queued_bytes() < FLUSH_BYTES {
                 if ctx.try_admit().is_none() {
                     break;
                 }
@@ -175,10 +175,14 @@ async fn publisher(
                     break;
                 };
                 let stamp = ctx.stamp(slot);
-                queued += emit(&mut wr, stamp)?;
+                emit(&mut pipeline, stamp)?;
                 let _ = stamps_tx.send(stamp);
             }
-            wr.flush().await?;
+            pipeline.flush()?;
+            // The connection task writes the batch: let it run now, so a
+            // batch leaves as soon as it is made, not once the window is
+            // spent.
+            tokio::task::yield_now().await;
         }
         anyhow::Ok(())
     }
@@ -188,55 +192,33 @@ async fn publisher(
     // writer's "window closed", so it comes first.
     let report = reader.await.context("publisher reader panicked")??;
     sent?;
-    let _ = wr.shutdown().await;
+    drop(pipeline);
+    let _ = client.close().await;
     Ok(report)
 }
 
 /// Most ids in one `ack_batch` line (about 30 KiB of the bench's ids).
 const ACK_BATCH_IDS: usize = 1000;
 
-/// A consumer's acks as lines: one `ack_batch` line for whatever is waiting
-/// (at most [`ACK_BATCH_IDS`] ids a line), or one `ack` line per delivery.
-struct AckLines {
-    queue: String,
+/// Settles `batch`: one `ack_batch` line per [`ACK_BATCH_IDS`] ids, or one
+/// `ack` line per delivery; the settlements go to the task that checks them.
+fn settle(
+    settler: &Settler,
     single: bool,
-    /// Ids in the open `ack_batch` line.
-    ids: usize,
-}
-
-impl AckLines {
-    fn push(&mut self, wr: &mut ciphermq_clients::ConnectionWriter, id: &str) {
-        if self.single {
-            for part in [
-                b"ack ".as_slice(),
-                id.as_bytes(),
-                b" ",
-                self.queue.as_bytes(),
-                b"\n",
-            ] {
-                wr.queue_bytes(part);
-            }
-            return;
-        }
-        if self.ids == ACK_BATCH_IDS {
-            self.end(wr);
-        }
-        if self.ids == 0 {
-            wr.queue_bytes(b"ack_batch ");
-            wr.queue_bytes(self.queue.as_bytes());
-        }
-        wr.queue_bytes(b" ");
-        wr.queue_bytes(id.as_bytes());
-        self.ids += 1;
+    batch: &mut Vec<Delivery>,
+    check: &mpsc::UnboundedSender<Settlement>,
+) -> Result<()> {
+    for chunk in batch.chunks(ACK_BATCH_IDS) {
+        let ids = chunk.iter().map(Delivery::id);
+        let settlement = if single {
+            settler.ack_each(ids)?
+        } else {
+            settler.ack_ids(ids)?
+        };
+        let _ = check.send(settlement);
     }
-
-    /// Ends the open `ack_batch` line, if any.
-    fn end(&mut self, wr: &mut ciphermq_clients::ConnectionWriter) {
-        if self.ids > 0 {
-            wr.queue_bytes(b"\n");
-            self.ids = 0;
-        }
-    }
+    batch.clear();
+    Ok(())
 }
 
 async fn consumer(
@@ -245,42 +227,44 @@ async fn consumer(
     mut ctx: ConsumerCtx,
 ) -> Result<Latencies> {
     let queue = names.queues[ctx.queue].clone();
-    let mut conn = connect(&args, &args.receiver).await?;
-    expect_ok(&mut conn, &format!("consume {queue} {}", args.prefetch)).await?;
-    let (mut rd, mut wr) = conn.into_split();
-    let (ack_tx, mut ack_rx) = mpsc::unbounded_channel::<String>();
-    let mut lines = AckLines {
-        queue,
-        single: args.single_acks,
-        ids: 0,
-    };
-    let acker = tokio::spawn(async move {
-        while let Some(first) = ack_rx.recv().await {
-            lines.push(&mut wr, &first);
-            while let Ok(more) = ack_rx.try_recv() {
-                lines.push(&mut wr, &more);
-            }
-            lines.end(&mut wr);
-            wr.flush().await?;
+    let client = connect(&args, &args.receiver).await?;
+    let mut deliveries: Consumer = client
+        .consume(&queue, args.prefetch)
+        .await
+        .with_context(|| format!("consume {queue} {}", args.prefetch))?;
+    let settler = deliveries.settler();
+    // Replies to the acks are checked in order on their own task, so reading
+    // deliveries never waits for them.
+    let (check_tx, mut check_rx) = mpsc::unbounded_channel::<Settlement>();
+    let checker = tokio::spawn(async move {
+        while let Some(settlement) = check_rx.recv().await {
+            settlement.await.context("acknowledging deliveries")?;
         }
         anyhow::Ok(())
     });
     ctx.subscribed();
     let mut stop = ctx.stop.clone();
+    let mut batch: Vec<Delivery> = Vec::with_capacity(ACK_BATCH_IDS);
     loop {
-        let line = tokio::select! {
+        let item = tokio::select! {
             biased;
-            line = rd.read_line() => line?.context("the broker closed a consumer connection")?,
+            item = deliveries.next() => item.context("the broker closed a consumer connection")?,
             _ = ConsumerCtx::stopped(&mut stop) => break,
         };
-        if let Some(d) = Delivery::parse(&line) {
-            ctx.delivered(d.body.as_bytes());
-            let _ = ack_tx.send(d.message_id.to_owned());
-        } else if !line.starts_with("ACK_CONFIRMED ") && !line.starts_with("OK ack_batch ") {
-            bail!("unexpected line for a consumer: {line}");
+        let d = item.context("consuming")?;
+        ctx.delivered(d.body().as_bytes());
+        batch.push(d);
+        // Whatever else has arrived is acknowledged with it.
+        while let Some(item) = deliveries.next_ready() {
+            let d = item.context("consuming")?;
+            ctx.delivered(d.body().as_bytes());
+            batch.push(d);
         }
+        settle(&settler, args.single_acks, &mut batch, &check_tx)?;
     }
-    drop(ack_tx);
-    acker.await.context("consumer acker panicked")??;
+    drop(check_tx);
+    checker.await.context("consumer acker panicked")??;
+    drop(deliveries);
+    let _ = client.close().await;
     Ok(ctx.latency)
 }
