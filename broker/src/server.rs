@@ -36,14 +36,18 @@ use crate::tls_store::TlsStore;
 use ciphermq_admin::stats::{BrokerStats, Lifecycle};
 
 /// How long a task queue runs before glommio looks at finished I/O again
-/// (default 100 ms). The committer's queue does not ask for low latency
-/// (`committer.rs` says why), so this bounds the wait between a finished
-/// `fdatasync` and its answers while connections keep the shard busy (they
-/// yield when it is reached, `connection.rs`). Measured (docs/BENCHMARKS.md
-/// "Tail latency"): 100 ms cost 14% of one pipelined publisher's rate; 500 µs
-/// brought back the 0.3-1 s sleeps in 6 of 20 runs; 3 ms gave none in 20
-/// and 97% of the earlier rate.
-pub const PREEMPT_TIMER: std::time::Duration = std::time::Duration::from_millis(3);
+/// (default 100 ms). It bounds two waits on a busy shard: between a finished
+/// `fdatasync` and its answers (the committer's queue does not ask for low
+/// latency, `committer.rs` says why), and between a consumer's acks reaching
+/// the socket and the deliveries they make room for (a receiver's readiness
+/// is seen only when the reactor runs; `serving.rs`). Connections yield when
+/// it is reached (`connection.rs`). Measured (docs/BENCHMARKS.md "Tail
+/// latency" and "One consumer behind 16 publishers"): 100 ms cost 14% of one
+/// pipelined publisher's rate; 500 µs brought back the 0.3-1 s sleeps in 6 of
+/// 20 runs; 3 ms gave none in 20, but held one consumer behind 16 publishers
+/// to 1,000 deliveries (its prefetch) per 3 ms slice, and it fell behind for
+/// good; 1 ms gave no sleep in 45 runs and that consumer keeps up.
+pub const PREEMPT_TIMER: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// Locked memory each executor asks for (io_uring registered buffers).
 const IO_MEMORY: usize = 512 * 1024;
