@@ -351,8 +351,8 @@ if has mixed; then
       --target ciphermq --duration "$DURATION" --size 1024 --publishers "$pubs" --consumers 1 $single
   done
   # With 1,000 deliveries of prefetch a consumer gets at most 1,000 per
-  # round trip, and under 16 publishers' load a round trip takes at least
-  # the broker's preempt period (1 ms): a larger prefetch, for comparison.
+  # round trip, and under 16 publishers' load a round trip takes a few of
+  # the broker's 3 ms preempt periods (7-10 ms): a larger prefetch keeps up.
   QUEUE_CAP=${QUEUE_CAP:-100000000} start_broker durable 1
   bench "mixed-p16-c1-prefetch10000" "durable, 1 shard, 16 publishers, 1 consumer, prefetch 10,000" \
     --target ciphermq --duration "$DURATION" --size 1024 --publishers 16 --consumers 1 --prefetch 10000 $single

@@ -12,8 +12,8 @@
 //! such a queue in the executor, a shard on this kernel (6.18) now and then
 //! slept through its completions and its own timers for 0.3-1 s, ended only
 //! by an unrelated 1 s timer (10-25% of 10 s runs at 5,000 msg/s; none in 20
-//! runs without it and with a 3 ms preempt timer, nor in 45 with 1 ms:
-//! `server.rs` PREEMPT_TIMER, docs/BENCHMARKS.md "Tail latency").
+//! runs without it and with a 3 ms preempt timer, `server.rs` PREEMPT_TIMER,
+//! docs/BENCHMARKS.md "Tail latency").
 //!
 //! Rounds are pipelined two deep: once a round's bytes are durable, its
 //! directory syncs and answers run in their own task while the next round is

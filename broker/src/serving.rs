@@ -13,11 +13,12 @@
 //! backpressure that keeps a queue from growing without end.
 //!
 //! A turn is not enough by itself: glommio learns that a receiver's socket
-//! has its acks only when the reactor runs, once a preempt period while the
-//! publishers keep their queue busy. The consumer then moves at most its
-//! prefetch per period; at 3 ms that was ~110,000 deliveries a second
-//! behind 16 publishers' 160,000, and the preempt period is now 1 ms
-//! (`server.rs` PREEMPT_TIMER).
+//! has its acks only when the reactor runs, once a preempt period (3 ms)
+//! while the publishers keep their queue busy. The consumer then moves at
+//! most its prefetch per period: with 1,000, about 110,000 deliveries a
+//! second behind 16 publishers' 160,000, and it falls behind. A prefetch of
+//! 10,000 keeps up; a shorter period would too, but brings back glommio's
+//! sleeps (`server.rs` PREEMPT_TIMER).
 //!
 //! The queue does not ask for low latency (see `committer.rs` on what
 //! `Latency::Matters` queues did to this glommio).
