@@ -107,20 +107,18 @@ impl DeliveryTracker {
     /// Removes the deliveries of `id` (from `queue` only, when given) into `out`;
     /// returns how many.
     pub fn take(&mut self, id: &str, queue: Option<&str>, out: &mut Vec<Outstanding>) -> usize {
-        let Some(slots) = self.by_id.get_mut(id) else {
+        // One hash of the id: the common case (the id's only delivery, from
+        // the named queue) leaves nothing to put back.
+        let Some((key, slots)) = self.by_id.remove_entry(id) else {
             return 0;
         };
         let before = out.len();
-        let now_empty = match slots {
+        match slots {
+            Slots::One(o) if queue.is_none_or(|q| *o.queue == *q) => out.push(o),
             Slots::One(o) => {
-                if queue.is_none_or(|q| *o.queue == *q) {
-                    out.push(o.clone());
-                    true
-                } else {
-                    false
-                }
+                self.by_id.insert(key, Slots::One(o));
             }
-            Slots::Many(v) => {
+            Slots::Many(mut v) => {
                 let mut i = 0;
                 while i < v.len() {
                     if queue.is_none_or(|q| *v[i].queue == *q) {
@@ -129,11 +127,10 @@ impl DeliveryTracker {
                         i += 1;
                     }
                 }
-                v.is_empty()
+                if !v.is_empty() {
+                    self.by_id.insert(key, Slots::Many(v));
+                }
             }
-        };
-        if now_empty {
-            self.by_id.remove(id);
         }
         let taken = out.len() - before;
         self.len -= taken;
