@@ -1,5 +1,5 @@
-//! The crate's only `unsafe` code: moving a socket between executors, two
-//! start-up probes of the kernel, the free-space query of the disk watcher,
+//! The crate's only `unsafe` code: moving a socket between executors, a
+//! read that does not wait for glommio's reactor, two start-up probes of the kernel, the free-space query of the disk watcher,
 //! the write-permission query of `--check-config`,
 //! two `sysconf` values the process metrics need, and handing freed heap
 //! memory back to the kernel.
@@ -29,6 +29,37 @@ pub fn adopt(fd: OwnedFd) -> TcpStream {
     // SAFETY: `fd` is an open TCP socket we own exclusively (from `duplicate`);
     // ownership passes to the stream, which closes it on drop.
     unsafe { TcpStream::from_raw_fd(fd.into_raw_fd()) }
+}
+
+/// Reads what the socket holds now, without waiting; `None` when it holds
+/// nothing (or the call was interrupted).
+///
+/// glommio 0.9 reads a socket itself only when no readiness poll of it is
+/// outstanding, and learns that one completed only when its reactor runs:
+/// once a preempt period while a shard is busy. A connection woken for
+/// another reason (a full consumer, by the publishes waiting for it) reads
+/// its peer's acks here instead of waiting for that. The outstanding poll
+/// consumes nothing, so reading around it loses no bytes; it completes
+/// later as a spurious wake-up.
+pub fn try_recv(stream: &TcpStream, buf: &mut [u8]) -> Option<io::Result<usize>> {
+    // SAFETY: the descriptor belongs to `stream`, alive for the call; `buf`
+    // is valid for writes of `buf.len()` bytes; MSG_DONTWAIT never blocks.
+    let n = unsafe {
+        libc::recv(
+            stream.as_raw_fd(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            libc::MSG_DONTWAIT,
+        )
+    };
+    if let Ok(n) = usize::try_from(n) {
+        return Some(Ok(n));
+    }
+    let e = io::Error::last_os_error();
+    match e.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => None,
+        _ => Some(Err(e)),
+    }
 }
 
 /// Checks that this process may create an io_uring; the error says what to change.
@@ -151,5 +182,91 @@ pub fn release_free_memory() {
     // SAFETY: malloc_trim takes no pointers and only returns free pages.
     unsafe {
         libc::malloc_trim(0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+    use std::pin::Pin;
+    use std::sync::mpsc;
+    use std::task::{Context, Poll, Waker};
+    use std::time::{Duration, Instant};
+
+    use futures_lite::{AsyncRead, AsyncReadExt};
+
+    use super::*;
+
+    /// Polls `try_recv` until it returns something (the peer's bytes travel
+    /// through loopback on their own time).
+    fn recv_soon(stream: &TcpStream, buf: &mut [u8]) -> io::Result<usize> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(read) = try_recv(stream, buf) {
+                return read;
+            }
+            assert!(Instant::now() < deadline, "the peer's bytes never came");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// Bytes read around glommio's outstanding readiness poll arrive once
+    /// and in order: what `try_recv` takes, glommio's next read does not see
+    /// again, and what comes after reaches glommio's read as usual.
+    #[test]
+    fn reads_around_a_pending_poll_lose_and_repeat_nothing() {
+        let (addr_tx, addr_rx) = mpsc::channel();
+        let (go_tx, go_rx) = mpsc::channel::<&'static [u8]>();
+        let peer = std::thread::spawn(move || {
+            let addr: std::net::SocketAddr = addr_rx.recv().expect("the address");
+            let mut socket = std::net::TcpStream::connect(addr).expect("connect");
+            while let Ok(bytes) = go_rx.recv() {
+                if bytes.is_empty() {
+                    break;
+                }
+                socket.write_all(bytes).expect("write");
+            }
+            // Dropping the socket closes it.
+        });
+        glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+            .spawn(move || async move {
+                let listener = glommio::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+                addr_tx
+                    .send(listener.local_addr().expect("address"))
+                    .expect("send");
+                let mut stream = listener.accept().await.expect("accept");
+                let mut buf = [0u8; 64];
+                assert!(try_recv(&stream, &mut buf).is_none(), "nothing sent yet");
+
+                // glommio finds nothing and leaves a readiness poll outstanding.
+                let mut cx = Context::from_waker(Waker::noop());
+                assert!(matches!(
+                    Pin::new(&mut stream).poll_read(&mut cx, &mut buf),
+                    Poll::Pending
+                ));
+                go_tx.send(b"first").expect("go");
+                let n = recv_soon(&stream, &mut buf).expect("recv");
+                assert_eq!(&buf[..n], b"first");
+
+                go_tx.send(b"second").expect("go");
+                let mut got = Vec::new();
+                while got.len() < b"second".len() {
+                    let n = stream.read(&mut buf).await.expect("glommio's read");
+                    assert!(n > 0, "closed early");
+                    got.extend_from_slice(&buf[..n]);
+                }
+                assert_eq!(got, b"second");
+
+                go_tx.send(b"").expect("close");
+                assert_eq!(
+                    recv_soon(&stream, &mut buf).expect("recv"),
+                    0,
+                    "end of stream"
+                );
+            })
+            .expect("executor")
+            .join()
+            .expect("the test's executor");
+        peer.join().expect("the peer");
     }
 }

@@ -116,7 +116,15 @@ impl TlsSession {
     ) -> Poll<io::Result<usize>> {
         let room = self.incoming.spare(self.read_size);
         let offered = room.len();
-        let result = Pin::new(stream).poll_read(cx, room);
+        let mut result = Pin::new(&mut *stream).poll_read(cx, room);
+        if result.is_pending() {
+            // Data may be there already (see `sys::try_recv`); the waker
+            // stays registered with glommio's poll either way.
+            let room = self.incoming.spare(self.read_size);
+            if let Some(read) = crate::sys::try_recv(stream, room) {
+                result = Poll::Ready(read);
+            }
+        }
         if let Poll::Ready(Ok(n)) = result {
             self.incoming.commit(n);
             self.traffic.0 += n as u64;

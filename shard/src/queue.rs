@@ -635,6 +635,21 @@ impl Queue {
         self.consumers.iter().any(|c| c.inflight < c.prefetch)
     }
 
+    /// The consumers whose prefetch is used up, while messages wait for
+    /// them (their acks are what frees the queue), starting with the one
+    /// next in turn.
+    pub fn full_consumers(&self) -> impl Iterator<Item = ConnRef> + '_ {
+        let n = if self.ready_len() == 0 {
+            0
+        } else {
+            self.consumers.len()
+        };
+        (0..n)
+            .map(move |i| &self.consumers[(self.next_consumer + i) % n])
+            .filter(|c| c.inflight >= c.prefetch)
+            .map(|c| c.conn)
+    }
+
     /// A read of the backlog failed; the next [`Queue::next_read`] asks again.
     pub fn read_failed(&mut self) {
         self.disk.read_failed();
@@ -1865,6 +1880,30 @@ mod tests {
         out.clear();
         q.dispatch(&s, now, &mut out, &mut Vec::new());
         assert_eq!(ids(&out), [(1, "m3".into(), 1)]);
+    }
+
+    #[test]
+    fn full_consumers_are_named_only_while_messages_wait_for_them() {
+        let s = QueueSettings {
+            max_len: 100,
+            ..settings()
+        };
+        let now = Instant::now();
+        let mut q = Queue::new(Arc::from("q"), 0);
+        q.add_consumer(conn(1), 1);
+        q.add_consumer(conn(2), 2);
+        let full = |q: &Queue| q.full_consumers().map(|c| c.id).collect::<Vec<_>>();
+        q.enqueue(msg("m0", "s"), now, &s).unwrap();
+        let mut out = Vec::new();
+        q.dispatch(&s, now, &mut out, &mut Vec::new());
+        assert!(full(&q).is_empty(), "consumer 1 is full, but nothing waits");
+        for i in 1..4 {
+            q.enqueue(msg(&format!("m{i}"), "s"), now, &s).unwrap();
+        }
+        q.dispatch(&s, now, &mut out, &mut Vec::new());
+        assert_eq!(full(&q), [1, 2], "m3 waits for both");
+        assert!(q.ack(out[0].1.seq, conn(1), now, &s));
+        assert_eq!(full(&q), [2], "consumer 1 has room again");
     }
 
     #[test]

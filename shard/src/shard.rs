@@ -152,6 +152,9 @@ pub enum ChoreProgress {
 /// waits too: a little over one slice of them (about 40 bytes each).
 const SETTLE_PENDING_BYTES: usize = 64 << 10;
 
+/// Full consumers one publish wakes at most (`Shard::dispatch`).
+const MAX_NUDGES: usize = 8;
+
 /// Least time between two searches for the queue to spill: a search scans
 /// every queue of the shard.
 const SPILL_SEARCH_EVERY: std::time::Duration = std::time::Duration::from_millis(5);
@@ -819,6 +822,20 @@ impl Shard {
                 let at = unix_ms();
                 for (_, delivery) in &deliveries {
                     log.append_delivered(delivery.seq, delivery.count, at);
+                }
+            }
+            if deliveries.is_empty() {
+                // Every consumer is full: wake them, so each reads the acks
+                // its socket may hold before glommio's reactor sees them
+                // (broker/src/serving.rs). A few per publish: a queue with
+                // thousands of full consumers must not cost thousands of
+                // lookups a publish.
+                for conn in q.full_consumers().take(MAX_NUDGES) {
+                    if conn.shard == self.id {
+                        if let Some(mailbox) = self.conns.get(&conn.id) {
+                            mailbox.wake();
+                        }
+                    }
                 }
             }
             // Only a consumer with room wants the next batch (a fetch asks

@@ -115,3 +115,52 @@ fn routed_admin(broker: &Broker) -> Client {
     }
     admin
 }
+
+/// Counts its wake-ups.
+struct CountingWaker(std::sync::atomic::AtomicUsize);
+
+impl std::task::Wake for CountingWaker {
+    fn wake(self: Arc<Self>) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// A consumer at its prefetch is woken, with nothing in its mailbox, by a
+/// publish that has to wait for it: its connection then reads the acks its
+/// socket may already hold instead of waiting for the reactor to notice.
+#[test]
+fn a_full_consumer_is_woken_by_a_publish_that_waits_for_it() {
+    let broker = Broker::start(Backing::Memory, RECEIVERS, "");
+    let mut admin = routed_admin(&broker);
+    let mut r = broker.client("receiver_1");
+    assert_eq!(
+        r.send(b"consume receiver_1_queue 1"),
+        ["OK consume receiver_1_queue"]
+    );
+    assert_eq!(
+        admin.send(publish("ex", "receiver_1", "m-1").as_bytes()),
+        ["ACK m-1"]
+    );
+    r.settle();
+    let m1 = body("m-1", "receiver_1");
+    assert_eq!(r.take_lines(), [delivery("receiver_1_queue", 1, &m1)]);
+
+    let counter = Arc::new(CountingWaker(Default::default()));
+    r.mailbox.register(&std::task::Waker::from(counter.clone()));
+    assert_eq!(
+        admin.send(publish("ex", "receiver_1", "m-2").as_bytes()),
+        ["ACK m-2"]
+    );
+    assert_eq!(counter.0.load(std::sync::atomic::Ordering::Relaxed), 1);
+    let mut events = VecDeque::new();
+    r.mailbox.drain_into(&mut events);
+    assert!(events.is_empty(), "a wake-up, not a delivery");
+
+    // Its ack makes room, and m-2 follows.
+    let m2 = body("m-2", "receiver_1");
+    let lines = r.send(b"ack m-1 receiver_1_queue");
+    assert!(
+        lines.contains(&delivery("receiver_1_queue", 1, &m2)),
+        "{lines:?}"
+    );
+}
