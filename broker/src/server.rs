@@ -38,16 +38,17 @@ use ciphermq_admin::stats::{BrokerStats, Lifecycle};
 /// How long a task queue runs before glommio looks at finished I/O again
 /// (default 100 ms). It bounds two waits on a busy shard: between a finished
 /// `fdatasync` and its answers (the committer's queue does not ask for low
-/// latency, `committer.rs` says why), and between a consumer's acks reaching
-/// the socket and the deliveries they make room for (a receiver's readiness
-/// is seen only when the reactor runs; `serving.rs`). Connections yield when
-/// it is reached (`connection.rs`). Measured (docs/BENCHMARKS.md "Tail
-/// latency" and "One consumer behind 16 publishers"): 100 ms cost 14% of one
-/// pipelined publisher's rate; 500 µs brought back the 0.3-1 s sleeps in 6 of
-/// 20 runs; 3 ms gave none in 20. 1 and 2 ms let one consumer at a prefetch
-/// of 1,000 keep up with 16 publishers, which it does not at 3 ms, but in
-/// 10-minute soaks at half the peak they brought the sleeps back (ACK p99
-/// 78, 149 and 225 ms against 42 and 48 ms), so the period stays at 3 ms.
+/// latency, `committer.rs` says why), and, for a consumer woken by nothing
+/// else, between its acks reaching the socket and the deliveries they make
+/// room for (`serving.rs`: a full consumer is woken by the publishes that
+/// wait for it instead). Connections yield when it is reached
+/// (`connection.rs`). Measured (docs/BENCHMARKS.md "Tail latency" and "One
+/// consumer behind 16 publishers"): 100 ms cost 14% of one pipelined
+/// publisher's rate; 500 µs brought back the 0.3-1 s sleeps in 6 of 20 runs;
+/// 3 ms gave none in 20. 1 and 2 ms let one consumer at a prefetch of 1,000
+/// keep up with 16 publishers, but in 10-minute soaks at half the peak they
+/// brought the sleeps back (ACK p99 78, 149 and 225 ms against 42 and 48
+/// ms), so the period stays at 3 ms.
 pub const PREEMPT_TIMER: std::time::Duration = std::time::Duration::from_millis(3);
 
 /// Locked memory each executor asks for (io_uring registered buffers).

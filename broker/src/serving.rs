@@ -12,13 +12,18 @@
 //! other half of a contended shard, are slowed down in turn, which is the
 //! backpressure that keeps a queue from growing without end.
 //!
-//! A turn is not enough by itself: glommio learns that a receiver's socket
-//! has its acks only when the reactor runs, once a preempt period (3 ms)
-//! while the publishers keep their queue busy. The consumer then moves at
-//! most its prefetch per period: with 1,000, about 110,000 deliveries a
-//! second behind 16 publishers' 160,000, and it falls behind. A prefetch of
-//! 10,000 keeps up; a shorter period would too, but brings back glommio's
-//! sleeps (`server.rs` PREEMPT_TIMER).
+//! A turn is not enough by itself: glommio reads a socket only when its
+//! reactor reports it readable, and while 16 publishers keep their task
+//! queue busy the reactor runs once a preempt period (3 ms, `server.rs`
+//! PREEMPT_TIMER). A consumer whose prefetch is used up is woken by nothing
+//! else, so it moved at most its prefetch per period: with 1,000, about
+//! 110,000 deliveries a second behind 16 publishers' 160,000, and it fell
+//! behind for good. Two things close that wait. The shard wakes a full
+//! consumer whenever a publish has to wait for it (`Shard::dispatch`); and
+//! a connection whose glommio read is pending reads the socket directly,
+//! without waiting (`sys::try_recv`), so the acks already there are taken
+//! in that turn. Consumers served by another shard than their queue's
+//! (consuming a queue someone else owns) are not woken this way.
 //!
 //! The queue does not ask for low latency (see `committer.rs` on what
 //! `Latency::Matters` queues did to this glommio).
