@@ -1,8 +1,8 @@
 //! The crate's only `unsafe` code: moving a socket between executors, a
-//! read that does not wait for glommio's reactor, two start-up probes of the kernel, the free-space query of the disk watcher,
-//! the write-permission query of `--check-config`,
-//! two `sysconf` values the process metrics need, and handing freed heap
-//! memory back to the kernel.
+//! read that does not wait for glommio's reactor, two start-up probes of
+//! the kernel, the free-space query of the disk watcher, the
+//! write-permission query of `--check-config`, two `sysconf` values the
+//! process metrics need, and handing freed heap memory back to the kernel.
 //!
 //! glommio 0.9 streams cannot be sent between executors, so the accepting
 //! shard duplicates the socket's file descriptor into an [`OwnedFd`] (which is

@@ -116,11 +116,10 @@ impl TlsSession {
     ) -> Poll<io::Result<usize>> {
         let room = self.incoming.spare(self.read_size);
         let offered = room.len();
-        let mut result = Pin::new(&mut *stream).poll_read(cx, room);
+        let mut result = Pin::new(&mut *stream).poll_read(cx, &mut *room);
         if result.is_pending() {
             // Data may be there already (see `sys::try_recv`); the waker
             // stays registered with glommio's poll either way.
-            let room = self.incoming.spare(self.read_size);
             if let Some(read) = crate::sys::try_recv(stream, room) {
                 result = Poll::Ready(read);
             }

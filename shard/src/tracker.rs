@@ -199,6 +199,9 @@ mod tests {
         assert_eq!(out[0].seq, 7);
         assert_eq!(t.take("m1", Some("qb"), &mut out), 0);
         assert_eq!(t.take("m3", None, &mut out), 0);
+        // An id's only delivery, asked for from another queue, stays.
+        assert_eq!(t.take("m2", Some("qb"), &mut out), 0);
+        assert_eq!(t.len(), 2);
         assert_eq!(t.take("m1", None, &mut out), 1);
         assert_eq!(t.len(), 1);
         out.clear();
