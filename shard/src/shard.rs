@@ -778,24 +778,26 @@ impl Shard {
         origin: Origin,
         ticket: &mut Option<u64>,
     ) -> Result<(), NackReason> {
-        let settings = self.settings.clone();
         if self.durable.as_ref().is_some_and(Durability::disk_low) {
             return Err(NackReason::DiskFull);
         }
-        let Some(name) = self.queue_mut(queue).map(|q| q.name().clone()) else {
-            return Err(NackReason::NoRoute);
+        // One hash of the name per publish to a queue this shard already
+        // holds (queue names are SipHashed: clients choose them).
+        let q = match self.queues.get_mut(queue) {
+            Some(q) => q,
+            None => {
+                self.queue_mut(queue).ok_or(NackReason::NoRoute)?;
+                self.queues.get_mut(queue).ok_or(NackReason::NoRoute)?
+            }
         };
-        let Some(q) = self.queues.get_mut(queue) else {
-            return Err(NackReason::NoRoute);
-        };
-        let enqueued = match q.enqueue(msg.clone(), now, &settings) {
+        let enqueued = match q.enqueue(msg.clone(), now, &self.settings) {
             Ok(e) => e,
             Err(QueueFull) => return Err(NackReason::QueueFull),
         };
         if let Some(d) = &mut self.durable {
             let next = q.next_seq();
             let id = *ticket.get_or_insert_with(|| d.new_ticket(origin));
-            let log = d.log(&name, next);
+            let log = d.log(q.name(), next);
             if let Enqueued::Stored(seq) = enqueued {
                 log.append_message(seq, &msg);
             }

@@ -105,7 +105,8 @@ pub struct QueueLog {
     /// Bytes of the active segment already handed to jobs.
     written: u64,
     pending: Vec<u8>,
-    /// Bytes of the last job, to size the next pending buffer up front.
+    /// Bytes of the largest recent job, to size the next pending buffer up
+    /// front.
     pending_hint: usize,
     waiters: Vec<u64>,
     message_seqs: Vec<u64>,
@@ -213,12 +214,16 @@ impl QueueLog {
         self.written = FILE_HEADER_BYTES;
     }
 
-    /// The pending buffer, sized on its first append for a round like the
-    /// last one: grown by doubling instead, it copied each round's bytes once
-    /// more and mapped fresh pages for it.
+    /// The pending buffer, sized on its first append for the largest of the
+    /// recent rounds and half as much again. Grown by doubling instead, it
+    /// copied each round's bytes once more and mapped fresh pages for it;
+    /// sized for exactly the last round, it still did so for most rounds,
+    /// because round sizes follow the `fdatasync` times before them, which
+    /// vary widely.
     fn pending(&mut self) -> &mut Vec<u8> {
         if self.pending.capacity() == 0 {
-            self.pending.reserve(self.pending_hint);
+            let room = self.pending_hint + self.pending_hint / 2;
+            self.pending.reserve(room.min(MAX_PENDING_HINT));
         }
         &mut self.pending
     }
@@ -437,7 +442,13 @@ impl QueueLog {
         };
         active.created = true;
         self.dir_exists = true;
-        self.pending_hint = job.bytes.len().min(MAX_PENDING_HINT);
+        // The largest recent round: a larger one takes over at once, and a
+        // smaller one lowers it by a sixteenth.
+        self.pending_hint = job
+            .bytes
+            .len()
+            .max(self.pending_hint - self.pending_hint / 16)
+            .min(MAX_PENDING_HINT);
         self.written += job.bytes.len() as u64;
         if self.written >= self.segment_bytes && active.base < next_seq {
             self.open_segment(next_seq);
@@ -807,5 +818,43 @@ mod tests {
         assert_eq!(log.deletion_bound(), Some(1));
         let job = take(&mut log, 2);
         assert_eq!(job.delete.len(), 1);
+    }
+
+    /// A round up to half as large again as the largest recent one is
+    /// encoded without the pending buffer growing (each growth copies the
+    /// round so far), and a run of small rounds lets the size come down.
+    #[test]
+    fn the_pending_buffer_fits_a_round_larger_than_the_last() {
+        let body = "x".repeat(1000);
+        let message = Message::new("m", &body, Arc::from("s"));
+        let mut log = QueueLog::new(PathBuf::from("/d/q"), 1 << 30, 0);
+        let mut seq = 0;
+        let mut round = |log: &mut QueueLog, messages: u64| {
+            let mut capacities = Vec::new();
+            for _ in 0..messages {
+                log.append_message(seq, &message);
+                capacities.push(log.pending.capacity());
+                seq += 1;
+            }
+            let job = take(log, seq);
+            finish(log, &job);
+            capacities
+        };
+        round(&mut log, 100);
+        round(&mut log, 10);
+        let larger = round(&mut log, 140);
+        assert!(
+            larger.iter().all(|c| *c == larger[0]),
+            "the buffer grew during a round 1.4x the largest recent one: {:?}",
+            larger.first().zip(larger.last())
+        );
+        let before = log.pending_hint;
+        for _ in 0..100 {
+            round(&mut log, 1);
+        }
+        assert!(
+            log.pending_hint < before / 10,
+            "the size hint never came down"
+        );
     }
 }
