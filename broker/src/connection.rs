@@ -399,7 +399,9 @@ impl Connection {
         let input_blocked = self.tls.outgoing_len() >= OUTPUT_HIGH_WATER;
         let mut progress = false;
         loop {
-            // Moves everything rustls encrypted into `outgoing`, then to the socket.
+            // Sends what rustls encrypted, straight from its buffers while the
+            // socket takes it; the rest waits in `outgoing` (which the
+            // high-water mark counts).
             if let Poll::Ready(Err(e)) = self.tls.poll_flush(&mut self.stream, cx) {
                 return Err(e.to_string());
             }

@@ -1,5 +1,6 @@
 //! The crate's only `unsafe` code: moving a socket between executors, a
-//! read that does not wait for glommio's reactor, two start-up probes of
+//! read that does not wait for glommio's reactor, a write straight from
+//! rustls' buffers, two start-up probes of
 //! the kernel, the free-space query of the disk watcher, the
 //! write-permission query of `--check-config`, two `sysconf` values the
 //! process metrics need, and handing freed heap memory back to the kernel.
@@ -61,6 +62,48 @@ pub fn try_recv(stream: &TcpStream, buf: &mut [u8]) -> Option<io::Result<usize>>
         _ => Some(Err(e)),
     }
 }
+
+/// Sends what the socket takes now of `bufs`, in order, without waiting;
+/// `None` when it takes nothing (full, or the call was interrupted).
+///
+/// The session hands rustls' encrypted records to the kernel from rustls'
+/// own buffers with it, instead of copying them into a buffer of its own
+/// for glommio's `poll_write` first (which makes the same non-blocking
+/// call). Only what the socket cannot take now is copied, to wait for
+/// glommio's readiness poll.
+pub fn try_send_vectored(
+    stream: &TcpStream,
+    bufs: &[io::IoSlice<'_>],
+) -> Option<io::Result<usize>> {
+    // SAFETY: an all-zero msghdr is valid (no address, no control data).
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    // `IoSlice` is ABI-compatible with `iovec` on Unix (documented by std);
+    // sendmsg only reads the slices.
+    msg.msg_iov = bufs.as_ptr().cast_mut().cast();
+    msg.msg_iovlen = bufs.len().min(MAX_IOV);
+    // SAFETY: the descriptor belongs to `stream`, alive for the call; every
+    // slice is valid for reads of its length for the call; MSG_DONTWAIT never
+    // blocks and MSG_NOSIGNAL turns a closed peer into EPIPE, not a signal.
+    let n = unsafe {
+        libc::sendmsg(
+            stream.as_raw_fd(),
+            &msg,
+            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+        )
+    };
+    if let Ok(n) = usize::try_from(n) {
+        return Some(Ok(n));
+    }
+    let e = io::Error::last_os_error();
+    match e.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => None,
+        _ => Some(Err(e)),
+    }
+}
+
+/// Slices one `sendmsg` takes at most (Linux's UIO_MAXIOV); rustls offers
+/// fewer.
+const MAX_IOV: usize = 1024;
 
 /// Checks that this process may create an io_uring; the error says what to change.
 pub fn probe_io_uring() -> Result<(), String> {
@@ -268,5 +311,91 @@ mod tests {
             .join()
             .expect("the test's executor");
         peer.join().expect("the peer");
+    }
+
+    /// `try_send_vectored` sends its slices in order, says `None` (does not
+    /// block, takes nothing) once the socket is full, and reports a closed
+    /// peer as an error rather than a signal; the peer reads exactly the
+    /// bytes it reported sent.
+    #[test]
+    fn sends_slices_in_order_until_the_socket_is_full() {
+        use std::io::Read;
+        let (addr_tx, addr_rx) = mpsc::channel();
+        let (full_tx, full_rx) = mpsc::channel::<usize>();
+        let (closed_tx, closed_rx) = mpsc::channel::<()>();
+        let peer = std::thread::spawn(move || {
+            let addr: std::net::SocketAddr = addr_rx.recv().expect("the address");
+            let mut socket = std::net::TcpStream::connect(addr).expect("connect");
+            let len = full_rx.recv().expect("full");
+            let mut got = vec![0u8; len];
+            socket.read_exact(&mut got).expect("read");
+            // Nothing past what was reported sent.
+            socket
+                .set_read_timeout(Some(Duration::from_millis(200)))
+                .expect("timeout");
+            let extra = socket.read(&mut [0u8; 1]);
+            assert!(
+                matches!(&extra, Err(e) if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::TimedOut),
+                "more bytes than reported sent: {extra:?}"
+            );
+            drop(socket);
+            closed_tx.send(()).expect("closed");
+            got
+        });
+        let sent = glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+            .spawn(move || async move {
+                let listener = glommio::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+                addr_tx
+                    .send(listener.local_addr().expect("address"))
+                    .expect("send");
+                let stream = listener.accept().await.expect("accept");
+                let mut sent = Vec::new();
+                let first = [io::IoSlice::new(b"ab"), io::IoSlice::new(b"cd")];
+                let n = try_send_vectored(&stream, &first)
+                    .expect("room")
+                    .expect("send");
+                assert_eq!(n, 4);
+                sent.extend_from_slice(b"abcd");
+                // Distinct bytes per chunk, so a lost or repeated one shows.
+                let mut full = false;
+                for i in 0..100_000u32 {
+                    let chunk = vec![(i % 251) as u8; 64 * 1024];
+                    match try_send_vectored(&stream, &[io::IoSlice::new(&chunk)]) {
+                        Some(sent_now) => {
+                            let n = sent_now.expect("send");
+                            sent.extend_from_slice(&chunk[..n]);
+                        }
+                        None => {
+                            full = true;
+                            break;
+                        }
+                    }
+                }
+                assert!(full, "the socket never filled");
+                // The peer reads what was reported sent, then closes.
+                full_tx.send(sent.len()).expect("go");
+                closed_rx.recv().expect("the peer closed");
+                // Sending to a closed peer: an error, eventually (the first
+                // send after a close may still be taken).
+                let deadline = Instant::now() + Duration::from_secs(10);
+                loop {
+                    match try_send_vectored(&stream, &[io::IoSlice::new(b"x")]) {
+                        Some(Err(_)) => break,
+                        _ => {
+                            assert!(Instant::now() < deadline, "no error after the peer closed");
+                            std::thread::sleep(Duration::from_millis(1));
+                        }
+                    }
+                }
+                sent
+            })
+            .expect("executor")
+            .join()
+            .expect("the test's executor");
+        let got = peer.join().expect("the peer");
+        assert!(
+            got == sent,
+            "the peer read other bytes than were reported sent"
+        );
     }
 }

@@ -23,6 +23,25 @@ const MIN_READ: usize = 4 * 1024;
 /// First socket read of a session: one full-size TLS record.
 const FIRST_READ: usize = 16 * 1024;
 
+/// The socket as rustls' `write_tls` target: sends without waiting, and
+/// reports a full socket as `WouldBlock` (rustls then keeps the rest).
+struct DirectSend<'a>(&'a TcpStream);
+
+impl Write for DirectSend<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.write_vectored(&[io::IoSlice::new(buf)])
+    }
+
+    fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        crate::sys::try_send_vectored(self.0, bufs)
+            .unwrap_or_else(|| Err(io::ErrorKind::WouldBlock.into()))
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
 /// A TLS session plus the ciphertext not yet given to rustls or to the socket.
 pub struct TlsSession {
     /// The rustls state machine.
@@ -36,7 +55,8 @@ pub struct TlsSession {
     /// connection woken for one small message zeroes a small buffer, not
     /// [`READ_CHUNK`].
     read_size: usize,
-    /// Ciphertext produced by rustls, not yet written to the socket.
+    /// Ciphertext the socket could not take when rustls produced it, waiting
+    /// for glommio's write (see [`TlsSession::poll_flush`]).
     outgoing: Vec<u8>,
     /// Bytes of `outgoing` already written.
     outgoing_pos: usize,
@@ -181,9 +201,23 @@ impl TlsSession {
                 // Kept for the next write; freed when the connection parks.
                 self.outgoing.clear();
                 self.outgoing_pos = 0;
+                // Straight from rustls' records to the socket while it takes
+                // them (`sys::try_send_vectored`)...
+                while self.tls.wants_write() {
+                    match self.tls.write_tls(&mut DirectSend(&*stream)) {
+                        // Nothing taken of records that wait: glommio's write
+                        // below tells why.
+                        Ok(0) => break,
+                        Ok(n) => self.traffic.1 += n as u64,
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                        Err(e) => return Poll::Ready(Err(e)),
+                    }
+                }
                 if !self.tls.wants_write() {
                     return Poll::Ready(Ok(()));
                 }
+                // ...and what it cannot take now waits here for glommio's
+                // readiness poll.
                 while self.tls.wants_write() {
                     self.tls.write_tls(&mut self.outgoing)?;
                 }
