@@ -10,12 +10,16 @@ msg/s), and prints percentiles:
            a time; most commits flush data only)
   zeroed   the whole file written with zeros and synced before the timed part:
            every commit overwrites blocks already written (a pure data flush)
+  ahead    a second thread keeps 1-2 MiB of zeros written and synced ahead of
+           the appends (what a broker would have to do to get `zeroed` on a
+           live log: its syncs share the disk with the timed ones)
 
     python3 bench/fsync_reserve.py /path/on/the/data/disk append keep reserve
 """
 import ctypes
 import os
 import sys
+import threading
 import time
 
 LIBC = ctypes.CDLL("libc.so.6", use_errno=True)
@@ -26,6 +30,34 @@ RECORD = b"x" * 1100
 def fallocate(fd, mode, offset, length):
     if LIBC.fallocate(fd, mode, ctypes.c_longlong(offset), ctypes.c_longlong(length)) != 0:
         raise OSError(ctypes.get_errno(), "fallocate")
+
+
+class ZeroAhead:
+    """Zero-fills and syncs 1 MiB at a time while fewer than 2 MiB lie
+    ahead of the write position; the timed appends start once 2 MiB do."""
+
+    STEP = 1 << 20
+
+    def __init__(self, fd, position):
+        self.fd, self.position, self.zeroed, self.done = fd, position, 0, False
+        self.thread = threading.Thread(target=self.work)
+        self.thread.start()
+        while self.zeroed < 2 * self.STEP:
+            time.sleep(0.001)
+
+    def work(self):
+        zeros = bytes(self.STEP)
+        while not self.done:
+            if self.zeroed - self.position() < 2 * self.STEP:
+                os.pwrite(self.fd, zeros, self.zeroed)
+                os.fdatasync(self.fd)
+                self.zeroed += self.STEP
+            else:
+                time.sleep(0.001)
+
+    def stop(self):
+        self.done = True
+        self.thread.join()
 
 
 def run(directory, mode, n=4000):
@@ -39,6 +71,9 @@ def run(directory, mode, n=4000):
             os.pwrite(fd, zeros, reserved)
             reserved += CHUNK
         os.fsync(fd)
+    ahead = None
+    if mode == "ahead":
+        ahead = ZeroAhead(fd, lambda: offset)
     try:
         for _ in range(n):
             started = time.perf_counter()
@@ -51,6 +86,8 @@ def run(directory, mode, n=4000):
             took.append(time.perf_counter() - started)
             time.sleep(0.0002)
     finally:
+        if ahead:
+            ahead.stop()
         os.close(fd)
         os.unlink(path)
     took.sort()
