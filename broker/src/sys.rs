@@ -53,14 +53,7 @@ pub fn try_recv(stream: &TcpStream, buf: &mut [u8]) -> Option<io::Result<usize>>
             libc::MSG_DONTWAIT,
         )
     };
-    if let Ok(n) = usize::try_from(n) {
-        return Some(Ok(n));
-    }
-    let e = io::Error::last_os_error();
-    match e.kind() {
-        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => None,
-        _ => Some(Err(e)),
-    }
+    without_waiting(n)
 }
 
 /// Sends what the socket takes now of `bufs`, in order, without waiting;
@@ -91,6 +84,12 @@ pub fn try_send_vectored(
             libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
         )
     };
+    without_waiting(n)
+}
+
+/// A non-blocking socket call's return value: `None` when it would have
+/// had to wait (or was interrupted), else its count or its error.
+fn without_waiting(n: isize) -> Option<io::Result<usize>> {
     if let Ok(n) = usize::try_from(n) {
         return Some(Ok(n));
     }
