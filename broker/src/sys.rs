@@ -228,7 +228,7 @@ pub fn release_free_memory() {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::io::Write;
     use std::pin::Pin;
     use std::sync::mpsc;
@@ -238,6 +238,16 @@ mod tests {
     use futures_lite::{AsyncRead, AsyncReadExt};
 
     use super::*;
+
+    /// Listens on a free loopback port, tells the test's peer thread the
+    /// address, and returns the one connection it makes.
+    pub(crate) async fn accept_one(addr_tx: &mpsc::Sender<std::net::SocketAddr>) -> TcpStream {
+        let listener = glommio::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        addr_tx
+            .send(listener.local_addr().expect("address"))
+            .expect("send");
+        listener.accept().await.expect("accept")
+    }
 
     /// Polls `try_recv` until it returns something (the peer's bytes travel
     /// through loopback on their own time).
@@ -272,11 +282,7 @@ mod tests {
         });
         glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
             .spawn(move || async move {
-                let listener = glommio::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-                addr_tx
-                    .send(listener.local_addr().expect("address"))
-                    .expect("send");
-                let mut stream = listener.accept().await.expect("accept");
+                let mut stream = accept_one(&addr_tx).await;
                 let mut buf = [0u8; 64];
                 assert!(try_recv(&stream, &mut buf).is_none(), "nothing sent yet");
 
@@ -343,11 +349,7 @@ mod tests {
         });
         let sent = glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
             .spawn(move || async move {
-                let listener = glommio::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-                addr_tx
-                    .send(listener.local_addr().expect("address"))
-                    .expect("send");
-                let stream = listener.accept().await.expect("accept");
+                let stream = accept_one(&addr_tx).await;
                 let mut sent = Vec::new();
                 let first = [io::IoSlice::new(b"ab"), io::IoSlice::new(b"cd")];
                 let n = try_send_vectored(&stream, &first)

@@ -386,11 +386,7 @@ mod tests {
 
         let executor = glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
             .spawn(move || async move {
-                let listener = glommio::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-                addr_tx
-                    .send(listener.local_addr().expect("address"))
-                    .expect("send");
-                let mut stream = listener.accept().await.expect("accept");
+                let mut stream = crate::sys::tests::accept_one(&addr_tx).await;
                 let tls = ServerConnection::new(server).expect("server session");
                 let mut session = TlsSession::new(tls, &[]);
                 session.handshake(&mut stream).await.expect("handshake");

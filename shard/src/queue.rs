@@ -1849,16 +1849,22 @@ mod tests {
         assert_eq!(keys, [key("c"), key("d")]);
     }
 
-    #[test]
-    fn consumers_compete_round_robin_within_prefetch() {
+    /// A queue with room for 100 messages and two consumers: connection 1
+    /// at prefetch 1, connection 2 at prefetch 2.
+    fn two_consumers() -> (QueueSettings, Instant, Queue) {
         let s = QueueSettings {
             max_len: 100,
             ..settings()
         };
-        let now = Instant::now();
         let mut q = Queue::new(Arc::from("q"), 0);
         q.add_consumer(conn(1), 1);
         q.add_consumer(conn(2), 2);
+        (s, Instant::now(), q)
+    }
+
+    #[test]
+    fn consumers_compete_round_robin_within_prefetch() {
+        let (s, now, mut q) = two_consumers();
         for i in 0..5 {
             q.enqueue(msg(&format!("m{i}"), "s"), now, &s).unwrap();
         }
@@ -1884,14 +1890,7 @@ mod tests {
 
     #[test]
     fn full_consumers_are_named_only_while_messages_wait_for_them() {
-        let s = QueueSettings {
-            max_len: 100,
-            ..settings()
-        };
-        let now = Instant::now();
-        let mut q = Queue::new(Arc::from("q"), 0);
-        q.add_consumer(conn(1), 1);
-        q.add_consumer(conn(2), 2);
+        let (s, now, mut q) = two_consumers();
         let full = |q: &Queue| q.full_consumers().map(|c| c.id).collect::<Vec<_>>();
         q.enqueue(msg("m0", "s"), now, &s).unwrap();
         let mut out = Vec::new();
