@@ -13,7 +13,7 @@ use std::collections::VecDeque;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use ciphermq_shard::dedup::IdSet;
+use ciphermq_shard::dedup::{IdSet, IdState};
 use ciphermq_shard::DedupKey;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 
@@ -33,6 +33,52 @@ fn key(n: u64) -> DedupKey {
     DedupKey(u128::from(hi) << 64 | u128::from(lo))
 }
 
+/// A set held at a steady size by a stream of ids: each step stores the
+/// next id (a publish) and removes the oldest (its window over).
+struct Stream {
+    set: IdSet,
+    held: VecDeque<DedupKey>,
+    next: u64,
+}
+
+impl Stream {
+    fn holding(size: usize) -> Stream {
+        // A window far longer than the run: nothing expires on its own.
+        let mut s = Stream {
+            set: IdSet::new(Duration::from_secs(24 * 3600)),
+            held: VecDeque::with_capacity(size + 1),
+            next: 0,
+        };
+        for _ in 0..size {
+            let k = s.take_key();
+            s.set.store(k);
+            s.held.push_back(k);
+        }
+        s
+    }
+
+    fn take_key(&mut self) -> DedupKey {
+        self.next += 1;
+        key(self.next - 1)
+    }
+
+    fn step(&mut self, now: Instant) -> (bool, Option<IdState>) {
+        let k = self.take_key();
+        let new = self.set.store_new(black_box(k), now);
+        self.held.push_back(k);
+        let old = self.held.pop_front().expect("the set is never empty");
+        (new, self.set.remove(black_box(old)))
+    }
+
+    /// Starts loading the two slots the next step will touch first.
+    fn prefetch_next_step(&self) {
+        self.set.prefetch(key(self.next));
+        if let Some(oldest) = self.held.front() {
+            self.set.prefetch(*oldest);
+        }
+    }
+}
+
 fn dedup(c: &mut Criterion) {
     let mut g = c.benchmark_group("dedup");
     g.throughput(Throughput::Elements(1));
@@ -40,49 +86,24 @@ fn dedup(c: &mut Criterion) {
     g.measurement_time(Duration::from_secs(5));
     let now = Instant::now();
     for size in SIZES {
-        // A window far longer than the run: nothing expires on its own.
-        let mut set = IdSet::new(Duration::from_secs(24 * 3600));
-        let mut held = VecDeque::with_capacity(size + 1);
-        let mut next = 0u64;
-        for _ in 0..size {
-            let k = key(next);
-            next += 1;
-            set.store(k);
-            held.push_back(k);
-        }
+        let mut stream = Stream::holding(size);
         g.bench_with_input(
             BenchmarkId::new("store_new_then_remove_oldest", size),
             &size,
-            |b, _| {
-                b.iter(|| {
-                    let k = key(next);
-                    next += 1;
-                    let new = set.store_new(black_box(k), now);
-                    held.push_back(k);
-                    let old = held.pop_front().expect("the set is never empty");
-                    (new, set.remove(black_box(old)))
-                })
-            },
+            |b, _| b.iter(|| stream.step(now)),
         );
         g.bench_with_input(
             BenchmarkId::new("same_with_next_step_prefetched", size),
             &size,
             |b, _| {
                 b.iter(|| {
-                    let k = key(next);
-                    next += 1;
-                    set.prefetch(key(next));
-                    if let Some(o) = held.get(1) {
-                        set.prefetch(*o);
-                    }
-                    let new = set.store_new(black_box(k), now);
-                    held.push_back(k);
-                    let old = held.pop_front().expect("the set is never empty");
-                    (new, set.remove(black_box(old)))
+                    let done = stream.step(now);
+                    stream.prefetch_next_step();
+                    done
                 })
             },
         );
-        assert_eq!(set.len(), size);
+        assert_eq!(stream.set.len(), size);
     }
     g.finish();
 }
