@@ -26,8 +26,9 @@
 #               (durable run, then in-memory run, RUNS times), 1 KiB, 1 shard,
 #               each PUBLISHERS count; the ratio is taken within each pair
 #               ab: before/after as adjacent pairs: BASE_BIN's broker, then
-#               this tree's, durable, 1 KiB, 1 shard, 1 consumer, RUNS pairs
-#               per PUBLISHERS count; the ratio is taken within each pair
+#               this tree's, durable, AB_SIZE bytes (1024), 1 shard,
+#               1 consumer, RUNS pairs per PUBLISHERS count; the ratio is
+#               taken within each pair
 #               restart: RESTART_COUNT 1 KiB messages queued with no
 #               consumer, a clean stop, then the time until the restarted
 #               broker (recovering them) listens, and its memory
@@ -70,6 +71,7 @@
 #   AB_EXCHANGE with ab: the exchange type the pairs publish through (direct;
 #               topic binds `<receiver>.*.q<j>.#` and routes through the
 #               topic matcher)
+#   AB_SIZE     with ab: the body size in bytes (1024)
 #   PGDB        database the pgbridge section recreates (ciphermq_bench, on
 #               127.0.0.1:5432 as user postgres)
 #   BROKER_BIN  a ciphermq-broker to run instead of target/release's (e.g. the
@@ -311,15 +313,16 @@ fi
 
 if has ab; then
   [[ -x "$BASE_BIN" ]] || { echo "SECTIONS=ab needs BASE_BIN, a ciphermq-broker built from the commit to compare against"; exit 1; }
-  echo "== before/after: $BASE_BIN, then $BIN/ciphermq-broker; adjacent pairs, durable, 1 KiB, 1 shard, $AB_EXCHANGE exchange, $DURATION per run"
+  ab_size=${AB_SIZE:-1024}
+  echo "== before/after: $BASE_BIN, then $BIN/ciphermq-broker; adjacent pairs, durable, $ab_size B, 1 shard, $AB_EXCHANGE exchange, $DURATION per run"
   for pubs in $PUBLISHERS; do
     for run in $(seq "$RUNS"); do
       for side in base new; do
         bin=$BIN/ciphermq-broker
         [[ $side == base ]] && bin=$BASE_BIN
         start_broker durable 1 "$bin"
-        RUNS=1 bench "ab-$side-p$pubs-r$run" "$side, durable, 1 shard, $AB_EXCHANGE" \
-          --target ciphermq --duration "$DURATION" --size 1024 --publishers "$pubs" --consumers 1 \
+        RUNS=1 bench "ab-$side-p$pubs-r$run" "$side, durable, $ab_size B, 1 shard, $AB_EXCHANGE" \
+          --target ciphermq --duration "$DURATION" --size "$ab_size" --publishers "$pubs" --consumers 1 \
           --exchange "$AB_EXCHANGE" ${AB_ARGS:-}
       done
     done

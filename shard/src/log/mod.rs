@@ -2,7 +2,7 @@
 //!
 //! Map:
 //! - [`record`]: the record format (sync marker, length, CRC-32C, kind,
-//!   payload).
+//!   payload); [`crc`]: the CRC-32C itself.
 //! - [`segment`]: log files on disk: the file header, walking a file record
 //!   by record, damage told from a torn end, listing a queue's files.
 //! - [`queue_log`]: the write side of one queue's log, without I/O: it encodes
@@ -20,6 +20,7 @@
 //! ack record can only refer to a message in its own or an older segment, so
 //! deleting from the front never resurrects an acked message.
 
+pub mod crc;
 pub mod dedup_file;
 pub mod mirror;
 pub mod queue_log;

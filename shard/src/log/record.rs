@@ -33,6 +33,8 @@
 //! Times are Unix milliseconds: the metadata mirror reads them back from the
 //! log, so a Postgres outage never needs a memory buffer.
 
+use crate::log::crc;
+
 /// Bytes before the payload of a v2 frame: sync, length, CRC, kind.
 pub const HEADER_BYTES: usize = 13;
 /// Bytes before the payload of a v1 frame: length, CRC, kind.
@@ -313,7 +315,7 @@ pub fn message_record_bytes(
 fn seal(out: &mut [u8], start: usize) {
     let len = ((out.len() - start - 12) as u32).to_le_bytes();
     out[start + 4..start + 8].copy_from_slice(&len);
-    let crc = crc32c::crc32c_append(crc32c::crc32c(&len), &out[start + 12..]);
+    let crc = crc::crc32c_of_two(&len, &out[start + 12..]);
     out[start + 8..start + 12].copy_from_slice(&crc.to_le_bytes());
 }
 
@@ -336,7 +338,7 @@ pub fn padding(framing: Framing, total: usize) -> Option<Vec<u8>> {
             out[8] = KIND_PADDING;
             let len = (total - 8) as u32;
             out[..4].copy_from_slice(&len.to_le_bytes());
-            let crc = crc32c::crc32c(&out[8..]);
+            let crc = crc::crc32c(&out[8..]);
             out[4..8].copy_from_slice(&crc.to_le_bytes());
         }
     }
@@ -480,7 +482,7 @@ fn decode_v2(buf: &[u8]) -> Decoded<'_> {
     if buf.len() < total {
         return Decoded::Incomplete;
     }
-    let crc = crc32c::crc32c_append(crc32c::crc32c(&buf[4..8]), &buf[12..total]);
+    let crc = crc::crc32c_of_two(&buf[4..8], &buf[12..total]);
     if crc != read_u32(buf, 8) {
         return Decoded::Damaged("CRC mismatch");
     }
@@ -499,7 +501,7 @@ fn decode_v1(buf: &[u8]) -> Decoded<'_> {
     if buf.len() < total {
         return Decoded::Incomplete;
     }
-    if crc32c::crc32c(&buf[8..total]) != read_u32(buf, 4) {
+    if crc::crc32c(&buf[8..total]) != read_u32(buf, 4) {
         return Decoded::Damaged("CRC mismatch");
     }
     fields_of(&buf[8..total], total)
@@ -579,7 +581,7 @@ mod tests {
         body.extend_from_slice(payload);
         let mut out = Vec::new();
         out.extend_from_slice(&(body.len() as u32).to_le_bytes());
-        out.extend_from_slice(&crc32c::crc32c(&body).to_le_bytes());
+        out.extend_from_slice(&crc::crc32c(&body).to_le_bytes());
         out.extend_from_slice(&body);
         out
     }

@@ -920,6 +920,7 @@ fn truncate(path: &Path, len: u64) -> io::Result<()> {
 mod tests {
     use super::*;
     use crate::dedup::IdState;
+    use crate::log::crc;
     use crate::log::record::{encode, DedupEntries, PackedSeqs};
     use crate::log::segment_path;
 
@@ -1320,7 +1321,7 @@ mod tests {
         );
         let body = &v2[12..];
         let mut v1 = (body.len() as u32).to_le_bytes().to_vec();
-        v1.extend_from_slice(&crc32c::crc32c(body).to_le_bytes());
+        v1.extend_from_slice(&crc::crc32c(body).to_le_bytes());
         v1.extend_from_slice(body);
         fs::write(&path, &v1).unwrap();
         let q = recover_queue(dir.path(), &DedupHasher::random(), WINDOW).unwrap();

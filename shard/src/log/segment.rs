@@ -27,6 +27,7 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
+use crate::log::crc;
 use crate::log::dedup_file::dedup_number;
 use crate::log::record::{decode, Decoded, Framing, Record, HEADER_BYTES, SYNC};
 
@@ -160,7 +161,7 @@ fn length_alone_damaged(rest: &[u8]) -> bool {
         return false;
     }
     let would_be = ((rest.len() - 12) as u32).to_le_bytes();
-    let crc = crc32c::crc32c_append(crc32c::crc32c(&would_be), &rest[12..]);
+    let crc = crc::crc32c_of_two(&would_be, &rest[12..]);
     crc.to_le_bytes() == rest[8..12]
 }
 
@@ -445,7 +446,7 @@ mod tests {
             let body = &v2[12..];
             starts.push(data.len());
             data.extend_from_slice(&(body.len() as u32).to_le_bytes());
-            data.extend_from_slice(&crc32c::crc32c(body).to_le_bytes());
+            data.extend_from_slice(&crc::crc32c(body).to_le_bytes());
             data.extend_from_slice(body);
         }
         assert_eq!(layout(&data).framing, Framing::V1);
