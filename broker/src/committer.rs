@@ -233,7 +233,7 @@ async fn write(
     file: &Arc<File>,
     bytes: Vec<u8>,
     stats: &ShardStats,
-) -> IoResult<()> {
+) -> IoResult<Vec<u8>> {
     if let Some(w) = &job.dedup_write {
         write_dedup(w, &job.dir, stats).await?;
     }
@@ -281,7 +281,8 @@ async fn open(path: &Path, create: bool) -> IoResult<Arc<File>> {
 
 /// Writes all of `bytes` at `offset` and, when `sync`, `fdatasync`s the
 /// file, as one call on the shard's blocking-I/O thread (`server.rs` gives
-/// each shard one, unbound); the shard awaits it without blocking.
+/// each shard one, unbound); the shard awaits it without blocking. Gives
+/// `bytes` back, for the shard to fill again (`log::buffer_pool`).
 ///
 /// Through io_uring both steps went to a kernel worker bound to the shard's
 /// own core: the page-cache copy and the fsync waited until the busy shard
@@ -295,27 +296,27 @@ async fn persist(
     offset: u64,
     sync: bool,
     stats: &ShardStats,
-) -> IoResult<()> {
+) -> IoResult<Vec<u8>> {
     if bytes.is_empty() && !sync {
-        return Ok(());
+        return Ok(bytes);
     }
     let file = file.clone();
-    let synced = glommio::executor()
-        .spawn_blocking(move || -> std::io::Result<Option<Duration>> {
+    let (bytes, synced) = glommio::executor()
+        .spawn_blocking(move || -> std::io::Result<(Vec<u8>, Option<Duration>)> {
             file.write_all_at(&bytes, offset)?;
             if !sync {
-                return Ok(None);
+                return Ok((bytes, None));
             }
             let started = Instant::now();
             file.sync_data()?;
-            Ok(Some(started.elapsed()))
+            Ok((bytes, Some(started.elapsed())))
         })
         .await?;
     if let Some(took) = synced {
         stats.fsyncs.add(1);
         stats.fsync_latency.observe(took);
     }
-    Ok(())
+    Ok(bytes)
 }
 
 /// Appends carried dedup entries to their file and syncs them: they must be
@@ -495,17 +496,30 @@ async fn write_round(
         .map(|j| std::mem::take(&mut j.bytes))
         .collect();
     let stats = &local.stats;
-    let written = join_all(jobs.iter().zip(prepared).zip(payloads).map(
+    let outcomes = join_all(jobs.iter().zip(prepared).zip(payloads).map(
         |((job, file), bytes)| async move {
             let file = file?;
-            write(job, &file, bytes, stats).await?;
-            Ok(file)
+            let bytes = write(job, &file, bytes, stats).await?;
+            Ok((file, bytes))
         },
     ))
     .await;
+    let mut spent = Vec::with_capacity(outcomes.len());
+    let written: Vec<IoResult<Arc<File>>> = outcomes
+        .into_iter()
+        .map(|outcome| {
+            outcome.map(|(file, bytes)| {
+                spent.push(bytes);
+                file
+            })
+        })
+        .collect();
     local.with_shard(|shard| {
         for (job, outcome) in jobs.iter().zip(&written) {
             shard.commit_written(job, outcome.is_ok());
+        }
+        for bytes in spent {
+            shard.recycle_commit_buffer(bytes);
         }
     });
     WrittenRound {

@@ -10,6 +10,7 @@ use std::time::Instant;
 
 use ciphermq_proto::NackReason;
 
+use crate::log::buffer_pool::BufferPool;
 use crate::log::{queue_dir, unix_ms, CommitJob, MirrorWatermarks, QueueLog};
 use crate::mesh::Origin;
 use crate::pending::Resolver;
@@ -132,6 +133,8 @@ pub struct Durability {
     /// Deleted queues whose removal has not finished: jobs of their logs
     /// still in flight finish as durable (there is nothing left to keep).
     retired: HashSet<Arc<str>>,
+    /// Written commit buffers for later rounds.
+    buffers: BufferPool,
 }
 
 impl Durability {
@@ -157,6 +160,7 @@ impl Durability {
             disk,
             removals: Vec::new(),
             retired: HashSet::new(),
+            buffers: BufferPool::default(),
         }
     }
 
@@ -245,7 +249,7 @@ impl Durability {
         let data_dir = &self.data_dir;
         let segment_bytes = self.segment_bytes;
         let mirror = &self.mirror;
-        self.logs.entry(queue.clone()).or_insert_with(|| {
+        let log = self.logs.entry(queue.clone()).or_insert_with(|| {
             let mut log = QueueLog::new(queue_dir(data_dir, queue), segment_bytes, next_seq);
             if let Some(mirror) = mirror {
                 log.set_mirror(mirror.cell(queue));
@@ -253,13 +257,26 @@ impl Durability {
                 log.track_stored(mirror.stored_cell(queue), 0);
             }
             log
-        })
+        });
+        // The first append of a round: a written buffer, if one fits.
+        if let Some(room) = log.buffer_wanted() {
+            if let Some(buf) = self.buffers.take(room) {
+                log.use_buffer(buf);
+            }
+        }
+        log
+    }
+
+    /// A job's bytes are written: keeps the buffer for a later round.
+    pub(crate) fn buffer_written(&mut self, buf: Vec<u8>) {
+        self.buffers.give(buf);
     }
 
     /// Marks dirty the logs with deletions due: acked segments the mirror
     /// has read since they were held, dedup files past the window. Call
     /// about once a second.
     pub(crate) fn housekeeping(&mut self, window_ms: u64) {
+        self.buffers.tidy();
         let now_ms = unix_ms();
         let mut woke = false;
         let reclaim = self.disk.is_low();
@@ -417,5 +434,73 @@ impl Durability {
                 log.forget_message(*seq);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Message;
+
+    /// Appends `n` messages of 1 KiB from `seq`.
+    fn append(d: &mut Durability, queue: &Arc<str>, seq: &mut u64, n: u64) {
+        let msg = Message::new("m", &"x".repeat(1024), Arc::from("s"));
+        for _ in 0..n {
+            d.log(queue, *seq).append_message(*seq, &msg);
+            *seq += 1;
+        }
+    }
+
+    /// Takes the round's job and finishes it as the committer does,
+    /// handing its buffer back; returns the buffer's capacity.
+    fn commit(d: &mut Durability) -> usize {
+        let mut jobs = Vec::new();
+        let settings = QueueSettings::default();
+        d.take_jobs(&mut HashMap::new(), &settings, Instant::now(), &mut jobs);
+        let mut job = jobs.pop().expect("a job");
+        let bytes = std::mem::take(&mut job.bytes);
+        let capacity = bytes.capacity();
+        d.job_written(&job, true);
+        d.buffer_written(bytes);
+        assert!(d.job_done(&job, true));
+        capacity
+    }
+
+    /// A written round's buffer carries the next round's bytes, so their
+    /// pages are not mapped and zeroed again; after a quiet second the
+    /// shard keeps no buffer.
+    #[test]
+    fn a_written_buffer_carries_a_later_round() {
+        let mut d = Durability::new(
+            PathBuf::from("/nonexistent"),
+            1 << 30,
+            None,
+            Arc::new(DiskSpace::new()),
+        );
+        let queue: Arc<str> = Arc::from("q");
+        let mut seq = 0;
+        // The first round has no size to go by; the second is sized for it.
+        append(&mut d, &queue, &mut seq, 1000);
+        let first = commit(&mut d);
+        append(&mut d, &queue, &mut seq, 1000);
+        let written = commit(&mut d);
+        assert_eq!(
+            d.buffers.bytes(),
+            first + written,
+            "written buffers are kept"
+        );
+        append(&mut d, &queue, &mut seq, 1);
+        assert_eq!(d.buffers.bytes(), first, "the next round took one");
+        append(&mut d, &queue, &mut seq, 999);
+        assert_eq!(commit(&mut d), written, "and filled it without growing it");
+
+        d.housekeeping(120_000);
+        assert_eq!(
+            d.buffers.bytes(),
+            first + written,
+            "in use since the last housekeeping"
+        );
+        d.housekeeping(120_000);
+        assert_eq!(d.buffers.bytes(), 0, "kept through a quiet second");
     }
 }

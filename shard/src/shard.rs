@@ -308,6 +308,14 @@ impl Shard {
         }
     }
 
+    /// Hands back a written job's buffer, for a later round's bytes
+    /// ([`crate::log::buffer_pool`]).
+    pub fn recycle_commit_buffer(&mut self, buf: Vec<u8>) {
+        if let Some(d) = &mut self.durable {
+            d.buffer_written(buf);
+        }
+    }
+
     /// A commit job finished: `io_ok` means its I/O succeeded. Releases what
     /// waited for it (`NACK storage` when it failed) and returns whether its
     /// records are durable: not when an earlier job of its log failed after

@@ -8,6 +8,7 @@
 //! - [`queue_log`]: the write side of one queue's log, without I/O: it encodes
 //!   records into a pending buffer and hands [`CommitJob`]s to the shard's
 //!   committer, which writes them with io_uring, `fdatasync`s, and reports back.
+//! - [`buffer_pool`]: written commit buffers handed back for later rounds.
 //! - [`dedup_file`]: ids acked within the dedup window, carried out of
 //!   segments before those are deleted.
 //! - [`mirror`]: how the metadata mirror holds back segment deletion until it
@@ -20,6 +21,7 @@
 //! ack record can only refer to a message in its own or an older segment, so
 //! deleting from the front never resurrects an acked message.
 
+pub mod buffer_pool;
 pub mod crc;
 pub mod dedup_file;
 pub mod mirror;

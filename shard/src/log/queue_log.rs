@@ -222,10 +222,29 @@ impl QueueLog {
     /// vary widely.
     fn pending(&mut self) -> &mut Vec<u8> {
         if self.pending.capacity() == 0 {
-            let room = self.pending_hint + self.pending_hint / 2;
-            self.pending.reserve(room.min(MAX_PENDING_HINT));
+            let room = self.pending_room();
+            self.pending.reserve(room);
         }
         &mut self.pending
+    }
+
+    /// What the next pending buffer is sized for.
+    fn pending_room(&self) -> usize {
+        (self.pending_hint + self.pending_hint / 2).min(MAX_PENDING_HINT)
+    }
+
+    /// The room a pending buffer should have, when this log has none yet:
+    /// its shard may hand it a written one (`BufferPool`) before it appends.
+    pub fn buffer_wanted(&self) -> Option<usize> {
+        (self.pending.capacity() == 0).then(|| self.pending_room())
+    }
+
+    /// Takes `buf` (empty) as the pending buffer, when it has none.
+    pub fn use_buffer(&mut self, buf: Vec<u8>) {
+        debug_assert!(buf.is_empty());
+        if self.pending.capacity() == 0 {
+            self.pending = buf;
+        }
     }
 
     /// Appends a stored message.
