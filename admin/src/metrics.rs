@@ -484,6 +484,13 @@ pub(crate) fn render(ctx: &AdminContext, admin: &SlotStats, queue_series: QueueS
         "Shard loop turns that came 20 ms late or more; each is logged with the shard step begun last.",
         |s| s.stalls.get(),
     );
+    shard_counter(
+        &mut e,
+        shards,
+        "ciphermq_shard_nudges_total",
+        "Times a shard's loop went 10 ms without a turn with its thread asleep, and another thread woke it (its executor can fall asleep with work still to run).",
+        |s| s.nudges.get(),
+    );
 
     e.family(
         "ciphermq_connections",

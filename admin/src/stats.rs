@@ -238,6 +238,10 @@ pub struct ShardStats {
     pub loop_lag: Histogram,
     /// Turns that came the broker's stall threshold late or more.
     pub stalls: Counter,
+    /// Times the shard's loop went silent with its thread asleep, and was
+    /// woken from another thread (the broker's nudge thread, this counter's
+    /// one writer): its executor can fall asleep with work runnable.
+    pub nudges: Counter,
     /// TLS bytes read from client connections once they are served (after
     /// the handshake).
     pub bytes_received: Counter,
@@ -283,6 +287,7 @@ impl ShardStats {
             commit_round_latency: Histogram::new(COMMIT_ROUND_BOUNDS_US),
             loop_lag: Histogram::new(LOOP_LAG_BOUNDS_US),
             stalls: Counter::default(),
+            nudges: Counter::default(),
             bytes_received: Counter::default(),
             bytes_sent: Counter::default(),
             rate_limited: Counter::default(),

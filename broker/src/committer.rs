@@ -13,7 +13,9 @@
 //! slept through its completions and its own timers for 0.3-1 s, ended only
 //! by an unrelated 1 s timer (10-25% of 10 s runs at 5,000 msg/s; none in 20
 //! runs without it and with a 3 ms preempt timer, `server.rs` PREEMPT_TIMER,
-//! docs/BENCHMARKS.md "Tail latency").
+//! docs/BENCHMARKS.md "Tail latency"). Those sleeps were glommio parking
+//! with work runnable; the nudge thread now ends them (`nudge.rs`), but a
+//! latency queue has not been measured again since.
 //!
 //! Rounds are pipelined two deep: once a round's bytes are durable, its
 //! directory syncs and answers run in their own task while the next round is

@@ -27,6 +27,9 @@
 //!   (bounded by `server.shutdown_timeout_secs`, see [`Drain`]).
 //! - [`pulse`]: each shard's heartbeat and what its drain still waits for,
 //!   readable from any thread.
+//! - [`stall_watch`], [`nudge`]: each shard's watch of its own loop (lag,
+//!   stalls, the heartbeat), and the thread that wakes a shard whose executor
+//!   fell asleep with work still to run.
 //! - [`systemd`]: `sd_notify` by hand (readiness, stopping, the watchdog
 //!   that pings only while every shard beats).
 //! - [`preflight`]: `ciphermq-broker --check-config`, the start-up checks
@@ -73,6 +76,7 @@ pub mod handshake_gate;
 pub mod identity;
 pub mod line_buffer;
 pub mod logging;
+pub mod nudge;
 pub mod policy;
 pub mod preflight;
 pub mod pulse;

@@ -11,11 +11,18 @@
 //!   `server.shutdown_timeout_secs`. `ciphermq-broker` logs it when the drain
 //!   does not finish in time or a second signal cuts it short.
 //!
+//! - A way in: the stall watch's waker, through which the nudge thread
+//!   ([`crate::nudge`]) wakes a shard whose executor fell asleep with work
+//!   still to run.
+//!
 //! Plain atomics, each written by one shard and read by anyone: the
-//! shard never waits on a reader.
+//! shard never waits on a reader. (The waker sits behind a lock the shard
+//! takes only when it starts and when it ends.)
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::task::Waker;
 use std::time::{Duration, Instant};
 
 /// Every shard's pulse.
@@ -44,6 +51,12 @@ pub struct ShardPulse {
     handshakes: AtomicUsize,
     /// The drain gave up at the deadline with work still open.
     gave_up: AtomicBool,
+    /// The stall watch's task, left when the shard starts and taken when it
+    /// ends (so the waker is dropped on the shard's own thread).
+    watch: Mutex<Option<Waker>>,
+    /// The shard's thread (its Linux thread id; 0 until the stall watch
+    /// starts), to tell a shard asleep from one that is busy.
+    thread: AtomicI32,
 }
 
 /// What one shard's drain still waited for when last looked at.
@@ -125,6 +138,28 @@ impl Pulses {
         self.shards[shard].beat_ms.store(ms, Ordering::Relaxed);
     }
 
+    /// Every shard still running that has not beaten for longer than
+    /// `limit`, each with the time of its last beat (milliseconds from the
+    /// pulses' start: the same value for as long as one silence lasts).
+    pub fn silent(&self, limit: Duration) -> impl Iterator<Item = (usize, u64)> + '_ {
+        let now = self.base.elapsed();
+        self.shards
+            .iter()
+            .enumerate()
+            .filter_map(move |(i, pulse)| {
+                if pulse.ended.load(Ordering::Acquire) {
+                    return None;
+                }
+                let beat = pulse.beat_ms.load(Ordering::Relaxed);
+                (now.saturating_sub(Duration::from_millis(beat)) > limit).then_some((i, beat))
+            })
+    }
+
+    /// Whether every shard's executor has ended.
+    pub fn all_ended(&self) -> bool {
+        self.shards.iter().all(|p| p.ended.load(Ordering::Acquire))
+    }
+
     /// The first shard that is still running but has not beaten for longer
     /// than `limit`, and how long ago it last did.
     pub fn stalled(&self, limit: Duration) -> Option<(usize, Duration)> {
@@ -179,9 +214,56 @@ impl ShardPulse {
         self.gave_up.store(true, Ordering::Release);
     }
 
-    /// The shard's executor is about to end.
+    /// The shard's executor is about to end. Called on the shard's thread.
     pub(crate) fn end(&self) {
         self.ended.store(true, Ordering::Release);
+        drop(self.watch_lock().take());
+    }
+
+    /// Leaves the waker of the shard's stall watch, for [`ShardPulse::wake`],
+    /// and notes the calling thread as the shard's. Called on the shard's
+    /// thread.
+    pub(crate) fn listen(&self, waker: &Waker) {
+        *self.watch_lock() = Some(waker.clone());
+        // SAFETY: gettid has no preconditions.
+        self.thread
+            .store(unsafe { libc::gettid() }, Ordering::Relaxed);
+    }
+
+    /// Whether the shard's thread is off the CPU, waiting in the kernel (the
+    /// state `/proc` gives it is `S` or `D`), rather than running or ready
+    /// to run. False when that cannot be told.
+    pub(crate) fn asleep(&self) -> bool {
+        let tid = self.thread.load(Ordering::Relaxed);
+        if tid == 0 {
+            return false;
+        }
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")) else {
+            return false;
+        };
+        // "<tid> (<name>) <state> …": the name may hold spaces and parentheses.
+        let state = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.trim_start().chars().next());
+        matches!(state, Some('S' | 'D'))
+    }
+
+    /// Wakes the shard's stall watch from any thread: if the executor sleeps,
+    /// the wake ends its sleep. Whether there was a waker to wake.
+    pub(crate) fn wake(&self) -> bool {
+        match self.watch_lock().as_ref() {
+            Some(waker) => {
+                waker.wake_by_ref();
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn watch_lock(&self) -> std::sync::MutexGuard<'_, Option<Waker>> {
+        self.watch
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
@@ -202,6 +284,75 @@ mod tests {
         assert!(silent >= Duration::from_millis(30), "{silent:?}");
         pulses.shard(1).end();
         assert_eq!(pulses.stalled(Duration::from_millis(30)), None);
+    }
+
+    /// Counts the wakes it gets.
+    struct CountingWaker(std::sync::atomic::AtomicUsize);
+
+    impl std::task::Wake for CountingWaker {
+        fn wake(self: std::sync::Arc<Self>) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    #[test]
+    fn a_silent_shard_keeps_its_last_beat_and_is_woken_through_its_watch() {
+        let pulses = Pulses::new(2);
+        pulses.beat(0);
+        pulses.beat(1);
+        assert_eq!(pulses.silent(Duration::from_millis(200)).count(), 0);
+        std::thread::sleep(Duration::from_millis(60));
+        pulses.beat(0);
+        let silent: Vec<_> = pulses.silent(Duration::from_millis(30)).collect();
+        assert_eq!(silent.len(), 1);
+        assert_eq!(silent[0].0, 1);
+        std::thread::sleep(Duration::from_millis(5));
+        assert_eq!(
+            pulses.silent(Duration::from_millis(30)).collect::<Vec<_>>(),
+            silent,
+            "one silence keeps the beat it began after"
+        );
+
+        assert!(!pulses.shard(1).wake(), "no watch has left a waker yet");
+        let counter = std::sync::Arc::new(CountingWaker(Default::default()));
+        pulses.shard(1).listen(&Waker::from(counter.clone()));
+        assert!(pulses.shard(1).wake());
+        assert!(pulses.shard(1).wake(), "the waker stays for the next wake");
+        assert_eq!(counter.0.load(Ordering::Relaxed), 2);
+
+        assert!(!pulses.shard(1).asleep(), "this thread is running");
+
+        pulses.shard(1).end();
+        assert!(!pulses.shard(1).wake(), "an ended shard lets its waker go");
+        assert_eq!(pulses.silent(Duration::from_millis(30)).count(), 0);
+        assert!(!pulses.all_ended());
+        pulses.shard(0).end();
+        assert!(pulses.all_ended());
+    }
+
+    #[test]
+    fn a_shard_thread_waiting_in_the_kernel_is_asleep() {
+        let pulses = std::sync::Arc::new(Pulses::new(1));
+        assert!(!pulses.shard(0).asleep(), "no thread noted yet");
+        let (noted_tx, noted_rx) = std::sync::mpsc::channel();
+        let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+        let p = pulses.clone();
+        let thread = std::thread::spawn(move || {
+            p.shard(0).listen(Waker::noop());
+            noted_tx.send(()).unwrap();
+            let _ = stop_rx.recv();
+        });
+        noted_rx.recv().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !pulses.shard(0).asleep() {
+            assert!(
+                Instant::now() < deadline,
+                "a thread blocked on a channel reads as asleep"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        stop_tx.send(()).unwrap();
+        thread.join().unwrap();
     }
 
     #[test]

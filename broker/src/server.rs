@@ -48,7 +48,12 @@ use ciphermq_admin::stats::{BrokerStats, Lifecycle};
 /// 3 ms gave none in 20. 1 and 2 ms let one consumer at a prefetch of 1,000
 /// keep up with 16 publishers, but in 10-minute soaks at half the peak they
 /// brought the sleeps back (ACK p99 78, 149 and 225 ms against 42 and 48
-/// ms), so the period stays at 3 ms.
+/// ms), so the period stays at 3 ms. Those sleeps were glommio parking with
+/// work runnable, which the nudge thread now cuts short (`nudge.rs`).
+/// Measured again with it (docs/BENCHMARKS.md "The shard's long sleeps"):
+/// 1 ms held 80% of the peak rate where 3 ms did not, but its 10-minute soak
+/// at half the peak was worse (ACK p99 31.8 against 19.7 ms, 81 windows over
+/// 50 ms against 14), so 3 ms stays.
 pub const PREEMPT_TIMER: std::time::Duration = std::time::Duration::from_millis(3);
 
 /// Locked memory each executor asks for (io_uring registered buffers).
@@ -345,6 +350,11 @@ pub fn start(config: &Config) -> Result<BrokerHandle, StartError> {
         shard: 0,
         reason: "no shard bound".into(),
     })?;
+    // Every shard runs: from here on one that falls asleep with work still
+    // to run is woken from outside (nudge.rs).
+    if let Err(e) = crate::nudge::spawn(&shared.pulses, shared.stats.shards().to_vec()) {
+        tracing::warn!(error = %e, "no thread for waking sleeping shards; a shard may sleep up to a second with work waiting");
+    }
     tracing::info!(%addr, shards, "CipherMQ broker listening");
     let bridge = storage.bridge.map(Arc::new);
     let admin = match admin_listener {

@@ -7,7 +7,9 @@
 //! [`ShardLocal::with_shard`], which notes its caller's source line).
 //!
 //! Each turn also renews the shard's heartbeat ([`crate::pulse`]), which the
-//! systemd watchdog reads from its own thread.
+//! systemd watchdog and the nudge thread ([`crate::nudge`]) read from their
+//! own threads; the nudge thread wakes the shard through this task's waker
+//! when the heartbeat goes silent.
 //!
 //! The task runs in a task queue of its own, with no latency request (see
 //! `committer.rs` for why no queue asks glommio for one), so a turn may also
@@ -43,6 +45,12 @@ pub fn spawn(local: Rc<ShardLocal>) {
 async fn run(local: Rc<ShardLocal>) {
     let throttle = LogThrottle::new(Duration::from_secs(1));
     let (pulses, shard) = (local.shared.pulses.clone(), local.stats.shard);
+    // The nudge thread wakes the shard through this task (`nudge.rs`).
+    futures_lite::future::poll_fn(|cx| {
+        pulses.shard(shard).listen(cx.waker());
+        std::task::Poll::Ready(())
+    })
+    .await;
     loop {
         pulses.beat(shard);
         let asked = Instant::now();

@@ -74,4 +74,11 @@ async fn a_shard_held_off_its_core_is_counted_and_logged() {
         late.iter().any(|ms| *ms >= 250),
         "the stall logged is not the 300 ms one: {late:?}"
     );
+    // The nudge thread's count is there for every shard. (A stopped process
+    // is no sleeping shard, and its nudge thread was stopped with it.)
+    let (_, text) = broker.admin_get("admin", "/metrics").await;
+    for shard in 0..2 {
+        let series = format!("ciphermq_shard_nudges_total{{shard=\"{shard}\"}}");
+        assert!(text.contains(&series), "{series} missing:\n{text}");
+    }
 }
