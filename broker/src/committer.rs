@@ -14,8 +14,10 @@
 //! by an unrelated 1 s timer (10-25% of 10 s runs at 5,000 msg/s; none in 20
 //! runs without it and with a 3 ms preempt timer, `server.rs` PREEMPT_TIMER,
 //! docs/BENCHMARKS.md "Tail latency"). Those sleeps were glommio parking
-//! with work runnable; the nudge thread now ends them (`nudge.rs`), but a
-//! latency queue has not been measured again since.
+//! with work runnable; the nudge thread now ends them (`nudge.rs`). Measured
+//! again with it, a 1 ms latency request gained nothing at half the peak
+//! rate and held 80% of it less often (docs/BENCHMARKS.md "The shard's long
+//! sleeps").
 //!
 //! Rounds are pipelined two deep: once a round's bytes are durable, its
 //! directory syncs and answers run in their own task while the next round is
