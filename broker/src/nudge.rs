@@ -47,9 +47,10 @@ pub fn spawn(pulses: &Arc<Pulses>, stats: Vec<Arc<ShardStats>>) -> std::io::Resu
     std::thread::Builder::new()
         .name("shard-nudge".into())
         .spawn(move || {
-            // Each shard's silence, by the beat it began after: woken every
-            // period while it lasts, counted once.
-            let mut silences: HashMap<usize, u64> = HashMap::new();
+            // Each shard's silence counted so far, by the beat it began
+            // after: woken every period while it lasts, counted once (the
+            // first time its thread is found asleep).
+            let mut counted: HashMap<usize, u64> = HashMap::new();
             while let Some(pulses) = pulses.upgrade() {
                 if pulses.all_ended() {
                     break;
@@ -59,14 +60,17 @@ pub fn spawn(pulses: &Arc<Pulses>, stats: Vec<Arc<ShardStats>>) -> std::io::Resu
                     let pulse = pulses.shard(shard);
                     // Read before the wake, which makes the thread runnable.
                     let asleep = pulse.asleep();
-                    if pulse.wake() && asleep && silences.get(&shard) != Some(&since) {
+                    let seen = counted.get(&shard) == Some(&since);
+                    if pulse.wake() && asleep && !seen {
                         if let Some(s) = stats.get(shard) {
                             s.nudges.add(1);
                         }
+                        still.insert(shard, since);
+                    } else if seen {
+                        still.insert(shard, since);
                     }
-                    still.insert(shard, since);
                 }
-                silences = still;
+                counted = still;
                 drop(pulses);
                 std::thread::sleep(PERIOD);
             }
