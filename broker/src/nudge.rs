@@ -61,12 +61,13 @@ pub fn spawn(pulses: &Arc<Pulses>, stats: Vec<Arc<ShardStats>>) -> std::io::Resu
                     // Read before the wake, which makes the thread runnable.
                     let asleep = pulse.asleep();
                     let seen = counted.get(&shard) == Some(&since);
-                    if pulse.wake() && asleep && !seen {
+                    let count = pulse.wake() && asleep && !seen;
+                    if count {
                         if let Some(s) = stats.get(shard) {
                             s.nudges.add(1);
                         }
-                        still.insert(shard, since);
-                    } else if seen {
+                    }
+                    if count || seen {
                         still.insert(shard, since);
                     }
                 }

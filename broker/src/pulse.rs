@@ -163,15 +163,12 @@ impl Pulses {
     /// The first shard that is still running but has not beaten for longer
     /// than `limit`, and how long ago it last did.
     pub fn stalled(&self, limit: Duration) -> Option<(usize, Duration)> {
-        let now = self.base.elapsed();
-        self.shards.iter().enumerate().find_map(|(i, pulse)| {
-            if pulse.ended.load(Ordering::Acquire) {
-                return None;
-            }
-            let beat = Duration::from_millis(pulse.beat_ms.load(Ordering::Relaxed));
-            let silent = now.saturating_sub(beat);
-            (silent > limit).then_some((i, silent))
-        })
+        let (shard, beat) = self.silent(limit).next()?;
+        let silent = self
+            .base
+            .elapsed()
+            .saturating_sub(Duration::from_millis(beat));
+        Some((shard, silent))
     }
 
     /// What every shard's drain still waits for, as last recorded.
