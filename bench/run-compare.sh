@@ -42,7 +42,10 @@
 #               in memory, for the in-RAM drain rate
 #               tail: TAIL_RUNS consecutive CipherMQ runs at a fixed
 #               5,000 msg/s, durable, 1 KiB, 1 shard, 1 publisher, 1 consumer,
-#               each with its worst latency per 100 ms (stalls: over 50 ms)
+#               each with its worst latency per 100 ms (stalls: over 50 ms),
+#               bracketed by FLOOR_RUNS runs of `ciphermq-bench disk-floor`
+#               before and after them on the data directory's disk (the
+#               same rate and load with no broker: the disk's own floor)
 #               mixed: 1 KiB, durable, 1 shard, max rate: RUNS adjacent pairs
 #               of publish-only (no consumer) then 1 publisher + 1 consumer;
 #               then 4 and 16 publishers with 1 consumer, and 16 with a
@@ -56,6 +59,7 @@
 #               the load section ran first), broker RSS and CPU every second;
 #               RSS is judged after SOAK_WARM_UP; soak.svg plots it all
 #   TAIL_RUNS   with tail: runs (20)
+#   FLOOR_RUNS  with tail: disk-floor runs before and after them (5 each)
 #   LOAD_RUNS   with load: runs at each fraction of peak (5)
 #   SOAK_DURATION, SOAK_WARM_UP  with soak: 10m and 3m (more than the 120 s
 #               dedup window, whose ids fill memory until it has passed)
@@ -331,9 +335,16 @@ fi
 
 if has tail; then
   echo "== tail latency: $TAIL_RUNS consecutive runs at 5,000 msg/s, durable, 1 KiB, 1 shard, 1 publisher, 1 consumer"
+  floor() { # json-name
+    "$BIN/ciphermq-bench" disk-floor --dir "$WORK/floor" --rate 5000 --duration "$DURATION" \
+      --runs "${FLOOR_RUNS:-5}" --json "$OUT/$1.json"
+  }
+  floor "tail-floor-before"
   start_broker durable 1
   RUNS=$TAIL_RUNS bench "tail-durable-5000" "durable, 1 shard, 5,000 msg/s, $TAIL_RUNS runs" \
     --target ciphermq --rate 5000 --duration "$DURATION" --size 1024 --publishers 1 --consumers 1
+  stop_broker
+  floor "tail-floor-after"
 fi
 
 if has mixed; then

@@ -153,6 +153,38 @@ def load_levels(out, lines):
     lines.append("")
 
 
+def tail(out, lines):
+    """The tail section: the broker at 5,000 msg/s next to the disk's own
+    floor (ciphermq-bench disk-floor) measured right before and after it."""
+    p = out / "tail-durable-5000.json"
+    if not p.exists():
+        return
+    lines.append("### Durable tail at 5,000 msg/s, next to the disk's floor\n")
+    lines.append(
+        "| measured | runs | publish→ACK p50 / p99 / p99.9 / max ms (medians) | worst run's p99 / max ms | windows over 50 ms |"
+    )
+    lines.append("|---|---:|---|---|---:|")
+    q = lambda x: " / ".join(ms(x[k]) for k in ("p50_ms", "p99_ms", "p999_ms", "max_ms"))
+    worst = lambda qs: f"{ms(max(x['p99_ms'] for x in qs))} / {ms(max(x['max_ms'] for x in qs))}"
+    rows = [("disk floor, before", out / "tail-floor-before.json"), ("broker", p), ("disk floor, after", out / "tail-floor-after.json")]
+    for label, f in rows:
+        if not f.exists():
+            continue
+        r = load(f)
+        if label == "broker":
+            runs = [x for x in r["runs"] if x["target"] == "ciphermq"]
+            summary = r["summary"]["ciphermq"]["publish_to_ack"]
+            qs = [x["publish_to_ack"] for x in runs]
+            stalls = sum(len(x["ack_timeline"]["stalls"]) for x in runs)
+        else:
+            runs = r["runs"]
+            summary = r["median"]["publish_to_ack"]
+            qs = [x["publish_to_ack"] for x in runs]
+            stalls = sum(len(x["timeline"]["stalls"]) for x in runs)
+        lines.append(f"| {label} | {len(runs)} | {q(summary)} | {worst(qs)} | {stalls} |")
+    lines.append("")
+
+
 def memory(out, lines):
     rss = sorted(out.glob("rss-*.json"))
     idle = out / "idle.json"
@@ -314,6 +346,7 @@ def main():
     latency(out, lines)
     durability(out, lines)
     ab(out, lines)
+    tail(out, lines)
     load_levels(out, lines)
     memory(out, lines)
     pgbridge(out, lines)

@@ -38,6 +38,10 @@ pub enum Command {
     /// Draw a run of a `--json` result as an SVG image: latency per second
     /// (p50, p99, the worst per 100 ms) above the broker's RSS and CPU.
     Plot(PlotArgs),
+    /// Measure the floor under the durable publish→ACK latency on this disk:
+    /// appends paced at a fixed rate, group-committed by one thread (a write
+    /// and an `fdatasync` per round) with no broker in the way.
+    DiskFloor(DiskFloorArgs),
 }
 
 /// Which broker a run drives.
@@ -307,6 +311,30 @@ pub struct PlotArgs {
     /// Which CipherMQ run of the file to draw (1-based).
     #[arg(long, default_value_t = 1)]
     pub run: usize,
+}
+
+/// `ciphermq-bench disk-floor`.
+#[derive(Args, Debug, Clone)]
+pub struct DiskFloorArgs {
+    /// A directory on the disk to measure (the broker's data directory's
+    /// disk); a scratch file is written there and removed.
+    #[arg(long)]
+    pub dir: PathBuf,
+    /// Appends per second.
+    #[arg(long, default_value_t = 5_000)]
+    pub rate: u64,
+    /// Bytes per append: about a 1 KiB body's log record.
+    #[arg(long, default_value_t = 1_100)]
+    pub record_bytes: usize,
+    /// Length of each run.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub duration: Duration,
+    /// Runs, one after the other.
+    #[arg(long, default_value_t = 5)]
+    pub runs: usize,
+    /// Write the results as JSON to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
 }
 
 /// Parses `250ms`, `30s`, `2m` or a bare number of seconds.

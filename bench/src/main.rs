@@ -17,6 +17,8 @@
 //! - [`plot`]: the `plot` subcommand (a run's timelines as an SVG image).
 //! - [`idle`]: the `idle` subcommand (memory per idle connection).
 //! - [`drain`]: the `drain` subcommand (consume a filled queue, check ids).
+//! - [`disk_floor`]: the `disk-floor` subcommand (the disk's own durable
+//!   latency at a fixed rate, the floor under the broker's `ACK` tail).
 //!
 //! Invariants: every broker gets byte-identical bodies and the same window and
 //! prefetch; latency is measured from the scheduled send time when `--rate` is
@@ -28,6 +30,7 @@
 mod args;
 mod broker_sampler;
 mod ciphermq;
+mod disk_floor;
 mod drain;
 mod idle;
 mod nats;
@@ -61,6 +64,7 @@ fn main() -> Result<()> {
             Some(Command::Idle(idle)) => idle::run(idle).await,
             Some(Command::Drain(drain)) => drain::run(drain).await,
             Some(Command::Plot(plot)) => plot::run(&plot),
+            Some(Command::DiskFloor(floor)) => disk_floor::run(&floor),
             None => load(cli.load).await,
         }
     })

@@ -1,0 +1,280 @@
+//! `ciphermq-bench disk-floor`: the publish→ACK latency that a perfect group
+//! committer would get from this disk, with no broker, TLS or network in the
+//! way. This is the floor under the broker's durable `ACK` tail at a fixed
+//! rate.
+//!
+//! One thread paces appends at `--rate`. One committer thread takes
+//! everything that is due and writes it at the end of one file, then calls
+//! `fdatasync`, then counts every append of that round as acknowledged.
+//! Latency runs from each append's scheduled time, so it includes the wait
+//! for the round in flight, as a publish waits in the broker.
+//!
+//! The disk's tail drifts by several times between hours on a shared
+//! virtual machine. Run this next to the broker's tail runs
+//! (`run-compare.sh` does, in its `tail` section): a broker figure means
+//! something only against the floor measured in the same hour.
+
+use std::fs::{self, File, OpenOptions};
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+use crate::args::DiskFloorArgs;
+use crate::report::{median, Quantiles};
+use crate::scenario::histogram;
+use crate::timeline::{Latencies, Timeline};
+
+/// One run's figures.
+#[derive(Debug, Clone, Serialize)]
+struct FloorRun {
+    run: usize,
+    /// Appends acknowledged.
+    appends: u64,
+    /// From each append's scheduled time to the end of its round's
+    /// `fdatasync`.
+    publish_to_ack: Quantiles,
+    /// Rounds: one write and one `fdatasync` each.
+    syncs: u64,
+    /// How long one round's write plus `fdatasync` took.
+    sync: Quantiles,
+    /// Worst latency per 100 ms, and the windows over 50 ms.
+    timeline: Timeline,
+}
+
+/// The appends due and not yet taken by the committer.
+#[derive(Default)]
+struct Due {
+    /// Scheduled times, µs on the run's clock.
+    times: Vec<u64>,
+    /// The pacer is done: the committer ends once `times` is empty.
+    closed: bool,
+}
+
+/// What the committer hands back at the end of a run.
+struct Committed {
+    latencies: Latencies,
+    syncs: Histogram<u64>,
+}
+
+/// Runs `--runs` runs and prints (and optionally writes) their figures.
+pub fn run(args: &DiskFloorArgs) -> Result<()> {
+    if args.rate == 0 || args.record_bytes == 0 || args.runs == 0 {
+        bail!("--rate, --record-bytes and --runs must be above zero");
+    }
+    if args.duration.is_zero() {
+        bail!("--duration must be above zero");
+    }
+    fs::create_dir_all(&args.dir)
+        .with_context(|| format!("creating the directory {}", args.dir.display()))?;
+    let mut runs = Vec::with_capacity(args.runs);
+    for run in 1..=args.runs {
+        let path = args
+            .dir
+            .join(format!("disk-floor-{}-{run}.log", std::process::id()));
+        let outcome = one_run(args, &path);
+        // The file goes whether the run worked or not.
+        let _ = fs::remove_file(&path);
+        let result =
+            outcome.with_context(|| format!("disk-floor run {run} in {}", path.display()))?;
+        let floor = FloorRun {
+            run,
+            appends: result.latencies.histogram.len(),
+            publish_to_ack: Quantiles::of(&result.latencies.histogram),
+            syncs: result.syncs.len(),
+            sync: Quantiles::of(&result.syncs),
+            timeline: result.latencies.timeline(0),
+        };
+        println!(
+            "floor {run}/{}: {} appends in {} rounds; publish→ACK p50 {:.2} p99 {:.2} p99.9 {:.2} max {:.2} ms; write+fdatasync p50 {:.2} p99 {:.2} max {:.2} ms; stalls: {}",
+            args.runs,
+            floor.appends,
+            floor.syncs,
+            floor.publish_to_ack.p50_ms,
+            floor.publish_to_ack.p99_ms,
+            floor.publish_to_ack.p999_ms,
+            floor.publish_to_ack.max_ms,
+            floor.sync.p50_ms,
+            floor.sync.p99_ms,
+            floor.sync.max_ms,
+            floor.timeline.describe(),
+        );
+        runs.push(floor);
+    }
+    let medians = medians(&runs);
+    println!(
+        "floor, medians of {} runs: publish→ACK p50 {:.2} p99 {:.2} p99.9 {:.2} max {:.2} ms",
+        runs.len(),
+        medians.p50_ms,
+        medians.p99_ms,
+        medians.p999_ms,
+        medians.max_ms
+    );
+    if let Some(path) = &args.json {
+        let json = serde_json::json!({
+            "command": std::env::args().collect::<Vec<_>>().join(" "),
+            "dir": args.dir,
+            "rate": args.rate,
+            "record_bytes": args.record_bytes,
+            "duration_secs": args.duration.as_secs_f64(),
+            "runs": runs,
+            "median": { "publish_to_ack": medians },
+        });
+        fs::write(path, serde_json::to_vec_pretty(&json)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// Field-by-field medians of the runs' publish→ACK quantiles.
+fn medians(runs: &[FloorRun]) -> Quantiles {
+    let m = |f: fn(&Quantiles) -> f64| median(runs.iter().map(|r| f(&r.publish_to_ack)).collect());
+    Quantiles {
+        p50_ms: m(|q| q.p50_ms),
+        p90_ms: m(|q| q.p90_ms),
+        p99_ms: m(|q| q.p99_ms),
+        p999_ms: m(|q| q.p999_ms),
+        max_ms: m(|q| q.max_ms),
+    }
+}
+
+/// One run: the pacer on this thread, the committer on its own.
+fn one_run(args: &DiskFloorArgs, path: &Path) -> Result<Committed> {
+    let file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)
+        .context("creating the file")?;
+    let due = Arc::new((Mutex::new(Due::default()), Condvar::new()));
+    let start = Instant::now();
+    let committer = {
+        let due = due.clone();
+        let record_bytes = args.record_bytes;
+        std::thread::Builder::new()
+            .name("disk-floor-commit".into())
+            .spawn(move || commit(&file, &due, start, record_bytes))
+            .context("starting the committer thread")?
+    };
+    let total = (args.duration.as_secs_f64() * args.rate as f64).round() as u64;
+    let interval_ns = 1e9 / args.rate as f64;
+    for i in 0..total {
+        let at = Duration::from_nanos((i as f64 * interval_ns) as u64);
+        if let Some(wait) = at.checked_sub(start.elapsed()) {
+            std::thread::sleep(wait);
+        }
+        let (lock, ready) = &*due;
+        lock.lock()
+            .expect("the committer does not panic holding the lock")
+            .times
+            .push(at.as_micros() as u64);
+        ready.notify_one();
+    }
+    {
+        let (lock, ready) = &*due;
+        lock.lock()
+            .expect("the committer does not panic holding the lock")
+            .closed = true;
+        ready.notify_one();
+    }
+    committer
+        .join()
+        .map_err(|_| anyhow::anyhow!("the committer thread panicked"))?
+}
+
+/// The committer: one write and one `fdatasync` per round, every round
+/// taking all that is due.
+fn commit(
+    file: &File,
+    due: &(Mutex<Due>, Condvar),
+    start: Instant,
+    record_bytes: usize,
+) -> Result<Committed> {
+    let mut latencies = Latencies::default();
+    let mut syncs = histogram();
+    let mut round: Vec<u64> = Vec::new();
+    let mut bytes: Vec<u8> = Vec::new();
+    let mut offset = 0u64;
+    loop {
+        {
+            let (lock, ready) = due;
+            let mut state = lock
+                .lock()
+                .expect("the pacer does not panic holding the lock");
+            while state.times.is_empty() && !state.closed {
+                state = ready
+                    .wait(state)
+                    .expect("the pacer does not panic holding the lock");
+            }
+            if state.times.is_empty() {
+                break;
+            }
+            std::mem::swap(&mut round, &mut state.times);
+        }
+        let len = round.len() * record_bytes;
+        if bytes.len() < len {
+            bytes.resize(len, b'x');
+        }
+        let began = Instant::now();
+        file.write_all_at(&bytes[..len], offset)
+            .context("writing a round")?;
+        file.sync_data().context("fdatasync")?;
+        offset += len as u64;
+        let done = start.elapsed().as_micros() as u64;
+        let _ = syncs.record((began.elapsed().as_micros() as u64).max(1));
+        for at in round.drain(..) {
+            latencies.record(at, done);
+        }
+    }
+    Ok(Committed { latencies, syncs })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_paced_append_is_committed_and_the_file_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let json = dir.path().join("floor.json");
+        let args = DiskFloorArgs {
+            dir: dir.path().join("disk"),
+            rate: 2_000,
+            record_bytes: 100,
+            duration: Duration::from_millis(250),
+            runs: 2,
+            json: Some(json.clone()),
+        };
+        run(&args).unwrap();
+        let report: serde_json::Value = serde_json::from_slice(&fs::read(&json).unwrap()).unwrap();
+        let runs = report["runs"].as_array().unwrap();
+        assert_eq!(runs.len(), 2);
+        for r in runs {
+            assert_eq!(r["appends"], 500);
+            let syncs = r["syncs"].as_u64().unwrap();
+            assert!((1..=500).contains(&syncs), "{syncs} rounds");
+        }
+        assert_eq!(
+            fs::read_dir(&args.dir).unwrap().count(),
+            0,
+            "scratch files left behind"
+        );
+    }
+
+    #[test]
+    fn a_zero_rate_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let args = DiskFloorArgs {
+            dir: dir.path().to_path_buf(),
+            rate: 0,
+            record_bytes: 100,
+            duration: Duration::from_millis(10),
+            runs: 1,
+            json: None,
+        };
+        assert!(run(&args).unwrap_err().to_string().contains("--rate"));
+    }
+}
