@@ -54,12 +54,13 @@
 #               load: CipherMQ's sustainable peak (RUNS max-rate runs, 1 KiB,
 #               durable, 1 shard, 1 publisher + 1 consumer: the median of the
 #               lower of publish and consume rates), then LOAD_RUNS runs at
-#               50% and at 80% of it, latency from the scheduled send times
+#               50% and at 80% of it, latency from the scheduled send times,
+#               each level after FLOOR_RUNS disk-floor runs at its rate
 #               soak: SOAK_DURATION at 50% of that peak (measured here unless
 #               the load section ran first), broker RSS and CPU every second;
 #               RSS is judged after SOAK_WARM_UP; soak.svg plots it all
 #   TAIL_RUNS   with tail: runs (20)
-#   FLOOR_RUNS  with tail: disk-floor runs before and after them (5 each)
+#   FLOOR_RUNS  with tail or load: disk-floor runs (5 each time)
 #   LOAD_RUNS   with load: runs at each fraction of peak (5)
 #   SOAK_DURATION, SOAK_WARM_UP  with soak: 10m and 3m (more than the 120 s
 #               dedup window, whose ids fill memory until it has passed)
@@ -237,6 +238,11 @@ bench() { # json-name label args...
 
 has() { [[ " $SECTIONS " == *" $1 "* ]]; }
 
+floor() { # json-name rate: the disk's own durable latency at that rate, no broker
+  "$BIN/ciphermq-bench" disk-floor --dir "$WORK/floor" --rate "$2" --duration "$DURATION" \
+    --runs "${FLOOR_RUNS:-5}" --json "$OUT/$1.json"
+}
+
 {
   echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
   echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (with local changes)')"
@@ -335,16 +341,12 @@ fi
 
 if has tail; then
   echo "== tail latency: $TAIL_RUNS consecutive runs at 5,000 msg/s, durable, 1 KiB, 1 shard, 1 publisher, 1 consumer"
-  floor() { # json-name
-    "$BIN/ciphermq-bench" disk-floor --dir "$WORK/floor" --rate 5000 --duration "$DURATION" \
-      --runs "${FLOOR_RUNS:-5}" --json "$OUT/$1.json"
-  }
-  floor "tail-floor-before"
+  floor "tail-floor-before" 5000
   start_broker durable 1
   RUNS=$TAIL_RUNS bench "tail-durable-5000" "durable, 1 shard, 5,000 msg/s, $TAIL_RUNS runs" \
     --target ciphermq --rate 5000 --duration "$DURATION" --size 1024 --publishers 1 --consumers 1
   stop_broker
-  floor "tail-floor-after"
+  floor "tail-floor-after" 5000
 fi
 
 if has mixed; then
@@ -395,7 +397,9 @@ fi
 if has load; then
   for pct in 50 80; do
     rate=$((PEAK * pct / 100))
-    echo "== load: $LOAD_RUNS runs at $pct% of peak ($rate msg/s)"
+    echo "== load: the disk's floor, then $LOAD_RUNS runs at $pct% of peak ($rate msg/s)"
+    stop_broker
+    floor "load-$pct-floor" "$rate"
     start_broker durable 1
     RUNS=$LOAD_RUNS bench "load-$pct" "durable, 1 shard, $pct% of peak ($rate msg/s)" \
       --target ciphermq --rate "$rate" --duration "$DURATION" --size 1024 --publishers 1 --consumers 1

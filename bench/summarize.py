@@ -139,6 +139,17 @@ def load_levels(out, lines):
     lines.append("|---|---:|---|---|---|---:|---|")
     for p in files:
         r = load(p)
+        floor = out / p.name.replace(".json", "-floor.json")
+        if floor.exists():
+            f = load(floor)
+            fq = [x["publish_to_ack"] for x in f["runs"]]
+            m = f["median"]["publish_to_ack"]
+            fstalls = sum(len(x["timeline"]["stalls"]) for x in f["runs"])
+            lines.append(
+                f"| disk floor at {n(f['rate'])} msg/s (no broker) | {len(fq)} "
+                f"| {' / '.join(ms(m[k]) for k in ('p50_ms', 'p99_ms', 'p999_ms', 'max_ms'))} "
+                f"| {ms(max(x['p99_ms'] for x in fq))} / {ms(max(x['max_ms'] for x in fq))} | - | {fstalls} | - |"
+            )
         s = r["summary"]["ciphermq"]
         runs = [x for x in r["runs"] if x["target"] == "ciphermq"]
         q = lambda x: " / ".join(ms(x[k]) for k in ("p50_ms", "p99_ms", "p999_ms"))
