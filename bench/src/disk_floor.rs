@@ -25,7 +25,7 @@ use hdrhistogram::Histogram;
 use serde::Serialize;
 
 use crate::args::DiskFloorArgs;
-use crate::report::{median, Quantiles};
+use crate::report::Quantiles;
 use crate::scenario::histogram;
 use crate::timeline::{Latencies, Timeline};
 
@@ -105,7 +105,7 @@ pub fn run(args: &DiskFloorArgs) -> Result<()> {
         );
         runs.push(floor);
     }
-    let medians = medians(&runs);
+    let medians = Quantiles::median(&runs.iter().map(|r| r.publish_to_ack).collect::<Vec<_>>());
     println!(
         "floor, medians of {} runs: publish→ACK p50 {:.2} p99 {:.2} p99.9 {:.2} max {:.2} ms",
         runs.len(),
@@ -128,18 +128,6 @@ pub fn run(args: &DiskFloorArgs) -> Result<()> {
             .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())
-}
-
-/// Field-by-field medians of the runs' publish→ACK quantiles.
-fn medians(runs: &[FloorRun]) -> Quantiles {
-    let m = |f: fn(&Quantiles) -> f64| median(runs.iter().map(|r| f(&r.publish_to_ack)).collect());
-    Quantiles {
-        p50_ms: m(|q| q.p50_ms),
-        p90_ms: m(|q| q.p90_ms),
-        p99_ms: m(|q| q.p99_ms),
-        p999_ms: m(|q| q.p999_ms),
-        max_ms: m(|q| q.max_ms),
-    }
 }
 
 /// One run: the pacer on this thread, the committer on its own.

@@ -43,7 +43,7 @@ impl Quantiles {
     }
 
     /// Field by field median.
-    fn median(all: &[Quantiles]) -> Quantiles {
+    pub fn median(all: &[Quantiles]) -> Quantiles {
         let m = |f: fn(&Quantiles) -> f64| median(all.iter().map(f).collect());
         Quantiles {
             p50_ms: m(|q| q.p50_ms),
