@@ -1,7 +1,8 @@
 //! The broker's stall watch: a shard held off its core for a while (here
 //! the whole process, stopped with SIGSTOP and continued) is counted in
 //! `ciphermq_shard_stalls_total` and logged with how late the turn came and
-//! the step the shard began last.
+//! the step the shard began last. The nudge thread (`nudge.rs`) runs beside
+//! the shards, and its count is exported for each of them.
 
 mod common;
 
@@ -81,4 +82,22 @@ async fn a_shard_held_off_its_core_is_counted_and_logged() {
         let series = format!("ciphermq_shard_nudges_total{{shard=\"{shard}\"}}");
         assert!(text.contains(&series), "{series} missing:\n{text}");
     }
+    // The thread that wakes a shard asleep with work runnable is running:
+    // without it only the benchmarks would show the executor's long
+    // sleeps (nudge.rs).
+    let threads = thread_names(broker.pid());
+    assert_eq!(
+        threads.iter().filter(|n| *n == "shard-nudge").count(),
+        1,
+        "one nudge thread expected among {threads:?}"
+    );
+}
+
+/// The names of a process's threads, from `/proc`.
+fn thread_names(pid: u32) -> Vec<String> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .expect("the broker's threads are listed in /proc")
+        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
+        .map(|name| name.trim_end().to_string())
+        .collect()
 }
