@@ -97,29 +97,51 @@ mod tests {
     /// timer due, and never wakes: the test then times out.
     #[test]
     fn an_executor_asleep_with_a_runnable_task_is_woken() {
+        if let Err(steps) = busy_executor_with_nudges() {
+            panic!(
+                "the executor slept with a runnable task: {steps} of {STEPS} steps done in {DONE_WITHIN:?}"
+            );
+        }
+    }
+
+    /// Steps of [`busy_executor_with_nudges`]: 2 s of work.
+    const STEPS: u64 = 40_000;
+    /// How long the steps may take, sleeps ended by the nudge thread included.
+    const DONE_WITHIN: Duration = Duration::from_secs(60);
+
+    /// Runs [`STEPS`] busy steps on an executor with a 20 µs preempt timer
+    /// and its own nudge thread; `Err(steps)`: it slept with work runnable
+    /// and stayed asleep.
+    fn busy_executor_with_nudges() -> Result<(), u64> {
         let pulses = Arc::new(Pulses::new(1));
         spawn(&pulses, vec![Arc::new(ShardStats::new(0))]).unwrap();
         let steps = Arc::new(AtomicU64::new(0));
+        let (started_tx, started_rx) = mpsc::channel();
         let (done_tx, done_rx) = mpsc::channel();
         let (p, s) = (pulses.clone(), steps.clone());
         let executor = LocalExecutorBuilder::new(Placement::Unbound)
             .preempt_timer(Duration::from_micros(20))
+            .name(EXECUTOR_NAME)
             .spawn(move || async move {
-                let watch = p.clone();
+                // This task's waker is the one the nudge thread wakes: it
+                // exists from the first poll, before any step.
+                futures_lite::future::poll_fn(|cx| {
+                    p.shard(0).listen(cx.waker());
+                    Poll::Ready(())
+                })
+                .await;
+                p.beat(0);
+                let _ = started_tx.send(());
+                let beats = p.clone();
                 glommio::spawn_local(async move {
-                    futures_lite::future::poll_fn(|cx| {
-                        watch.shard(0).listen(cx.waker());
-                        Poll::Ready(())
-                    })
-                    .await;
                     loop {
-                        watch.beat(0);
+                        beats.beat(0);
                         glommio::timer::sleep(TICK).await;
                     }
                 })
                 .detach();
-                // Busy for 2 s in 50 µs steps, yielding between them.
-                for _ in 0..40_000 {
+                // Busy in 50 µs steps, yielding between them.
+                for _ in 0..STEPS {
                     let step = std::time::Instant::now();
                     while step.elapsed() < Duration::from_micros(50) {
                         std::hint::spin_loop();
@@ -131,13 +153,60 @@ mod tests {
                 let _ = done_tx.send(());
             })
             .unwrap();
-        let limit = Duration::from_secs(60);
-        if done_rx.recv_timeout(limit).is_err() {
-            panic!(
-                "the executor slept with a runnable task: {} of 40000 steps done in {limit:?}",
-                steps.load(Ordering::Relaxed)
+        // The executor can also fall asleep before its first task is ever
+        // polled, when no waker exists yet for the nudge thread to wake.
+        // That is not the case under test (in the broker, a shard's
+        // stall watch runs among its first tasks): until the task has
+        // left its waker, a signal to the executor's thread ends any such
+        // sleep (glommio takes an interrupted wait as a wake-up).
+        let begun = std::time::Instant::now();
+        while started_rx.recv_timeout(Duration::from_millis(50)).is_err() {
+            assert!(
+                begun.elapsed() < Duration::from_secs(30),
+                "the executor never polled its first task"
             );
+            interrupt_threads_named(EXECUTOR_NAME);
+        }
+        if done_rx.recv_timeout(DONE_WITHIN).is_err() {
+            return Err(steps.load(Ordering::Relaxed));
         }
         executor.join().unwrap();
+        Ok(())
+    }
+
+    /// The test executor's thread name (a prefix: glommio appends an id).
+    const EXECUTOR_NAME: &str = "nudge-test";
+
+    /// Sends SIGURG, handled by doing nothing, to every thread of this
+    /// process whose name starts with `prefix`: a thread waiting in a
+    /// system call returns from it with `EINTR`.
+    fn interrupt_threads_named(prefix: &str) {
+        extern "C" fn ignore(_: libc::c_int) {}
+        // SAFETY: installs a handler that does nothing, for a signal the
+        // test process does not otherwise use; no SA_RESTART, so a waiting
+        // system call is interrupted.
+        unsafe {
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = ignore as extern "C" fn(libc::c_int) as libc::sighandler_t;
+            libc::sigaction(libc::SIGURG, &action, std::ptr::null_mut());
+        }
+        let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+            return;
+        };
+        for task in tasks.flatten() {
+            let named = std::fs::read_to_string(task.path().join("comm"))
+                .is_ok_and(|name| name.starts_with(prefix));
+            let tid = task
+                .file_name()
+                .to_str()
+                .and_then(|t| t.parse::<libc::pid_t>().ok());
+            if let (true, Some(tid)) = (named, tid) {
+                // SAFETY: tgkill to a thread of this very process, with a
+                // signal whose handler does nothing.
+                unsafe {
+                    libc::syscall(libc::SYS_tgkill, libc::getpid(), tid, libc::SIGURG);
+                }
+            }
+        }
     }
 }
