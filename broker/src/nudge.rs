@@ -22,6 +22,13 @@
 //! wake it does not need, which costs it nothing. Each silence during which
 //! the shard's thread was found asleep (waiting in the kernel, not running
 //! or ready to run) is counted once in `ciphermq_shard_nudges_total`.
+//!
+//! Not covered: the same park before the executor's first task is ever
+//! polled, when no waker exists yet. The thread would have to lose its
+//! core for the whole preempt period at start-up; the start would then wait
+//! for that shard. A signal to the shard's thread ends such a sleep too
+//! (glommio takes an interrupted wait as a wake-up; the test below relies
+//! on it), but the broker does not send one.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
