@@ -142,14 +142,8 @@ def load_levels(out, lines):
         floor = out / p.name.replace(".json", "-floor.json")
         if floor.exists():
             f = load(floor)
-            fq = [x["publish_to_ack"] for x in f["runs"]]
-            m = f["median"]["publish_to_ack"]
-            fstalls = sum(len(x["timeline"]["stalls"]) for x in f["runs"])
-            lines.append(
-                f"| disk floor at {n(f['rate'])} msg/s (no broker) | {len(fq)} "
-                f"| {' / '.join(ms(m[k]) for k in ('p50_ms', 'p99_ms', 'p999_ms', 'max_ms'))} "
-                f"| {ms(max(x['p99_ms'] for x in fq))} / {ms(max(x['max_ms'] for x in fq))} | - | {fstalls} | - |"
-            )
+            runs, q, worst, stalls = ack_cells(floor_runs(f))
+            lines.append(f"| disk floor at {n(f['rate'])} msg/s (no broker) | {runs} | {q} | {worst} | - | {stalls} | - |")
         s = r["summary"]["ciphermq"]
         runs = [x for x in r["runs"] if x["target"] == "ciphermq"]
         q = lambda x: " / ".join(ms(x[k]) for k in ("p50_ms", "p99_ms", "p999_ms"))
@@ -164,6 +158,30 @@ def load_levels(out, lines):
     lines.append("")
 
 
+def floor_runs(r):
+    """A disk-floor file's runs as (median ACK quantiles, each run's ACK
+    quantiles, windows over 50 ms)."""
+    runs = r["runs"]
+    stalls = sum(len(x["timeline"]["stalls"]) for x in runs)
+    return r["median"]["publish_to_ack"], [x["publish_to_ack"] for x in runs], stalls
+
+
+def broker_runs(r):
+    """The same for CipherMQ's runs of a load-generator file (ACK windows)."""
+    runs = [x for x in r["runs"] if x["target"] == "ciphermq"]
+    stalls = sum(len(x["ack_timeline"]["stalls"]) for x in runs)
+    return r["summary"]["ciphermq"]["publish_to_ack"], [x["publish_to_ack"] for x in runs], stalls
+
+
+def ack_cells(runs):
+    """Table cells: runs, publish→ACK p50 / p99 / p99.9 / max (medians),
+    the worst run's p99 / max, windows over 50 ms."""
+    median, qs, stalls = runs
+    q = " / ".join(ms(median[k]) for k in ("p50_ms", "p99_ms", "p999_ms", "max_ms"))
+    worst = f"{ms(max(x['p99_ms'] for x in qs))} / {ms(max(x['max_ms'] for x in qs))}"
+    return [str(len(qs)), q, worst, str(stalls)]
+
+
 def tail(out, lines):
     """The tail section: the broker at 5,000 msg/s next to the disk's own
     floor (ciphermq-bench disk-floor) measured right before and after it."""
@@ -175,24 +193,14 @@ def tail(out, lines):
         "| measured | runs | publish→ACK p50 / p99 / p99.9 / max ms (medians) | worst run's p99 / max ms | windows over 50 ms |"
     )
     lines.append("|---|---:|---|---|---:|")
-    q = lambda x: " / ".join(ms(x[k]) for k in ("p50_ms", "p99_ms", "p999_ms", "max_ms"))
-    worst = lambda qs: f"{ms(max(x['p99_ms'] for x in qs))} / {ms(max(x['max_ms'] for x in qs))}"
-    rows = [("disk floor, before", out / "tail-floor-before.json"), ("broker", p), ("disk floor, after", out / "tail-floor-after.json")]
-    for label, f in rows:
-        if not f.exists():
-            continue
-        r = load(f)
-        if label == "broker":
-            runs = [x for x in r["runs"] if x["target"] == "ciphermq"]
-            summary = r["summary"]["ciphermq"]["publish_to_ack"]
-            qs = [x["publish_to_ack"] for x in runs]
-            stalls = sum(len(x["ack_timeline"]["stalls"]) for x in runs)
-        else:
-            runs = r["runs"]
-            summary = r["median"]["publish_to_ack"]
-            qs = [x["publish_to_ack"] for x in runs]
-            stalls = sum(len(x["timeline"]["stalls"]) for x in runs)
-        lines.append(f"| {label} | {len(runs)} | {q(summary)} | {worst(qs)} | {stalls} |")
+    rows = [
+        ("disk floor, before", out / "tail-floor-before.json", floor_runs),
+        ("broker", p, broker_runs),
+        ("disk floor, after", out / "tail-floor-after.json", floor_runs),
+    ]
+    for label, f, read in rows:
+        if f.exists():
+            lines.append(f"| {label} | {' | '.join(ack_cells(read(load(f))))} |")
     lines.append("")
 
 

@@ -189,14 +189,15 @@ mod tests {
     /// system call returns from it with `EINTR`.
     fn interrupt_threads_named(prefix: &str) {
         extern "C" fn ignore(_: libc::c_int) {}
+        static HANDLER: std::sync::Once = std::sync::Once::new();
         // SAFETY: installs a handler that does nothing, for a signal the
         // test process does not otherwise use; no SA_RESTART, so a waiting
         // system call is interrupted.
-        unsafe {
+        HANDLER.call_once(|| unsafe {
             let mut action: libc::sigaction = std::mem::zeroed();
             action.sa_sigaction = ignore as extern "C" fn(libc::c_int) as libc::sighandler_t;
             libc::sigaction(libc::SIGURG, &action, std::ptr::null_mut());
-        }
+        });
         let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
             return;
         };
