@@ -227,22 +227,13 @@ impl ShardPulse {
             .store(unsafe { libc::gettid() }, Ordering::Relaxed);
     }
 
-    /// Whether the shard's thread is off the CPU, waiting in the kernel (the
-    /// state `/proc` gives it is `S` or `D`), rather than running or ready
-    /// to run. False when that cannot be told.
+    /// Whether the shard's thread is asleep in the kernel
+    /// ([`thread_asleep`]); false before it has listened.
     pub(crate) fn asleep(&self) -> bool {
-        let tid = self.thread.load(Ordering::Relaxed);
-        if tid == 0 {
-            return false;
+        match self.thread.load(Ordering::Relaxed) {
+            0 => false,
+            tid => thread_asleep(tid),
         }
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")) else {
-            return false;
-        };
-        // "<tid> (<name>) <state> …": the name may hold spaces and parentheses.
-        let state = stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.trim_start().chars().next());
-        matches!(state, Some('S' | 'D'))
     }
 
     /// Wakes the shard's stall watch from any thread: if the executor sleeps,
@@ -262,6 +253,20 @@ impl ShardPulse {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
+}
+
+/// Whether thread `tid` of this process is off the CPU, waiting in the
+/// kernel (the state `/proc` gives it is `S` or `D`), rather than running or
+/// ready to run. False when that cannot be told.
+pub(crate) fn thread_asleep(tid: i32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")) else {
+        return false;
+    };
+    // "<tid> (<name>) <state> …": the name may hold spaces and parentheses.
+    let state = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.trim_start().chars().next());
+    matches!(state, Some('S' | 'D'))
 }
 
 #[cfg(test)]

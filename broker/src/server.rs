@@ -321,7 +321,9 @@ pub fn start(config: &Config) -> Result<BrokerHandle, StartError> {
                 shard,
                 reason: e.to_string(),
             })?;
-        match ready_rx.recv() {
+        // A shard that fell asleep before its first poll is woken here.
+        let thread = handle.thread().name().unwrap_or_default().to_owned();
+        match crate::nudge::await_first_word(&ready_rx, &thread) {
             Ok(Ok(addr)) => {
                 if bound.is_none() {
                     bound = Some(addr);

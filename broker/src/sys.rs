@@ -3,7 +3,8 @@
 //! rustls' buffers, two start-up probes of
 //! the kernel, the free-space query of the disk watcher, the
 //! write-permission query of `--check-config`, two `sysconf` values the
-//! process metrics need, and handing freed heap memory back to the kernel.
+//! process metrics need, handing freed heap memory back to the kernel, and
+//! interrupting a shard's thread asleep before its executor's first poll.
 //!
 //! glommio 0.9 streams cannot be sent between executors, so the accepting
 //! shard duplicates the socket's file descriptor into an [`OwnedFd`] (which is
@@ -224,6 +225,30 @@ pub fn release_free_memory() {
     // SAFETY: malloc_trim takes no pointers and only returns free pages.
     unsafe {
         libc::malloc_trim(0);
+    }
+}
+
+/// Interrupts the system call thread `tid` of this process waits in, if
+/// any: it returns `EINTR`, through a signal (`SIGURG`) handled by doing
+/// nothing. glommio takes an interrupted wait for I/O as a wake-up; this is
+/// how a shard asleep before its executor's first poll, when no waker
+/// exists yet, is woken (`nudge::await_first_word`).
+pub fn interrupt_thread(tid: libc::pid_t) {
+    extern "C" fn ignore(_: libc::c_int) {}
+    static HANDLER: std::sync::Once = std::sync::Once::new();
+    // SAFETY: installs a handler that does nothing, for a signal nothing
+    // else in the process uses (its default is to be ignored, which would
+    // interrupt nothing); without SA_RESTART, so a waiting call returns.
+    HANDLER.call_once(|| unsafe {
+        let mut action: libc::sigaction = std::mem::zeroed();
+        action.sa_sigaction = ignore as extern "C" fn(libc::c_int) as libc::sighandler_t;
+        libc::sigemptyset(&mut action.sa_mask);
+        libc::sigaction(libc::SIGURG, &action, std::ptr::null_mut());
+    });
+    // SAFETY: a signal whose handler does nothing, to a thread of this very
+    // process (a thread that has ended makes this fail with ESRCH, harmlessly).
+    unsafe {
+        libc::syscall(libc::SYS_tgkill, libc::getpid(), tid, libc::SIGURG);
     }
 }
 
