@@ -79,6 +79,8 @@
 #   AB_SIZE     with ab: the body size in bytes (1024)
 #   PGDB        database the pgbridge section recreates (ciphermq_bench, on
 #               127.0.0.1:5432 as user postgres)
+#   PACE_TICK   the pacer's tick for the fixed-rate runs (ciphermq-bench
+#               --pace-tick, e.g. 250us; default: a wake per message)
 #   BROKER_BIN  a ciphermq-broker to run instead of target/release's (e.g. the
 #               load section against an older build, with its load-peak.json
 #               copied into OUT so both use the same rates)
@@ -233,7 +235,7 @@ bench() { # json-name label args...
   echo "-- $name: $*"
   "$BIN/ciphermq-bench" --addr "$ADDR" --certs "$WORK/certs" --keys "$WORK/keys" \
     --window "$WINDOW" --runs "$RUNS" --label "$label" --broker-pid "$BROKER" \
-    --json "$OUT/$name.json" "$@"
+    --json "$OUT/$name.json" ${PACE_TICK:+--pace-tick "$PACE_TICK"} "$@"
 }
 
 has() { [[ " $SECTIONS " == *" $1 "* ]]; }

@@ -165,6 +165,13 @@ pub struct LoadArgs {
     /// window allows and latency is measured from the actual send.
     #[arg(long)]
     pub rate: Option<f64>,
+    /// With `--rate`: the pacer wakes at most once per this period and
+    /// releases every message due by then, each still timed from its own
+    /// scheduled send time. `0` (the default) wakes for every message. On a
+    /// small machine the load generator shares with the broker, a wake per
+    /// message costs CPU the broker then lacks (docs/BENCHMARKS.md).
+    #[arg(long, default_value = "0s", value_parser = parse_duration)]
+    pub pace_tick: Duration,
     /// Runs per target; the summary shows medians.
     #[arg(long, default_value_t = 1)]
     pub runs: usize,
@@ -346,12 +353,17 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     };
     let value: f64 = number
         .parse()
-        .map_err(|_| format!("invalid duration {s:?}: expected e.g. 500ms, 30s, 2m"))?;
+        .map_err(|_| format!("invalid duration {s:?}: expected e.g. 250us, 500ms, 30s, 2m"))?;
     let secs = match unit {
+        "us" | "µs" => value / 1e6,
         "ms" => value / 1000.0,
         "s" => value,
         "m" | "min" => value * 60.0,
-        _ => return Err(format!("invalid duration unit in {s:?}: use ms, s or m")),
+        _ => {
+            return Err(format!(
+                "invalid duration unit in {s:?}: use us, ms, s or m"
+            ))
+        }
     };
     if !(secs.is_finite() && secs >= 0.0) {
         return Err(format!("invalid duration {s:?}"));
@@ -367,6 +379,7 @@ mod tests {
     fn durations_parse_with_and_without_units() {
         assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
         assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("250us"), Ok(Duration::from_micros(250)));
         assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
         assert_eq!(parse_duration("1.5"), Ok(Duration::from_millis(1500)));
         assert!(parse_duration("ten").is_err());

@@ -120,35 +120,44 @@ impl Source {
 /// Schedules `total` messages at `rate` msg/s from `first_us` on, dealing them
 /// round robin to `publishers`; message k is due at `first_us + k / rate`. Runs
 /// on its own thread, whose sleep is far finer than tokio's 1 ms timer wheel:
-/// a late wake-up would add to every measured latency.
+/// a late wake-up would add to every measured latency. With a nonzero `tick`
+/// it wakes at most once per tick and releases everything due by then; each
+/// message keeps its own scheduled time. The thread returns how many times
+/// it woke.
 fn spawn_pacer(
     clock: Clock,
     first_us: u64,
     rate: f64,
     total: u64,
+    tick: Duration,
     publishers: Vec<mpsc::UnboundedSender<u64>>,
-) -> std::io::Result<std::thread::JoinHandle<()>> {
+) -> std::io::Result<std::thread::JoinHandle<u64>> {
+    let tick_us = u64::try_from(tick.as_micros()).unwrap_or(u64::MAX);
     std::thread::Builder::new()
         .name("bench-pacer".into())
         .spawn(move || {
             let due_at = |k: u64| first_us + (k as f64 * 1e6 / rate) as u64;
             let mut k = 0u64;
+            let mut wakes = 0u64;
             while k < total {
+                wakes += 1;
                 let now = clock.now_us();
                 while k < total && due_at(k) <= now {
                     let target = &publishers[(k % publishers.len() as u64) as usize];
                     if target.send(due_at(k)).is_err() {
-                        return; // a publisher failed; the run is over
+                        return wakes; // a publisher failed; the run is over
                     }
                     k += 1;
                 }
                 if k < total {
-                    let wait = due_at(k).saturating_sub(clock.now_us());
+                    let next = due_at(k).max(now.saturating_add(tick_us));
+                    let wait = next.saturating_sub(clock.now_us());
                     if wait > 0 {
                         std::thread::sleep(Duration::from_micros(wait));
                     }
                 }
             }
+            wakes
         })
 }
 
@@ -404,8 +413,15 @@ where
                 .map(|_| mpsc::unbounded_channel())
                 .unzip();
             pacer = Some(
-                spawn_pacer(clock, t0_us, rate, total.unwrap_or(u64::MAX), txs)
-                    .context("cannot start the pacer thread")?,
+                spawn_pacer(
+                    clock,
+                    t0_us,
+                    rate,
+                    total.unwrap_or(u64::MAX),
+                    args.pace_tick,
+                    txs,
+                )
+                .context("cannot start the pacer thread")?,
             );
             rxs.into_iter().map(Source::Paced).collect()
         }
@@ -534,7 +550,7 @@ mod tests {
         let (tx0, mut rx0) = mpsc::unbounded_channel();
         let (tx1, mut rx1) = mpsc::unbounded_channel();
         // 100 messages at 100,000 msg/s: due every 10 µs from t = 0.
-        spawn_pacer(clock, 0, 100_000.0, 100, vec![tx0, tx1])
+        spawn_pacer(clock, 0, 100_000.0, 100, Duration::ZERO, vec![tx0, tx1])
             .unwrap()
             .join()
             .unwrap();
@@ -549,5 +565,30 @@ mod tests {
             odd.push(t);
         }
         assert_eq!(odd[..3], [10, 30, 50]);
+    }
+
+    #[test]
+    fn a_pacing_tick_wakes_less_and_keeps_every_scheduled_time() {
+        // 2,000 messages at 100,000 msg/s: 20 ms of schedule, due every 10 µs.
+        let run = |tick: Duration| {
+            let (tx, mut rx) = mpsc::unbounded_channel();
+            let wakes = spawn_pacer(Clock::new(), 0, 100_000.0, 2_000, tick, vec![tx])
+                .unwrap()
+                .join()
+                .unwrap();
+            let mut times = Vec::new();
+            while let Ok(t) = rx.try_recv() {
+                times.push(t);
+            }
+            (wakes, times)
+        };
+        let expected: Vec<u64> = (0..2_000).map(|k| k * 10).collect();
+        let (ticked, times) = run(Duration::from_millis(4));
+        assert_eq!(times, expected);
+        // At most one wake per 4 ms of the 20 ms schedule, and the first.
+        assert!(ticked <= 7, "{ticked} wakes with a 4 ms tick");
+        let (exact, times) = run(Duration::ZERO);
+        assert_eq!(times, expected);
+        assert!(exact > 2 * ticked, "{exact} wakes without a tick");
     }
 }
