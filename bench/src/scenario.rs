@@ -554,17 +554,15 @@ mod tests {
             .unwrap()
             .join()
             .unwrap();
-        let mut got = Vec::new();
-        while let Ok(t) = rx0.try_recv() {
-            got.push(t);
-        }
+        let got = scheduled(&mut rx0);
         assert_eq!(got.len(), 50);
         assert_eq!(got[..3], [0, 20, 40]);
-        let mut odd = Vec::new();
-        while let Ok(t) = rx1.try_recv() {
-            odd.push(t);
-        }
-        assert_eq!(odd[..3], [10, 30, 50]);
+        assert_eq!(scheduled(&mut rx1)[..3], [10, 30, 50]);
+    }
+
+    /// Every scheduled time a finished pacer sent to one publisher.
+    fn scheduled(rx: &mut mpsc::UnboundedReceiver<u64>) -> Vec<u64> {
+        std::iter::from_fn(|| rx.try_recv().ok()).collect()
     }
 
     #[test]
@@ -576,11 +574,7 @@ mod tests {
                 .unwrap()
                 .join()
                 .unwrap();
-            let mut times = Vec::new();
-            while let Ok(t) = rx.try_recv() {
-                times.push(t);
-            }
-            (wakes, times)
+            (wakes, scheduled(&mut rx))
         };
         let expected: Vec<u64> = (0..2_000).map(|k| k * 10).collect();
         let (ticked, times) = run(Duration::from_millis(4));
