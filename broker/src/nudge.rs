@@ -143,8 +143,9 @@ mod tests {
     /// The start-up case: executors with a preempt timer so short that it
     /// often fires before their first task is polled, each asked for its
     /// first word the broker's way. An executor asleep then and never
-    /// interrupted keeps the wait going for ever (a plain `recv_timeout` of
-    /// 10 s instead failed at the first to fourth executor in 3 of 3 runs).
+    /// interrupted keeps the wait going for ever: the test gives up after
+    /// [`FIRST_WORD_WITHIN`]. (Without the interruption it failed at the
+    /// first to fourth executor, in every run tried.)
     #[test]
     fn an_executor_asleep_before_its_first_poll_is_woken() {
         for round in 0..EXECUTORS {
@@ -156,11 +157,10 @@ mod tests {
                     let _ = ready_tx.send(round);
                 })
                 .unwrap();
-            let name = executor.thread().name().unwrap_or_default().to_owned();
             assert_eq!(
-                await_first_word(&ready_rx, &name),
-                Ok(round),
-                "executor {round} ended without its first word"
+                first_word_within(ready_rx, executor.thread(), FIRST_WORD_WITHIN),
+                Some(round),
+                "executor {round} gave no first word in {FIRST_WORD_WITHIN:?}"
             );
             executor.join().unwrap();
         }
@@ -168,6 +168,25 @@ mod tests {
 
     /// Executors started by [`an_executor_asleep_before_its_first_poll_is_woken`].
     const EXECUTORS: u32 = 20;
+
+    /// How long a test waits for an executor's first word, interruptions
+    /// included, before it fails instead of hanging.
+    const FIRST_WORD_WITHIN: Duration = Duration::from_secs(30);
+
+    /// [`await_first_word`] for the executor running on `thread`, on a
+    /// thread of its own; `None` if it has not returned a word in `limit`.
+    fn first_word_within<T: Send + 'static>(
+        ready: mpsc::Receiver<T>,
+        thread: &std::thread::Thread,
+        limit: Duration,
+    ) -> Option<T> {
+        let name = thread.name().unwrap_or_default().to_owned();
+        let (word_tx, word_rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = word_tx.send(await_first_word(&ready, &name));
+        });
+        word_rx.recv_timeout(limit).ok()?.ok()
+    }
 
     /// The glommio sleep this module is for, on purpose: a preempt timer so
     /// short that it often fires before the executor's first queue runs.
@@ -236,8 +255,8 @@ mod tests {
         // The executor can also fall asleep before its first task is ever
         // polled, when no waker exists yet for the nudge thread to wake:
         // the start-up case, covered the broker's way.
-        let name = executor.thread().name().unwrap_or_default().to_owned();
-        await_first_word(&started_rx, &name).expect("the executor polled its first task");
+        first_word_within(started_rx, executor.thread(), FIRST_WORD_WITHIN)
+            .expect("the executor polled its first task");
         if done_rx.recv_timeout(DONE_WITHIN).is_err() {
             return Err(steps.load(Ordering::Relaxed));
         }
