@@ -189,10 +189,21 @@ $performance
 EOF
 }
 
-# One counter of the broker's /metrics (summed over shards), over mTLS as admin.
-metric_sum() { # name
+# The broker's /metrics text, over mTLS as admin.
+broker_metrics() {
   curl -s --cacert "$WORK/certs/ca.crt" --cert "$WORK/certs/admin.crt" --key "$WORK/certs/admin.key" \
-    "https://127.0.0.1:$((PORT + 1))/metrics" | awk -v m="$1" '$1 ~ "^"m"({|$)" {s += $2} END {printf "%d", s}'
+    "https://127.0.0.1:$((PORT + 1))/metrics"
+}
+
+# One counter of the broker's /metrics (summed over shards).
+metric_sum() { # name
+  broker_metrics | awk -v m="$1" '$1 ~ "^"m"({|$)" {s += $2} END {printf "%d", s}'
+}
+
+# The whole /metrics text into a file, for the broker-side histograms
+# around a section's runs (bench/summarize.py takes the difference).
+metrics_snapshot() { # file
+  broker_metrics >"$1" || true
 }
 
 psql_q() { psql -h 127.0.0.1 -U postgres -d "$1" -Atc "$2"; }
@@ -345,8 +356,10 @@ if has tail; then
   echo "== tail latency: $TAIL_RUNS consecutive runs at 5,000 msg/s, durable, 1 KiB, 1 shard, 1 publisher, 1 consumer"
   floor "tail-floor-before" 5000
   start_broker durable 1
+  metrics_snapshot "$OUT/tail-durable-5000-metrics-before.txt"
   RUNS=$TAIL_RUNS bench "tail-durable-5000" "durable, 1 shard, 5,000 msg/s, $TAIL_RUNS runs" \
     --target ciphermq --rate 5000 --duration "$DURATION" --size 1024 --publishers 1 --consumers 1
+  metrics_snapshot "$OUT/tail-durable-5000-metrics-after.txt"
   stop_broker
   floor "tail-floor-after" 5000
 fi
@@ -403,8 +416,10 @@ if has load; then
     stop_broker
     floor "load-$pct-floor" "$rate"
     start_broker durable 1
+    metrics_snapshot "$OUT/load-$pct-metrics-before.txt"
     RUNS=$LOAD_RUNS bench "load-$pct" "durable, 1 shard, $pct% of peak ($rate msg/s)" \
       --target ciphermq --rate "$rate" --duration "$DURATION" --size 1024 --publishers 1 --consumers 1
+    metrics_snapshot "$OUT/load-$pct-metrics-after.txt"
   done
 fi
 

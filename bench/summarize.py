@@ -204,6 +204,62 @@ def tail(out, lines):
     lines.append("")
 
 
+BROKER_HISTOGRAMS = (
+    ("fsync", "ciphermq_fsync_seconds"),
+    ("commit round", "ciphermq_commit_round_seconds"),
+    ("commit wake", "ciphermq_commit_wake_seconds"),
+    ("publish→ACK", "ciphermq_publish_ack_seconds"),
+    ("loop lag", "ciphermq_shard_loop_lag_seconds"),
+)
+
+
+def histogram_buckets(path, family):
+    """Cumulative bucket counts of one /metrics histogram, summed over
+    shards, keyed by upper bound (seconds; `+Inf` as infinity)."""
+    buckets = {}
+    pattern = re.compile(rf'^{family}_bucket{{.*le="([^"]+)"}} (\d+)$')
+    for line in path.read_text().splitlines():
+        m = pattern.match(line)
+        if m:
+            le = float("inf") if m[1] == "+Inf" else float(m[1])
+            buckets[le] = buckets.get(le, 0) + int(m[2])
+    return buckets
+
+
+def bucket_quantile(buckets, q):
+    """The smallest bucket bound holding quantile `q`, as "≤ x ms"."""
+    total = buckets.get(float("inf"), 0)
+    if total <= 0:
+        return "-"
+    for le in sorted(buckets):
+        if buckets[le] >= q * total:
+            return "> last bound" if le == float("inf") else f"≤ {ms(le * 1000)}"
+    return "-"
+
+
+def broker_histograms(out, lines):
+    """The broker's own latency histograms over each latency section's runs:
+    /metrics taken before and after them (run-compare.sh), differenced."""
+    rows = []
+    for name in ("tail-durable-5000", "load-50", "load-80"):
+        before, after = out / f"{name}-metrics-before.txt", out / f"{name}-metrics-after.txt"
+        if not (before.exists() and after.exists()):
+            continue
+        cells = []
+        for _, family in BROKER_HISTOGRAMS:
+            b, a = histogram_buckets(before, family), histogram_buckets(after, family)
+            diff = {le: a[le] - b.get(le, 0) for le in a}
+            cells.append(" / ".join(bucket_quantile(diff, q) for q in (0.5, 0.99)))
+        rows.append(f"| {name} | {' | '.join(cells)} |")
+    if not rows:
+        return
+    lines.append("### The broker's own histograms over those runs (bucket bounds, ms: p50 / p99)\n")
+    lines.append("| section | " + " | ".join(label for label, _ in BROKER_HISTOGRAMS) + " |")
+    lines.append("|---|" + "---|" * len(BROKER_HISTOGRAMS))
+    lines.extend(rows)
+    lines.append("")
+
+
 def memory(out, lines):
     rss = sorted(out.glob("rss-*.json"))
     idle = out / "idle.json"
@@ -367,6 +423,7 @@ def main():
     ab(out, lines)
     tail(out, lines)
     load_levels(out, lines)
+    broker_histograms(out, lines)
     memory(out, lines)
     pgbridge(out, lines)
     print("\n".join(lines))

@@ -473,6 +473,13 @@ pub(crate) fn render(ctx: &AdminContext, admin: &SlotStats, queue_series: QueueS
     shard_histogram(
         &mut e,
         shards,
+        "ciphermq_commit_wake_seconds",
+        "From a queue log's fdatasync returning to the shard's committer running again: the shard's delay in noticing durable bytes.",
+        |s| s.commit_wake_latency.snapshot(),
+    );
+    shard_histogram(
+        &mut e,
+        shards,
         "ciphermq_shard_loop_lag_seconds",
         "How late a shard's loop gives a turn asked for every 5 ms: time the thread was held by other work.",
         |s| s.loop_lag.snapshot(),

@@ -234,6 +234,10 @@ pub struct ShardStats {
     pub fsync_latency: Histogram,
     /// From taking a commit round to releasing its answers.
     pub commit_round_latency: Histogram,
+    /// From an `fdatasync` returning on the blocking-I/O thread to the
+    /// committer running again on its shard: the part of a round that is
+    /// the shard noticing, not the disk.
+    pub commit_wake_latency: Histogram,
     /// How late each turn the stall watch asked for came.
     pub loop_lag: Histogram,
     /// Turns that came the broker's stall threshold late or more.
@@ -285,6 +289,7 @@ impl ShardStats {
             publish_ack_latency: Histogram::new(PUBLISH_ACK_BOUNDS_US),
             fsync_latency: Histogram::new(FSYNC_BOUNDS_US),
             commit_round_latency: Histogram::new(COMMIT_ROUND_BOUNDS_US),
+            commit_wake_latency: Histogram::new(LOOP_LAG_BOUNDS_US),
             loop_lag: Histogram::new(LOOP_LAG_BOUNDS_US),
             stalls: Counter::default(),
             nudges: Counter::default(),
