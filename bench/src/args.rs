@@ -339,6 +339,12 @@ pub struct DiskFloorArgs {
     /// Runs, one after the other.
     #[arg(long, default_value_t = 5)]
     pub runs: usize,
+    /// Overwrite a file of this many MiB, written with zeros and synced
+    /// before the run, from its start (and from its start again once full),
+    /// instead of appending: each `fdatasync` then has no new size or
+    /// blocks to commit, as with a log of recycled, pre-written segments.
+    #[arg(long)]
+    pub overwrite_mib: Option<u64>,
     /// Write the results as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,

@@ -9,6 +9,13 @@
 //! Latency runs from each append's scheduled time, so it includes the wait
 //! for the round in flight, as a publish waits in the broker.
 //!
+//! With `--overwrite-mib` the rounds overwrite a file written with zeros
+//! beforehand instead of growing one: the difference between the two is
+//! what a log of pre-written, recycled segments would save its `fdatasync`s
+//! (no new size or blocks to commit through the file system's journal).
+//! Each run also reports the committer thread's CPU time per append, from
+//! `/proc/thread-self/schedstat`.
+//!
 //! The disk's tail drifts by several times between hours on a shared
 //! virtual machine. Run this next to the broker's tail runs
 //! (`run-compare.sh` does, in its `tail` section): a broker figure means
@@ -42,6 +49,10 @@ struct FloorRun {
     syncs: u64,
     /// How long one round's write plus `fdatasync` took.
     sync: Quantiles,
+    /// The committer thread's CPU time per append, µs (writes and
+    /// `fdatasync`s, in the kernel mostly); `None` where the kernel does not
+    /// report it.
+    committer_cpu_us_per_append: Option<f64>,
     /// Worst latency per 100 ms, and the windows over 50 ms.
     timeline: Timeline,
 }
@@ -59,6 +70,8 @@ struct Due {
 struct Committed {
     latencies: Latencies,
     syncs: Histogram<u64>,
+    /// The committer thread's CPU time over the run.
+    cpu: Option<Duration>,
 }
 
 /// Runs `--runs` runs and prints (and optionally writes) their figures.
@@ -81,16 +94,20 @@ pub fn run(args: &DiskFloorArgs) -> Result<()> {
         let _ = fs::remove_file(&path);
         let result =
             outcome.with_context(|| format!("disk-floor run {run} in {}", path.display()))?;
+        let appends = result.latencies.histogram.len();
         let floor = FloorRun {
             run,
-            appends: result.latencies.histogram.len(),
+            appends,
             publish_to_ack: Quantiles::of(&result.latencies.histogram),
             syncs: result.syncs.len(),
             sync: Quantiles::of(&result.syncs),
+            committer_cpu_us_per_append: result
+                .cpu
+                .map(|cpu| cpu.as_secs_f64() * 1e6 / appends.max(1) as f64),
             timeline: result.latencies.timeline(0),
         };
         println!(
-            "floor {run}/{}: {} appends in {} rounds; publish→ACK p50 {:.2} p99 {:.2} p99.9 {:.2} max {:.2} ms; write+fdatasync p50 {:.2} p99 {:.2} max {:.2} ms; stalls: {}",
+            "floor {run}/{}: {} appends in {} rounds; publish→ACK p50 {:.2} p99 {:.2} p99.9 {:.2} max {:.2} ms; write+fdatasync p50 {:.2} p99 {:.2} max {:.2} ms; committer CPU {} µs/append; stalls: {}",
             args.runs,
             floor.appends,
             floor.syncs,
@@ -101,6 +118,9 @@ pub fn run(args: &DiskFloorArgs) -> Result<()> {
             floor.sync.p50_ms,
             floor.sync.p99_ms,
             floor.sync.max_ms,
+            floor
+                .committer_cpu_us_per_append
+                .map_or("-".to_owned(), |us| format!("{us:.2}")),
             floor.timeline.describe(),
         );
         runs.push(floor);
@@ -120,6 +140,7 @@ pub fn run(args: &DiskFloorArgs) -> Result<()> {
             "dir": args.dir,
             "rate": args.rate,
             "record_bytes": args.record_bytes,
+            "overwrite_mib": args.overwrite_mib,
             "duration_secs": args.duration.as_secs_f64(),
             "runs": runs,
             "median": { "publish_to_ack": medians },
@@ -137,6 +158,10 @@ fn one_run(args: &DiskFloorArgs, path: &Path) -> Result<Committed> {
         .create_new(true)
         .open(path)
         .context("creating the file")?;
+    let wrap = match args.overwrite_mib {
+        Some(mib) => Some(prewrite(&file, mib << 20, args.record_bytes)?),
+        None => None,
+    };
     let due = Arc::new((Mutex::new(Due::default()), Condvar::new()));
     let start = Instant::now();
     let committer = {
@@ -144,7 +169,7 @@ fn one_run(args: &DiskFloorArgs, path: &Path) -> Result<Committed> {
         let record_bytes = args.record_bytes;
         std::thread::Builder::new()
             .name("disk-floor-commit".into())
-            .spawn(move || commit(&file, &due, start, record_bytes))
+            .spawn(move || commit(&file, &due, start, record_bytes, wrap))
             .context("starting the committer thread")?
     };
     let total = (args.duration.as_secs_f64() * args.rate as f64).round() as u64;
@@ -173,14 +198,43 @@ fn one_run(args: &DiskFloorArgs, path: &Path) -> Result<Committed> {
         .map_err(|_| anyhow::anyhow!("the committer thread panicked"))?
 }
 
+/// Fills `file` with `bytes` of zeros (whole records) and syncs it, for
+/// overwriting; returns its length.
+fn prewrite(file: &File, bytes: u64, record_bytes: usize) -> Result<u64> {
+    let len = bytes / record_bytes as u64 * record_bytes as u64;
+    if len == 0 {
+        bail!("--overwrite-mib must hold at least one record");
+    }
+    let zeros = vec![0u8; 1 << 20];
+    let mut offset = 0;
+    while offset < len {
+        let n = (len - offset).min(zeros.len() as u64) as usize;
+        file.write_all_at(&zeros[..n], offset)
+            .context("writing the file to overwrite")?;
+        offset += n as u64;
+    }
+    file.sync_all().context("syncing the file to overwrite")?;
+    Ok(len)
+}
+
+/// This thread's CPU time so far (`/proc/thread-self/schedstat`, in ns).
+fn thread_cpu() -> Option<Duration> {
+    let text = fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    let ns = text.split_whitespace().next()?.parse().ok()?;
+    Some(Duration::from_nanos(ns))
+}
+
 /// The committer: one write and one `fdatasync` per round, every round
-/// taking all that is due.
+/// taking all that is due. With `wrap` (the length of a pre-written file)
+/// it writes from the start again once the next round would not fit.
 fn commit(
     file: &File,
     due: &(Mutex<Due>, Condvar),
     start: Instant,
     record_bytes: usize,
+    wrap: Option<u64>,
 ) -> Result<Committed> {
+    let cpu_before = thread_cpu();
     let mut latencies = Latencies::default();
     let mut syncs = histogram();
     let mut round: Vec<u64> = Vec::new();
@@ -207,6 +261,9 @@ fn commit(
             bytes.resize(len, b'x');
         }
         let began = Instant::now();
+        if wrap.is_some_and(|end| offset + len as u64 > end) {
+            offset = 0;
+        }
         file.write_all_at(&bytes[..len], offset)
             .context("writing a round")?;
         file.sync_data().context("fdatasync")?;
@@ -217,7 +274,14 @@ fn commit(
             latencies.record(at, done);
         }
     }
-    Ok(Committed { latencies, syncs })
+    let cpu = thread_cpu()
+        .zip(cpu_before)
+        .map(|(after, before)| after - before);
+    Ok(Committed {
+        latencies,
+        syncs,
+        cpu,
+    })
 }
 
 #[cfg(test)]
@@ -234,6 +298,7 @@ mod tests {
             record_bytes: 100,
             duration: Duration::from_millis(250),
             runs: 2,
+            overwrite_mib: None,
             json: Some(json.clone()),
         };
         run(&args).unwrap();
@@ -253,6 +318,44 @@ mod tests {
     }
 
     #[test]
+    fn overwriting_commits_every_append_without_growing_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("scratch.log");
+        let f = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&file)
+            .unwrap();
+        // 1 MiB of 1,000-byte records holds 1,048 of them: 3,000 appends
+        // wrap around it twice.
+        let len = prewrite(&f, 1 << 20, 1_000).unwrap();
+        assert_eq!(len, 1_048_000);
+        let due = Arc::new((Mutex::new(Due::default()), Condvar::new()));
+        let committer = {
+            let due = due.clone();
+            std::thread::spawn(move || commit(&f, &due, Instant::now(), 1_000, Some(len)))
+        };
+        for batch in 0..30u64 {
+            let (lock, ready) = &*due;
+            lock.lock()
+                .unwrap()
+                .times
+                .extend((0..100).map(|i| batch * 100 + i));
+            ready.notify_one();
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        {
+            let (lock, ready) = &*due;
+            lock.lock().unwrap().closed = true;
+            ready.notify_one();
+        }
+        let committed = committer.join().unwrap().unwrap();
+        assert_eq!(committed.latencies.histogram.len(), 3_000);
+        assert_eq!(fs::metadata(&file).unwrap().len(), len, "the file grew");
+        assert!(committed.cpu.is_some(), "no CPU time read");
+    }
+
+    #[test]
     fn a_zero_rate_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let args = DiskFloorArgs {
@@ -261,6 +364,7 @@ mod tests {
             record_bytes: 100,
             duration: Duration::from_millis(10),
             runs: 1,
+            overwrite_mib: None,
             json: None,
         };
         assert!(run(&args).unwrap_err().to_string().contains("--rate"));
