@@ -26,11 +26,14 @@
 //! The same park can come before the executor's first task is ever polled,
 //! when no waker exists yet: the thread lost its core for the whole preempt
 //! period at start-up, and the start would wait for that shard forever.
-//! [`await_first_word`] covers it: while a new shard has not answered, its
-//! thread, if asleep, is interrupted with a signal, and glommio takes an
-//! interrupted wait as a wake-up.
+//! [`await_first_word`] covers it: while a new shard's first task has not
+//! been polled ([`FirstPoll`]), its thread, if asleep, is interrupted with a
+//! signal, and glommio takes an interrupted wait as a wake-up. Once the task
+//! runs, a shard that is only slow to answer is left alone.
 
 use std::collections::HashMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Weak};
 use std::time::Duration;
 
@@ -50,17 +53,42 @@ pub const SILENCE: Duration = Duration::from_millis(2 * TICK.as_millis() as u64)
 /// thread is interrupted, and again after each interruption.
 pub const FIRST_WORD_GRACE: Duration = Duration::from_millis(50);
 
+/// Whether a new executor has polled its first task: before that no waker
+/// of it exists, and a signal is the only way to end a park (module doc).
+#[derive(Debug, Clone, Default)]
+pub struct FirstPoll(Arc<AtomicBool>);
+
+impl FirstPoll {
+    /// `task`, marking the first poll before it runs: the executor's first
+    /// task must be wrapped.
+    pub async fn mark<F: Future>(self, task: F) -> F::Output {
+        self.0.store(true, Ordering::Release);
+        task.await
+    }
+
+    /// Whether the wrapped task has been polled.
+    pub fn happened(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
+}
+
 /// Waits for the first message a newly spawned executor sends on `ready`
-/// (`Err` once it has dropped its sender). `thread` is its thread's name:
-/// each time [`FIRST_WORD_GRACE`] passes without a word, the threads of that
-/// name found asleep are interrupted, which ends a park before the first
-/// poll (module doc). A thread that is only slow, or waiting for its own
-/// I/O, takes the interruption as a spurious wake-up.
-pub fn await_first_word<T>(ready: &mpsc::Receiver<T>, thread: &str) -> Result<T, mpsc::RecvError> {
+/// (`Err` once it has dropped its sender). `thread` is its thread's name,
+/// and `first_poll` wraps its first task: each time [`FIRST_WORD_GRACE`]
+/// passes without a word and before that task's first poll, the threads of
+/// that name found asleep are interrupted, which ends a park before the
+/// first poll (module doc). After it, a shard slow to answer (restoring a
+/// large backlog, say) is waited for without interruptions.
+pub fn await_first_word<T>(
+    ready: &mpsc::Receiver<T>,
+    thread: &str,
+    first_poll: &FirstPoll,
+) -> Result<T, mpsc::RecvError> {
     loop {
         match ready.recv_timeout(FIRST_WORD_GRACE) {
             Ok(word) => return Ok(word),
             Err(mpsc::RecvTimeoutError::Disconnected) => return Err(mpsc::RecvError),
+            Err(mpsc::RecvTimeoutError::Timeout) if first_poll.happened() => {}
             Err(mpsc::RecvTimeoutError::Timeout) => {
                 for tid in threads_named(thread) {
                     if thread_asleep(tid) {
@@ -150,20 +178,64 @@ mod tests {
     fn an_executor_asleep_before_its_first_poll_is_woken() {
         for round in 0..EXECUTORS {
             let (ready_tx, ready_rx) = mpsc::channel();
+            let first_poll = FirstPoll::default();
+            let marked = first_poll.clone();
             let executor = LocalExecutorBuilder::new(Placement::Unbound)
                 .preempt_timer(Duration::from_micros(20))
                 .name("first-word")
-                .spawn(move || async move {
-                    let _ = ready_tx.send(round);
+                .spawn(move || {
+                    marked.mark(async move {
+                        let _ = ready_tx.send(round);
+                    })
                 })
                 .unwrap();
             assert_eq!(
-                first_word_within(ready_rx, executor.thread(), FIRST_WORD_WITHIN),
+                first_word_within(ready_rx, executor.thread(), first_poll, FIRST_WORD_WITHIN),
                 Some(round),
                 "executor {round} gave no first word in {FIRST_WORD_WITHIN:?}"
             );
             executor.join().unwrap();
         }
+    }
+
+    /// After its first poll a shard may take its time to answer, asleep in
+    /// the kernel (waiting for a file, say): it is not interrupted then. The
+    /// executor's first task waits in a blocking socket read, which an
+    /// interruption would end with `EINTR`; the byte comes after several
+    /// grace periods. (Interrupted every time when the first poll is not
+    /// looked at.)
+    #[test]
+    fn a_shard_slow_after_its_first_poll_is_not_interrupted() {
+        use std::io::{Read, Write};
+        use std::os::unix::net::UnixStream;
+
+        let (mut writer, mut reader) = UnixStream::pair().unwrap();
+        let (ready_tx, ready_rx) = mpsc::channel();
+        let first_poll = FirstPoll::default();
+        let marked = first_poll.clone();
+        let executor = LocalExecutorBuilder::new(Placement::Unbound)
+            .name("slow-start")
+            .spawn(move || {
+                marked.mark(async move {
+                    let mut byte = [0u8; 1];
+                    let read = reader.read(&mut byte).map_err(|e| e.kind());
+                    let _ = ready_tx.send(read);
+                })
+            })
+            .unwrap();
+        let thread = executor.thread().clone();
+        let word = std::thread::spawn(move || {
+            first_word_within(ready_rx, &thread, first_poll, FIRST_WORD_WITHIN)
+        });
+        std::thread::sleep(FIRST_WORD_GRACE * 6);
+        // Fails once an interrupted reader has closed its end.
+        let _ = writer.write_all(b"x");
+        assert_eq!(
+            word.join().unwrap(),
+            Some(Ok(1)),
+            "the read was interrupted"
+        );
+        executor.join().unwrap();
     }
 
     /// Executors started by [`an_executor_asleep_before_its_first_poll_is_woken`].
@@ -178,12 +250,13 @@ mod tests {
     fn first_word_within<T: Send + 'static>(
         ready: mpsc::Receiver<T>,
         thread: &std::thread::Thread,
+        first_poll: FirstPoll,
         limit: Duration,
     ) -> Option<T> {
         let name = thread.name().unwrap_or_default().to_owned();
         let (word_tx, word_rx) = mpsc::channel();
         std::thread::spawn(move || {
-            let _ = word_tx.send(await_first_word(&ready, &name));
+            let _ = word_tx.send(await_first_word(&ready, &name, &first_poll));
         });
         word_rx.recv_timeout(limit).ok()?.ok()
     }
@@ -218,44 +291,48 @@ mod tests {
         let (started_tx, started_rx) = mpsc::channel();
         let (done_tx, done_rx) = mpsc::channel();
         let (p, s) = (pulses.clone(), steps.clone());
+        let first_poll = FirstPoll::default();
+        let marked = first_poll.clone();
         let executor = LocalExecutorBuilder::new(Placement::Unbound)
             .preempt_timer(Duration::from_micros(20))
             .name(EXECUTOR_NAME)
-            .spawn(move || async move {
-                // This task's waker is the one the nudge thread wakes: it
-                // exists from the first poll, before any step.
-                futures_lite::future::poll_fn(|cx| {
-                    p.shard(0).listen(cx.waker());
-                    Poll::Ready(())
-                })
-                .await;
-                p.beat(0);
-                let _ = started_tx.send(());
-                let beats = p.clone();
-                glommio::spawn_local(async move {
-                    loop {
-                        beats.beat(0);
-                        glommio::timer::sleep(TICK).await;
+            .spawn(move || {
+                marked.mark(async move {
+                    // This task's waker is the one the nudge thread wakes: it
+                    // exists from the first poll, before any step.
+                    futures_lite::future::poll_fn(|cx| {
+                        p.shard(0).listen(cx.waker());
+                        Poll::Ready(())
+                    })
+                    .await;
+                    p.beat(0);
+                    let _ = started_tx.send(());
+                    let beats = p.clone();
+                    glommio::spawn_local(async move {
+                        loop {
+                            beats.beat(0);
+                            glommio::timer::sleep(TICK).await;
+                        }
+                    })
+                    .detach();
+                    // Busy in 50 µs steps, yielding between them.
+                    for _ in 0..STEPS {
+                        let step = std::time::Instant::now();
+                        while step.elapsed() < Duration::from_micros(50) {
+                            std::hint::spin_loop();
+                        }
+                        s.fetch_add(1, Ordering::Relaxed);
+                        futures_lite::future::yield_now().await;
                     }
+                    p.shard(0).end();
+                    let _ = done_tx.send(());
                 })
-                .detach();
-                // Busy in 50 µs steps, yielding between them.
-                for _ in 0..STEPS {
-                    let step = std::time::Instant::now();
-                    while step.elapsed() < Duration::from_micros(50) {
-                        std::hint::spin_loop();
-                    }
-                    s.fetch_add(1, Ordering::Relaxed);
-                    futures_lite::future::yield_now().await;
-                }
-                p.shard(0).end();
-                let _ = done_tx.send(());
             })
             .unwrap();
         // The executor can also fall asleep before its first task is ever
         // polled, when no waker exists yet for the nudge thread to wake:
         // the start-up case, covered the broker's way.
-        first_word_within(started_rx, executor.thread(), FIRST_WORD_WITHIN)
+        first_word_within(started_rx, executor.thread(), first_poll, FIRST_WORD_WITHIN)
             .expect("the executor polled its first task");
         if done_rx.recv_timeout(DONE_WITHIN).is_err() {
             return Err(steps.load(Ordering::Relaxed));

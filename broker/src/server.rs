@@ -307,6 +307,8 @@ pub fn start(config: &Config) -> Result<BrokerHandle, StartError> {
             disk: disk.clone(),
             recovered: std::mem::take(&mut recovered[shard]),
         };
+        let first_poll = crate::nudge::FirstPoll::default();
+        let marked = first_poll.clone();
         let handle = LocalExecutorBuilder::new(Placement::Fixed(shard % cores))
             .name(&format!("shard-{shard}"))
             .io_memory(IO_MEMORY)
@@ -316,14 +318,14 @@ pub fn start(config: &Config) -> Result<BrokerHandle, StartError> {
             // The thread that writes and fdatasyncs the logs (committer.rs):
             // free to run on any core while the shard keeps its own.
             .blocking_thread_pool_placement(PoolPlacement::Unbound(1))
-            .spawn(move || run_shard(ctx, ready_tx))
+            .spawn(move || marked.mark(run_shard(ctx, ready_tx)))
             .map_err(|e| StartError::Shard {
                 shard,
                 reason: e.to_string(),
             })?;
         // A shard that fell asleep before its first poll is woken here.
         let thread = handle.thread().name().unwrap_or_default().to_owned();
-        match crate::nudge::await_first_word(&ready_rx, &thread) {
+        match crate::nudge::await_first_word(&ready_rx, &thread, &first_poll) {
             Ok(Ok(addr)) => {
                 if bound.is_none() {
                     bound = Some(addr);
