@@ -161,11 +161,13 @@ async fn publisher(
         pipeline.push_json_bytes(&names.exchange, key, id, &json)?;
         anyhow::Ok(())
     };
+    let mut batch: Vec<u64> = Vec::new();
     let sent = async {
         while let Some(slot) = ctx.source.next().await {
             let stamp = ctx.admit(slot).await?;
             emit(&mut pipeline, stamp)?;
             let _ = stamps_tx.send(stamp);
+            batch.push(stamp);
             while pipeline.queued_bytes() < FLUSH_BYTES {
                 if ctx.try_admit().is_none() {
                     break;
@@ -177,8 +179,11 @@ async fn publisher(
                 let stamp = ctx.stamp(slot);
                 emit(&mut pipeline, stamp)?;
                 let _ = stamps_tx.send(stamp);
+                batch.push(stamp);
             }
             pipeline.flush()?;
+            ctx.handed_over(&batch);
+            batch.clear();
             // The connection task writes the batch: let it run now, so a
             // batch leaves as soon as it is made, not once the window is
             // spent.
@@ -190,8 +195,9 @@ async fn publisher(
     drop(stamps_tx);
     // The reader's error (a refused publish, a closed connection) explains a
     // writer's "window closed", so it comes first.
-    let report = reader.await.context("publisher reader panicked")??;
+    let mut report = reader.await.context("publisher reader panicked")??;
     sent?;
+    report.send_lag = Some(ctx.take_send_lag());
     drop(pipeline);
     let _ = client.close().await;
     Ok(report)

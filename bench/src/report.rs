@@ -183,6 +183,10 @@ pub struct RunResult {
     pub publish_to_ack: Quantiles,
     /// Publish → delivery latency (same origin).
     pub publish_to_delivery: Quantiles,
+    /// From the same origin to the publisher handing the message to its
+    /// connection: the load generator's own lateness, part of both
+    /// latencies above (CipherMQ's publisher only).
+    pub publish_send_lag: Option<Quantiles>,
     /// Worst publish → acknowledgement latency per 100 ms, and the stalls.
     pub ack_timeline: Timeline,
     /// Worst publish → delivery latency per 100 ms, and the stalls.
@@ -230,6 +234,7 @@ impl RunResult {
             consume_mb_per_sec: consume * size as f64 / 1e6,
             publish_to_ack: Quantiles::of(&o.ack_latency.histogram),
             publish_to_delivery: Quantiles::of(&o.e2e_latency.histogram),
+            publish_send_lag: (!o.send_lag.is_empty()).then(|| Quantiles::of(&o.send_lag)),
             ack_timeline: o.ack_latency.timeline(o.t0_us),
             delivery_timeline: o.e2e_latency.timeline(o.t0_us),
             broker_memory: None,
@@ -273,9 +278,13 @@ impl RunResult {
                     .map(|us| format!(", CPU {us:.1} µs/msg"))
                     .unwrap_or_default(),
         ) + &self
-            .load_average
-            .map(|l| format!("; load {l:.1}"))
+            .publish_send_lag
+            .map(|q| format!("; sent late p99 {} ms", ms(q.p99_ms)))
             .unwrap_or_default()
+            + &self
+                .load_average
+                .map(|l| format!("; load {l:.1}"))
+                .unwrap_or_default()
             + &self
                 .rss_trend
                 .map(|t| {

@@ -175,9 +175,28 @@ pub struct PublisherCtx {
     pub stats: Arc<Stats>,
     /// Makes each message body.
     pub body: Arc<Body>,
+    /// From each message's timestamp to its publisher handing it to the
+    /// connection ([`PublisherCtx::handed_over`]): the load generator's own
+    /// lateness, inside every latency it reports.
+    send_lag: Histogram<u64>,
 }
 
 impl PublisherCtx {
+    /// The messages stamped `stamps` were just handed to the connection
+    /// (one clock read for them all).
+    pub fn handed_over(&mut self, stamps: &[u64]) {
+        let now = self.clock.now_us();
+        for &stamp in stamps {
+            let _ = self.send_lag.record(now.saturating_sub(stamp).max(1));
+        }
+    }
+
+    /// What [`PublisherCtx::handed_over`] recorded, for the publisher's
+    /// report.
+    pub fn take_send_lag(&mut self) -> Histogram<u64> {
+        std::mem::replace(&mut self.send_lag, histogram())
+    }
+
     /// Takes one window slot (waits while the window is full) and returns the
     /// message's timestamp: its scheduled time, or now.
     pub async fn admit(&self, slot: Slot) -> Result<u64> {
@@ -265,6 +284,9 @@ pub struct PublisherReport {
     pub nacked: u64,
     /// Publish → acknowledgement latency.
     pub latency: Latencies,
+    /// Timestamp → handed to the connection, when the publisher records it
+    /// (CipherMQ's does).
+    pub send_lag: Option<Histogram<u64>>,
 }
 
 /// What a consumer task is given.
@@ -354,6 +376,9 @@ pub struct Outcome {
     pub ack_latency: Latencies,
     /// Publish → delivery latency.
     pub e2e_latency: Latencies,
+    /// Timestamp → handed to the connection, over the publishers that
+    /// record it (empty when none does).
+    pub send_lag: Histogram<u64>,
 }
 
 /// Runs one scenario: consumers first, then publishers, then the drain.
@@ -453,15 +478,22 @@ where
                 clock,
                 stats: stats.clone(),
                 body: body.clone(),
+                send_lag: histogram(),
             }))
         })
         .collect();
 
     let mut ack_latency = Latencies::default();
+    let mut send_lag = histogram();
     let mut first_error = None;
     for p in publishers {
         match p.await.context("publisher task panicked")? {
-            Ok(r) => ack_latency.add(&r.latency)?,
+            Ok(r) => {
+                ack_latency.add(&r.latency)?;
+                if let Some(lag) = &r.send_lag {
+                    send_lag.add(lag)?;
+                }
+            }
             Err(e) => {
                 first_error.get_or_insert(e);
             }
@@ -521,6 +553,7 @@ where
         last_delivery_us: stats.last_delivery_us.load(Ordering::Relaxed),
         ack_latency,
         e2e_latency,
+        send_lag,
     })
 }
 
@@ -558,6 +591,42 @@ mod tests {
         assert_eq!(got.len(), 50);
         assert_eq!(got[..3], [0, 20, 40]);
         assert_eq!(scheduled(&mut rx1)[..3], [10, 30, 50]);
+    }
+
+    /// The send lag of a batch is taken from each message's own stamp to
+    /// the moment the batch is handed over, with one clock read for all.
+    #[test]
+    fn a_handed_over_batch_records_each_message_s_lateness() {
+        let clock = Clock::new();
+        let mut ctx = PublisherCtx {
+            index: 0,
+            source: Source::Max {
+                left: 0,
+                deadline: None,
+            },
+            window: Arc::new(Semaphore::new(1)),
+            clock,
+            stats: Arc::new(Stats::default()),
+            body: Arc::new(Body::PreEncrypted(crate::payload::Template::new(
+                64,
+                "receiver_1",
+                1,
+            ))),
+            send_lag: histogram(),
+        };
+        std::thread::sleep(Duration::from_millis(30));
+        // Stamped at 0 and 10 ms; handed over after 30 ms or more.
+        ctx.handed_over(&[0, 10_000]);
+        let lag = ctx.take_send_lag();
+        assert_eq!(lag.len(), 2);
+        assert!(lag.min() >= 19_900, "min {} µs", lag.min());
+        assert!(lag.max() >= 29_900, "max {} µs", lag.max());
+        assert!(
+            lag.max() - lag.min() >= 9_900 && lag.max() - lag.min() <= 10_100,
+            "{} µs apart",
+            lag.max() - lag.min()
+        );
+        assert!(ctx.take_send_lag().is_empty(), "taken twice");
     }
 
     /// Every scheduled time a finished pacer sent to one publisher.
