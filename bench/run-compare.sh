@@ -62,6 +62,7 @@
 #   TAIL_RUNS   with tail: runs (20)
 #   FLOOR_RUNS  with tail or load: disk-floor runs (5 each time)
 #   LOAD_RUNS   with load: runs at each fraction of peak (5)
+#   LOAD_LEVELS with load: the fractions of peak, in percent ("50 80")
 #   SOAK_DURATION, SOAK_WARM_UP  with soak: 10m and 3m (more than the 120 s
 #               dedup window, whose ids fill memory until it has passed)
 #   BACKLOG_COUNT      with backlog: messages (20000000: 20 GB of bodies)
@@ -410,7 +411,7 @@ if has load || has soak; then
 fi
 
 if has load; then
-  for pct in 50 80; do
+  for pct in ${LOAD_LEVELS:-50 80}; do
     rate=$((PEAK * pct / 100))
     echo "== load: the disk's floor, then $LOAD_RUNS runs at $pct% of peak ($rate msg/s)"
     stop_broker

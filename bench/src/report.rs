@@ -184,8 +184,9 @@ pub struct RunResult {
     /// Publish → delivery latency (same origin).
     pub publish_to_delivery: Quantiles,
     /// From the same origin to the publisher handing the message to its
-    /// connection: the load generator's own lateness, part of both
-    /// latencies above (CipherMQ's publisher only).
+    /// connection: the load generator's own lateness (a full `--window`, or
+    /// no core free), part of both latencies above (CipherMQ's publisher
+    /// only).
     pub publish_send_lag: Option<Quantiles>,
     /// Worst publish → acknowledgement latency per 100 ms, and the stalls.
     pub ack_timeline: Timeline,

@@ -177,7 +177,8 @@ pub struct PublisherCtx {
     pub body: Arc<Body>,
     /// From each message's timestamp to its publisher handing it to the
     /// connection ([`PublisherCtx::handed_over`]): the load generator's own
-    /// lateness, inside every latency it reports.
+    /// lateness, inside every latency it reports, whether from waiting for
+    /// a window slot or for a core.
     send_lag: Histogram<u64>,
 }
 
