@@ -289,6 +289,7 @@ impl ShardStats {
             publish_ack_latency: Histogram::new(PUBLISH_ACK_BOUNDS_US),
             fsync_latency: Histogram::new(FSYNC_BOUNDS_US),
             commit_round_latency: Histogram::new(COMMIT_ROUND_BOUNDS_US),
+            // Like loop lag, a wait for the shard's turn: the same ladder.
             commit_wake_latency: Histogram::new(LOOP_LAG_BOUNDS_US),
             loop_lag: Histogram::new(LOOP_LAG_BOUNDS_US),
             stalls: Counter::default(),

@@ -324,6 +324,9 @@ pub fn start(config: &Config) -> Result<BrokerHandle, StartError> {
                 reason: e.to_string(),
             })?;
         // A shard that fell asleep before its first poll is woken here.
+        // `run_shard` answers within that first poll (it awaits nothing
+        // before `ready`), so no park can come between the mark and the
+        // word: signals are needed only before it.
         let thread = handle.thread().name().unwrap_or_default().to_owned();
         match crate::nudge::await_first_word(&ready_rx, &thread, &first_poll) {
             Ok(Ok(addr)) => {

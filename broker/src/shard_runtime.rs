@@ -59,7 +59,9 @@ pub(crate) struct ShardStart {
 }
 
 /// Runs one shard until the broker stops. `ready` gets the bound address once
-/// the shard serves, or why it could not bind.
+/// the shard serves, or why it could not bind, within the first poll:
+/// nothing is awaited before it (the start's wake-up of a shard parked
+/// before that poll relies on it, `nudge::FirstPoll`).
 pub(crate) async fn run_shard(
     ctx: ShardStart,
     ready: std::sync::mpsc::Sender<Result<SocketAddr, String>>,
