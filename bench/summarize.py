@@ -134,16 +134,16 @@ def load_levels(out, lines):
         lines.append(f"Sustainable peak: {peak.read_text().strip()} (median of the lower of publish and consume rates).\n")
     lines.append(
         "| scenario | runs | publish→ACK p50 / p99 / p99.9 / max ms (medians) | worst run's p99 / max ms "
-        "| publish→delivery p50 / p99 / p99.9 ms | sent late p99 ms (median; per run) | windows over 50 ms | RSS after warm-up → end MiB (slope MiB/min) |"
+        "| publish→delivery p50 / p99 / p99.9 ms | sent late p99 ms (median; per run) | broker waited for a CPU, s/s (median) | windows over 50 ms | RSS after warm-up → end MiB (slope MiB/min) |"
     )
-    lines.append("|---|---:|---|---|---|---|---:|---|")
+    lines.append("|---|---:|---|---|---|---|---:|---:|---|")
     for p in files:
         r = load(p)
         floor = out / p.name.replace(".json", "-floor.json")
         if floor.exists():
             f = load(floor)
             runs, q, worst, stalls = ack_cells(floor_runs(f))
-            lines.append(f"| disk floor at {n(f['rate'])} msg/s (no broker) | {runs} | {q} | {worst} | - | - | {stalls} | - |")
+            lines.append(f"| disk floor at {n(f['rate'])} msg/s (no broker) | {runs} | {q} | {worst} | - | - | - | {stalls} | - |")
         s = r["summary"]["ciphermq"]
         runs = [x for x in r["runs"] if x["target"] == "ciphermq"]
         q = lambda x: " / ".join(ms(x[k]) for k in ("p50_ms", "p99_ms", "p999_ms"))
@@ -153,9 +153,11 @@ def load_levels(out, lines):
         rss = "; ".join(f"{ms(t['after_warm_up_mib'])} → {ms(t['end_mib'])} ({t['slope_mib_per_min']:+.2f})" for t in trend) if p.name == "soak.json" else "-"
         lags = [x["publish_send_lag"]["p99_ms"] for x in runs if x.get("publish_send_lag")]
         late = f"{ms(med(lags))}; {', '.join(ms(l) for l in lags)}" if lags else "-"
+        waits = [x["broker_cpu_wait_per_sec"] for x in runs if x.get("broker_cpu_wait_per_sec") is not None]
+        waited = f"{med(waits):.2f}" if waits else "-"
         lines.append(
             f"| {r['scenario']['label']} | {len(runs)} | {q(s['publish_to_ack'])} / {ms(s['publish_to_ack']['max_ms'])} | {worst} "
-            f"| {q(s['publish_to_delivery'])} | {late} | {stalls} | {rss} |"
+            f"| {q(s['publish_to_delivery'])} | {late} | {waited} | {stalls} | {rss} |"
         )
     lines.append("")
 

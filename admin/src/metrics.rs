@@ -15,7 +15,7 @@ use crate::broker_view::TlsExpiries;
 use crate::config::QueueSeries;
 use crate::endpoint::AdminContext;
 use crate::slots::{Cap, SlotStats};
-use crate::stats::{HistogramSnapshot, ReasonCounters, ShardStats};
+use crate::stats::{HistogramSnapshot, ReasonCounters, ShardStats, ShardThread};
 use crate::status;
 
 /// A metric family's type, as the `# TYPE` line spells it.
@@ -274,6 +274,44 @@ fn shard_histogram(
     }
 }
 
+/// Each shard thread's time on a CPU and time ready but waiting for one
+/// (`thread_sched.rs`); a thread not known yet, or whose figures cannot be
+/// read, is left out.
+fn shard_thread_series(e: &mut Exposition, shards: &[std::sync::Arc<ShardStats>]) {
+    let read: Vec<_> = shards
+        .iter()
+        .flat_map(|s| ShardThread::ALL.map(|t| (s, t)))
+        .filter_map(|(s, t)| {
+            Some((
+                s.shard.to_string(),
+                t,
+                crate::thread_sched::read(s.thread(t)?)?,
+            ))
+        })
+        .collect();
+    for (name, help, get) in [
+        (
+            "ciphermq_shard_thread_cpu_seconds_total",
+            "Time a shard's thread ran on a CPU: its executor, or its blocking-I/O thread (log writes and fdatasyncs).",
+            (|t| t.on_cpu_ns) as fn(&crate::thread_sched::ThreadSched) -> u64,
+        ),
+        (
+            "ciphermq_shard_thread_cpu_wait_seconds_total",
+            "Time a shard's thread was ready to run but waited for a CPU: other work on its cores, not the broker's own steps.",
+            |t| t.waiting_ns,
+        ),
+    ] {
+        e.family(name, Kind::Counter, help);
+        for (shard, thread, sched) in &read {
+            e.sample(
+                name,
+                &[("shard", shard), ("thread", thread.label())],
+                get(sched) as f64 / 1e9,
+            );
+        }
+    }
+}
+
 /// A per-queue gauge: name, help, and how to read it from a queue entry.
 type QueueGauge = (&'static str, &'static str, fn(&status::QueueEntry) -> u64);
 
@@ -491,6 +529,7 @@ pub(crate) fn render(ctx: &AdminContext, admin: &SlotStats, queue_series: QueueS
         "Shard loop turns that came 20 ms late or more; each is logged with the shard step begun last.",
         |s| s.stalls.get(),
     );
+    shard_thread_series(&mut e, shards);
     shard_counter(
         &mut e,
         shards,

@@ -15,7 +15,7 @@
 //! [`enter`] when the shard starts; on other threads those hooks do nothing.
 
 use std::cell::OnceCell;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, TryLockError};
 use std::time::{Duration, Instant};
 
@@ -196,6 +196,28 @@ impl HistogramSnapshot {
     }
 }
 
+/// The threads of a shard whose time the metrics report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShardThread {
+    /// The executor: connections, queues, the committer's bookkeeping.
+    Executor = 0,
+    /// Its blocking-I/O thread: log writes and `fdatasync`s.
+    BlockingIo = 1,
+}
+
+impl ShardThread {
+    /// Both, in label order.
+    pub const ALL: [ShardThread; 2] = [ShardThread::Executor, ShardThread::BlockingIo];
+
+    /// The `thread` label of its series.
+    pub fn label(self) -> &'static str {
+        match self {
+            ShardThread::Executor => "executor",
+            ShardThread::BlockingIo => "blocking_io",
+        }
+    }
+}
+
 /// One shard's published numbers. Aligned so that two shards' counters never
 /// share a cache line.
 #[derive(Debug)]
@@ -254,6 +276,10 @@ pub struct ShardStats {
     /// Commands answered `Rate limited` (publishes limited are counted as
     /// `NACK rate_limited` in `publish_nacks`).
     pub rate_limited: Counter,
+    /// The shard's executor thread and its blocking-I/O thread (writes and
+    /// `fdatasync`s), as the kernel numbers them; 0 until known. The
+    /// metrics read their scheduler figures (`ciphermq_shard_thread_*`).
+    threads: [AtomicI32; 2],
     /// Messages moved to dead-letter queues, as of the last refresh.
     dead_lettered: AtomicU64,
     /// Open connections served by this shard, as of the last refresh.
@@ -297,6 +323,7 @@ impl ShardStats {
             bytes_received: Counter::default(),
             bytes_sent: Counter::default(),
             rate_limited: Counter::default(),
+            threads: [AtomicI32::new(0), AtomicI32::new(0)],
             dead_lettered: AtomicU64::new(0),
             open_connections: AtomicU64::new(0),
             queues: Mutex::new(Arc::new(Vec::new())),
@@ -304,6 +331,17 @@ impl ShardStats {
             storage_failed: AtomicBool::new(false),
             storage_error: Mutex::new(None),
         }
+    }
+
+    /// Notes `tid` as the shard's `thread`, whose scheduler figures the
+    /// metrics then export.
+    pub fn set_thread(&self, thread: ShardThread, tid: i32) {
+        self.threads[thread as usize].store(tid, Ordering::Relaxed);
+    }
+
+    /// The kernel's number for the shard's `thread`, once known.
+    pub fn thread(&self, thread: ShardThread) -> Option<i32> {
+        Some(self.threads[thread as usize].load(Ordering::Relaxed)).filter(|t| *t != 0)
     }
 
     /// Publishes the shard's queue statistics and connection count. Called

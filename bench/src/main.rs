@@ -112,6 +112,10 @@ async fn load(args: LoadArgs) -> Result<()> {
             let cpu_before = (target == TargetArg::Ciphermq)
                 .then(|| args.broker_pid.and_then(report::cpu_secs))
                 .flatten();
+            let wait_before = (target == TargetArg::Ciphermq)
+                .then(|| args.broker_pid.and_then(report::cpu_wait_secs))
+                .flatten()
+                .map(|w| (w, std::time::Instant::now()));
             let sampler = args
                 .broker_pid
                 .filter(|_| target == TargetArg::Ciphermq)
@@ -131,6 +135,13 @@ async fn load(args: LoadArgs) -> Result<()> {
             if target == TargetArg::Ciphermq {
                 result.broker_memory = args.broker_pid.and_then(Memory::of);
                 let cpu_after = args.broker_pid.and_then(report::cpu_secs);
+                let wait_after = args.broker_pid.and_then(report::cpu_wait_secs);
+                if let (Some((a, since)), Some(b)) = (wait_before, wait_after) {
+                    let secs = since.elapsed().as_secs_f64();
+                    if secs > 0.0 {
+                        result.broker_cpu_wait_per_sec = Some((b - a).max(0.0) / secs);
+                    }
+                }
                 if let (Some(a), Some(b)) = (cpu_before, cpu_after) {
                     if outcome.acked > 0 {
                         result.broker_cpu_us_per_msg = Some((b - a) * 1e6 / outcome.acked as f64);

@@ -97,6 +97,20 @@ pub fn cpu_secs(pid: u32) -> Option<f64> {
     Some(ticks / 100.0)
 }
 
+/// Time the threads of process `pid` have spent ready to run but waiting
+/// for a CPU, summed, in seconds (the second figure of each
+/// `/proc/<pid>/task/<tid>/schedstat`); `None` if the process is gone or
+/// the kernel keeps no such figures. A thread that ended in between is
+/// missed, which the broker's threads, living as long as it does, never do.
+pub fn cpu_wait_secs(pid: u32) -> Option<f64> {
+    let mut ns = 0u64;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).ok()? {
+        let stat = std::fs::read_to_string(task.ok()?.path().join("schedstat")).ok()?;
+        ns += stat.split_whitespace().nth(1)?.parse::<u64>().ok()?;
+    }
+    Some(ns as f64 / 1e9)
+}
+
 /// The scenario, as recorded with every result.
 #[derive(Debug, Clone, Serialize)]
 pub struct ScenarioInfo {
@@ -198,6 +212,11 @@ pub struct RunResult {
     /// acknowledged publish, µs: its publish, delivery and ack together
     /// (CipherMQ with `--broker-pid`; 10 ms resolution of the total).
     pub broker_cpu_us_per_msg: Option<f64>,
+    /// Seconds the broker's threads spent ready to run but waiting for a
+    /// CPU, per second of the run (all threads summed; CipherMQ with
+    /// `--broker-pid`): how much of the tail is the machine's cores being
+    /// taken, by this load generator among others.
+    pub broker_cpu_wait_per_sec: Option<f64>,
     /// The machine's 1-minute load average after the run: above the core
     /// count, something else competed for the CPU.
     pub load_average: Option<f64>,
@@ -240,6 +259,7 @@ impl RunResult {
             delivery_timeline: o.e2e_latency.timeline(o.t0_us),
             broker_memory: None,
             broker_cpu_us_per_msg: None,
+            broker_cpu_wait_per_sec: None,
             load_average: load_average(),
             broker_timeline: Vec::new(),
             rss_trend: None,
@@ -277,6 +297,10 @@ impl RunResult {
                 + &self
                     .broker_cpu_us_per_msg
                     .map(|us| format!(", CPU {us:.1} µs/msg"))
+                    .unwrap_or_default()
+                + &self
+                    .broker_cpu_wait_per_sec
+                    .map(|w| format!(", waited for a CPU {w:.2} s/s"))
                     .unwrap_or_default(),
         ) + &self
             .publish_send_lag
@@ -574,6 +598,35 @@ mod tests {
         assert_eq!(thousands(1234.0), "1,234");
         assert_eq!(thousands(17_700.2), "17,700");
         assert_eq!(thousands(1_234_567.0), "1,234,567");
+    }
+
+    #[test]
+    fn cpu_wait_grows_when_threads_outnumber_the_cores() {
+        let me = std::process::id();
+        let before = cpu_wait_secs(me).expect("this kernel keeps schedstat");
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        // Twice as many spinning threads as cores, for 300 ms: half of them
+        // wait at any moment, so together they wait about 300 ms per core.
+        // They are still alive when the process is read.
+        let go = std::sync::Arc::new(std::sync::Barrier::new(2 * cores + 1));
+        let spinners: Vec<_> = (0..2 * cores)
+            .map(|_| {
+                let go = go.clone();
+                std::thread::spawn(move || {
+                    let started = std::time::Instant::now();
+                    while started.elapsed() < std::time::Duration::from_millis(300) {
+                        std::hint::spin_loop();
+                    }
+                    go.wait();
+                })
+            })
+            .collect();
+        std::thread::sleep(std::time::Duration::from_millis(400));
+        let after = cpu_wait_secs(me).expect("still readable");
+        go.wait();
+        spinners.into_iter().for_each(|t| t.join().unwrap());
+        assert!(after - before >= 0.05, "waited {:.3} s", after - before);
+        assert_eq!(cpu_wait_secs(u32::MAX), None);
     }
 
     #[test]

@@ -222,9 +222,8 @@ impl ShardPulse {
     /// thread.
     pub(crate) fn listen(&self, waker: &Waker) {
         *self.watch_lock() = Some(waker.clone());
-        // SAFETY: gettid has no preconditions.
         self.thread
-            .store(unsafe { libc::gettid() }, Ordering::Relaxed);
+            .store(crate::sys::thread_id(), Ordering::Relaxed);
     }
 
     /// Whether the shard's thread is asleep in the kernel

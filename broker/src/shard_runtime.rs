@@ -27,6 +27,7 @@ use crate::context::{ShardLocal, Shared};
 use crate::handoff::{adopt_handoffs, handshake, Doorbells, HandoffInbox};
 use crate::handshake_gate::HandshakeGate;
 use crate::shutdown::{drain_shard, InFlight, ShutdownSignal};
+use ciphermq_admin::stats::{ShardStats, ShardThread};
 use ciphermq_shard::log_throttle::LogThrottle;
 
 /// What one shard's executor starts with.
@@ -97,6 +98,7 @@ pub(crate) async fn run_shard(
     }
     let stats = ctx.shared.stats.shard(ctx.shard).clone();
     ciphermq_admin::stats::enter(stats.clone());
+    note_threads(&stats);
     let local = Rc::new(ShardLocal::new(state, ctx.shared.clone(), stats));
     glommio::spawn_local(drain_mesh(local.clone(), inbound)).detach();
     glommio::spawn_local(adopt_handoffs(local.clone(), ctx.handoffs)).detach();
@@ -168,6 +170,22 @@ pub(crate) async fn run_shard(
     drop(listener);
     drain_shard(&local, &committing, &handshaking).await;
     local.shared.pulses.shard(shard).end();
+}
+
+/// Names the shard's two threads to its statistics, so the metrics can say
+/// how each fared with the kernel's scheduler (`ciphermq_shard_thread_*`):
+/// this executor's thread now, its blocking-I/O thread once a task has
+/// asked it.
+fn note_threads(stats: &Arc<ShardStats>) {
+    stats.set_thread(ShardThread::Executor, crate::sys::thread_id());
+    let stats = stats.clone();
+    glommio::spawn_local(async move {
+        let tid = glommio::executor()
+            .spawn_blocking(crate::sys::thread_id)
+            .await;
+        stats.set_thread(ShardThread::BlockingIo, tid);
+    })
+    .detach();
 }
 
 /// Wakes every connection of this shard when the policy is reloaded, so those

@@ -228,6 +228,12 @@ pub fn release_free_memory() {
     }
 }
 
+/// The calling thread's id as the kernel numbers it (`/proc/self/task/<tid>`).
+pub fn thread_id() -> libc::pid_t {
+    // SAFETY: gettid has no preconditions.
+    unsafe { libc::gettid() }
+}
+
 /// Interrupts the system call thread `tid` of this process waits in, if
 /// any: it returns `EINTR`, through a signal (`SIGURG`) handled by doing
 /// nothing. glommio takes an interrupted wait for I/O as a wake-up; this is

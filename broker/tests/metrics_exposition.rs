@@ -219,6 +219,27 @@ async fn metrics_pass_promtool_check_metrics() {
         total(&text, "ciphermq_process_resident_memory_bytes") > 1e6,
         "{text}"
     );
+    // Each shard thread's time on a CPU and waiting for one, from the
+    // kernel: the executor ran the traffic, its blocking-I/O thread the
+    // fsyncs; neither ran longer than the whole process.
+    let process_cpu = total(&text, "ciphermq_process_cpu_seconds_total");
+    for thread in ["executor", "blocking_io"] {
+        let labels = format!("{{shard=\"0\",thread=\"{thread}\"}} ");
+        let value = |family: &str| -> f64 {
+            let series = format!("{family}{labels}");
+            let line = text
+                .lines()
+                .find(|l| l.starts_with(&series))
+                .unwrap_or_else(|| panic!("no {series:?} in:\n{text}"));
+            line[series.len()..].parse().expect("a number")
+        };
+        let on_cpu = value("ciphermq_shard_thread_cpu_seconds_total");
+        assert!(
+            on_cpu > 0.0 && on_cpu <= process_cpu + 0.01,
+            "{thread}: {on_cpu} s of {process_cpu}"
+        );
+        assert!(value("ciphermq_shard_thread_cpu_wait_seconds_total") >= 0.0);
+    }
     let fds = total(&text, "ciphermq_process_open_fds");
     assert!(
         fds >= 3.0 && fds <= total(&text, "ciphermq_process_max_fds"),

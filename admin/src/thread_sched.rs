@@ -1,0 +1,69 @@
+//! How a shard's threads fared with the kernel's scheduler, read from
+//! `/proc/self/task/<tid>/schedstat` at each scrape (on the admin thread):
+//! time on a CPU, and time ready to run but waiting for one.
+//!
+//! The second is what tells a slow broker from a starved one. When the
+//! clients, or anything else, share the shard's cores, a publish waits for
+//! the shard's turn on a CPU, and no histogram of the broker's own steps
+//! shows it. On a 2-core machine at half its peak rate, the shard thread
+//! waited for a CPU about a third of the time it was ready to run
+//! (docs/BENCHMARKS.md).
+
+use std::fs;
+
+/// One thread's totals since it started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ThreadSched {
+    /// Time on a CPU, in nanoseconds.
+    pub(crate) on_cpu_ns: u64,
+    /// Time ready to run but waiting for a CPU, in nanoseconds.
+    pub(crate) waiting_ns: u64,
+}
+
+/// Reads thread `tid` of this process; `None` when it is gone or the
+/// kernel keeps no such figures.
+pub(crate) fn read(tid: i32) -> Option<ThreadSched> {
+    parse(&fs::read_to_string(format!("/proc/self/task/{tid}/schedstat")).ok()?)
+}
+
+/// `schedstat` is three numbers: time on a CPU (ns), time waiting on a run
+/// queue (ns), and time slices run.
+fn parse(text: &str) -> Option<ThreadSched> {
+    let mut fields = text.split_whitespace().map(str::parse::<u64>);
+    Some(ThreadSched {
+        on_cpu_ns: fields.next()?.ok()?,
+        waiting_ns: fields.next()?.ok()?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_three_numbers_and_refuses_anything_else() {
+        assert_eq!(
+            parse("5942170941 3153484921 61398\n"),
+            Some(ThreadSched {
+                on_cpu_ns: 5_942_170_941,
+                waiting_ns: 3_153_484_921,
+            })
+        );
+        assert_eq!(parse(""), None);
+        assert_eq!(parse("12\n"), None);
+        assert_eq!(parse("12 x 3\n"), None);
+    }
+
+    #[test]
+    fn this_thread_has_been_on_a_cpu() {
+        // SAFETY: gettid has no preconditions.
+        let tid = unsafe { libc::gettid() };
+        let spin = std::time::Instant::now();
+        while spin.elapsed() < std::time::Duration::from_millis(20) {
+            std::hint::spin_loop();
+        }
+        let s = read(tid).expect("this kernel keeps schedstat");
+        assert!(s.on_cpu_ns >= 10_000_000, "{s:?}");
+        assert_eq!(read(-1), None);
+    }
+}
