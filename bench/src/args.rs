@@ -345,6 +345,11 @@ pub struct DiskFloorArgs {
     /// blocks to commit, as with a log of recycled, pre-written segments.
     #[arg(long)]
     pub overwrite_mib: Option<u64>,
+    /// Rounds in flight at once, each on a thread of its own, acknowledged
+    /// in order: with more than 1, an append that comes while a round is
+    /// syncing starts its own round at once instead of waiting for it.
+    #[arg(long, default_value_t = 1)]
+    pub depth: usize,
     /// Write the results as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,

@@ -16,6 +16,10 @@
 //! Each run also reports the committer thread's CPU time per append, from
 //! `/proc/thread-self/schedstat`.
 //!
+//! With `--depth <n>` there are `n` committer threads, so up to `n` rounds
+//! are in flight together, acknowledged in the order they were taken: what
+//! a broker that starts a new round while the last one syncs would get.
+//!
 //! The disk's tail drifts by several times between hours on a shared
 //! virtual machine. Run this next to the broker's tail runs
 //! (`run-compare.sh` does, in its `tail` section): a broker figure means
@@ -57,27 +61,60 @@ struct FloorRun {
     timeline: Timeline,
 }
 
-/// The appends due and not yet taken by the committer.
+/// The appends due and not yet taken by a committer.
 #[derive(Default)]
 struct Due {
     /// Scheduled times, µs on the run's clock.
     times: Vec<u64>,
-    /// The pacer is done: the committer ends once `times` is empty.
+    /// The pacer is done: the committers end once `times` is empty.
     closed: bool,
+    /// Where the next round writes.
+    offset: u64,
+    /// The next round's number.
+    next_round: u64,
 }
 
-/// What the committer hands back at the end of a run.
+/// Rounds acknowledged so far. They are acknowledged in the order they
+/// were taken, as the broker answers them: a round whose `fdatasync`
+/// returns before an earlier one's waits for it.
+#[derive(Default)]
+struct Finished {
+    /// The number of the next round to acknowledge.
+    next: u64,
+    /// A committer failed: the others stop waiting for its round.
+    failed: bool,
+    latencies: Latencies,
+}
+
+/// What the pacer and the committers share.
+#[derive(Default)]
+struct Shared {
+    due: Mutex<Due>,
+    /// Signalled when appends are due, and at the end.
+    ready: Condvar,
+    finished: Mutex<Finished>,
+    /// Signalled when a round is acknowledged.
+    in_order: Condvar,
+}
+
+/// What the committers hand back at the end of a run.
 struct Committed {
     latencies: Latencies,
     syncs: Histogram<u64>,
-    /// The committer thread's CPU time over the run.
+    /// The committer threads' CPU time over the run.
+    cpu: Option<Duration>,
+}
+
+/// What one committer thread hands back.
+struct CommitterRun {
+    syncs: Histogram<u64>,
     cpu: Option<Duration>,
 }
 
 /// Runs `--runs` runs and prints (and optionally writes) their figures.
 pub fn run(args: &DiskFloorArgs) -> Result<()> {
-    if args.rate == 0 || args.record_bytes == 0 || args.runs == 0 {
-        bail!("--rate, --record-bytes and --runs must be above zero");
+    if args.rate == 0 || args.record_bytes == 0 || args.runs == 0 || args.depth == 0 {
+        bail!("--rate, --record-bytes, --runs and --depth must be above zero");
     }
     if args.duration.is_zero() {
         bail!("--duration must be above zero");
@@ -141,6 +178,7 @@ pub fn run(args: &DiskFloorArgs) -> Result<()> {
             "rate": args.rate,
             "record_bytes": args.record_bytes,
             "overwrite_mib": args.overwrite_mib,
+            "depth": args.depth,
             "duration_secs": args.duration.as_secs_f64(),
             "runs": runs,
             "median": { "publish_to_ack": medians },
@@ -151,7 +189,7 @@ pub fn run(args: &DiskFloorArgs) -> Result<()> {
     Ok(())
 }
 
-/// One run: the pacer on this thread, the committer on its own.
+/// One run: the pacer on this thread, `--depth` committers on their own.
 fn one_run(args: &DiskFloorArgs, path: &Path) -> Result<Committed> {
     let file = OpenOptions::new()
         .write(true)
@@ -162,16 +200,19 @@ fn one_run(args: &DiskFloorArgs, path: &Path) -> Result<Committed> {
         Some(mib) => Some(prewrite(&file, mib << 20, args.record_bytes)?),
         None => None,
     };
-    let due = Arc::new((Mutex::new(Due::default()), Condvar::new()));
+    let file = Arc::new(file);
+    let shared = Arc::new(Shared::default());
     let start = Instant::now();
-    let committer = {
-        let due = due.clone();
-        let record_bytes = args.record_bytes;
-        std::thread::Builder::new()
-            .name("disk-floor-commit".into())
-            .spawn(move || commit(&file, &due, start, record_bytes, wrap))
-            .context("starting the committer thread")?
-    };
+    let committers = (0..args.depth)
+        .map(|i| {
+            let (file, shared) = (file.clone(), shared.clone());
+            let record_bytes = args.record_bytes;
+            std::thread::Builder::new()
+                .name(format!("disk-floor-commit-{i}"))
+                .spawn(move || commit(&file, &shared, start, record_bytes, wrap))
+                .context("starting a committer thread")
+        })
+        .collect::<Result<Vec<_>>>()?;
     let total = (args.duration.as_secs_f64() * args.rate as f64).round() as u64;
     let interval_ns = 1e9 / args.rate as f64;
     for i in 0..total {
@@ -179,23 +220,48 @@ fn one_run(args: &DiskFloorArgs, path: &Path) -> Result<Committed> {
         if let Some(wait) = at.checked_sub(start.elapsed()) {
             std::thread::sleep(wait);
         }
-        let (lock, ready) = &*due;
-        lock.lock()
-            .expect("the committer does not panic holding the lock")
+        shared
+            .due
+            .lock()
+            .expect("a committer does not panic holding the lock")
             .times
             .push(at.as_micros() as u64);
-        ready.notify_one();
+        shared.ready.notify_one();
     }
-    {
-        let (lock, ready) = &*due;
-        lock.lock()
-            .expect("the committer does not panic holding the lock")
-            .closed = true;
-        ready.notify_one();
+    close(&shared);
+    let mut syncs = histogram();
+    let mut cpu = Some(Duration::ZERO);
+    for committer in committers {
+        let run = committer
+            .join()
+            .map_err(|_| anyhow::anyhow!("a committer thread panicked"))??;
+        syncs
+            .add(&run.syncs)
+            .context("adding a committer's rounds")?;
+        cpu = cpu.zip(run.cpu).map(|(a, b)| a + b);
     }
-    committer
-        .join()
-        .map_err(|_| anyhow::anyhow!("the committer thread panicked"))?
+    let latencies = std::mem::take(
+        &mut shared
+            .finished
+            .lock()
+            .expect("every committer has ended")
+            .latencies,
+    );
+    Ok(Committed {
+        latencies,
+        syncs,
+        cpu,
+    })
+}
+
+/// Tells every committer that no more appends come.
+fn close(shared: &Shared) {
+    shared
+        .due
+        .lock()
+        .expect("a committer does not panic holding the lock")
+        .closed = true;
+    shared.ready.notify_all();
 }
 
 /// Fills `file` with `bytes` of zeros (whole records) and syncs it, for
@@ -224,64 +290,100 @@ fn thread_cpu() -> Option<Duration> {
     Some(Duration::from_nanos(ns))
 }
 
-/// The committer: one write and one `fdatasync` per round, every round
-/// taking all that is due. With `wrap` (the length of a pre-written file)
-/// it writes from the start again once the next round would not fit.
+/// A committer: one write and one `fdatasync` per round, every round taking
+/// all that is due, and acknowledged once every earlier round is. With
+/// `wrap` (the length of a pre-written file) rounds write from the start
+/// again once the next would not fit. Several committers keep that many
+/// rounds in flight (`--depth`).
 fn commit(
     file: &File,
-    due: &(Mutex<Due>, Condvar),
+    shared: &Shared,
     start: Instant,
     record_bytes: usize,
     wrap: Option<u64>,
-) -> Result<Committed> {
+) -> Result<CommitterRun> {
+    let outcome = commit_rounds(file, shared, start, record_bytes, wrap);
+    if outcome.is_err() {
+        // The others must not wait for a round that will never finish.
+        shared
+            .finished
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .failed = true;
+        shared.in_order.notify_all();
+    }
+    outcome
+}
+
+fn commit_rounds(
+    file: &File,
+    shared: &Shared,
+    start: Instant,
+    record_bytes: usize,
+    wrap: Option<u64>,
+) -> Result<CommitterRun> {
     let cpu_before = thread_cpu();
-    let mut latencies = Latencies::default();
     let mut syncs = histogram();
     let mut round: Vec<u64> = Vec::new();
     let mut bytes: Vec<u8> = Vec::new();
-    let mut offset = 0u64;
     loop {
-        {
-            let (lock, ready) = due;
-            let mut state = lock
+        let (number, offset) = {
+            let mut due = shared
+                .due
                 .lock()
                 .expect("the pacer does not panic holding the lock");
-            while state.times.is_empty() && !state.closed {
-                state = ready
-                    .wait(state)
+            while due.times.is_empty() && !due.closed {
+                due = shared
+                    .ready
+                    .wait(due)
                     .expect("the pacer does not panic holding the lock");
             }
-            if state.times.is_empty() {
+            if due.times.is_empty() {
                 break;
             }
-            std::mem::swap(&mut round, &mut state.times);
-        }
+            std::mem::swap(&mut round, &mut due.times);
+            let len = (round.len() * record_bytes) as u64;
+            if wrap.is_some_and(|end| due.offset + len > end) {
+                due.offset = 0;
+            }
+            let offset = due.offset;
+            due.offset += len;
+            due.next_round += 1;
+            (due.next_round - 1, offset)
+        };
         let len = round.len() * record_bytes;
         if bytes.len() < len {
             bytes.resize(len, b'x');
         }
         let began = Instant::now();
-        if wrap.is_some_and(|end| offset + len as u64 > end) {
-            offset = 0;
-        }
         file.write_all_at(&bytes[..len], offset)
             .context("writing a round")?;
         file.sync_data().context("fdatasync")?;
-        offset += len as u64;
-        let done = start.elapsed().as_micros() as u64;
         let _ = syncs.record((began.elapsed().as_micros() as u64).max(1));
-        for at in round.drain(..) {
-            latencies.record(at, done);
+        let mut finished = shared
+            .finished
+            .lock()
+            .expect("a committer does not panic holding the lock");
+        while finished.next != number {
+            if finished.failed {
+                bail!("another committer failed");
+            }
+            finished = shared
+                .in_order
+                .wait(finished)
+                .expect("a committer does not panic holding the lock");
         }
+        let done = start.elapsed().as_micros() as u64;
+        for at in round.drain(..) {
+            finished.latencies.record(at, done);
+        }
+        finished.next += 1;
+        shared.in_order.notify_all();
     }
     let cpu = thread_cpu()
         .zip(cpu_before)
         .map(|(after, before)| after - before);
-    Ok(Committed {
-        latencies,
-        syncs,
-        cpu,
-    })
+    Ok(CommitterRun { syncs, cpu })
 }
 
 #[cfg(test)]
@@ -299,6 +401,7 @@ mod tests {
             duration: Duration::from_millis(250),
             runs: 2,
             overwrite_mib: None,
+            depth: 1,
             json: Some(json.clone()),
         };
         run(&args).unwrap();
@@ -330,29 +433,73 @@ mod tests {
         // wrap around it twice.
         let len = prewrite(&f, 1 << 20, 1_000).unwrap();
         assert_eq!(len, 1_048_000);
-        let due = Arc::new((Mutex::new(Due::default()), Condvar::new()));
+        let shared = Arc::new(Shared::default());
         let committer = {
-            let due = due.clone();
-            std::thread::spawn(move || commit(&f, &due, Instant::now(), 1_000, Some(len)))
+            let shared = shared.clone();
+            std::thread::spawn(move || commit(&f, &shared, Instant::now(), 1_000, Some(len)))
         };
         for batch in 0..30u64 {
-            let (lock, ready) = &*due;
-            lock.lock()
+            shared
+                .due
+                .lock()
                 .unwrap()
                 .times
                 .extend((0..100).map(|i| batch * 100 + i));
-            ready.notify_one();
+            shared.ready.notify_one();
             std::thread::sleep(Duration::from_millis(1));
         }
-        {
-            let (lock, ready) = &*due;
-            lock.lock().unwrap().closed = true;
-            ready.notify_one();
-        }
+        close(&shared);
         let committed = committer.join().unwrap().unwrap();
-        assert_eq!(committed.latencies.histogram.len(), 3_000);
+        let acked = shared.finished.lock().unwrap().latencies.histogram.len();
+        assert_eq!(acked, 3_000);
         assert_eq!(fs::metadata(&file).unwrap().len(), len, "the file grew");
         assert!(committed.cpu.is_some(), "no CPU time read");
+    }
+
+    #[test]
+    fn rounds_in_flight_together_all_finish_and_leave_no_hole() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("scratch.log");
+        let f = Arc::new(
+            OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&file)
+                .unwrap(),
+        );
+        let shared = Arc::new(Shared::default());
+        let committers: Vec<_> = (0..3)
+            .map(|_| {
+                let (f, shared) = (f.clone(), shared.clone());
+                std::thread::spawn(move || commit(&f, &shared, Instant::now(), 100, None))
+            })
+            .collect();
+        // Two appends every 200 µs: a round is often taken while others
+        // are still syncing.
+        for batch in 0..200u64 {
+            shared
+                .due
+                .lock()
+                .unwrap()
+                .times
+                .extend([batch * 2, batch * 2 + 1]);
+            shared.ready.notify_one();
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        close(&shared);
+        let rounds: u64 = committers
+            .into_iter()
+            .map(|c| c.join().unwrap().unwrap().syncs.len())
+            .sum();
+        let finished = shared.finished.lock().unwrap();
+        assert_eq!(finished.latencies.histogram.len(), 400);
+        assert_eq!(finished.next, rounds, "every round acknowledged, once");
+        assert_eq!(shared.due.lock().unwrap().next_round, rounds);
+        // Rounds wrote disjoint, adjacent ranges: the file is exactly the
+        // appends, with no hole and nothing written twice.
+        assert_eq!(fs::metadata(&file).unwrap().len(), 400 * 100);
+        let bytes = fs::read(&file).unwrap();
+        assert!(bytes.iter().all(|b| *b == b'x'), "a hole in the file");
     }
 
     #[test]
@@ -365,6 +512,7 @@ mod tests {
             duration: Duration::from_millis(10),
             runs: 1,
             overwrite_mib: None,
+            depth: 1,
             json: None,
         };
         assert!(run(&args).unwrap_err().to_string().contains("--rate"));
