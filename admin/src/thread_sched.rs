@@ -55,15 +55,20 @@ mod tests {
     }
 
     #[test]
-    fn this_thread_has_been_on_a_cpu() {
+    fn this_thread_s_time_on_a_cpu_grows_as_it_spins() {
         // SAFETY: gettid has no preconditions.
         let tid = unsafe { libc::gettid() };
-        let spin = std::time::Instant::now();
-        while spin.elapsed() < std::time::Duration::from_millis(20) {
+        let before = read(tid).expect("this kernel keeps schedstat");
+        // However busy the machine, spinning adds CPU time; give up after
+        // 10 s of wall time if the figure never moves.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let mut now = before;
+        while now.on_cpu_ns < before.on_cpu_ns + 10_000_000 {
+            assert!(std::time::Instant::now() < deadline, "{before:?} → {now:?}");
             std::hint::spin_loop();
+            now = read(tid).expect("still readable");
         }
-        let s = read(tid).expect("this kernel keeps schedstat");
-        assert!(s.on_cpu_ns >= 10_000_000, "{s:?}");
+        assert!(now.waiting_ns >= before.waiting_ns, "{before:?} → {now:?}");
         assert_eq!(read(-1), None);
     }
 }
