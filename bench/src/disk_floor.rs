@@ -285,9 +285,8 @@ fn prewrite(file: &File, bytes: u64, record_bytes: usize) -> Result<u64> {
 
 /// This thread's CPU time so far (`/proc/thread-self/schedstat`, in ns).
 fn thread_cpu() -> Option<Duration> {
-    let text = fs::read_to_string("/proc/thread-self/schedstat").ok()?;
-    let ns = text.split_whitespace().next()?.parse().ok()?;
-    Some(Duration::from_nanos(ns))
+    let (on_cpu, _) = crate::report::schedstat("/proc/thread-self/schedstat")?;
+    Some(Duration::from_nanos(on_cpu))
 }
 
 /// A committer: one write and one `fdatasync` per round, every round taking
@@ -327,7 +326,7 @@ fn commit_rounds(
     let mut round: Vec<u64> = Vec::new();
     let mut bytes: Vec<u8> = Vec::new();
     loop {
-        let (number, offset) = {
+        let (number, offset, len) = {
             let mut due = shared
                 .due
                 .lock()
@@ -342,16 +341,15 @@ fn commit_rounds(
                 break;
             }
             std::mem::swap(&mut round, &mut due.times);
-            let len = (round.len() * record_bytes) as u64;
-            if wrap.is_some_and(|end| due.offset + len > end) {
+            let len = round.len() * record_bytes;
+            if wrap.is_some_and(|end| due.offset + len as u64 > end) {
                 due.offset = 0;
             }
             let offset = due.offset;
-            due.offset += len;
+            due.offset += len as u64;
             due.next_round += 1;
-            (due.next_round - 1, offset)
+            (due.next_round - 1, offset, len)
         };
-        let len = round.len() * record_bytes;
         if bytes.len() < len {
             bytes.resize(len, b'x');
         }

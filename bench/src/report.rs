@@ -97,16 +97,24 @@ pub fn cpu_secs(pid: u32) -> Option<f64> {
     Some(ticks / 100.0)
 }
 
+/// One thread's scheduler figures, from a `schedstat` file of `/proc`:
+/// nanoseconds on a CPU, and nanoseconds ready to run but waiting for one.
+/// `None` when it cannot be read.
+pub fn schedstat(path: impl AsRef<std::path::Path>) -> Option<(u64, u64)> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let mut ns = text.split_whitespace().map(str::parse::<u64>);
+    Some((ns.next()?.ok()?, ns.next()?.ok()?))
+}
+
 /// Time the threads of process `pid` have spent ready to run but waiting
-/// for a CPU, summed, in seconds (the second figure of each
-/// `/proc/<pid>/task/<tid>/schedstat`); `None` if the process is gone or
-/// the kernel keeps no such figures. A thread that ended in between is
-/// missed, which the broker's threads, living as long as it does, never do.
+/// for a CPU, summed, in seconds (each `/proc/<pid>/task/<tid>/schedstat`);
+/// `None` if the process is gone or the kernel keeps no such figures. A
+/// thread that ended in between is missed, which the broker's threads,
+/// living as long as it does, never do.
 pub fn cpu_wait_secs(pid: u32) -> Option<f64> {
     let mut ns = 0u64;
     for task in std::fs::read_dir(format!("/proc/{pid}/task")).ok()? {
-        let stat = std::fs::read_to_string(task.ok()?.path().join("schedstat")).ok()?;
-        ns += stat.split_whitespace().nth(1)?.parse::<u64>().ok()?;
+        ns += schedstat(task.ok()?.path().join("schedstat"))?.1;
     }
     Some(ns as f64 / 1e9)
 }

@@ -221,7 +221,9 @@ async fn metrics_pass_promtool_check_metrics() {
     );
     // Each shard thread's time on a CPU and waiting for one, from the
     // kernel: the executor ran the traffic, its blocking-I/O thread the
-    // fsyncs; neither ran longer than the whole process.
+    // fsyncs; neither ran longer than the whole process (whose figure
+    // `/proc` rounds down to 10 ms ticks: a few ticks of slack, far below
+    // what a wrong field or unit would give).
     let process_cpu = total(&text, "ciphermq_process_cpu_seconds_total");
     for thread in ["executor", "blocking_io"] {
         let labels = format!("{{shard=\"0\",thread=\"{thread}\"}} ");
@@ -235,7 +237,7 @@ async fn metrics_pass_promtool_check_metrics() {
         };
         let on_cpu = value("ciphermq_shard_thread_cpu_seconds_total");
         assert!(
-            on_cpu > 0.0 && on_cpu <= process_cpu + 0.01,
+            on_cpu > 0.0 && on_cpu <= process_cpu + 0.05,
             "{thread}: {on_cpu} s of {process_cpu}"
         );
         assert!(value("ciphermq_shard_thread_cpu_wait_seconds_total") >= 0.0);
