@@ -424,6 +424,59 @@ def ab(out, lines):
     lines.append("")
 
 
+def mixed(out, lines):
+    """Publish-only ÷ one publisher + one consumer within each adjacent pair,
+    then one consumer behind 4 and 16 publishers."""
+    pattern = re.compile(r"mixed-p1-c([01])-r(\d+)\.json")
+    pairs = {}
+    for p in sorted(out.glob("mixed-p1-c*-r*.json")):
+        m = pattern.fullmatch(p.name)
+        if m:
+            pairs.setdefault(int(m.group(2)), {})[int(m.group(1))] = load(p)
+    runs = [v for _, v in sorted(pairs.items()) if len(v) == 2]
+    if not runs:
+        return
+    lines.append("### Mixed load (durable, 1 KiB, 1 shard, max rate; publish-only run, then 1 publisher + 1 consumer)\n")
+    lines.append("| pair | publish-only publish/s | 1 + 1 publish/s | 1 + 1 ÷ publish-only | broker CPU µs/msg (publish-only / 1 + 1) |")
+    lines.append("|---:|---:|---:|---:|---|")
+    ratios = []
+    for i, r in enumerate(runs, 1):
+        alone, mixed_run = r[0], r[1]
+        ratios.append(mixed_run["publish_msgs_per_sec"] / alone["publish_msgs_per_sec"])
+        cpu = " / ".join(
+            f"{x['broker_cpu_us_per_msg']:.1f}" if x.get("broker_cpu_us_per_msg") else "-"
+            for x in (alone, mixed_run)
+        )
+        lines.append(
+            f"| {i} | {n(alone['publish_msgs_per_sec'])} | {n(mixed_run['publish_msgs_per_sec'])} "
+            f"| {ratios[-1]:.2f} | {cpu} |"
+        )
+    lines.append(f"\nMedian 1 + 1 ÷ publish-only: **{med(ratios):.2f}** (the target is 0.90).\n")
+    more = []
+    for name, label in (
+        ("mixed-p4-c1", "4 publishers"),
+        ("mixed-p16-c1", "16 publishers"),
+        ("mixed-p16-c1-prefetch10000", "16 publishers, prefetch 10,000"),
+    ):
+        p = out / f"{name}.json"
+        if not p.exists():
+            continue
+        d = load(p)
+        per_run = ", ".join(
+            f"{n(r['publish_msgs_per_sec'])} / {n(r['consume_msgs_per_sec'])}" for r in d["runs"]
+        )
+        s = d["summary"]["ciphermq"]
+        more.append(
+            f"| {label} | {per_run} | {ms(s['publish_to_delivery']['p99_ms'])} "
+            f"| {'yes' if s['complete'] else 'NO'} |"
+        )
+    if more:
+        lines.append("| one consumer behind | published / consumed msg/s per run | e2e p99 ms (median) | keeps up (all delivered) |")
+        lines.append("|---|---|---:|---|")
+        lines.extend(more)
+        lines.append("")
+
+
 def main():
     if len(sys.argv) != 2:
         sys.exit(__doc__)
@@ -436,6 +489,7 @@ def main():
     latency(out, lines)
     durability(out, lines)
     ab(out, lines)
+    mixed(out, lines)
     tail(out, lines)
     load_levels(out, lines)
     broker_histograms(out, lines)
