@@ -518,6 +518,13 @@ pub(crate) fn render(ctx: &AdminContext, admin: &SlotStats, queue_series: QueueS
     shard_histogram(
         &mut e,
         shards,
+        "ciphermq_commit_handoff_seconds",
+        "From a shard handing a queue log's write to its blocking-I/O thread to that thread starting it: the thread's delay in waking.",
+        |s| s.commit_handoff_latency.snapshot(),
+    );
+    shard_histogram(
+        &mut e,
+        shards,
         "ciphermq_shard_loop_lag_seconds",
         "How late a shard's loop gives a turn asked for every 5 ms: time the thread was held by other work.",
         |s| s.loop_lag.snapshot(),

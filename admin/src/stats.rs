@@ -260,6 +260,10 @@ pub struct ShardStats {
     /// committer running again on its shard: the part of a round that is
     /// the shard noticing, not the disk.
     pub commit_wake_latency: Histogram,
+    /// From the shard handing a log write to its blocking-I/O thread to that
+    /// thread starting it: the other crossing of a round, the thread's own
+    /// wake-up, which `commit_wake_latency` does not see.
+    pub commit_handoff_latency: Histogram,
     /// How late each turn the stall watch asked for came.
     pub loop_lag: Histogram,
     /// Turns that came the broker's stall threshold late or more.
@@ -317,6 +321,7 @@ impl ShardStats {
             commit_round_latency: Histogram::new(COMMIT_ROUND_BOUNDS_US),
             // Like loop lag, a wait for the shard's turn: the same ladder.
             commit_wake_latency: Histogram::new(LOOP_LAG_BOUNDS_US),
+            commit_handoff_latency: Histogram::new(LOOP_LAG_BOUNDS_US),
             loop_lag: Histogram::new(LOOP_LAG_BOUNDS_US),
             stalls: Counter::default(),
             nudges: Counter::default(),

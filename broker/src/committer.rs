@@ -314,24 +314,30 @@ async fn persist(
         return Ok(bytes);
     }
     let file = file.clone();
-    let (bytes, synced) = glommio::executor()
-        .spawn_blocking(move || -> std::io::Result<(Vec<u8>, Option<Synced>)> {
-            file.write_all_at(&bytes, offset)?;
-            if !sync {
-                return Ok((bytes, None));
-            }
-            let started = Instant::now();
-            file.sync_data()?;
-            let done = Instant::now();
-            Ok((
-                bytes,
-                Some(Synced {
-                    took: done - started,
-                    done,
-                }),
-            ))
-        })
+    let handed = Instant::now();
+    let (bytes, taken_up, synced) = glommio::executor()
+        .spawn_blocking(
+            move || -> std::io::Result<(Vec<u8>, Duration, Option<Synced>)> {
+                let taken_up = handed.elapsed();
+                file.write_all_at(&bytes, offset)?;
+                if !sync {
+                    return Ok((bytes, taken_up, None));
+                }
+                let started = Instant::now();
+                file.sync_data()?;
+                let done = Instant::now();
+                Ok((
+                    bytes,
+                    taken_up,
+                    Some(Synced {
+                        took: done - started,
+                        done,
+                    }),
+                ))
+            },
+        )
         .await?;
+    stats.commit_handoff_latency.observe(taken_up);
     if let Some(synced) = synced {
         stats.fsyncs.add(1);
         stats.fsync_latency.observe(synced.took);

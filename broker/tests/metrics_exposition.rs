@@ -176,6 +176,13 @@ async fn metrics_pass_promtool_check_metrics() {
         total(&text, "ciphermq_fsync_seconds_count") >= 1.0,
         "{text}"
     );
+    // Every log write crosses to the blocking-I/O thread: at least one per
+    // fdatasync.
+    assert!(
+        total(&text, "ciphermq_commit_handoff_seconds_count")
+            >= total(&text, "ciphermq_fsync_seconds_count"),
+        "{text}"
+    );
 
     assert_promtool_passes(&promtool, &text);
     // Per-queue series are off by default: none of their families at all,
