@@ -519,7 +519,7 @@ pub(crate) fn render(ctx: &AdminContext, admin: &SlotStats, queue_series: QueueS
         &mut e,
         shards,
         "ciphermq_commit_handoff_seconds",
-        "From a shard handing a queue log's write to its blocking-I/O thread to that thread starting it: the thread's delay in waking.",
+        "From a shard handing a queue log's write to its blocking-I/O thread to that thread starting it: its wake-up, and the writes of other logs queued ahead in the same round.",
         |s| s.commit_handoff_latency.snapshot(),
     );
     shard_histogram(

@@ -261,8 +261,10 @@ pub struct ShardStats {
     /// the shard noticing, not the disk.
     pub commit_wake_latency: Histogram,
     /// From the shard handing a log write to its blocking-I/O thread to that
-    /// thread starting it: the other crossing of a round, the thread's own
-    /// wake-up, which `commit_wake_latency` does not see.
+    /// thread starting it: the other crossing of a round, which
+    /// `commit_wake_latency` does not see. The thread's wake-up, plus, in a
+    /// round with several dirty logs, the writes queued ahead on that one
+    /// thread.
     pub commit_handoff_latency: Histogram,
     /// How late each turn the stall watch asked for came.
     pub loop_lag: Histogram,
