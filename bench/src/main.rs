@@ -19,6 +19,8 @@
 //! - [`drain`]: the `drain` subcommand (consume a filled queue, check ids).
 //! - [`disk_floor`]: the `disk-floor` subcommand (the disk's own durable
 //!   latency at a fixed rate, the floor under the broker's `ACK` tail).
+//! - `summarize_check` (tests only): `bench/summarize.py` run on JSON this
+//!   crate writes, so its tables stay true to the report's fields.
 //!
 //! Invariants: every broker gets byte-identical bodies and the same window and
 //! prefetch; latency is measured from the scheduled send time when `--rate` is
@@ -40,6 +42,8 @@ mod progress;
 mod rabbitmq;
 mod report;
 mod scenario;
+#[cfg(test)]
+mod summarize_check;
 mod timeline;
 
 use std::sync::Arc;
