@@ -13,6 +13,7 @@ use ciphermq_proto::NackReason;
 use crate::log::buffer_pool::BufferPool;
 use crate::log::{queue_dir, unix_ms, CommitJob, MirrorWatermarks, QueueLog};
 use crate::mesh::Origin;
+use crate::message::DedupKey;
 use crate::pending::Resolver;
 use crate::queue::{Queue, QueueSettings};
 
@@ -135,6 +136,10 @@ pub struct Durability {
     retired: HashSet<Arc<str>>,
     /// Written commit buffers for later rounds.
     buffers: BufferPool,
+    /// Ids carried out of segments about to be deleted, kept between rounds:
+    /// a segment carries tens of thousands, and a buffer that size grown
+    /// afresh for each deletion held the shard for milliseconds.
+    carried: Vec<(DedupKey, u64)>,
 }
 
 impl Durability {
@@ -161,6 +166,7 @@ impl Durability {
             removals: Vec::new(),
             retired: HashSet::new(),
             buffers: BufferPool::default(),
+            carried: Vec::new(),
         }
     }
 
@@ -375,7 +381,7 @@ impl Durability {
         out: &mut Vec<CommitJob>,
     ) {
         let mut still_dirty = Vec::new();
-        let mut carried = Vec::new();
+        let mut carried = std::mem::take(&mut self.carried);
         let now_ms = unix_ms();
         let window_ms = settings.dedup_window.as_millis() as u64;
         let reclaim = self.disk.is_low();
@@ -398,6 +404,14 @@ impl Durability {
             }
         }
         self.dirty = still_dirty;
+        // Kept up to 4 MiB (a 64 MiB segment of 1 KiB messages carries about
+        // 57,000 ids); a larger carry (small messages, or many segments
+        // going at once) lets its buffer go.
+        const KEEP_CARRIED: usize = 1 << 17;
+        if carried.capacity() <= KEEP_CARRIED {
+            carried.clear();
+            self.carried = carried;
+        }
     }
 
     /// Records that a job's bytes are written (or failed to be): its log

@@ -460,6 +460,9 @@ impl Queue {
         out: &mut Vec<(DedupKey, u64)>,
     ) {
         let window_ms = settings.dedup_window.as_millis() as u64;
+        // A segment carries tens of thousands of keys: the present tick is
+        // read once, and milliseconds are taken without 128-bit division.
+        let now_tick = Tick::now(now);
         while self.uncarried.front().is_some_and(|u| u.seq < below) {
             let Some(Uncarried { key, until, .. }) = self.uncarried.pop_front() else {
                 break;
@@ -467,8 +470,9 @@ impl Queue {
             // Expired ones are dropped. A live one is still the key's newest
             // ack: while it lasts the key is refused, so it cannot be stored
             // and acked again.
-            if until > Tick::now(now) {
-                let left_ms = until.left(now).as_millis() as u64;
+            if until > now_tick {
+                let left = until.left(now);
+                let left_ms = left.as_secs() * 1000 + u64::from(left.subsec_millis());
                 out.push((key, (now_unix_ms + left_ms).saturating_sub(window_ms)));
             }
         }

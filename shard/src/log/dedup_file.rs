@@ -11,7 +11,7 @@
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 
-use crate::log::record::{encode, DedupEntries, Record};
+use crate::log::record::{encode_dedup, DEDUP_ENTRY_BYTES, HEADER_BYTES};
 use crate::log::segment::FILE_HEADER_BYTES;
 use crate::message::DedupKey;
 
@@ -116,14 +116,15 @@ impl DedupFiles {
     pub(crate) fn append(&mut self, entries: &[(DedupKey, u64)]) {
         // Chunks well below the record size limit.
         const PER_RECORD: usize = 1 << 16;
-        let mut packed = Vec::new();
+        // Packed straight into `pending`, sized once: a deleted segment
+        // carries tens of thousands of entries, and copies and growth of
+        // buffers that size (fresh pages each time) held the shard for
+        // milliseconds.
+        self.pending.reserve(
+            entries.len() * DEDUP_ENTRY_BYTES + entries.len().div_ceil(PER_RECORD) * HEADER_BYTES,
+        );
         for chunk in entries.chunks(PER_RECORD) {
-            packed.clear();
-            let raw: Vec<(u128, u64)> = chunk.iter().map(|(k, at)| (k.0, *at)).collect();
-            DedupEntries::pack(&raw, &mut packed);
-            if let Some(e) = DedupEntries::new(&packed) {
-                encode(&Record::Dedup(e), &mut self.pending);
-            }
+            encode_dedup(chunk.iter().map(|(k, at)| (k.0, *at)), &mut self.pending);
             let newest = chunk.iter().map(|(_, at)| *at).max().unwrap_or(0);
             self.pending_newest_ms = self.pending_newest_ms.max(newest);
         }

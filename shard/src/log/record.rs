@@ -297,6 +297,24 @@ pub fn encode(record: &Record<'_>, out: &mut Vec<u8>) {
     seal(out, start);
 }
 
+/// Appends one dedup record of `entries` (key, acked_at_ms) to `out`,
+/// packed straight into it: the bytes of [`encode`] on a
+/// [`Record::Dedup`] of [`DedupEntries::pack`]ed entries, without that
+/// packed copy. A deleted segment carries tens of thousands of entries,
+/// and the shard does this between two of its connections' turns.
+pub fn encode_dedup(entries: impl ExactSizeIterator<Item = (u128, u64)>, out: &mut Vec<u8>) {
+    let start = out.len();
+    out.reserve(HEADER_BYTES + entries.len() * DEDUP_ENTRY_BYTES);
+    out.extend_from_slice(&SYNC);
+    out.extend_from_slice(&[0u8; 8]);
+    out.push(KIND_DEDUP);
+    for (key, at) in entries {
+        out.extend_from_slice(&key.to_le_bytes());
+        out.extend_from_slice(&at.to_le_bytes());
+    }
+    seal(out, start);
+}
+
 /// Bytes of the v2 frame of a message record with these fields: where the
 /// next record starts, without encoding it.
 pub fn message_record_bytes(
@@ -573,6 +591,32 @@ mod tests {
         let e = DedupEntries::new(&buf).unwrap();
         assert_eq!(e.iter().collect::<Vec<_>>(), vec![(1, 2), (u128::MAX, 7)]);
         assert!(DedupEntries::new(&buf[1..]).is_none());
+    }
+
+    #[test]
+    fn a_dedup_record_encoded_in_place_is_the_packed_one() {
+        let entries = [
+            (1u128, 2u64),
+            (u128::MAX, 7),
+            (0x0123_4567_89ab_cdef, u64::MAX),
+        ];
+        let mut packed = Vec::new();
+        DedupEntries::pack(&entries, &mut packed);
+        let mut expected = b"before".to_vec();
+        encode(
+            &Record::Dedup(DedupEntries::new(&packed).unwrap()),
+            &mut expected,
+        );
+        let mut direct = b"before".to_vec();
+        encode_dedup(entries.iter().copied(), &mut direct);
+        assert_eq!(direct, expected);
+        match decode(Framing::V2, &direct[6..]) {
+            Decoded::Record(Record::Dedup(e), used) => {
+                assert_eq!(used, direct.len() - 6);
+                assert_eq!(e.iter().collect::<Vec<_>>(), entries);
+            }
+            other => panic!("not a dedup record: {other:?}"),
+        }
     }
 
     /// A record as earlier versions wrote it, built by hand.
