@@ -303,39 +303,37 @@ async fn open(path: &Path, create: bool) -> IoResult<Arc<File>> {
 /// notice it was done. Measured on the benchmark machine, one call on a
 /// thread free to run on any core took durable publishing from 66% to 76%
 /// of the in-memory rate (docs/BENCHMARKS.md).
-async fn persist(
+async fn persist<B: AsRef<[u8]> + Send + 'static>(
     file: &Arc<File>,
-    bytes: Vec<u8>,
+    bytes: B,
     offset: u64,
     sync: bool,
     stats: &ShardStats,
-) -> IoResult<Vec<u8>> {
-    if bytes.is_empty() && !sync {
+) -> IoResult<B> {
+    if bytes.as_ref().is_empty() && !sync {
         return Ok(bytes);
     }
     let file = file.clone();
     let handed = Instant::now();
     let (bytes, taken_up, synced) = glommio::executor()
-        .spawn_blocking(
-            move || -> std::io::Result<(Vec<u8>, Duration, Option<Synced>)> {
-                let taken_up = handed.elapsed();
-                file.write_all_at(&bytes, offset)?;
-                if !sync {
-                    return Ok((bytes, taken_up, None));
-                }
-                let started = Instant::now();
-                file.sync_data()?;
-                let done = Instant::now();
-                Ok((
-                    bytes,
-                    taken_up,
-                    Some(Synced {
-                        took: done - started,
-                        done,
-                    }),
-                ))
-            },
-        )
+        .spawn_blocking(move || -> std::io::Result<(B, Duration, Option<Synced>)> {
+            let taken_up = handed.elapsed();
+            file.write_all_at(bytes.as_ref(), offset)?;
+            if !sync {
+                return Ok((bytes, taken_up, None));
+            }
+            let started = Instant::now();
+            file.sync_data()?;
+            let done = Instant::now();
+            Ok((
+                bytes,
+                taken_up,
+                Some(Synced {
+                    took: done - started,
+                    done,
+                }),
+            ))
+        })
         .await?;
     stats.commit_handoff_latency.observe(taken_up);
     if let Some(synced) = synced {
@@ -362,12 +360,23 @@ async fn write_dedup(w: &DedupWrite, dir: &Path, stats: &ShardStats) -> IoResult
         blocking(move || cut(&path, len)).await?;
     }
     let file = open(&w.path, w.create && !w.cut).await?;
-    persist(&file, w.bytes.clone(), w.offset, true, stats).await?;
+    // The bytes are shared with the write, not copied: they are megabytes
+    // when a segment's deletion carried its ids.
+    persist(&file, SharedBytes(w.bytes.clone()), w.offset, true, stats).await?;
     if w.create || w.cut {
         let dir = dir.to_path_buf();
         blocking(move || sync_dir(&dir)).await?;
     }
     Ok(())
+}
+
+/// Bytes the job keeps and the write reads.
+struct SharedBytes(Arc<Vec<u8>>);
+
+impl AsRef<[u8]> for SharedBytes {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
 }
 
 /// A round whose bytes are durable (or failed to be), waiting for its

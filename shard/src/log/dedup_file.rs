@@ -10,6 +10,7 @@
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use crate::log::record::{encode_dedup, DEDUP_ENTRY_BYTES, HEADER_BYTES};
 use crate::log::segment::FILE_HEADER_BYTES;
@@ -55,8 +56,10 @@ pub struct DedupWrite {
     pub cut: bool,
     /// Where the bytes go.
     pub offset: u64,
-    /// Encoded dedup records.
-    pub bytes: Vec<u8>,
+    /// Encoded dedup records, shared with the write: a deleted segment's
+    /// carry is megabytes, and the job keeps them to send again if the
+    /// write fails.
+    pub bytes: Arc<Vec<u8>>,
 }
 
 #[derive(Debug)]
@@ -188,7 +191,7 @@ impl DedupFiles {
         let Some(file) = self.files.back_mut() else {
             return (None, delete);
         };
-        let bytes = std::mem::take(&mut self.pending);
+        let bytes = Arc::new(std::mem::take(&mut self.pending));
         let write = DedupWrite {
             path: file.path.clone(),
             create: !file.created,
@@ -214,7 +217,7 @@ impl DedupFiles {
             file.len = write.offset;
             self.cut = true;
         }
-        let mut pending = write.bytes.clone();
+        let mut pending = write.bytes.to_vec();
         pending.append(&mut self.pending);
         self.pending = pending;
     }
