@@ -58,6 +58,19 @@ fn write(dir: &Path, name: &str, consumers: usize, runs: Vec<RunResult>) {
     std::fs::write(dir.join(format!("{name}.json")), json.to_string()).expect("write a report");
 }
 
+/// Adjacent pairs of 1-publisher runs with a consumer that keeps up, as
+/// `{section}-{side}-p1-r{pair}.json`: `sides` names the two sides and
+/// their ACK latency (ms), `pairs` holds (pair, first side's rate, second
+/// side's rate).
+fn write_pairs(dir: &Path, section: &str, sides: [(&str, u64); 2], pairs: &[(u32, u64, u64)]) {
+    for &(pair, first, second) in pairs {
+        for ((side, ack_ms), rate) in sides.into_iter().zip([first, second]) {
+            let name = format!("{section}-{side}-p1-r{pair}");
+            write(dir, &name, 1, vec![run(rate, rate, rate * 10, ack_ms)]);
+        }
+    }
+}
+
 /// The script's Markdown for `dir`.
 fn summarize(dir: &Path) -> String {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("summarize.py");
@@ -144,24 +157,12 @@ fn mixed_load_ratio_is_taken_within_each_pair() {
 fn before_after_ratio_is_new_over_base_within_each_pair() {
     let dir = tempfile::tempdir().unwrap();
     // 1 publisher: new ÷ base 1.10, 0.95, 1.00, median 1.00.
-    for (pair, base, new) in [
+    let pairs = [
         (1, 100_000, 110_000),
         (2, 200_000, 190_000),
         (3, 150_000, 150_000),
-    ] {
-        write(
-            dir.path(),
-            &format!("ab-base-p1-r{pair}"),
-            1,
-            vec![run(base, base, base * 10, 4)],
-        );
-        write(
-            dir.path(),
-            &format!("ab-new-p1-r{pair}"),
-            1,
-            vec![run(new, new, new * 10, 2)],
-        );
-    }
+    ];
+    write_pairs(dir.path(), "ab", [("base", 4), ("new", 2)], &pairs);
     // A pair missing its second side is left out, not half-counted.
     write(
         dir.path(),
@@ -184,24 +185,17 @@ fn before_after_ratio_is_new_over_base_within_each_pair() {
 fn durable_over_memory_ratio_is_taken_within_each_pair() {
     let dir = tempfile::tempdir().unwrap();
     // Durable ÷ in-memory 0.50, 0.60 and 0.70, median 0.60.
-    for (pair, durable, memory) in [
+    let pairs = [
         (1, 50_000, 100_000),
         (2, 60_000, 100_000),
         (3, 70_000, 100_000),
-    ] {
-        write(
-            dir.path(),
-            &format!("durability-durable-p1-r{pair}"),
-            1,
-            vec![run(durable, durable, durable * 10, 3)],
-        );
-        write(
-            dir.path(),
-            &format!("durability-memory-p1-r{pair}"),
-            1,
-            vec![run(memory, memory, memory * 10, 1)],
-        );
-    }
+    ];
+    write_pairs(
+        dir.path(),
+        "durability",
+        [("durable", 3), ("memory", 1)],
+        &pairs,
+    );
     let text = summarize(dir.path());
 
     assert!(
