@@ -160,6 +160,11 @@ impl<'a> DedupEntries<'a> {
 
     /// Packs `entries` (key, acked_at_ms) into `out`.
     pub fn pack(entries: &[(u128, u64)], out: &mut Vec<u8>) {
+        DedupEntries::pack_each(entries.iter().copied(), out);
+    }
+
+    /// [`DedupEntries::pack`] for entries made on the way.
+    fn pack_each(entries: impl Iterator<Item = (u128, u64)>, out: &mut Vec<u8>) {
         for (key, at) in entries {
             out.extend_from_slice(&key.to_le_bytes());
             out.extend_from_slice(&at.to_le_bytes());
@@ -235,9 +240,7 @@ fn put_u64(out: &mut Vec<u8>, v: u64) {
 
 /// Appends `record` to `out`.
 pub fn encode(record: &Record<'_>, out: &mut Vec<u8>) {
-    let start = out.len();
-    out.extend_from_slice(&SYNC);
-    out.extend_from_slice(&[0u8; 8]);
+    let start = open_frame(out);
     match record {
         Record::Message {
             seq,
@@ -303,16 +306,21 @@ pub fn encode(record: &Record<'_>, out: &mut Vec<u8>) {
 /// packed copy. A deleted segment carries tens of thousands of entries,
 /// and the shard does this between two of its connections' turns.
 pub fn encode_dedup(entries: impl ExactSizeIterator<Item = (u128, u64)>, out: &mut Vec<u8>) {
-    let start = out.len();
     out.reserve(HEADER_BYTES + entries.len() * DEDUP_ENTRY_BYTES);
+    let start = open_frame(out);
+    out.push(KIND_DEDUP);
+    DedupEntries::pack_each(entries, out);
+    seal(out, start);
+}
+
+/// Starts a v2 frame at the end of `out` (sync marker, room for its length
+/// and CRC), returning where it starts, for [`seal`] once its kind and
+/// fields follow.
+fn open_frame(out: &mut Vec<u8>) -> usize {
+    let start = out.len();
     out.extend_from_slice(&SYNC);
     out.extend_from_slice(&[0u8; 8]);
-    out.push(KIND_DEDUP);
-    for (key, at) in entries {
-        out.extend_from_slice(&key.to_le_bytes());
-        out.extend_from_slice(&at.to_le_bytes());
-    }
-    seal(out, start);
+    start
 }
 
 /// Bytes of the v2 frame of a message record with these fields: where the
