@@ -17,6 +17,13 @@ use crate::message::DedupKey;
 use crate::pending::Resolver;
 use crate::queue::{Queue, QueueSettings};
 
+/// Acked ids a commit round carries to a log's dedup file, at most, before
+/// that log's fully acked segments are deleted. A 64 MiB segment of 1 KiB
+/// messages holds about 57,000: carried in one round they held the shard
+/// for 1-2 ms; in rounds of this many each takes a tenth of a millisecond or
+/// so, and the segments go a few rounds later.
+pub const CARRY_PER_ROUND: usize = 4096;
+
 /// A deleted queue's log directory, for the committer to move away.
 ///
 /// The committer takes it with its next round, after every job of the
@@ -136,9 +143,8 @@ pub struct Durability {
     retired: HashSet<Arc<str>>,
     /// Written commit buffers for later rounds.
     buffers: BufferPool,
-    /// Ids carried out of segments about to be deleted, kept between rounds:
-    /// a segment carries tens of thousands, and a buffer that size grown
-    /// afresh for each deletion held the shard for milliseconds.
+    /// Ids carried out of segments about to be deleted, kept between rounds
+    /// (at most [`CARRY_PER_ROUND`] entries).
     carried: Vec<(DedupKey, u64)>,
 }
 
@@ -389,14 +395,16 @@ impl Durability {
             let Some(log) = self.logs.get_mut(&queue) else {
                 continue;
             };
+            let mut carried_below = u64::MAX;
             if let (Some(bound), Some(q)) = (log.deletion_bound(), queues.get_mut(&queue)) {
                 carried.clear();
-                q.carry_dedup(bound, now, now_ms, settings, &mut carried);
+                carried_below =
+                    q.carry_dedup(bound, CARRY_PER_ROUND, now, now_ms, settings, &mut carried);
                 log.append_dedup(&carried);
             }
             log.note_time(now_ms, window_ms);
             let next_seq = queues.get(&queue).map_or(0, Queue::next_seq);
-            match log.take_job(&queue, next_seq, reclaim) {
+            match log.take_job(&queue, next_seq, reclaim, carried_below) {
                 Some(job) => out.push(job),
                 // A job of this log is still being written: next round.
                 None if log.is_dirty_or_waiting() => still_dirty.push(queue),
@@ -404,14 +412,8 @@ impl Durability {
             }
         }
         self.dirty = still_dirty;
-        // Kept up to 4 MiB (a 64 MiB segment of 1 KiB messages carries about
-        // 57,000 ids); a larger carry (small messages, or many segments
-        // going at once) lets its buffer go.
-        const KEEP_CARRIED: usize = 1 << 17;
-        if carried.capacity() <= KEEP_CARRIED {
-            carried.clear();
-            self.carried = carried;
-        }
+        carried.clear();
+        self.carried = carried;
     }
 
     /// Records that a job's bytes are written (or failed to be): its log
@@ -454,6 +456,7 @@ impl Durability {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::log::record::{Decoded, Framing, Record};
     use crate::Message;
 
     /// Appends `n` messages of 1 KiB from `seq`.
@@ -478,6 +481,103 @@ mod tests {
         d.buffer_written(bytes);
         assert!(d.job_done(&job, true));
         capacity
+    }
+
+    /// Takes one round's job of `queues`' only log and finishes it as the
+    /// committer does; returns it with the dedup entries it carried.
+    fn carry_round(
+        d: &mut Durability,
+        queues: &mut HashMap<Arc<str>, Queue>,
+        settings: &QueueSettings,
+        now: Instant,
+    ) -> (CommitJob, usize) {
+        let mut jobs = Vec::new();
+        d.take_jobs(queues, settings, now, &mut jobs);
+        let job = jobs.pop().expect("a job");
+        let carried = job.dedup_write.as_ref().map_or(0, |w| {
+            match crate::log::record::decode(Framing::V2, &w.bytes) {
+                Decoded::Record(Record::Dedup(entries), len) => {
+                    assert_eq!(len, w.bytes.len(), "one dedup record per round");
+                    entries.len()
+                }
+                other => panic!("not a dedup record: {other:?}"),
+            }
+        });
+        d.job_written(&job, true);
+        assert!(d.job_done(&job, true));
+        (job, carried)
+    }
+
+    /// A segment holding more acked ids than a round carries is deleted only
+    /// once every one of them is carried, a round's worth at a time, so no
+    /// round holds the shard for the whole segment and no id is lost.
+    #[test]
+    fn a_segments_ids_are_carried_over_rounds_before_it_is_deleted() {
+        let settings = QueueSettings {
+            max_len: usize::MAX,
+            dedup_window: std::time::Duration::from_secs(60),
+            carry_dedup: true,
+            ..QueueSettings::default()
+        };
+        let now = Instant::now();
+        let n = 2 * CARRY_PER_ROUND as u64 + 10;
+        // Any segment size below the first round's bytes: that round rolls
+        // the log, so all n messages lie in segment 0.
+        let mut d = Durability::new(
+            PathBuf::from("/nonexistent"),
+            4096,
+            None,
+            Arc::new(DiskSpace::new()),
+        );
+        let name: Arc<str> = Arc::from("q");
+        let mut q = Queue::new(name.clone(), 0);
+        for seq in 0..n {
+            let msg = Message::new(&format!("m{seq}"), "{}", Arc::from("s"));
+            d.log(&name, seq).append_message(seq, &msg);
+            q.enqueue(msg, now, &settings).expect("stored");
+        }
+        let mut queues = HashMap::from([(name.clone(), q)]);
+        let (job, _) = carry_round(&mut d, &mut queues, &settings, now);
+        assert!(job.delete.is_empty());
+
+        let q = queues.get_mut(&name).unwrap();
+        let conn = crate::placement::ConnRef { shard: 0, id: 1 };
+        let mut acked = 0;
+        loop {
+            let mut out = Vec::new();
+            q.fetch(conn, 1000, &settings, now, &mut out, &mut Vec::new());
+            if out.is_empty() {
+                break;
+            }
+            for delivery in out {
+                let key = q.ack_keyed(delivery.seq, conn, now, &settings);
+                assert!(key.is_some());
+                d.log(&name, n).append_ack(delivery.seq, unix_ms(), key);
+                acked += 1;
+            }
+        }
+        assert_eq!(acked, n);
+
+        let (mut carried, mut rounds) = (0, 0);
+        loop {
+            let (job, in_round) = carry_round(&mut d, &mut queues, &settings, now);
+            rounds += 1;
+            assert!(in_round <= CARRY_PER_ROUND, "{in_round} ids in one round");
+            carried += in_round;
+            if !job.delete.is_empty() {
+                assert_eq!(
+                    job.delete.iter().map(|(base, _)| *base).collect::<Vec<_>>(),
+                    [0]
+                );
+                break;
+            }
+            assert!(rounds <= n as usize, "the segment is never deleted");
+        }
+        assert_eq!(
+            carried as u64, n,
+            "every acked id carried before its segment went"
+        );
+        assert_eq!(rounds as u64, n.div_ceil(CARRY_PER_ROUND as u64));
     }
 
     /// A written round's buffer carries the next round's bytes, so their

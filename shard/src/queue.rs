@@ -449,24 +449,32 @@ impl Queue {
 
     /// Takes the ids acked within the dedup window whose evidence is in log
     /// segments below sequence number `below` (about to be deleted), as
-    /// (key, Unix ms of the ack), for the caller to write to the dedup file.
-    /// Each key is handed out once; cost is in the keys taken.
+    /// (key, Unix ms of the ack), for the caller to write to the dedup file:
+    /// at most `budget` of them, so that a segment of tens of thousands of
+    /// ids is carried over several commit rounds instead of holding the
+    /// shard for milliseconds in one. Returns the sequence number below
+    /// which every such id is now carried: `below` once all are, and only
+    /// segments wholly below it may go. Each key is handed out once; cost is
+    /// in the keys taken.
     pub fn carry_dedup(
         &mut self,
         below: u64,
+        budget: usize,
         now: Instant,
         now_unix_ms: u64,
         settings: &QueueSettings,
         out: &mut Vec<(DedupKey, u64)>,
-    ) {
+    ) -> u64 {
         let window_ms = settings.dedup_window.as_millis() as u64;
-        // A segment carries tens of thousands of keys: the present tick is
-        // read once, and milliseconds are taken without 128-bit division.
+        // The present tick is read once, and milliseconds are taken without
+        // 128-bit division.
         let now_tick = Tick::now(now);
-        while self.uncarried.front().is_some_and(|u| u.seq < below) {
+        let mut taken = 0;
+        while taken < budget && self.uncarried.front().is_some_and(|u| u.seq < below) {
             let Some(Uncarried { key, until, .. }) = self.uncarried.pop_front() else {
                 break;
             };
+            taken += 1;
             // Expired ones are dropped. A live one is still the key's newest
             // ack: while it lasts the key is refused, so it cannot be stored
             // and acked again.
@@ -475,6 +483,10 @@ impl Queue {
                 let left_ms = left.as_secs() * 1000 + u64::from(left.subsec_millis());
                 out.push((key, (now_unix_ms + left_ms).saturating_sub(window_ms)));
             }
+        }
+        match self.uncarried.front() {
+            Some(u) if u.seq < below => u.seq,
+            _ => below,
         }
     }
 
@@ -1786,7 +1798,10 @@ mod tests {
         }
         // Segments below seq 2 go: a and b are carried.
         let mut carried = Vec::new();
-        q.carry_dedup(2, t0, 1_000_000, &s, &mut carried);
+        assert_eq!(
+            q.carry_dedup(2, usize::MAX, t0, 1_000_000, &s, &mut carried),
+            2
+        );
         assert_eq!(carried.len(), 2);
         // Expiries are kept in 1/16 s, rounded up: the ack time comes back
         // at most 62.5 ms late (the id is remembered that much longer).
@@ -1797,10 +1812,11 @@ mod tests {
             "{carried:?}"
         );
         carried.clear();
-        q.carry_dedup(2, t0, 1_000_000, &s, &mut carried);
+        q.carry_dedup(2, usize::MAX, t0, 1_000_000, &s, &mut carried);
         assert!(carried.is_empty(), "each key is carried once");
         // Past the window nothing is carried.
-        q.carry_dedup(9, t0 + Duration::from_secs(11), 1_011_000, &s, &mut carried);
+        let later = t0 + Duration::from_secs(11);
+        q.carry_dedup(9, usize::MAX, later, 1_011_000, &s, &mut carried);
         assert!(carried.is_empty());
 
         // A restart within the window: a carried id is still a duplicate.
@@ -1844,13 +1860,45 @@ mod tests {
         }
         let key = |id: &str| s.dedup_hasher.key("s1", id);
         let mut carried = Vec::new();
-        q.carry_dedup(2, t0, 1_000_000, &s, &mut carried);
+        q.carry_dedup(2, usize::MAX, t0, 1_000_000, &s, &mut carried);
         let keys: Vec<_> = carried.iter().map(|(k, _)| *k).collect();
         assert_eq!(keys, [key("a"), key("b")]);
         carried.clear();
-        q.carry_dedup(4, t0, 1_000_000, &s, &mut carried);
+        q.carry_dedup(4, usize::MAX, t0, 1_000_000, &s, &mut carried);
         let keys: Vec<_> = carried.iter().map(|(k, _)| *k).collect();
         assert_eq!(keys, [key("c"), key("d")]);
+    }
+
+    #[test]
+    fn a_carry_takes_at_most_its_budget_and_says_how_far_it_got() {
+        let s = QueueSettings {
+            max_len: 100,
+            ..settings()
+        };
+        let t0 = Instant::now();
+        let mut q = Queue::new(Arc::from("q"), 0);
+        for id in ["a", "b", "c", "d", "e"] {
+            q.enqueue(msg(id, "s1"), t0, &s).unwrap();
+        }
+        let mut out = Vec::new();
+        q.fetch(conn(1), 5, &s, t0, &mut out, &mut Vec::new());
+        for d in &out {
+            assert!(q.ack(d.seq, conn(1), t0, &s));
+        }
+        let key = |id: &str| s.dedup_hasher.key("s1", id);
+        let mut carried = Vec::new();
+        let mut take = |budget| {
+            carried.clear();
+            let upto = q.carry_dedup(4, budget, t0, 1_000_000, &s, &mut carried);
+            let keys: Vec<_> = carried.iter().map(|(k, _)| *k).collect();
+            (upto, keys)
+        };
+        // Below 4 only 2 and 3 remain after the first round: the answer
+        // is the first sequence number still uncarried.
+        assert_eq!(take(2), (2, vec![key("a"), key("b")]));
+        assert_eq!(take(2), (4, vec![key("c"), key("d")]));
+        assert_eq!(take(2), (4, vec![]), "nothing left below 4");
+        assert_eq!(take(0), (4, vec![]));
     }
 
     /// A queue with room for 100 messages and two consumers: connection 1

@@ -385,6 +385,19 @@ impl QueueLog {
             .count()
     }
 
+    /// How many of the deletable segments lie wholly below `carried_below`
+    /// (each one's end is the next one's base; the last segment is never
+    /// deletable, so every deletable one has a next).
+    fn deletable_below(&self, carried_below: u64) -> usize {
+        (0..self.deletable())
+            .take_while(|&i| {
+                self.segments
+                    .get(i + 1)
+                    .is_some_and(|next| next.base <= carried_below)
+            })
+            .count()
+    }
+
     /// Bytes appended and not yet handed to a job.
     pub fn pending_bytes(&self) -> usize {
         self.pending.len()
@@ -416,11 +429,16 @@ impl QueueLog {
     /// Takes the next job; `next_seq` is the queue's next sequence number, the
     /// base of a new segment if this one is full. `reclaim`: disk space is
     /// low, so a spent active segment is closed too, to be deleted.
+    /// `carried_below`: every id acked within the dedup window below this
+    /// sequence number is carried to the dedup file (see
+    /// [`QueueLog::deletion_bound`]); only segments wholly below it are
+    /// deleted, the rest in a later job, once their ids are carried too.
     pub fn take_job(
         &mut self,
         queue: &Arc<str>,
         next_seq: u64,
         reclaim: bool,
+        carried_below: u64,
     ) -> Option<CommitJob> {
         if reclaim && self.is_spent() && self.pending.is_empty() {
             if let Some(base) = self.segments.back().map(|s| s.base) {
@@ -432,7 +450,7 @@ impl QueueLog {
         if !self.is_dirty() {
             return None;
         }
-        let delete: Vec<(u64, PathBuf)> = (0..self.deletable())
+        let delete: Vec<(u64, PathBuf)> = (0..self.deletable_below(carried_below))
             .filter_map(|_| self.segments.pop_front())
             .filter(|s| s.created)
             .map(|s| (s.base, s.path))
@@ -605,7 +623,8 @@ mod tests {
     }
 
     fn take(log: &mut QueueLog, next_seq: u64) -> CommitJob {
-        log.take_job(&Arc::from("q"), next_seq, false).unwrap()
+        log.take_job(&Arc::from("q"), next_seq, false, u64::MAX)
+            .unwrap()
     }
 
     const H: u64 = FILE_HEADER_BYTES;
@@ -623,7 +642,7 @@ mod tests {
             (H, vec![7], vec![0])
         );
         assert!(
-            log.take_job(&Arc::from("q"), 1, false).is_none(),
+            log.take_job(&Arc::from("q"), 1, false, u64::MAX).is_none(),
             "one job being written per log"
         );
         log.append_message(1, &msg("b"));
@@ -797,6 +816,34 @@ mod tests {
     }
 
     #[test]
+    fn acked_segments_wait_for_their_ids_to_be_carried() {
+        // Three segments of one message each (0, 1, 2), the first two acked.
+        let mut log = QueueLog::new(PathBuf::from("/d/q"), 10, 0);
+        for seq in 0..3 {
+            log.append_message(seq, &msg("m"));
+            let job = take(&mut log, seq + 1);
+            finish(&mut log, &job);
+        }
+        log.append_ack(0, 1, None);
+        log.append_ack(1, 1, None);
+        assert_eq!(log.deletion_bound(), Some(2));
+        let path = |base| PathBuf::from(format!("/d/q/segment-{base:020}.log"));
+        // Nothing below 1 carried yet: the acks are written, nothing goes.
+        let job = log.take_job(&Arc::from("q"), 3, false, 0).unwrap();
+        assert!(job.delete.is_empty());
+        finish(&mut log, &job);
+        assert!(log.is_dirty(), "the deletions are still owed");
+        // Carried below 1: only the first segment lies wholly below.
+        let job = log.take_job(&Arc::from("q"), 3, false, 1).unwrap();
+        assert_eq!(job.delete, vec![(0, path(0))]);
+        finish(&mut log, &job);
+        let job = log.take_job(&Arc::from("q"), 3, false, 2).unwrap();
+        assert_eq!(job.delete, vec![(1, path(1))]);
+        finish(&mut log, &job);
+        assert!(!log.is_dirty());
+    }
+
+    #[test]
     fn low_disk_closes_a_spent_active_segment_so_it_can_go() {
         let mut log = QueueLog::new(PathBuf::from("/d/q"), 1 << 20, 0);
         log.append_message(0, &msg("a"));
@@ -806,8 +853,8 @@ mod tests {
         let job = take(&mut log, 1);
         finish(&mut log, &job);
         assert!(log.is_spent() && !log.is_dirty());
-        assert!(log.take_job(&Arc::from("q"), 1, false).is_none());
-        let job = log.take_job(&Arc::from("q"), 1, true).unwrap();
+        assert!(log.take_job(&Arc::from("q"), 1, false, u64::MAX).is_none());
+        let job = log.take_job(&Arc::from("q"), 1, true, u64::MAX).unwrap();
         assert_eq!(
             job.delete,
             vec![(0, PathBuf::from("/d/q/segment-00000000000000000000.log"))]
