@@ -144,13 +144,15 @@ impl DedupFiles {
             .any(|f| f.newest_ms.saturating_add(window_ms) < now_ms)
     }
 
-    /// The write of what is pending (if anything), and the files to delete.
+    /// The write of what is pending (if anything, and if `write_pending`:
+    /// else it stays pending for a later job), and the files to delete.
     pub(crate) fn take(
         &mut self,
         now_ms: u64,
         window_ms: u64,
+        write_pending: bool,
     ) -> (Option<DedupWrite>, Vec<PathBuf>) {
-        let writing = !self.pending.is_empty();
+        let writing = write_pending && !self.pending.is_empty();
         let mut delete = Vec::new();
         let keep_last = writing && !self.adopted;
         let n = self.files.len();
@@ -231,12 +233,12 @@ mod tests {
     fn entries_go_to_files_that_roll_and_expire_after_the_window() {
         let mut d = DedupFiles::new(PathBuf::from("/q"), 1 << 20);
         d.append(&[(DedupKey(1), 1_000)]);
-        let (w, del) = d.take(1_000, 40_000);
+        let (w, del) = d.take(1_000, 40_000, true);
         let w = w.unwrap();
         assert!(w.create && w.offset == FILE_HEADER_BYTES && del.is_empty());
         assert!(w.path.ends_with("dedup-00000000000000000000.log"));
         d.append(&[(DedupKey(2), 2_000)]);
-        let (w2, _) = d.take(2_000, 40_000);
+        let (w2, _) = d.take(2_000, 40_000, true);
         let w2 = w2.unwrap();
         assert!(
             !w2.create && w2.offset == FILE_HEADER_BYTES + w.bytes.len() as u64,
@@ -244,12 +246,12 @@ mod tests {
         );
         // A quarter window later a new file starts.
         d.append(&[(DedupKey(3), 12_000)]);
-        let (w3, _) = d.take(12_001, 40_000);
+        let (w3, _) = d.take(12_001, 40_000, true);
         assert!(w3.unwrap().path.ends_with("dedup-00000000000000000001.log"));
         // The first file goes once its newest entry (2,000) is past the window.
         assert!(!d.has_expired(42_000, 40_000));
         assert!(d.has_expired(42_001, 40_000));
-        let (none, del) = d.take(42_001, 40_000);
+        let (none, del) = d.take(42_001, 40_000, true);
         assert!(none.is_none());
         assert_eq!(
             del,
@@ -261,17 +263,17 @@ mod tests {
     fn a_failed_write_is_cut_back_and_retried_in_the_same_file() {
         let mut d = DedupFiles::new(PathBuf::from("/q"), 1 << 20);
         d.append(&[(DedupKey(1), 1_000)]);
-        let (w, _) = d.take(1_000, 40_000);
+        let (w, _) = d.take(1_000, 40_000, true);
         let w = w.unwrap();
         d.done(&w, false);
         assert!(d.has_pending(), "the entries go out again");
-        let (again, _) = d.take(1_001, 40_000);
+        let (again, _) = d.take(1_001, 40_000, true);
         let again = again.unwrap();
         assert_eq!(again.path, w.path, "no new file per failure");
         assert!(again.cut && again.offset == w.offset && again.bytes == w.bytes);
         d.done(&again, true);
         d.append(&[(DedupKey(2), 1_002)]);
-        let (next, _) = d.take(1_002, 40_000);
+        let (next, _) = d.take(1_002, 40_000, true);
         let next = next.unwrap();
         assert!(!next.cut && next.offset == w.offset + w.bytes.len() as u64);
     }

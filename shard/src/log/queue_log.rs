@@ -450,12 +450,18 @@ impl QueueLog {
         if !self.is_dirty() {
             return None;
         }
-        let delete: Vec<(u64, PathBuf)> = (0..self.deletable_below(carried_below))
+        let deleting = self.deletable_below(carried_below);
+        // While a deletion waits for the rest of its ids, the ids carried so
+        // far stay pending: they are written and synced once, by the job
+        // that deletes the segments (before it does), not once per round
+        // with a sync each.
+        let held = deleting == 0 && self.deletable() > 0;
+        let delete: Vec<(u64, PathBuf)> = (0..deleting)
             .filter_map(|_| self.segments.pop_front())
             .filter(|s| s.created)
             .map(|s| (s.base, s.path))
             .collect();
-        let (dedup_write, dedup_delete) = self.dedup.take(self.now_ms, self.window_ms);
+        let (dedup_write, dedup_delete) = self.dedup.take(self.now_ms, self.window_ms, !held);
         let active = self.segments.back_mut()?;
         let job = CommitJob {
             queue: queue.clone(),
@@ -828,14 +834,18 @@ mod tests {
         log.append_ack(1, 1, None);
         assert_eq!(log.deletion_bound(), Some(2));
         let path = |base| PathBuf::from(format!("/d/q/segment-{base:020}.log"));
-        // Nothing below 1 carried yet: the acks are written, nothing goes.
+        // Nothing below 1 carried yet: the acks are written, nothing goes,
+        // and the ids carried so far wait for the job that deletes.
+        log.append_dedup(&[(crate::DedupKey(7), 1)]);
         let job = log.take_job(&Arc::from("q"), 3, false, 0).unwrap();
-        assert!(job.delete.is_empty());
+        assert!(job.delete.is_empty() && job.dedup_write.is_none());
         finish(&mut log, &job);
         assert!(log.is_dirty(), "the deletions are still owed");
-        // Carried below 1: only the first segment lies wholly below.
+        // Carried below 1: only the first segment lies wholly below, and
+        // its ids are written first.
         let job = log.take_job(&Arc::from("q"), 3, false, 1).unwrap();
         assert_eq!(job.delete, vec![(0, path(0))]);
+        assert!(job.dedup_write.is_some());
         finish(&mut log, &job);
         let job = log.take_job(&Arc::from("q"), 3, false, 2).unwrap();
         assert_eq!(job.delete, vec![(1, path(1))]);
