@@ -397,6 +397,9 @@ impl Durability {
             };
             let mut carried_below = u64::MAX;
             if let (Some(bound), Some(q)) = (log.deletion_bound(), queues.get_mut(&queue)) {
+                // Room for the whole carry at once (a no-op after its first
+                // round): its bytes stay pending until the deletion's job.
+                log.reserve_dedup(q.uncarried_below(bound));
                 carried.clear();
                 carried_below =
                     q.carry_dedup(bound, CARRY_PER_ROUND, now, now_ms, settings, &mut carried);

@@ -447,6 +447,13 @@ impl Queue {
         }
     }
 
+    /// How many acked ids are still to be carried out of the log segments
+    /// below sequence number `below` (an upper bound on what carrying them
+    /// all hands out: expired ones are dropped).
+    pub fn uncarried_below(&self, below: u64) -> usize {
+        self.uncarried.partition_point(|u| u.seq < below)
+    }
+
     /// Takes the ids acked within the dedup window whose evidence is in log
     /// segments below sequence number `below` (about to be deleted), as
     /// (key, Unix ms of the ack), for the caller to write to the dedup file:

@@ -133,6 +133,16 @@ impl DedupFiles {
         }
     }
 
+    /// Makes room in the pending bytes for `entries` more, appended over
+    /// several rounds: grown a round at a time instead, a segment's carry
+    /// copied its bytes and faulted fresh pages in at each doubling.
+    pub(crate) fn reserve(&mut self, entries: usize) {
+        // A record per round, and rounds take thousands of entries each:
+        // one header per 1,024 entries is room to spare.
+        self.pending
+            .reserve(entries * DEDUP_ENTRY_BYTES + (entries / 1024 + 1) * HEADER_BYTES);
+    }
+
     pub(crate) fn has_pending(&self) -> bool {
         !self.pending.is_empty()
     }
@@ -228,6 +238,28 @@ impl DedupFiles {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_reserved_carry_is_appended_over_rounds_without_growing_again() {
+        let mut d = DedupFiles::new(PathBuf::from("/q"), 1 << 20);
+        d.reserve(10_000);
+        let capacity = d.pending.capacity();
+        for round in 0..10u64 {
+            let entries: Vec<_> = (0..1_000u64)
+                .map(|i| (DedupKey(u128::from(round * 1_000 + i)), 1_000))
+                .collect();
+            d.append(&entries);
+        }
+        assert_eq!(
+            d.pending.len(),
+            10_000 * DEDUP_ENTRY_BYTES + 10 * HEADER_BYTES
+        );
+        assert_eq!(
+            d.pending.capacity(),
+            capacity,
+            "grown after the reservation"
+        );
+    }
 
     #[test]
     fn entries_go_to_files_that_roll_and_expire_after_the_window() {

@@ -350,6 +350,12 @@ impl QueueLog {
             .flatten()
     }
 
+    /// Makes room for `entries` dedup entries more, about to be carried over
+    /// the next rounds ([`QueueLog::append_dedup`]).
+    pub fn reserve_dedup(&mut self, entries: usize) {
+        self.dedup.reserve(entries);
+    }
+
     /// Queues dedup entries carried out of segments about to be deleted; the
     /// job that deletes them writes and syncs these first.
     pub fn append_dedup(&mut self, entries: &[(crate::DedupKey, u64)]) {
