@@ -1787,19 +1787,27 @@ mod tests {
         assert_eq!(q.remembered_ids(), 0);
     }
 
-    #[test]
-    fn acked_ids_below_a_deleted_segment_are_carried_once_and_survive_a_restore() {
+    /// A queue with room for 100 messages holding `ids` (from sender
+    /// "s1"), all delivered to connection 1, unacked.
+    fn delivered(ids: &[&str]) -> (QueueSettings, Instant, Queue, Vec<Delivery>) {
         let s = QueueSettings {
             max_len: 100,
             ..settings()
         };
         let t0 = Instant::now();
         let mut q = Queue::new(Arc::from("q"), 0);
-        for id in ["a", "b", "c"] {
+        for id in ids {
             q.enqueue(msg(id, "s1"), t0, &s).unwrap();
         }
         let mut out = Vec::new();
-        q.fetch(conn(1), 3, &s, t0, &mut out, &mut Vec::new());
+        q.fetch(conn(1), ids.len() as u32, &s, t0, &mut out, &mut Vec::new());
+        assert_eq!(out.len(), ids.len());
+        (s, t0, q, out)
+    }
+
+    #[test]
+    fn acked_ids_below_a_deleted_segment_are_carried_once_and_survive_a_restore() {
+        let (s, t0, mut q, out) = delivered(&["a", "b", "c"]);
         for d in &out {
             assert!(q.ack(d.seq, conn(1), t0, &s));
         }
@@ -1851,17 +1859,7 @@ mod tests {
 
     #[test]
     fn acks_out_of_order_are_carried_by_the_segment_holding_their_message() {
-        let s = QueueSettings {
-            max_len: 100,
-            ..settings()
-        };
-        let t0 = Instant::now();
-        let mut q = Queue::new(Arc::from("q"), 0);
-        for id in ["a", "b", "c", "d"] {
-            q.enqueue(msg(id, "s1"), t0, &s).unwrap();
-        }
-        let mut out = Vec::new();
-        q.fetch(conn(1), 4, &s, t0, &mut out, &mut Vec::new());
+        let (s, t0, mut q, out) = delivered(&["a", "b", "c", "d"]);
         for i in [3, 0, 2, 1] {
             assert!(q.ack(out[i].seq, conn(1), t0, &s));
         }
@@ -1878,17 +1876,7 @@ mod tests {
 
     #[test]
     fn a_carry_takes_at_most_its_budget_and_says_how_far_it_got() {
-        let s = QueueSettings {
-            max_len: 100,
-            ..settings()
-        };
-        let t0 = Instant::now();
-        let mut q = Queue::new(Arc::from("q"), 0);
-        for id in ["a", "b", "c", "d", "e"] {
-            q.enqueue(msg(id, "s1"), t0, &s).unwrap();
-        }
-        let mut out = Vec::new();
-        q.fetch(conn(1), 5, &s, t0, &mut out, &mut Vec::new());
+        let (s, t0, mut q, out) = delivered(&["a", "b", "c", "d", "e"]);
         for d in &out {
             assert!(q.ack(d.seq, conn(1), t0, &s));
         }
