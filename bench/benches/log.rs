@@ -105,7 +105,7 @@ fn log(c: &mut Criterion) {
                 }
                 timed += start.elapsed();
                 let job = log
-                    .take_job(&queue, seq, false)
+                    .take_job(&queue, seq, false, u64::MAX)
                     .expect("appends make the log dirty");
                 log.job_written(&job, true);
                 log.job_done(&job, true);
