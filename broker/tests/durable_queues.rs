@@ -227,6 +227,89 @@ async fn dedup_holds_across_a_restart_after_the_acked_segments_are_deleted() {
     broker.shutdown();
 }
 
+/// A segment holding more acked ids than one commit round carries is
+/// deleted only after all of them reach the dedup file: after a restart
+/// every one of them is still refused as a duplicate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dedup_holds_across_a_restart_after_a_segment_carried_over_several_rounds() {
+    let data = tempfile::tempdir().unwrap();
+    let two_mib_segments = |data: &Path| {
+        let text = config_text(&pki().certs, data, 1, "").replace(
+            r#"mode = "memory""#,
+            "mode = \"durable\"\nsegment_bytes = 2097152",
+        );
+        let config = Config::from_toml_str(&text, data).expect("config");
+        ciphermq_broker::start(&config).expect("broker starts")
+    };
+    let queue = "receiver_1_queue";
+    let mut ids: Vec<String> = Vec::new();
+    {
+        let broker = two_mib_segments(data.path());
+        let mut r = connect(&broker, "receiver_1").await;
+        setup_receiver(&mut r, "receiver_1").await;
+        let mut s = connect(&broker, "sender_1").await;
+        // Published and acked a batch at a time until the log rolls: the
+        // first segment then holds only acked messages.
+        loop {
+            let batch: Vec<String> = (ids.len()..ids.len() + 256)
+                .map(|i| format!("carry-{i}"))
+                .collect();
+            for id in &batch {
+                s.queue_line(&format!("publish ex receiver_1 {}", body(id, "receiver_1")));
+            }
+            s.flush().await.unwrap();
+            for id in &batch {
+                assert_eq!(next(&mut s).await, format!("ACK {id}"));
+            }
+            let got = drain_ids(&mut r, queue).await;
+            assert_eq!(got, batch);
+            for id in &batch {
+                r.queue_line(&format!("ack {id}"));
+            }
+            r.flush().await.unwrap();
+            for id in &batch {
+                assert_eq!(next(&mut r).await, format!("ACK_CONFIRMED {id}"));
+            }
+            ids.extend(batch);
+            if segments(data.path(), queue).len() >= 2 {
+                break;
+            }
+        }
+        let second = segment_base(&segments(data.path(), queue)[1]);
+        assert!(
+            second > ciphermq_shard::durability::CARRY_PER_ROUND as u64,
+            "the first segment holds {second} ids, more than a round carries"
+        );
+        // One more, left unacked, so the log has something to commit.
+        publish(&mut s, &["carry-last"]).await;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while segment_base(&segments(data.path(), queue)[0]) == 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the acked segment was never deleted"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        broker.shutdown();
+    }
+    let broker = two_mib_segments(data.path());
+    let mut s = connect(&broker, "sender_1").await;
+    // Every retry, including those of the segment deleted, is acknowledged
+    // and not stored again.
+    for batch in ids.chunks(256) {
+        for id in batch {
+            s.queue_line(&format!("publish ex receiver_1 {}", body(id, "receiver_1")));
+        }
+        s.flush().await.unwrap();
+        for id in batch {
+            assert_eq!(next(&mut s).await, format!("ACK {id}"));
+        }
+    }
+    let mut r = connect(&broker, "receiver_1").await;
+    assert_eq!(drain_ids(&mut r, queue).await, ["carry-last"]);
+    broker.shutdown();
+}
+
 fn segments(data: &Path, queue: &str) -> Vec<std::path::PathBuf> {
     files_named(data, queue, "segment-")
 }
