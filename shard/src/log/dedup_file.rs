@@ -117,15 +117,9 @@ impl DedupFiles {
     }
 
     pub(crate) fn append(&mut self, entries: &[(DedupKey, u64)]) {
-        // Chunks well below the record size limit.
+        // Chunks well below the record size limit, each packed straight
+        // into `pending` (room for a whole carry is made by `reserve`).
         const PER_RECORD: usize = 1 << 16;
-        // Packed straight into `pending`, sized once: a deleted segment
-        // carries tens of thousands of entries, and copies and growth of
-        // buffers that size (fresh pages each time) held the shard for
-        // milliseconds.
-        self.pending.reserve(
-            entries.len() * DEDUP_ENTRY_BYTES + entries.len().div_ceil(PER_RECORD) * HEADER_BYTES,
-        );
         for chunk in entries.chunks(PER_RECORD) {
             encode_dedup(chunk.iter().map(|(k, at)| (k.0, *at)), &mut self.pending);
             let newest = chunk.iter().map(|(_, at)| *at).max().unwrap_or(0);

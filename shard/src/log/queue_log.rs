@@ -391,11 +391,11 @@ impl QueueLog {
             .count()
     }
 
-    /// How many of the deletable segments lie wholly below `carried_below`
-    /// (each one's end is the next one's base; the last segment is never
-    /// deletable, so every deletable one has a next).
-    fn deletable_below(&self, carried_below: u64) -> usize {
-        (0..self.deletable())
+    /// How many of the first `deletable` segments lie wholly below
+    /// `carried_below` (each one's end is the next one's base; the last
+    /// segment is never deletable, so every deletable one has a next).
+    fn deletable_below(&self, deletable: usize, carried_below: u64) -> usize {
+        (0..deletable)
             .take_while(|&i| {
                 self.segments
                     .get(i + 1)
@@ -456,12 +456,13 @@ impl QueueLog {
         if !self.is_dirty() {
             return None;
         }
-        let deleting = self.deletable_below(carried_below);
+        let deletable = self.deletable();
+        let deleting = self.deletable_below(deletable, carried_below);
         // While a deletion waits for the rest of its ids, the ids carried so
         // far stay pending: they are written and synced once, by the job
         // that deletes the segments (before it does), not once per round
         // with a sync each.
-        let held = deleting == 0 && self.deletable() > 0;
+        let held = deleting == 0 && deletable > 0;
         let delete: Vec<(u64, PathBuf)> = (0..deleting)
             .filter_map(|_| self.segments.pop_front())
             .filter(|s| s.created)
