@@ -5,6 +5,8 @@
 //!
 //! - Power cuts under pipelined load: every acknowledged id is delivered
 //!   after the restarts.
+//! - Power cuts while a fully acked segment's ids are carried to the dedup
+//!   file: every acked id is still refused as a duplicate.
 //! - Random bit flips: only the damaged records are lost, each is reported.
 //! - EIO and ENOSPC at random points: `NACK storage`, no holes, and
 //!   publishing works again without a restart.
@@ -22,6 +24,7 @@ use ciphermq_proto::Reply;
 use ciphermq_shard::log::record::Record;
 use ciphermq_shard::log::segment::{self, Step, FILE_HEADER};
 use ciphermq_shard::log::{queue_dir, segment_base};
+use common::carry::acked_ids_refused_through_carry_crashes;
 use common::process::{
     assert_none_lost, drain_counting, load_through_crashes, publish_pipelined, BrokerProcess,
 };
@@ -95,15 +98,36 @@ async fn power_cuts_under_pipelined_load_lose_nothing_acknowledged() {
     })
     .await;
     let delivered = drain_counting(&broker).await;
-    let stats = rig.fs.stats();
-    println!(
-        "faultfs: {} power cuts, {} fsyncs, {} directory syncs",
-        stats.power_cuts, stats.fsyncs, stats.fsyncdirs
-    );
+    print_sync_stats(&rig.fs);
     assert_none_lost(
         "power-loss test: 5 SIGKILLs + power cuts",
         &acked,
         &delivered,
+    );
+}
+
+/// The dedup carry under power loss: the ids carried from a fully acked
+/// segment must be on disk, synced, before the segment's deletion can be.
+/// A kill and a power cut while the segment is being carried (or just after
+/// its deletion), 3 times: every id acked before is still refused as a
+/// duplicate, and the unacked barrier is still queued (`common/carry.rs`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn power_cuts_during_a_segment_carry_keep_every_acked_id_refused() {
+    let Some(rig) = rig("segment_bytes = 8388608", false) else {
+        return;
+    };
+    declare_queue(&rig.config).await;
+    rig.fs.power_cut();
+    acked_ids_refused_through_carry_crashes(&rig.config, &rig.data, 3, || rig.fs.power_cut()).await;
+    print_sync_stats(&rig.fs);
+}
+
+/// What the filesystem saw: power cuts, file and directory syncs.
+fn print_sync_stats(fs: &FaultFs) {
+    let stats = fs.stats();
+    println!(
+        "faultfs: {} power cuts, {} fsyncs, {} directory syncs",
+        stats.power_cuts, stats.fsyncs, stats.fsyncdirs
     );
 }
 

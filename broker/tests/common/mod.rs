@@ -13,6 +13,7 @@ use ciphermq_shard::shard_of;
 
 pub mod admin_http;
 pub mod ca;
+pub mod carry;
 pub mod pg;
 pub mod process;
 
