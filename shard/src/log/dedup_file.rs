@@ -158,7 +158,10 @@ impl DedupFiles {
     ) -> (Option<DedupWrite>, Vec<PathBuf>) {
         let writing = write_pending && !self.pending.is_empty();
         let mut delete = Vec::new();
-        let keep_last = writing && !self.adopted;
+        // The last file takes what is pending, now or in a later job (a held
+        // carry, a failed write to be cut back there): expired or not, it
+        // stays until then.
+        let keep_last = !self.pending.is_empty() && !self.adopted;
         let n = self.files.len();
         let mut kept = VecDeque::with_capacity(n);
         for (i, f) in std::mem::take(&mut self.files).into_iter().enumerate() {
@@ -283,6 +286,23 @@ mod tests {
             del,
             vec![PathBuf::from("/q/dedup-00000000000000000000.log")]
         );
+    }
+
+    #[test]
+    fn a_failed_write_held_past_the_window_is_still_retried_in_its_file() {
+        let mut d = DedupFiles::new(PathBuf::from("/q"), 1 << 20);
+        d.append(&[(DedupKey(1), 1_000)]);
+        let (w, _) = d.take(1_000, 40_000, true);
+        let w = w.unwrap();
+        d.done(&w, false);
+        // A carry holds the retry until its window has passed: the file it
+        // must be cut back in stays.
+        let (none, del) = d.take(50_000, 40_000, false);
+        assert!(none.is_none() && del.is_empty(), "{del:?}");
+        let (again, _) = d.take(50_001, 40_000, true);
+        let again = again.expect("the entries go out again");
+        assert_eq!(again.path, w.path);
+        assert!(again.cut && again.offset == w.offset);
     }
 
     #[test]
