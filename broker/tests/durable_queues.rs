@@ -19,6 +19,16 @@ fn start(data: &Path, shards: usize) -> BrokerHandle {
     ciphermq_broker::start(&config).expect("broker starts")
 }
 
+/// [`start`] with 1 shard and segments rolled at `segment_bytes`.
+fn start_with_segments(data: &Path, segment_bytes: u64) -> BrokerHandle {
+    let text = config_text(&pki().certs, data, 1, "").replace(
+        r#"mode = "memory""#,
+        &format!("mode = \"durable\"\nsegment_bytes = {segment_bytes}"),
+    );
+    let config = Config::from_toml_str(&text, data).expect("config");
+    ciphermq_broker::start(&config).expect("broker starts")
+}
+
 async fn connect(broker: &BrokerHandle, cn: &str) -> Connection {
     let opts = TlsClientOptions::for_cn(&pki().certs, cn);
     Connection::connect(&broker.local_addr().to_string(), &opts)
@@ -166,18 +176,10 @@ async fn dedup_holds_across_a_restart() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dedup_holds_across_a_restart_after_the_acked_segments_are_deleted() {
     let data = tempfile::tempdir().unwrap();
-    let small_segments = |data: &Path| {
-        let text = config_text(&pki().certs, data, 1, "").replace(
-            r#"mode = "memory""#,
-            "mode = \"durable\"\nsegment_bytes = 4096",
-        );
-        let config = Config::from_toml_str(&text, data).expect("config");
-        ciphermq_broker::start(&config).expect("broker starts")
-    };
     let ids: Vec<String> = (0..100).map(|i| format!("seg-{i}")).collect();
     let id_refs: Vec<&str> = ids.iter().map(String::as_str).collect();
     {
-        let broker = small_segments(data.path());
+        let broker = start_with_segments(data.path(), 4096);
         let mut r = connect(&broker, "receiver_1").await;
         setup_receiver(&mut r, "receiver_1").await;
         let mut s = connect(&broker, "sender_1").await;
@@ -217,7 +219,7 @@ async fn dedup_holds_across_a_restart_after_the_acked_segments_are_deleted() {
         );
         broker.shutdown();
     }
-    let broker = small_segments(data.path());
+    let broker = start_with_segments(data.path(), 4096);
     let mut s = connect(&broker, "sender_1").await;
     // Every retry is still within the window: acknowledged, nothing stored.
     publish(&mut s, &id_refs).await;
@@ -233,18 +235,10 @@ async fn dedup_holds_across_a_restart_after_the_acked_segments_are_deleted() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dedup_holds_across_a_restart_after_a_segment_carried_over_several_rounds() {
     let data = tempfile::tempdir().unwrap();
-    let two_mib_segments = |data: &Path| {
-        let text = config_text(&pki().certs, data, 1, "").replace(
-            r#"mode = "memory""#,
-            "mode = \"durable\"\nsegment_bytes = 2097152",
-        );
-        let config = Config::from_toml_str(&text, data).expect("config");
-        ciphermq_broker::start(&config).expect("broker starts")
-    };
     let queue = "receiver_1_queue";
     let mut ids: Vec<String> = Vec::new();
     {
-        let broker = two_mib_segments(data.path());
+        let broker = start_with_segments(data.path(), 2 << 20);
         let mut r = connect(&broker, "receiver_1").await;
         setup_receiver(&mut r, "receiver_1").await;
         let mut s = connect(&broker, "sender_1").await;
@@ -292,7 +286,7 @@ async fn dedup_holds_across_a_restart_after_a_segment_carried_over_several_round
         }
         broker.shutdown();
     }
-    let broker = two_mib_segments(data.path());
+    let broker = start_with_segments(data.path(), 2 << 20);
     let mut s = connect(&broker, "sender_1").await;
     // Every retry, including those of the segment deleted, is acknowledged
     // and not stored again.
