@@ -307,10 +307,9 @@ fn run_broker(config: &Path, env: &[(&str, String)], stderr_file: Option<std::fs
             text
         })
     });
+    // The broker prints its address once its signal handlers are installed
+    // (main.rs), so SIGTERM may follow the line at once.
     let listening = rx.recv_timeout(PATIENCE).is_ok();
-    // The broker installs its signal handlers just after printing its
-    // address: a SIGTERM sent at once could still find the default action.
-    std::thread::sleep(Duration::from_millis(300));
     let _ = Command::new("kill")
         .arg("-TERM")
         .arg(child.id().to_string())

@@ -63,13 +63,15 @@ async fn stuck_consumer(broker: &BrokerProcess) -> (Connection, Connection) {
         )
         .await;
     }
-    send(
+    // Its reply comes before any delivery: once read, the consumer is
+    // registered and every message is owed to it (reading one line takes
+    // far less than the socket buffers hold, never the deliveries).
+    check(
         &mut receiver,
         &format!("consume receiver_1_queue {MESSAGES}"),
+        "OK consume receiver_1_queue",
     )
     .await;
-    // Let the broker write what the socket buffers take.
-    tokio::time::sleep(Duration::from_millis(500)).await;
     (receiver, sender)
 }
 

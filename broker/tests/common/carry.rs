@@ -52,7 +52,13 @@ pub async fn acked_ids_refused_through_carry_crashes(
             outstanding.remove(id);
         }
         consumed.extend(left);
-        let first_base = newest_segment_base(data);
+        // The segment the cycle's first batch went to: its file exists once
+        // that batch is `ACK`ed (synced). Read before that, the directory may
+        // still show only the last cycle's segment (a restarted log creates
+        // its new one with its first write, here the barrier's ack, which
+        // is written after its `ACK_CONFIRMED`), and this cycle's first
+        // batch would look like a roll.
+        let mut first_base = None;
         loop {
             let batch: Vec<String> = (consumed.len()..consumed.len() + 256)
                 .map(|i| format!("carried-{i}"))
@@ -61,10 +67,14 @@ pub async fn acked_ids_refused_through_carry_crashes(
             assert_eq!(fetch_all(&mut r).await, batch, "cycle {cycle}");
             ack_all(&mut r, &batch).await;
             consumed.extend(batch);
-            if newest_segment_base(data) > first_base {
-                break;
+            let newest = newest_segment_base(data);
+            match first_base {
+                None => first_base = Some(newest),
+                Some(first) if newest > first => break,
+                Some(_) => {}
             }
         }
+        let first_base = first_base.expect("one batch at least");
         let rolled = newest_segment_base(data);
         assert!(
             rolled - first_base > CARRY_PER_ROUND as u64,
