@@ -18,19 +18,24 @@ use ciphermq_shard::{
 use crate::acl::{Op, Role};
 use crate::session::{PendingReply, Session};
 use ciphermq_shard::log_throttle::LogThrottle;
+use ciphermq_shard::log_throttled;
 
 // What a client can make the broker log at will is logged at most once a
-// second per shard and kind; the next line counts what was left out. Only
-// refusals and topology changes: publishes, acks and deliveries log nothing.
+// second per shard and kind (denials: 20 a second, so a few in a row show
+// whole); the next line counts what was left out. Only refusals and
+// topology changes: publishes, acks and deliveries log nothing.
 thread_local! {
     /// `Access denied` answers (ACL, ownership, a forged sender).
-    static DENIED: LogThrottle = const { LogThrottle::new(Duration::from_secs(1)) };
+    static DENIED: LogThrottle = const { LogThrottle::with_burst(Duration::from_secs(1), DENIALS_PER_SECOND) };
     /// Saved topology changes, one throttle per [`topology_command`] kind,
     /// so a receiver's setup (declare_exchange, declare_queue, bind) shows
     /// whole.
     static CHANGED: [LogThrottle; 6] =
         const { [const { LogThrottle::new(Duration::from_secs(1)) }; 6] };
 }
+
+/// `Access denied` lines a shard logs per second before it summarises.
+pub(crate) const DENIALS_PER_SECOND: u32 = 20;
 
 /// The command name of a topology change, and its index in `CHANGED`.
 fn topology_command(change: &TopologyChange) -> (&'static str, usize) {
@@ -117,10 +122,10 @@ impl Session {
         {
             Ok(()) => true,
             Err(denied) => {
-                if let Some(skipped) = DENIED.with(|t| t.admit(Instant::now())) {
-                    let id = &self.identity;
-                    tracing::info!(cn = %id.cn, peer = %id.peer, role = %id.role, command = op.name(), reason = %denied.reason, skipped, "access denied (skipped: denials not logged since the last line)");
-                }
+                let id = &self.identity;
+                log_throttled!(info, DENIED.with(|t| t.admit(Instant::now())), "denials",
+                    { cn = %id.cn, peer = %id.peer, role = %id.role, command = op.name(), reason = %denied.reason, },
+                    "access denied");
                 self.deny(&denied.reason);
                 false
             }
@@ -419,9 +424,9 @@ impl Session {
             match deleted.await {
                 Ok(()) => {}
                 Err(TopologyError::Denied(reason)) => {
-                    if let Some(skipped) = DENIED.with(|t| t.admit(Instant::now())) {
-                        tracing::info!(%cn, %peer, %role, command = "delete_queue", %reason, skipped, "access denied (skipped: denials not logged since the last line)");
-                    }
+                    log_throttled!(info, DENIED.with(|t| t.admit(Instant::now())), "denials",
+                        { %cn, %peer, %role, command = "delete_queue", %reason, },
+                        "access denied");
                     return format!("Access denied: {reason} (role={role})");
                 }
                 Err(e) => return format!("Error: {e}"),
@@ -445,9 +450,9 @@ impl Session {
                 // again waits for the next start.
                 tracing::error!(queue = %name, error = %e, "delete_queue: the deletion record was not cleared; the name can be declared again after a restart");
             }
-            if let Some(skipped) = CHANGED.with(|t| t[5].admit(Instant::now())) {
-                tracing::info!(%cn, %peer, %role, command = "delete_queue", skipped, "OK delete_queue {name} (skipped: delete_queue lines not logged since the last one)");
-            }
+            log_throttled!(info, CHANGED.with(|t| t[5].admit(Instant::now())), "delete_queue lines",
+                { %cn, %peer, %role, command = "delete_queue", },
+                "OK delete_queue {name}");
             format!("OK delete_queue {name}")
         });
     }
@@ -556,15 +561,15 @@ impl Session {
         let line = move |result: ChangeResult| match result {
             Ok(()) => {
                 // The reply names what changed: `OK bind <q> <e> <key>`.
-                if let Some(skipped) = CHANGED.with(|t| t[kind].admit(Instant::now())) {
-                    tracing::info!(%cn, %peer, %role, command, skipped, "{ok} (skipped: {command} lines not logged since the last one)");
-                }
+                log_throttled!(info, CHANGED.with(|t| t[kind].admit(Instant::now())), "lines of this command",
+                    { %cn, %peer, %role, command, },
+                    "{ok}");
                 ok
             }
             Err(TopologyError::Denied(reason)) => {
-                if let Some(skipped) = DENIED.with(|t| t.admit(Instant::now())) {
-                    tracing::info!(%cn, %peer, %role, command, %reason, skipped, "access denied (skipped: denials not logged since the last line)");
-                }
+                log_throttled!(info, DENIED.with(|t| t.admit(Instant::now())), "denials",
+                    { %cn, %peer, %role, command, %reason, },
+                    "access denied");
                 format!("Access denied: {reason} (role={role})")
             }
             Err(e @ TopologyError::QuotaExceeded { .. }) => {
@@ -572,9 +577,9 @@ impl Session {
                 thread_local! {
                     static OVER_QUOTA: LogThrottle = const { LogThrottle::new(Duration::from_secs(1)) };
                 }
-                if let Some(skipped) = OVER_QUOTA.with(|t| t.admit(Instant::now())) {
-                    tracing::warn!(%cn, %peer, command, error = %e, skipped, "refused (skipped: refusals not logged since the last line)");
-                }
+                log_throttled!(warn, OVER_QUOTA.with(|t| t.admit(Instant::now())), "refusals",
+                    { %cn, %peer, command, error = %e, },
+                    "refused");
                 format!("Error: {e}")
             }
             Err(e) => format!("Error: {e}"),
@@ -648,10 +653,10 @@ impl Session {
         // trust it to tell senders apart.
         match info.sender_client_id.as_deref() {
             Some(claimed) if claimed != &*self.identity.cn => {
-                if let Some(skipped) = DENIED.with(|t| t.admit(now)) {
-                    let id = &self.identity;
-                    tracing::info!(cn = %id.cn, peer = %id.peer, claimed, message_id = %info.message_id, skipped, "publish refused: sender_client_id is not the publisher's CN (skipped: denials not logged since the last line)");
-                }
+                let id = &self.identity;
+                log_throttled!(info, DENIED.with(|t| t.admit(now)), "denials",
+                    { cn = %id.cn, peer = %id.peer, claimed, message_id = %info.message_id, },
+                    "publish refused: sender_client_id is not the publisher's CN");
                 return Err(NackReason::AccessDenied);
             }
             None if self.policy.require_sender_id => return Err(NackReason::Invalid),

@@ -18,6 +18,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use ciphermq_shard::log_throttle::LogThrottle;
+use ciphermq_shard::log_throttled;
 use ciphermq_shard::{ConnEvent, Mailbox};
 use glommio::net::TcpStream;
 use glommio::timer::Timer;
@@ -157,10 +158,12 @@ impl Connection {
             Role::Monitor => 3,
             Role::Unknown => 4,
         };
-        if let Some(skipped) = ACCEPTED.with(|t| t[role].admit(Instant::now())) {
+        if let Some(admitted) = ACCEPTED.with(|t| t[role].admit(Instant::now())) {
             let id = &self.session.identity;
             let shard = self.session.local.shard.borrow().id();
-            tracing::info!(cn = %id.cn, peer = %id.peer, role = %id.role, shard, skipped, "connection accepted (skipped: connections of this role not logged since the last line)");
+            log_throttled!(info, Some(admitted), "connections of this role",
+                { cn = %id.cn, peer = %id.peer, role = %id.role, shard, },
+                "connection accepted");
         }
         self.session.greet();
         let end = std::future::poll_fn(|cx| {

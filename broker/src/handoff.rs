@@ -32,6 +32,7 @@ use crate::shutdown::ShutdownSignal;
 use crate::sys;
 use crate::tls_session::TlsSession;
 use ciphermq_shard::log_throttle::LogThrottle;
+use ciphermq_shard::log_throttled;
 
 /// A connection on its way to the shard that owns its CN: the socket, its
 /// TLS session with any bytes already read past the handshake, who the client
@@ -160,9 +161,9 @@ pub(crate) async fn handshake(
         thread_local! {
             static FAILED_HANDSHAKES: LogThrottle = const { LogThrottle::new(Duration::from_secs(1)) };
         }
-        if let Some(skipped) = FAILED_HANDSHAKES.with(|t| t.admit(Instant::now())) {
-            tracing::info!(%peer, error = %e, skipped, "TLS handshake failed (skipped: failures not logged since the last line)");
-        }
+        log_throttled!(info, FAILED_HANDSHAKES.with(|t| t.admit(Instant::now())), "failures",
+            { %peer, error = %e, },
+            "TLS handshake failed");
         return;
     }
     if shutdown.is_triggered() {
@@ -188,9 +189,9 @@ pub(crate) async fn handshake(
                 .stats
                 .connections_refused
                 .add(ciphermq_admin::stats::REFUSED_UNKNOWN_CLIENT);
-            if let Some(skipped) = REFUSED.with(|t| t.admit(Instant::now())) {
-                tracing::warn!(%peer, reason = %e, skipped, "refused: no identity in the client certificate (skipped: refusals not logged since the last line)");
-            }
+            log_throttled!(warn, REFUSED.with(|t| t.admit(Instant::now())), "refusals",
+                { %peer, reason = %e, },
+                "refused: no identity in the client certificate");
             refuse(&mut stream, &mut session, &format!("Access denied: {e}")).await;
             return;
         }
@@ -205,9 +206,9 @@ pub(crate) async fn handshake(
             .connections_refused
             .add(ciphermq_admin::stats::REFUSED_UNKNOWN_CLIENT);
         // Anyone our CA signed can be refused at will: one line a second.
-        if let Some(skipped) = REFUSED.with(|t| t.admit(Instant::now())) {
-            tracing::warn!(%peer, %cn, skipped, "refused: unknown client, its identity is in no [acl] list (skipped: refusals not logged since the last line)");
-        }
+        log_throttled!(warn, REFUSED.with(|t| t.admit(Instant::now())), "refusals",
+            { %peer, %cn, },
+            "refused: unknown client, its identity is in no [acl] list");
         refuse(
             &mut stream,
             &mut session,
@@ -223,9 +224,9 @@ pub(crate) async fn handshake(
                 .stats
                 .connections_refused
                 .add(ciphermq_admin::stats::REFUSED_CONNECTION_LIMIT);
-            if let Some(skipped) = REFUSED.with(|t| t.admit(Instant::now())) {
-                tracing::warn!(%peer, %cn, reason = %e, skipped, "refused: connection limit (skipped: refusals not logged since the last line)");
-            }
+            log_throttled!(warn, REFUSED.with(|t| t.admit(Instant::now())), "refusals",
+                { %peer, %cn, reason = %e, },
+                "refused: connection limit");
             refuse(&mut stream, &mut session, "Error: connection limit reached").await;
             return;
         }

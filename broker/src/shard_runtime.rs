@@ -29,6 +29,7 @@ use crate::handshake_gate::HandshakeGate;
 use crate::shutdown::{drain_shard, InFlight, ShutdownSignal};
 use ciphermq_admin::stats::{ShardStats, ShardThread};
 use ciphermq_shard::log_throttle::LogThrottle;
+use ciphermq_shard::log_throttled;
 
 /// What one shard's executor starts with.
 pub(crate) struct ShardStart {
@@ -135,9 +136,9 @@ pub(crate) async fn run_shard(
                         Ok(Ok(place)) => place,
                         Ok(Err(refusal)) => {
                             local.stats.handshakes_refused.add(1);
-                            if let Some(skipped) = turned_away.admit(Instant::now()) {
-                                tracing::warn!(peer = ?peer, ?refusal, skipped, "connection closed before its handshake: too many handshakes in progress (performance.max_handshakes / max_handshakes_per_ip)");
-                            }
+                            log_throttled!(warn, turned_away.admit(Instant::now()), "closes",
+                                { peer = ?peer, ?refusal, },
+                                "connection closed before its handshake: too many handshakes in progress (performance.max_handshakes / max_handshakes_per_ip)");
                             drop(stream);
                             continue;
                         }
