@@ -36,7 +36,7 @@ mod routes;
 mod slots;
 pub mod stats;
 mod status;
-mod thread_sched;
+pub mod thread_sched;
 
 pub use broker_view::{Access, BrokerView, Limits, TlsExpiries};
 pub use config::AdminConfig;

@@ -533,8 +533,15 @@ pub(crate) fn render(ctx: &AdminContext, admin: &SlotStats, queue_series: QueueS
         &mut e,
         shards,
         "ciphermq_shard_stalls_total",
-        "Shard loop turns that came 20 ms late or more; each is logged with the shard step begun last.",
+        "Shard loop turns that came 20 ms late or more with the shard's thread not waiting for a CPU most of that time (a long step, a blocking call); each is logged with the shard step begun last.",
         |s| s.stalls.get(),
+    );
+    shard_counter(
+        &mut e,
+        shards,
+        "ciphermq_shard_cpu_starved_total",
+        "Shard loop turns that came 20 ms late or more because the shard's thread waited, ready to run, for a CPU most of that time: the host was busy, not the broker.",
+        |s| s.cpu_starved.get(),
     );
     shard_thread_series(&mut e, shards);
     shard_counter(

@@ -268,8 +268,12 @@ pub struct ShardStats {
     pub commit_handoff_latency: Histogram,
     /// How late each turn the stall watch asked for came.
     pub loop_lag: Histogram,
-    /// Turns that came the broker's stall threshold late or more.
+    /// Turns that came the broker's stall threshold late or more while the
+    /// shard's thread held on to its CPU (a long step, a blocking call).
     pub stalls: Counter,
+    /// Turns as late that the thread spent mostly ready to run but waiting
+    /// for a CPU: the host was busy, not the broker.
+    pub cpu_starved: Counter,
     /// Times the shard's loop went silent with its thread asleep, and was
     /// woken from another thread (the broker's nudge thread, this counter's
     /// one writer): its executor can fall asleep with work runnable.
@@ -326,6 +330,7 @@ impl ShardStats {
             commit_handoff_latency: Histogram::new(LOOP_LAG_BOUNDS_US),
             loop_lag: Histogram::new(LOOP_LAG_BOUNDS_US),
             stalls: Counter::default(),
+            cpu_starved: Counter::default(),
             nudges: Counter::default(),
             bytes_received: Counter::default(),
             bytes_sent: Counter::default(),

@@ -10,6 +10,7 @@
 //! (docs/BENCHMARKS.md).
 
 use std::fs;
+use std::os::unix::fs::FileExt as _;
 
 /// One thread's totals since it started.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,6 +25,32 @@ pub(crate) struct ThreadSched {
 /// kernel keeps no such figures.
 pub(crate) fn read(tid: i32) -> Option<ThreadSched> {
     parse(&fs::read_to_string(format!("/proc/self/task/{tid}/schedstat")).ok()?)
+}
+
+/// The calling thread's own figures, kept open so that each read is one
+/// `pread` of a procfs file (no disk, nothing to wait for): the stall watch
+/// reads it every turn, on the shard's thread, to tell a turn the shard
+/// held from one the host did not give it.
+#[derive(Debug)]
+pub struct OwnSchedstat {
+    file: fs::File,
+}
+
+impl OwnSchedstat {
+    /// Opens the calling thread's figures; `None` where the kernel keeps
+    /// none.
+    pub fn open() -> Option<OwnSchedstat> {
+        let file = fs::File::open("/proc/thread-self/schedstat").ok()?;
+        Some(OwnSchedstat { file })
+    }
+
+    /// Nanoseconds the thread has waited, ready to run, for a CPU, since it
+    /// started.
+    pub fn waiting_ns(&self) -> Option<u64> {
+        let mut text = [0u8; 96];
+        let n = self.file.read_at(&mut text, 0).ok()?;
+        parse(std::str::from_utf8(&text[..n]).ok()?).map(|s| s.waiting_ns)
+    }
 }
 
 /// `schedstat` is three numbers: time on a CPU (ns), time waiting on a run
@@ -70,5 +97,16 @@ mod tests {
         }
         assert!(now.waiting_ns >= before.waiting_ns, "{before:?} → {now:?}");
         assert_eq!(read(-1), None);
+    }
+
+    #[test]
+    fn the_open_file_reads_this_thread_s_figures_again_and_again() {
+        let own = OwnSchedstat::open().expect("this kernel keeps schedstat");
+        let first = own.waiting_ns().expect("readable");
+        let second = own.waiting_ns().expect("readable again");
+        assert!(second >= first, "{first} → {second}");
+        // The figures of the thread that opened it, read from another one.
+        let from_elsewhere = std::thread::scope(|s| s.spawn(|| own.waiting_ns()).join());
+        assert!(from_elsewhere.expect("joined").expect("readable") >= second);
     }
 }

@@ -11,6 +11,14 @@
 //! own threads; the nudge thread wakes the shard through this task's waker
 //! when the heartbeat goes silent.
 //!
+//! A turn can also come late because the host did not give the thread a
+//! CPU (other processes on a busy machine): the thread was ready to run and
+//! waited. The kernel counts that wait (`/proc/thread-self/schedstat`, one
+//! `pread` a turn); a late turn that waited for a CPU at least half of its
+//! lateness is not the broker's stall but host contention, counted in
+//! `ciphermq_shard_cpu_starved_total` and logged at info, at most once a
+//! minute.
+//!
 //! The task runs in a task queue of its own, with no latency request (see
 //! `committer.rs` for why no queue asks glommio for one), so a turn may also
 //! come late because other queues had their fair share first: at most a few
@@ -22,7 +30,9 @@ use std::time::{Duration, Instant};
 use glommio::{Latency, Shares};
 
 use crate::context::ShardLocal;
+use ciphermq_admin::thread_sched::OwnSchedstat;
 use ciphermq_shard::log_throttle::LogThrottle;
+use ciphermq_shard::log_throttled;
 
 /// How often the watch wants a turn.
 pub const TICK: Duration = Duration::from_millis(5);
@@ -43,7 +53,11 @@ pub fn spawn(local: Rc<ShardLocal>) {
 }
 
 async fn run(local: Rc<ShardLocal>) {
-    let throttle = LogThrottle::new(Duration::from_secs(1));
+    let stalled = LogThrottle::new(Duration::from_secs(1));
+    let starved = LogThrottle::new(STARVED_LOG_EVERY);
+    // This task runs on the shard's thread: these are its figures.
+    let sched = OwnSchedstat::open();
+    let waiting = || sched.as_ref().and_then(OwnSchedstat::waiting_ns);
     let (pulses, shard) = (local.shared.pulses.clone(), local.stats.shard);
     // The nudge thread wakes the shard through this task (`nudge.rs`).
     futures_lite::future::poll_fn(|cx| {
@@ -53,22 +67,68 @@ async fn run(local: Rc<ShardLocal>) {
     .await;
     loop {
         pulses.beat(shard);
+        let waiting_before = waiting();
         let asked = Instant::now();
         glommio::timer::sleep(TICK).await;
         let late = asked.elapsed().saturating_sub(TICK);
         local.stats.loop_lag.observe(late);
-        if late >= STALL_THRESHOLD {
-            local.stats.stalls.add(1);
-            let step = local.last_step();
-            if let Some(skipped) = throttle.admit(Instant::now()) {
-                tracing::warn!(
-                    shard = local.stats.shard,
-                    late_ms = late.as_millis() as u64,
-                    last_step = %step.map_or_else(|| "none".to_owned(), |l| format!("{}:{}", l.file(), l.line())),
-                    skipped,
-                    "shard loop stalled: a turn came late (counted in ciphermq_shard_stalls_total)"
-                );
+        if late < STALL_THRESHOLD {
+            continue;
+        }
+        let waited = waiting_before
+            .zip(waiting())
+            .map(|(before, now)| Duration::from_nanos(now.saturating_sub(before)));
+        let late_ms = late.as_millis() as u64;
+        match LateTurn::judge(late, waited) {
+            LateTurn::Stall => {
+                local.stats.stalls.add(1);
+                let step = local.last_step();
+                log_throttled!(warn, stalled.admit(Instant::now()), "stalls",
+                    {
+                        shard,
+                        late_ms,
+                        last_step = %step.map_or_else(|| "none".to_owned(), |l| format!("{}:{}", l.file(), l.line())),
+                    },
+                    "shard loop stalled: a turn came late (counted in ciphermq_shard_stalls_total)");
             }
+            LateTurn::CpuStarved { waited } => {
+                local.stats.cpu_starved.add(1);
+                let waited_ms = waited.as_millis() as u64;
+                log_throttled!(info, starved.admit(Instant::now()), "such turns",
+                    { shard, late_ms, waited_ms, },
+                    "shard loop waited for a CPU: the host is busy, not the broker (counted in ciphermq_shard_cpu_starved_total)");
+            }
+        }
+    }
+}
+
+/// At most one line per this long for turns the host made late: on a busy
+/// shared machine they come in runs, and they are the host's news, not the
+/// broker's.
+const STARVED_LOG_EVERY: Duration = Duration::from_secs(60);
+
+/// Why a turn came [`STALL_THRESHOLD`] late or more.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LateTurn {
+    /// The shard's thread was not waiting for a CPU most of that time: it
+    /// ran a long step, sat in a blocking call, or was stopped.
+    Stall,
+    /// The thread waited, ready to run, for a CPU (`waited` of it) at least
+    /// half of that time: other processes or threads held the cores.
+    CpuStarved {
+        /// Time ready to run but not running, during the turn's wait.
+        waited: Duration,
+    },
+}
+
+impl LateTurn {
+    /// Judges a turn `late` past its tick, during whose wait the thread was
+    /// ready to run but off a CPU for `waited` (`None`: the kernel keeps no
+    /// such figure, so every late turn counts as a stall, as before).
+    fn judge(late: Duration, waited: Option<Duration>) -> LateTurn {
+        match waited {
+            Some(waited) if waited >= late / 2 => LateTurn::CpuStarved { waited },
+            _ => LateTurn::Stall,
         }
     }
 }
@@ -93,6 +153,22 @@ mod tests {
         fn flush(&mut self) -> std::io::Result<()> {
             Ok(())
         }
+    }
+
+    #[test]
+    fn a_late_turn_spent_waiting_for_a_cpu_is_the_host_s_not_a_stall() {
+        let ms = Duration::from_millis;
+        assert_eq!(LateTurn::judge(ms(100), Some(ms(0))), LateTurn::Stall);
+        assert_eq!(LateTurn::judge(ms(100), Some(ms(49))), LateTurn::Stall);
+        assert_eq!(
+            LateTurn::judge(ms(100), Some(ms(50))),
+            LateTurn::CpuStarved { waited: ms(50) }
+        );
+        assert_eq!(
+            LateTurn::judge(ms(100), Some(ms(104))),
+            LateTurn::CpuStarved { waited: ms(104) }
+        );
+        assert_eq!(LateTurn::judge(ms(100), None), LateTurn::Stall);
     }
 
     /// A shard step that holds the thread (a blocking call, here a sleep)

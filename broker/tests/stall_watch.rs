@@ -93,6 +93,115 @@ async fn a_shard_held_off_its_core_is_counted_and_logged() {
     );
 }
 
+/// `ciphermq_shard_cpu_starved_total`, summed over shards.
+async fn cpu_starved(broker: &BrokerProcess) -> f64 {
+    let (status, text) = broker.admin_get("admin", "/metrics").await;
+    assert_eq!(status, 200, "{text}");
+    text.lines()
+        .filter(|l| l.starts_with("ciphermq_shard_cpu_starved_total"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Puts every thread of `pid` under `policy` (`SCHED_IDLE`: it runs only
+/// when nothing else wants the CPU; `SCHED_OTHER`: back to normal).
+fn set_policy(pid: u32, policy: libc::c_int) {
+    let param = libc::sched_param { sched_priority: 0 };
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).expect("the broker's threads") {
+        let tid: libc::pid_t = task.unwrap().file_name().to_string_lossy().parse().unwrap();
+        // SAFETY: sched_setscheduler on a thread of the broker child this
+        // test started, with a valid parameter block.
+        let done = unsafe { libc::sched_setscheduler(tid, policy, &param) };
+        assert_eq!(
+            done,
+            0,
+            "sched_setscheduler({tid}): {}",
+            std::io::Error::last_os_error()
+        );
+    }
+}
+
+/// Busy-loop processes (`yes`), killed when dropped.
+struct Hogs(Vec<std::process::Child>);
+
+impl Hogs {
+    fn start(n: usize) -> Hogs {
+        Hogs(
+            (0..n)
+                .map(|_| {
+                    std::process::Command::new("yes")
+                        .stdout(std::process::Stdio::null())
+                        .spawn()
+                        .expect("start yes")
+                })
+                .collect(),
+        )
+    }
+}
+
+impl Drop for Hogs {
+    fn drop(&mut self) {
+        for hog in &mut self.0 {
+            let _ = hog.kill();
+            let _ = hog.wait();
+        }
+    }
+}
+
+/// An idle broker on a machine whose cores other processes keep busy (here
+/// a `yes` per core, with the broker's threads under `SCHED_IDLE` so that
+/// they surely wait) gets its turns late: that is the host's contention,
+/// counted in `ciphermq_shard_cpu_starved_total` and logged at info, never
+/// counted or logged as a stall of the broker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn turns_a_busy_host_delays_are_not_called_stalls() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("broker.toml");
+    let admin = "\n[admin]\nenabled = true\naddress = \"127.0.0.1:0\"\n";
+    let text = config_text(&pki().certs, &dir.path().join("data"), 2, admin)
+        .replace("console = false", "console = true\nlevel = \"info\"");
+    std::fs::write(&config, text).unwrap();
+    let broker = BrokerProcess::start(&config);
+    // A busy test host may have made the start itself stall: only what
+    // happens from here on counts.
+    let stall_lines = |b: &BrokerProcess| b.log_text().matches("shard loop stalled").count();
+    let (stalls_before, starved_before) = (stalls(&broker).await, cpu_starved(&broker).await);
+    let stall_lines_before = stall_lines(&broker);
+
+    set_policy(broker.pid(), libc::SCHED_IDLE);
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let hogs = Hogs::start(cores);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !broker.logged(&["shard loop waited for a CPU", "waited_ms"]) {
+        assert!(
+            Instant::now() < deadline,
+            "no turn was seen waiting for a CPU behind {cores} busy loops; log:\n{}",
+            broker.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(hogs);
+    set_policy(broker.pid(), libc::SCHED_OTHER);
+
+    assert!(
+        cpu_starved(&broker).await > starved_before,
+        "the late turns are counted in ciphermq_shard_cpu_starved_total"
+    );
+    let stalls_after = stalls(&broker).await;
+    assert_eq!(
+        stalls_after,
+        stalls_before,
+        "turns the host delayed were counted as stalls; log:\n{}",
+        broker.log_text()
+    );
+    assert_eq!(
+        stall_lines(&broker),
+        stall_lines_before,
+        "turns the host delayed were logged as stalls:\n{}",
+        broker.log_text()
+    );
+}
+
 /// The names of a process's threads, from `/proc`.
 fn thread_names(pid: u32) -> Vec<String> {
     std::fs::read_dir(format!("/proc/{pid}/task"))
