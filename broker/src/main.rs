@@ -69,7 +69,7 @@ fn main() -> ExitCode {
     let config = match load(&args) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("ciphermq-broker: {}: {e}", args.config.display());
+            eprintln!("ciphermq-broker: {e}");
             return ExitCode::from(EXIT_CONFIG);
         }
     };
@@ -83,16 +83,47 @@ fn main() -> ExitCode {
     code
 }
 
-/// The config file with the command line's overrides, validated again.
-fn load(args: &Args) -> Result<Config, ciphermq_broker::config::ConfigError> {
-    let mut config = Config::load(&args.config)?;
+/// Why the configuration could not be had: the file's fault, or a
+/// command-line override's (which the file is not to be blamed for).
+#[derive(Debug)]
+enum LoadError {
+    /// The file is unreadable or invalid.
+    File(PathBuf, ciphermq_broker::config::ConfigError),
+    /// `--address` or `--shards` made a valid file's configuration invalid.
+    Override(&'static str, String, ciphermq_broker::config::ConfigError),
+}
+
+impl std::fmt::Display for LoadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LoadError::File(path, e) => write!(f, "{}: {e}", path.display()),
+            LoadError::Override(flag, value, e) => {
+                write!(
+                    f,
+                    "{flag} {value} (command line, overriding the config file): {e}"
+                )
+            }
+        }
+    }
+}
+
+/// The config file with the command line's overrides, each validated
+/// again and blamed for what it breaks.
+fn load(args: &Args) -> Result<Config, LoadError> {
+    let mut config =
+        Config::load(&args.config).map_err(|e| LoadError::File(args.config.clone(), e))?;
     if let Some(address) = &args.address {
         config.server.address = address.clone();
+        config
+            .validate()
+            .map_err(|e| LoadError::Override("--address", address.clone(), e))?;
     }
     if let Some(shards) = args.shards {
         config.server.shards = shards;
+        config
+            .validate()
+            .map_err(|e| LoadError::Override("--shards", shards.to_string(), e))?;
     }
-    config.validate()?;
     Ok(config)
 }
 

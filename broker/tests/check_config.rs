@@ -172,3 +172,31 @@ fn a_bad_shutdown_timeout_is_refused_naming_the_key() {
         );
     }
 }
+
+/// A bad `--address` or `--shards` on a good file is blamed on the flag,
+/// not on the file.
+#[test]
+fn a_bad_override_names_the_flag_not_the_file() {
+    let (_dir, config) = setup("", |t| t);
+    for (flag, value) in [("--address", "127.0.0.1:notaport"), ("--shards", "5000")] {
+        let out = Command::new(env!("CARGO_BIN_EXE_ciphermq-broker"))
+            .arg("--check-config")
+            .arg("--config")
+            .arg(&config)
+            .arg(flag)
+            .arg(value)
+            .env_remove("RUST_LOG")
+            .output()
+            .expect("run the broker binary");
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{flag} {value}: {out:?}");
+        assert!(
+            stderr.contains(&format!("{flag} {value} (command line")),
+            "{flag} {value} is not named: {stderr}"
+        );
+        assert!(
+            !stderr.contains(&config.display().to_string()),
+            "the valid file is blamed for {flag} {value}: {stderr}"
+        );
+    }
+}
