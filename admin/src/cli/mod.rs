@@ -1,6 +1,8 @@
 //! What `ciphermq-admin`'s subcommands print: human summaries and tables
 //! built from the admin endpoint's JSON (`--json` prints that JSON as is).
 
+pub(crate) mod broker_file;
+pub(crate) mod hints;
 pub(crate) mod table;
 
 use serde_json::Value;
