@@ -39,6 +39,7 @@ use crate::broker_view::BrokerView;
 use crate::config::AdminConfig;
 use crate::routes;
 use crate::slots::{AdminLimits, Admission, LogKind, Phase, Slots, Ticket};
+use crate::throttled_log::throttled_log;
 
 /// A connection is asked to close after this long, so keep-alive clients
 /// that keep asking cannot hold a slot forever.
@@ -322,27 +323,29 @@ fn admit(
             let _ = stream.set_zero_linger();
             drop(stream);
             if let Some(skipped) = slots.log_gate(LogKind::Refused, now) {
-                tracing::warn!(
-                    %peer,
-                    limit = cap.key(),
+                throttled_log!(
+                    warn,
                     skipped,
                     "admin endpoint: connection refused: the limit is reached and every \
-                     connection it counts is answering a request or has finished one"
+                     connection it counts is answering a request or has finished one",
+                    %peer,
+                    limit = cap.key()
                 );
             }
         }
         Admission::Admitted { ticket, shed } => {
             if let Some(shed) = shed {
                 if let Some(skipped) = slots.log_gate(LogKind::Shed, now) {
-                    tracing::warn!(
+                    throttled_log!(
+                        warn,
+                        skipped,
+                        "admin endpoint: connection limit reached; closed the connection \
+                         most worth dropping to serve a new one",
                         %peer,
                         closed = %shed.peer,
                         closed_phase = shed.phase.label(),
                         closed_after_secs = shed.idle.as_secs(),
-                        limit = shed.cap.key(),
-                        skipped,
-                        "admin endpoint: connection limit reached; closed the connection \
-                         most worth dropping to serve a new one"
+                        limit = shed.cap.key()
                     );
                 }
             }
@@ -425,12 +428,13 @@ impl Watch {
             Stop::TimedOut(phase) => {
                 self.slots.timed_out(phase);
                 if let Some(skipped) = self.slots.log_gate(LogKind::TimedOut, Instant::now()) {
-                    tracing::info!(
+                    throttled_log!(
+                        info,
+                        skipped,
+                        "admin endpoint: connection closed at its deadline",
                         %peer,
                         phase = phase.label(),
-                        limit = phase.timeout_key(),
-                        skipped,
-                        "admin endpoint: connection closed at its deadline"
+                        limit = phase.timeout_key()
                     );
                 }
             }
@@ -461,7 +465,7 @@ async fn connection(
         Ok(Ok(tls)) => tls,
         Ok(Err(e)) => {
             if let Some(skipped) = slots.log_gate(LogKind::Handshake, Instant::now()) {
-                tracing::info!(%peer, error = %e, skipped, "admin endpoint: TLS handshake failed");
+                throttled_log!(info, skipped, "admin endpoint: TLS handshake failed", %peer, error = %e);
             }
             return;
         }

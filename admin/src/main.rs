@@ -1,10 +1,12 @@
 //! `ciphermq-admin`: the operator's tool for a running broker.
 //!
 //! It reads through the admin endpoint (`status`, `queues`, `connections`,
-//! `exchanges`, `reload`, and the live web `dashboard`) and changes things
-//! through the broker port in `ciphermq/1` (`purge`, `delete`, `unbind`,
-//! `close`), in both cases over mutual TLS with an admin certificate
-//! (reading also works with a monitor's).
+//! `exchanges`, the live web `dashboard`) and reloads the broker's config
+//! through it too (`reload`, `POST /api/reload`); it changes queues,
+//! bindings and connections through the broker port in `ciphermq/1`
+//! (`purge`, `delete`, `unbind`, `close`). Both over mutual TLS with an
+//! admin certificate (reading also works with a monitor's). `--config`
+//! takes the addresses and the CA from the broker's own config file.
 
 mod cli;
 
@@ -13,36 +15,73 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use ciphermq_admin::dashboard_proxy::DashboardProxy;
-use ciphermq_admin::remote::{host_of, AdminEndpoint, BrokerPort, Credentials};
+use ciphermq_admin::remote::{host_of, AdminEndpoint, BrokerPort, Credentials, RemoteError};
 use clap::{Parser, Subcommand};
+use cli::broker_file::{
+    BrokerFile, DEFAULT_BROKER, DEFAULT_CA, DEFAULT_CERT, DEFAULT_ENDPOINT, DEFAULT_KEY,
+};
 use hyper::Method;
 use serde_json::Value;
 
-/// Operate a CipherMQ broker: its admin endpoint and its client port.
+/// The environment variable naming a default `--config` file, so a shell
+/// or a host that always talks to one broker names its file once.
+const CONFIG_VAR: &str = "CIPHERMQ_ADMIN_CONFIG";
+
+/// Which commands go where, at the end of `--help`.
+const WHERE_COMMANDS_GO: &str = "\
+Where each command goes (both over mutual TLS, with --cert and --key):
+  the admin endpoint (--endpoint, the broker's admin.address):
+      status, queues, connections, exchanges, reload, dashboard
+    The broker serves it only with `[admin] enabled = true` in its config file
+    (off by default), from its start: a reload does not start it.
+  the broker port (--broker, the broker's server.address), in ciphermq/1:
+      purge, delete, unbind, close
+
+--config (or CIPHERMQ_ADMIN_CONFIG) names the broker's config.toml, from which
+the addresses and the CA are read; flags given explicitly win over it.";
+
+/// Operate a CipherMQ broker: read it (and reload its config) through its
+/// admin endpoint, change queues, bindings and connections through its
+/// client port.
 #[derive(Debug, Parser)]
-#[command(name = "ciphermq-admin", version)]
+#[command(name = "ciphermq-admin", version, after_help = WHERE_COMMANDS_GO)]
 struct Cli {
-    /// The admin endpoint, `host:port` (the broker's `admin.address`).
-    #[arg(long, default_value = "127.0.0.1:9091", global = true)]
-    endpoint: String,
-    /// The broker's client port, `host:port` (`server.address`), for the
-    /// commands that change things.
-    #[arg(long, default_value = "127.0.0.1:5700", global = true)]
-    broker: String,
+    /// The broker's config file (its config.toml), read for `admin.address`
+    /// (--endpoint), `server.address` (--broker) and `tls.ca_cert_path`
+    /// (--ca); --cert and --key then default to certs/admin.crt and
+    /// certs/admin.key beside it. Relative paths are resolved against its
+    /// directory, as the broker resolves them; other keys are ignored.
+    /// Default: the CIPHERMQ_ADMIN_CONFIG environment variable, when set
+    /// and not empty.
+    #[arg(long, global = true, value_name = "PATH")]
+    config: Option<PathBuf>,
+    /// The admin endpoint, `host:port` (the broker's `admin.address`), for
+    /// status, queues, connections, exchanges, reload and dashboard.
+    /// Default: admin.address of --config, else 127.0.0.1:9091.
+    #[arg(long, global = true, value_name = "HOST:PORT")]
+    endpoint: Option<String>,
+    /// The broker's client port, `host:port` (`server.address`), for purge,
+    /// delete, unbind and close. Default: server.address of --config, else
+    /// 127.0.0.1:5700.
+    #[arg(long, global = true, value_name = "HOST:PORT")]
+    broker: Option<String>,
     /// The name the broker's certificate carries; default: the host of the
     /// address connected to.
     #[arg(long, global = true)]
     server_name: Option<String>,
-    /// The CA that signed the broker's certificate.
-    #[arg(long, default_value = "certs/ca.crt", global = true)]
-    ca: PathBuf,
+    /// The CA that signed the broker's certificate. Default:
+    /// tls.ca_cert_path of --config, else certs/ca.crt.
+    #[arg(long, global = true, value_name = "PATH")]
+    ca: Option<PathBuf>,
     /// An admin client certificate (`acl.admin_cns`); one of
-    /// `acl.monitor_cns` may read but not change anything.
-    #[arg(long, default_value = "certs/admin.crt", global = true)]
-    cert: PathBuf,
-    /// Its private key.
-    #[arg(long, default_value = "certs/admin.key", global = true)]
-    key: PathBuf,
+    /// `acl.monitor_cns` may read but not change anything. Default:
+    /// certs/admin.crt (beside the --config file, with one).
+    #[arg(long, global = true, value_name = "PATH")]
+    cert: Option<PathBuf>,
+    /// Its private key. Default: certs/admin.key (beside the --config file,
+    /// with one).
+    #[arg(long, global = true, value_name = "PATH")]
+    key: Option<PathBuf>,
     /// Print the endpoint's JSON (or the broker's reply as JSON) instead of
     /// tables.
     #[arg(long, global = true)]
@@ -53,26 +92,45 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Health, readiness and warnings, counters, storage, the mirror.
+    /// Health, readiness and warnings, counters, storage, the mirror (admin
+    /// endpoint).
+    ///
+    /// Reads `GET /api/status` from the admin endpoint (--endpoint).
     Status,
-    /// Every queue: owner, shard, ready, unacked, consumers, bytes.
+    /// Every queue: owner, shard, ready, unacked, consumers, bytes (admin
+    /// endpoint).
+    ///
+    /// Reads `GET /api/queues` from the admin endpoint (--endpoint).
     Queues,
-    /// Open connections by CN and by IP.
+    /// Open connections by CN and by IP (admin endpoint).
+    ///
+    /// Reads `GET /api/connections` from the admin endpoint (--endpoint).
     Connections,
-    /// Exchanges and their bindings.
+    /// Exchanges and their bindings (admin endpoint).
+    ///
+    /// Reads `GET /api/status` from the admin endpoint (--endpoint).
     Exchanges,
-    /// Drop a queue's ready messages (unacked deliveries stay owed).
+    /// Drop a queue's ready messages; unacked deliveries stay owed (broker
+    /// port).
+    ///
+    /// Sends `purge_queue <queue>` to the broker port (--broker).
     Purge {
         /// The queue.
         queue: String,
     },
-    /// Delete a queue (its messages and bindings) or an exchange (its
-    /// bindings).
+    /// Delete a queue with its messages and bindings, or an exchange with
+    /// its bindings (broker port).
+    ///
+    /// Sends `delete_queue` or `delete_exchange` to the broker port
+    /// (--broker).
     Delete {
         #[command(subcommand)]
         what: Deletable,
     },
-    /// Remove one binding.
+    /// Remove one binding (broker port).
+    ///
+    /// Sends `unbind <queue> <exchange> <routing_key>` to the broker port
+    /// (--broker).
     Unbind {
         /// The bound queue.
         queue: String,
@@ -81,15 +139,26 @@ enum Command {
         /// The binding key, as bound.
         routing_key: String,
     },
-    /// Close every connection a CN has open.
+    /// Close every connection a CN has open (broker port).
+    ///
+    /// Sends `close_connection <client_id>` to the broker port (--broker).
     Close {
         /// The client's CN.
         client_id: String,
     },
-    /// Reload `[acl]`, `[rate_limit]` and `[tls]` (certificate, key, CA
-    /// bundle, CRL) from the broker's config file, as SIGHUP does.
+    /// Reload `[acl]`, `[rate_limit]` and `[tls]` from the broker's config
+    /// file, as SIGHUP does (admin endpoint).
+    ///
+    /// Sends `POST /api/reload` to the admin endpoint (--endpoint), admin
+    /// certificates only. The broker re-reads the file it was started from
+    /// (not the --config given here); `[admin]` and `[server]` changes need
+    /// a restart.
     Reload,
-    /// Serve the live web dashboard on a loopback address for a browser.
+    /// Serve the live web dashboard on a loopback address for a browser
+    /// (admin endpoint).
+    ///
+    /// The page polls the admin endpoint (--endpoint) through this process,
+    /// which holds the certificate.
     Dashboard {
         /// Where the browser connects: a loopback `ip:port`.
         #[arg(long, default_value = "127.0.0.1:9095")]
@@ -99,12 +168,12 @@ enum Command {
 
 #[derive(Debug, Subcommand)]
 enum Deletable {
-    /// A queue.
+    /// A queue (`delete_queue`, broker port).
     Queue {
         /// Its name.
         name: String,
     },
-    /// An exchange.
+    /// An exchange (`delete_exchange`, broker port).
     Exchange {
         /// Its name.
         name: String,
@@ -137,81 +206,171 @@ fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> Result<(), String> {
-    let credentials =
-        Credentials::from_files(&cli.ca, &cli.cert, &cli.key).map_err(|e| e.to_string())?;
-    let name_for = |address: &str| {
-        cli.server_name
-            .clone()
-            .unwrap_or_else(|| host_of(address).to_owned())
-    };
-    let endpoint = || {
-        AdminEndpoint::new(&cli.endpoint, &name_for(&cli.endpoint), credentials.clone())
-            .map_err(|e| e.to_string())
-    };
-    let broker = || {
-        BrokerPort::new(&cli.broker, &name_for(&cli.broker), credentials.clone())
-            .map_err(|e| e.to_string())
-    };
+    let target = Target::new(&cli)?;
+    let json = cli.json;
     match cli.command {
-        Command::Status => show(&endpoint()?, "/api/status", cli.json, cli::status).await,
-        Command::Queues => show(&endpoint()?, "/api/queues", cli.json, cli::queues).await,
-        Command::Connections => {
-            show(&endpoint()?, "/api/connections", cli.json, cli::connections).await
-        }
-        Command::Exchanges => show(&endpoint()?, "/api/status", cli.json, cli::exchanges).await,
-        Command::Purge { queue } => {
-            change(&broker()?, &format!("purge_queue {queue}"), cli.json).await
-        }
+        Command::Status => show(&target, "/api/status", json, cli::status).await,
+        Command::Queues => show(&target, "/api/queues", json, cli::queues).await,
+        Command::Connections => show(&target, "/api/connections", json, cli::connections).await,
+        Command::Exchanges => show(&target, "/api/status", json, cli::exchanges).await,
+        Command::Purge { queue } => change(&target, &format!("purge_queue {queue}"), json).await,
         Command::Delete {
             what: Deletable::Queue { name },
-        } => change(&broker()?, &format!("delete_queue {name}"), cli.json).await,
+        } => change(&target, &format!("delete_queue {name}"), json).await,
         Command::Delete {
             what: Deletable::Exchange { name },
-        } => change(&broker()?, &format!("delete_exchange {name}"), cli.json).await,
+        } => change(&target, &format!("delete_exchange {name}"), json).await,
         Command::Unbind {
             queue,
             exchange,
             routing_key,
         } => {
             let line = format!("unbind {queue} {exchange} {routing_key}");
-            change(&broker()?, &line, cli.json).await
+            change(&target, &line, json).await
         }
         Command::Close { client_id } => {
-            change(
-                &broker()?,
-                &format!("close_connection {client_id}"),
-                cli.json,
-            )
-            .await
+            change(&target, &format!("close_connection {client_id}"), json).await
         }
-        Command::Reload => reload(&endpoint()?, cli.json).await,
-        Command::Dashboard { listen } => {
-            let endpoint = endpoint()?;
-            let address = endpoint.address().to_owned();
-            let proxy = DashboardProxy::bind(listen, endpoint)
-                .await
-                .map_err(|e| e.to_string())?;
-            eprintln!(
-                "dashboard: http://{}/ (reading {address} as {}; Ctrl-C stops)",
-                proxy.local_addr(),
-                cli.cert.display()
-            );
-            tokio::select! {
-                () = proxy.serve() => Ok(()),
-                _ = tokio::signal::ctrl_c() => Ok(()),
-            }
+        Command::Reload => reload(&target, json).await,
+        Command::Dashboard { listen } => dashboard(&target, listen).await,
+    }
+}
+
+/// Where the tool connects and as whom: the flags given, else the
+/// `--config` file, else the defaults; and where each address came from,
+/// for the hint a refused connection gets.
+struct Target {
+    /// The `--config` file, when one is named.
+    file: Option<BrokerFile>,
+    /// `--endpoint`, when given.
+    endpoint: Option<String>,
+    /// `--broker`, when given.
+    broker: Option<String>,
+    /// `--server-name`, when given.
+    server_name: Option<String>,
+    /// The certificate file presented, for messages.
+    cert: PathBuf,
+    /// The certificate, its key and the CA.
+    credentials: Credentials,
+}
+
+impl Target {
+    /// Reads the `--config` file, if any, and the certificates.
+    fn new(cli: &Cli) -> Result<Target, String> {
+        let named = cli.config.clone().or_else(|| {
+            std::env::var_os(CONFIG_VAR)
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+        });
+        let file = match &named {
+            Some(path) => Some(BrokerFile::read(path).map_err(|e| e.to_string())?),
+            None => None,
+        };
+        let pick = |flag: &Option<PathBuf>, from_file: fn(&BrokerFile) -> &PathBuf, default| {
+            flag.clone()
+                .or_else(|| file.as_ref().map(|f| from_file(f).clone()))
+                .unwrap_or_else(|| PathBuf::from(default))
+        };
+        let ca = pick(&cli.ca, |f| &f.ca, DEFAULT_CA);
+        let cert = pick(&cli.cert, |f| &f.cert, DEFAULT_CERT);
+        let key = pick(&cli.key, |f| &f.key, DEFAULT_KEY);
+        let credentials = Credentials::from_files(&ca, &cert, &key).map_err(|e| match &file {
+            Some(f) => format!(
+                "{e} (with --config {}: --ca defaults to its tls.ca_cert_path, --cert and --key \
+                 to certs/admin.crt and certs/admin.key beside it; the flags override them)",
+                f.path.display()
+            ),
+            None => e.to_string(),
+        })?;
+        Ok(Target {
+            file,
+            endpoint: cli.endpoint.clone(),
+            broker: cli.broker.clone(),
+            server_name: cli.server_name.clone(),
+            cert,
+            credentials,
+        })
+    }
+
+    /// The name the broker's certificate must carry at `address`.
+    fn name_for(&self, address: &str) -> String {
+        self.server_name
+            .clone()
+            .unwrap_or_else(|| host_of(address).to_owned())
+    }
+
+    /// The admin endpoint.
+    fn endpoint(&self) -> Result<AdminEndpoint, String> {
+        let address = match (&self.endpoint, &self.file) {
+            (Some(address), _) => address.clone(),
+            (None, Some(file)) => file.endpoint().map_err(|e| e.to_string())?,
+            (None, None) => DEFAULT_ENDPOINT.to_owned(),
+        };
+        AdminEndpoint::new(&address, &self.name_for(&address), self.credentials.clone())
+            .map_err(|e| e.to_string())
+    }
+
+    /// The broker port.
+    fn broker(&self) -> Result<BrokerPort, String> {
+        let address = match (&self.broker, &self.file) {
+            (Some(address), _) => address.clone(),
+            (None, Some(file)) => file.broker().map_err(|e| e.to_string())?,
+            (None, None) => DEFAULT_BROKER.to_owned(),
+        };
+        BrokerPort::new(&address, &self.name_for(&address), self.credentials.clone())
+            .map_err(|e| e.to_string())
+    }
+
+    /// `e` from the admin endpoint, with what to do when nothing listened.
+    fn endpoint_failed(&self, e: &RemoteError) -> String {
+        if !e.is_refused() {
+            return e.to_string();
         }
+        let file = self.file.as_ref().filter(|_| self.endpoint.is_none());
+        format!("{e}\n{}", cli::hints::endpoint_refused(file))
+    }
+
+    /// `e` from the broker port, with what to do when nothing listened.
+    fn broker_failed(&self, e: &RemoteError) -> String {
+        if !e.is_refused() {
+            return e.to_string();
+        }
+        let file = self.file.as_ref().filter(|_| self.broker.is_none());
+        format!("{e}\n{}", cli::hints::broker_refused(file))
+    }
+}
+
+/// Serves the dashboard until Ctrl-C; says at once when the endpoint cannot
+/// be reached (the page would only show the error), and serves anyway: the
+/// broker may come up later.
+async fn dashboard(target: &Target, listen: SocketAddr) -> Result<(), String> {
+    let endpoint = target.endpoint()?;
+    let address = endpoint.address().to_owned();
+    if let Err(e) = endpoint.request(Method::GET, "/health").await {
+        eprintln!("ciphermq-admin: warning: {}", target.endpoint_failed(&e));
+    }
+    let proxy = DashboardProxy::bind(listen, endpoint)
+        .await
+        .map_err(|e| e.to_string())?;
+    eprintln!(
+        "dashboard: http://{}/ (reading {address} as {}; Ctrl-C stops)",
+        proxy.local_addr(),
+        target.cert.display()
+    );
+    tokio::select! {
+        () = proxy.serve() => Ok(()),
+        _ = tokio::signal::ctrl_c() => Ok(()),
     }
 }
 
 /// `GET path` on the endpoint, printed as JSON or through `render`.
 async fn show(
-    endpoint: &AdminEndpoint,
+    target: &Target,
     path: &str,
     json: bool,
     render: fn(&Value) -> String,
 ) -> Result<(), String> {
-    let doc = get_json(endpoint, Method::GET, path).await?;
+    let doc = get_json(target, Method::GET, path).await?;
     if json {
         out(&format!("{doc:#}\n"))
     } else {
@@ -232,8 +391,12 @@ fn out(text: &str) -> Result<(), String> {
 }
 
 /// `method path` on the endpoint, whose answer must be a 2xx JSON document.
-async fn get_json(endpoint: &AdminEndpoint, method: Method, path: &str) -> Result<Value, String> {
-    let response = endpoint.request(method.clone(), path).await?;
+async fn get_json(target: &Target, method: Method, path: &str) -> Result<Value, String> {
+    let response = target
+        .endpoint()?
+        .request(method.clone(), path)
+        .await
+        .map_err(|e| target.endpoint_failed(&e))?;
     let status = response.status();
     let body = http_body_util::BodyExt::collect(response.into_body())
         .await
@@ -261,8 +424,12 @@ async fn get_json(endpoint: &AdminEndpoint, method: Method, path: &str) -> Resul
 
 /// Sends one `ciphermq/1` command; the broker's `OK …` reply is success,
 /// anything else (an `Error:` or `Access denied:` line) a failure.
-async fn change(broker: &BrokerPort, line: &str, json: bool) -> Result<(), String> {
-    let reply = broker.command(line).await?;
+async fn change(target: &Target, line: &str, json: bool) -> Result<(), String> {
+    let reply = target
+        .broker()?
+        .command(line)
+        .await
+        .map_err(|e| target.broker_failed(&e))?;
     let ok = reply.starts_with("OK ");
     if json {
         let doc = serde_json::json!({ "command": line, "ok": ok, "reply": reply });
@@ -278,8 +445,8 @@ async fn change(broker: &BrokerPort, line: &str, json: bool) -> Result<(), Strin
 }
 
 /// `POST /api/reload`.
-async fn reload(endpoint: &AdminEndpoint, json: bool) -> Result<(), String> {
-    let doc = get_json(endpoint, Method::POST, "/api/reload").await?;
+async fn reload(target: &Target, json: bool) -> Result<(), String> {
+    let doc = get_json(target, Method::POST, "/api/reload").await?;
     if json {
         out(&format!("{doc:#}\n"))
     } else {

@@ -59,6 +59,93 @@ pub enum CredentialsError {
     ServerName(String),
 }
 
+/// Why a request to the broker got no answer. Each names the address
+/// asked, so a tool can print it as it is, and tells a connection that
+/// nothing accepted ([`RemoteError::is_refused`]: nothing listens there)
+/// from the failures past it, for the hints only the tool can give.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RemoteError {
+    /// The TCP connection failed (refused, unreachable, a bad address).
+    #[error("{side} {address}: cannot connect: {source}")]
+    Connect {
+        /// `admin endpoint` or `broker`.
+        side: &'static str,
+        /// The address connected to.
+        address: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// Connected, but no answer came: the TLS handshake, the request or the
+    /// reply failed, or the broker refused the connection with its one line.
+    #[error("{side} {address}: {reason}")]
+    Exchange {
+        /// `admin endpoint` or `broker`.
+        side: &'static str,
+        /// The address connected to.
+        address: String,
+        /// What failed.
+        reason: String,
+    },
+    /// No answer within [`REQUEST_TIMEOUT`].
+    #[error("{side} {address}: no answer within {} s", REQUEST_TIMEOUT.as_secs())]
+    Timeout {
+        /// `admin endpoint` or `broker`.
+        side: &'static str,
+        /// The address connected to.
+        address: String,
+    },
+}
+
+impl RemoteError {
+    /// Whether the connection was refused: nothing listens at the address
+    /// (a broker not running, or not serving that port).
+    pub fn is_refused(&self) -> bool {
+        matches!(self, RemoteError::Connect { source, .. }
+            if source.kind() == std::io::ErrorKind::ConnectionRefused)
+    }
+}
+
+/// Why one exchange failed, before it is told which side it was on.
+enum Failure {
+    /// The TCP connection failed.
+    Connect(std::io::Error),
+    /// Anything after it.
+    Exchange(String),
+}
+
+impl From<String> for Failure {
+    fn from(reason: String) -> Self {
+        Failure::Exchange(reason)
+    }
+}
+
+/// Runs `exchange` under [`REQUEST_TIMEOUT`]; errors name `side` and
+/// `address`.
+async fn timed<T>(
+    side: &'static str,
+    address: &str,
+    exchange: impl std::future::Future<Output = Result<T, Failure>>,
+) -> Result<T, RemoteError> {
+    match tokio::time::timeout(REQUEST_TIMEOUT, exchange).await {
+        Ok(Ok(answer)) => Ok(answer),
+        Ok(Err(Failure::Connect(source))) => Err(RemoteError::Connect {
+            side,
+            address: address.to_owned(),
+            source,
+        }),
+        Ok(Err(Failure::Exchange(reason))) => Err(RemoteError::Exchange {
+            side,
+            address: address.to_owned(),
+            reason,
+        }),
+        Err(_) => Err(RemoteError::Timeout {
+            side,
+            address: address.to_owned(),
+        }),
+    }
+}
+
 /// The operator's TLS identity and the CA the broker's certificate must
 /// chain to.
 #[derive(Debug, Clone)]
@@ -97,14 +184,14 @@ impl Credentials {
         &self,
         address: &str,
         server_name: &ServerName<'static>,
-    ) -> Result<TlsStream<TcpStream>, String> {
+    ) -> Result<TlsStream<TcpStream>, Failure> {
         let tcp = TcpStream::connect(address)
             .await
-            .map_err(|e| format!("cannot connect: {e}"))?;
+            .map_err(Failure::Connect)?;
         TlsConnector::from(self.tls.clone())
             .connect(server_name.clone(), tcp)
             .await
-            .map_err(|e| format!("TLS handshake failed: {e}"))
+            .map_err(|e| Failure::Exchange(format!("TLS handshake failed: {e}")))
     }
 }
 
@@ -170,14 +257,11 @@ impl AdminEndpoint {
         &self,
         method: Method,
         path: &str,
-    ) -> Result<Response<Full<Bytes>>, String> {
-        tokio::time::timeout(REQUEST_TIMEOUT, self.exchange(method, path))
-            .await
-            .unwrap_or_else(|_| Err(format!("no answer within {} s", REQUEST_TIMEOUT.as_secs())))
-            .map_err(|reason| format!("admin endpoint {}: {reason}", self.address))
+    ) -> Result<Response<Full<Bytes>>, RemoteError> {
+        timed("admin endpoint", &self.address, self.exchange(method, path)).await
     }
 
-    async fn exchange(&self, method: Method, path: &str) -> Result<Response<Full<Bytes>>, String> {
+    async fn exchange(&self, method: Method, path: &str) -> Result<Response<Full<Bytes>>, Failure> {
         let tls = self
             .credentials
             .connect(&self.address, &self.server_name)
@@ -241,14 +325,11 @@ impl BrokerPort {
     /// Sends one command line and returns its one reply line; the
     /// connection says `quit` after it. `Err` when there is no reply (or the
     /// broker refused the connection: its one line says why).
-    pub async fn command(&self, line: &str) -> Result<String, String> {
-        tokio::time::timeout(REQUEST_TIMEOUT, self.exchange(line))
-            .await
-            .unwrap_or_else(|_| Err(format!("no answer within {} s", REQUEST_TIMEOUT.as_secs())))
-            .map_err(|reason| format!("broker {}: {reason}", self.address))
+    pub async fn command(&self, line: &str) -> Result<String, RemoteError> {
+        timed("broker", &self.address, self.exchange(line)).await
     }
 
-    async fn exchange(&self, line: &str) -> Result<String, String> {
+    async fn exchange(&self, line: &str) -> Result<String, Failure> {
         let tls = self
             .credentials
             .connect(&self.address, &self.server_name)
@@ -256,7 +337,7 @@ impl BrokerPort {
         let mut io = BufReader::new(tls);
         let hello = read_line(&mut io).await?;
         if !hello.starts_with("HELLO ") {
-            return Err(format!("refused: {hello}"));
+            return Err(Failure::Exchange(format!("refused: {hello}")));
         }
         io.get_mut()
             .write_all(format!("{line}\nquit\n").as_bytes())
@@ -266,7 +347,7 @@ impl BrokerPort {
             .flush()
             .await
             .map_err(|e| format!("cannot send: {e}"))?;
-        read_line(&mut io).await
+        Ok(read_line(&mut io).await?)
     }
 }
 

@@ -401,7 +401,9 @@ impl ShardStats {
             .clone()
     }
 
-    /// Open connections as of the last refresh.
+    /// Open connections as of the last refresh, for the per-shard gauge
+    /// of `/metrics`. `/api/status` counts from the broker's live
+    /// connection snapshot instead, so its figures add up at one moment.
     pub fn open_connections(&self) -> u64 {
         self.open_connections.load(Ordering::Relaxed)
     }

@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use ciphermq_pgbridge::BridgeStatus;
+use ciphermq_shard::shard_of;
 use serde::Serialize;
 
 use crate::broker_view::Limits;
@@ -179,13 +180,45 @@ struct BindingEntry {
     routing_key: String,
 }
 
-/// `connections`: open connections counted by IP, by CN and by shard.
+/// `connections`: open connections counted by IP, by CN and by shard, all
+/// from one snapshot of the broker's connection counts, so `total`, the sum
+/// of `by_cn`, the sum of `by_ip` and the sum of `by_shard` are always the
+/// same number (a dashboard showing them side by side never disagrees with
+/// itself).
 #[derive(Debug, Serialize)]
 pub(crate) struct Connections {
     total: u64,
     by_ip: BTreeMap<String, u32>,
     by_cn: BTreeMap<String, u32>,
+    /// Each CN's connections on the shard that serves them, `hash(CN) % N`
+    /// (a connection moves to that shard after its handshake).
     by_shard: Vec<u64>,
+}
+
+impl Connections {
+    /// The counts of one snapshot, `by_ip` and `by_cn`, over `shards`
+    /// shards.
+    fn from_counts(
+        by_ip: Vec<(std::net::IpAddr, u32)>,
+        by_cn: Vec<(String, u32)>,
+        shards: usize,
+    ) -> Connections {
+        let mut by_shard = vec![0; shards];
+        for (cn, n) in &by_cn {
+            if let Some(count) = by_shard.get_mut(usize::from(shard_of(cn, shards))) {
+                *count += u64::from(*n);
+            }
+        }
+        Connections {
+            total: by_cn.iter().map(|(_, n)| u64::from(*n)).sum(),
+            by_ip: by_ip
+                .into_iter()
+                .map(|(ip, n)| (ip.to_string(), n))
+                .collect(),
+            by_cn: by_cn.into_iter().collect(),
+            by_shard,
+        }
+    }
 }
 
 /// `storage`: where messages live and whether writes succeed.
@@ -326,24 +359,14 @@ pub(crate) fn queues(ctx: &AdminContext) -> Vec<QueueEntry> {
     all.into_values().collect()
 }
 
-/// Open connections by IP, CN and shard.
+/// Open connections by IP, CN and shard, from one snapshot. The shards'
+/// own counts ([`crate::stats::ShardStats::open_connections`]) are not
+/// used here: each is refreshed once a second by its shard, at its own
+/// moment, so beside the live total they could show a connection twice or
+/// not at all.
 pub(crate) fn connections(ctx: &AdminContext) -> Connections {
     let (by_ip, by_cn) = ctx.broker.open_connections();
-    Connections {
-        total: by_cn.iter().map(|(_, n)| u64::from(*n)).sum(),
-        by_ip: by_ip
-            .into_iter()
-            .map(|(ip, n)| (ip.to_string(), n))
-            .collect(),
-        by_cn: by_cn.into_iter().collect(),
-        by_shard: ctx
-            .broker
-            .stats()
-            .shards()
-            .iter()
-            .map(|s| s.open_connections())
-            .collect(),
-    }
+    Connections::from_counts(by_ip, by_cn, ctx.broker.stats().shards().len())
 }
 
 /// Exchanges (sorted by name) and their bindings (sorted by exchange,
@@ -444,6 +467,45 @@ fn to_value<T: Serialize>(value: &T) -> serde_json::Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn connection_figures_add_up_to_the_total() {
+        let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
+        let by_cn = vec![
+            ("admin".to_owned(), 1),
+            ("receiver_1".to_owned(), 2),
+            ("sender_1".to_owned(), 3),
+            ("sender_2".to_owned(), 1),
+        ];
+        let by_ip = vec![(ip("10.0.0.1"), 4), (ip("::1"), 3)];
+        for shards in [1, 2, 3, 8] {
+            let c = Connections::from_counts(by_ip.clone(), by_cn.clone(), shards);
+            assert_eq!(c.total, 7);
+            assert_eq!(c.by_shard.len(), shards);
+            assert_eq!(c.by_shard.iter().sum::<u64>(), c.total, "{c:?}");
+            assert_eq!(
+                c.by_ip.values().map(|n| u64::from(*n)).sum::<u64>(),
+                c.total
+            );
+            for (cn, n) in &by_cn {
+                assert!(
+                    c.by_shard[usize::from(shard_of(cn, shards))] >= u64::from(*n),
+                    "{cn} counted on its own shard: {c:?}"
+                );
+            }
+        }
+        let doc = to_value(&Connections::from_counts(by_ip, by_cn, 2));
+        let shard_sum: u64 = doc["by_shard"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| n.as_u64().unwrap())
+            .sum();
+        assert_eq!(doc["total"], shard_sum);
+
+        let none = Connections::from_counts(Vec::new(), Vec::new(), 2);
+        assert_eq!((none.total, none.by_shard), (0, vec![0, 0]));
+    }
 
     #[test]
     fn ready_only_while_serving_with_every_shard_writing() {

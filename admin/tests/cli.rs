@@ -2,7 +2,8 @@
 //! subcommands print tables and `--json`, the changing ones carry the
 //! broker's reply and exit non-zero on a refusal, `reload` re-reads the
 //! config file through `POST /api/reload`, and a monitor certificate reads
-//! but changes nothing.
+//! but changes nothing. `--config` finds a broker from its own config file,
+//! and a refused connection says how to turn the admin endpoint on.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -10,6 +11,7 @@ use std::time::Duration;
 
 use ciphermq_admin::remote::{BrokerPort, Credentials};
 use ciphermq_broker::{BrokerHandle, Config};
+use ciphermq_clients::connection::{Connection, TlsClientOptions};
 use ciphermq_clients::pki::{self, PkiOptions};
 
 /// A broker started from a config file, with its certificates.
@@ -138,6 +140,7 @@ impl World {
         .unwrap()
         .command(line)
         .await
+        .map_err(|e| e.to_string())
     }
 }
 
@@ -333,4 +336,246 @@ async fn a_reader_that_stops_early_is_no_failure() {
         assert!(out.status.success(), "{args:?}: {stderr}");
         assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
     }
+}
+
+/// Certificates made by `ciphermq-pki` for `cns` in `dir/certs`.
+fn certificates(dir: &Path, cns: &[&str]) -> PathBuf {
+    let certs = dir.join("certs");
+    let mut opts = PkiOptions::new(certs.clone(), dir.join("keys"));
+    opts.client_cns = cns.iter().map(|s| s.to_string()).collect();
+    pki::generate(&opts).expect("certificates");
+    certs
+}
+
+/// A loopback address nothing listens on: a port the OS just gave out, its
+/// listener closed again.
+fn dead_address() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let address = listener.local_addr().expect("address").to_string();
+    drop(listener);
+    address
+}
+
+/// `ciphermq-admin` with `args`, run from `cwd`, no other flag.
+fn admin_in(cwd: &Path, args: &[&str]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_ciphermq-admin"));
+    command
+        .current_dir(cwd)
+        .env_remove("CIPHERMQ_ADMIN_CONFIG")
+        .args(args);
+    command
+}
+
+/// The issue a new user hit: against a broker run from the shipped config
+/// (admin endpoint off), the tool said only "Connection refused".
+#[test]
+fn a_refused_endpoint_says_how_to_turn_the_admin_endpoint_on() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let certs = certificates(dir.path(), &["admin"]);
+    let dead = dead_address();
+    let mut command = admin_in(dir.path(), &["status"]);
+    command
+        .arg("--endpoint")
+        .arg(&dead)
+        .arg("--ca")
+        .arg(certs.join("ca.crt"))
+        .arg("--cert")
+        .arg(certs.join("admin.crt"))
+        .arg("--key")
+        .arg(certs.join("admin.key"));
+    let refused = failed(command.output().unwrap());
+    assert!(
+        refused.contains(&format!("admin endpoint {dead}: cannot connect"))
+            && refused.contains("Connection refused"),
+        "{refused}"
+    );
+    assert!(
+        refused.contains("admin endpoint is off by default")
+            && refused.contains("`[admin] enabled = true`")
+            && refused.contains("restart the broker")
+            && refused.contains("--endpoint"),
+        "{refused}"
+    );
+
+    // A config file saying the endpoint is off: the hint says so, naming it.
+    let config = dir.path().join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[server]\naddress = \"{dead}\"\n\n[admin]\nenabled = false\naddress = \"{dead}\"\n"
+        ),
+    )
+    .unwrap();
+    let refused = failed(
+        admin_in(dir.path(), &["status", "--config"])
+            .arg(&config)
+            .output()
+            .unwrap(),
+    );
+    assert!(
+        refused.contains(&format!(
+            "{} has `[admin] enabled = false`",
+            config.display()
+        )) && refused.contains("restart the broker"),
+        "{refused}"
+    );
+    // The broker port, refused too, gets its own hint.
+    let refused = failed(
+        admin_in(dir.path(), &["close", "sender_1", "--config"])
+            .arg(&config)
+            .output()
+            .unwrap(),
+    );
+    assert!(
+        refused.contains(&format!("broker {dead}: cannot connect"))
+            && refused.contains("is the broker running?"),
+        "{refused}"
+    );
+}
+
+/// `--config` with the broker's own file: relative paths as the broker
+/// reads them, whatever the working directory. A file with port 0 cannot
+/// say where the broker listens, so the test starts the broker from one,
+/// learns the ports it took, and writes them into the file, as an operator
+/// who moved the broker to other ports would have them there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_brokers_config_file_is_all_the_tool_needs() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let elsewhere = tempfile::tempdir().expect("tempdir");
+    certificates(dir.path(), &["admin", "sender_1"]);
+    std::fs::create_dir_all(dir.path().join("data")).unwrap();
+    let text = |server: &str, admin: &str| {
+        format!(
+            r#"
+[server]
+address = "{server}"
+shards = 2
+
+[tls]
+cert_path = "certs/server.crt"
+key_path = "certs/server.key"
+ca_cert_path = "certs/ca.crt"
+
+[logging]
+console = false
+
+[storage]
+data_dir = "data"
+mode = "memory"
+min_free_mb = 16
+
+[acl]
+admin_cns = ["admin"]
+sender_cns = ["sender_1"]
+
+[admin]
+enabled = true
+address = "{admin}"
+"#
+        )
+    };
+    let config = dir.path().join("config.toml");
+    std::fs::write(&config, text("127.0.0.1:0", "127.0.0.1:0")).unwrap();
+    let broker = ciphermq_broker::start(&Config::load(&config).expect("config")).expect("broker");
+    let endpoint = broker.admin_addr().expect("admin endpoint").to_string();
+    let port = broker.local_addr().to_string();
+
+    // Port 0 names no port: said, with the flag that does.
+    let zero = failed(
+        admin_in(elsewhere.path(), &["status", "--config"])
+            .arg(&config)
+            .output()
+            .unwrap(),
+    );
+    assert!(
+        zero.contains(&format!("--config {}", config.display()))
+            && zero.contains("admin.address = \"127.0.0.1:0\"")
+            && zero.contains("--endpoint"),
+        "{zero}"
+    );
+    // The flags win over the file; its CA and certificate paths still serve.
+    let status = ok(admin_in(elsewhere.path(), &["status", "--config"])
+        .arg(&config)
+        .args(["--endpoint", &endpoint])
+        .output()
+        .unwrap());
+    assert!(status.contains("health ok (ready)"), "{status}");
+
+    // With the ports written in, the file alone reaches both sides.
+    std::fs::write(&config, text(&port, &endpoint)).unwrap();
+    let status = ok(admin_in(elsewhere.path(), &["status", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap());
+    assert!(status.contains("health ok (ready)"), "{status}");
+    let closed = ok(
+        admin_in(elsewhere.path(), &["close", "sender_1", "--config"])
+            .arg(&config)
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(closed.trim(), "OK close_connection sender_1 0");
+    // From the environment too.
+    let status = ok(admin_in(elsewhere.path(), &["status"])
+        .env("CIPHERMQ_ADMIN_CONFIG", &config)
+        .output()
+        .unwrap());
+    assert!(status.contains("health ok (ready)"), "{status}");
+    // An explicit --endpoint beats the file: nothing listens there, and the
+    // hint is not about the file.
+    let dead = dead_address();
+    let refused = failed(
+        admin_in(elsewhere.path(), &["status", "--config"])
+            .arg(&config)
+            .args(["--endpoint", &dead])
+            .output()
+            .unwrap(),
+    );
+    assert!(
+        refused.contains(&format!("admin endpoint {dead}: cannot connect"))
+            && refused.contains("off by default"),
+        "{refused}"
+    );
+
+    // A connection open, then none: the counts agree, the text says which.
+    let connections = |args: &[&str]| {
+        ok(admin_in(elsewhere.path(), args)
+            .arg("--config")
+            .arg(&config)
+            .output()
+            .unwrap())
+    };
+    let tls = TlsClientOptions::for_cn(&dir.path().join("certs"), "sender_1");
+    let held = Connection::connect(&port, &tls).await.expect("connect");
+    let doc: serde_json::Value =
+        serde_json::from_str(&connections(&["connections", "--json"])).unwrap();
+    let c = &doc["connections"];
+    assert_eq!(c["total"], 1, "{c}");
+    assert_eq!(c["by_cn"]["sender_1"], 1, "{c}");
+    let by_shard: Vec<u64> = c["by_shard"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n.as_u64().unwrap())
+        .collect();
+    assert_eq!(by_shard.len(), 2, "{c}");
+    assert_eq!(by_shard.iter().sum::<u64>(), 1, "{c}");
+    let text = connections(&["connections"]);
+    assert!(text.starts_with("1 client connection open\n"), "{text}");
+    assert!(
+        text.lines()
+            .any(|l| l.split_whitespace().eq(["sender_1", "1"])),
+        "{text}"
+    );
+    drop(held);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = connections(&["connections"]);
+        if text == "no client connections open\n" {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "still open: {text}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    broker.shutdown();
 }

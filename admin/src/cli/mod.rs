@@ -1,6 +1,8 @@
 //! What `ciphermq-admin`'s subcommands print: human summaries and tables
 //! built from the admin endpoint's JSON (`--json` prints that JSON as is).
 
+pub(crate) mod broker_file;
+pub(crate) mod hints;
 pub(crate) mod table;
 
 use serde_json::Value;
@@ -135,19 +137,31 @@ pub(crate) fn queues(doc: &Value) -> String {
     t.render("no queues")
 }
 
-/// `/api/connections` as two tables.
+/// `/api/connections` as a count and two tables (by CN, by IP); with
+/// nothing open, one line saying so rather than two empty tables.
 pub(crate) fn connections(doc: &Value) -> String {
     let c = &doc["connections"];
-    let mut out = format!("{} open\n\n", n(&c["total"]));
-    for (key, column) in [("by_cn", "cn"), ("by_ip", "ip")] {
+    let total = n(&c["total"]);
+    let sections = [
+        ("by_cn", "cn", "no connections by CN"),
+        ("by_ip", "ip", "no connections by IP"),
+    ];
+    let listed = |key: &str| c[key].as_object().is_some_and(|m| !m.is_empty());
+    if total == 0 && !sections.iter().any(|(key, _, _)| listed(key)) {
+        return "no client connections open\n".to_owned();
+    }
+    let mut out = format!(
+        "{total} client connection{} open\n",
+        if total == 1 { "" } else { "s" }
+    );
+    for (key, column, empty) in sections {
         let mut t = Table::new(&[column, ">connections"]);
         for (name, count) in c[key].as_object().into_iter().flatten() {
             t.row(vec![name.clone(), n(count).to_string()]);
         }
-        out.push_str(&t.render("none"));
         out.push('\n');
+        out.push_str(&t.render(empty));
     }
-    out.pop();
     out
 }
 
@@ -202,5 +216,32 @@ mod tests {
         assert!(q.lines().nth(1).unwrap().starts_with("q     r"), "{q}");
         assert!(status(&json!({})).contains("health -"));
         assert_eq!(queues(&json!({})), "no queues\n");
+    }
+
+    #[test]
+    fn connections_say_what_they_count_and_when_nothing_is_open() {
+        let none =
+            json!({"connections": {"total": 0, "by_cn": {}, "by_ip": {}, "by_shard": [0, 0]}});
+        assert_eq!(connections(&none), "no client connections open\n");
+        assert_eq!(connections(&json!({})), "no client connections open\n");
+
+        let some = json!({"connections": {"total": 3,
+            "by_cn": {"receiver_1": 1, "sender_1": 2}, "by_ip": {"127.0.0.1": 3},
+            "by_shard": [2, 1]}});
+        assert_eq!(
+            connections(&some),
+            "3 client connections open\n\n\
+             CN          CONNECTIONS\n\
+             receiver_1            1\n\
+             sender_1              2\n\n\
+             IP         CONNECTIONS\n\
+             127.0.0.1            3\n"
+        );
+        let one = json!({"connections": {"total": 1, "by_cn": {"admin": 1}, "by_ip": {}}});
+        let text = connections(&one);
+        assert!(text.starts_with("1 client connection open\n"), "{text}");
+        // A section with nothing in it is named, never a bare "none".
+        assert!(text.ends_with("\nno connections by IP\n"), "{text}");
+        assert!(!text.lines().any(|l| l.trim() == "none"), "{text}");
     }
 }
