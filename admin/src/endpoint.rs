@@ -39,7 +39,7 @@ use crate::broker_view::BrokerView;
 use crate::config::AdminConfig;
 use crate::routes;
 use crate::slots::{AdminLimits, Admission, LogKind, Phase, Slots, Ticket};
-use crate::throttled_log::throttled_log;
+use ciphermq_shard::log_throttled;
 
 /// A connection is asked to close after this long, so keep-alive clients
 /// that keep asking cannot hold a slot forever.
@@ -322,32 +322,23 @@ fn admit(
             // socket does not linger in TIME_WAIT.
             let _ = stream.set_zero_linger();
             drop(stream);
-            if let Some(skipped) = slots.log_gate(LogKind::Refused, now) {
-                throttled_log!(
-                    warn,
-                    skipped,
-                    "admin endpoint: connection refused: the limit is reached and every \
-                     connection it counts is answering a request or has finished one",
-                    %peer,
-                    limit = cap.key()
-                );
-            }
+            log_throttled!(warn, slots.log_gate(LogKind::Refused, now), "refusals",
+                { %peer, limit = cap.key(), },
+                "admin endpoint: connection refused: the limit is reached and every \
+                 connection it counts is answering a request or has finished one");
         }
         Admission::Admitted { ticket, shed } => {
             if let Some(shed) = shed {
-                if let Some(skipped) = slots.log_gate(LogKind::Shed, now) {
-                    throttled_log!(
-                        warn,
-                        skipped,
-                        "admin endpoint: connection limit reached; closed the connection \
-                         most worth dropping to serve a new one",
+                log_throttled!(warn, slots.log_gate(LogKind::Shed, now), "sheds",
+                    {
                         %peer,
                         closed = %shed.peer,
                         closed_phase = shed.phase.label(),
                         closed_after_secs = shed.idle.as_secs(),
-                        limit = shed.cap.key()
-                    );
-                }
+                        limit = shed.cap.key(),
+                    },
+                    "admin endpoint: connection limit reached; closed the connection \
+                     most worth dropping to serve a new one");
             }
             tokio::spawn(connection(
                 stream,
@@ -427,16 +418,9 @@ impl Watch {
             Stop::Shed => {}
             Stop::TimedOut(phase) => {
                 self.slots.timed_out(phase);
-                if let Some(skipped) = self.slots.log_gate(LogKind::TimedOut, Instant::now()) {
-                    throttled_log!(
-                        info,
-                        skipped,
-                        "admin endpoint: connection closed at its deadline",
-                        %peer,
-                        phase = phase.label(),
-                        limit = phase.timeout_key()
-                    );
-                }
+                log_throttled!(info, self.slots.log_gate(LogKind::TimedOut, Instant::now()), "closes",
+                    { %peer, phase = phase.label(), limit = phase.timeout_key(), },
+                    "admin endpoint: connection closed at its deadline");
             }
         }
     }
@@ -464,9 +448,9 @@ async fn connection(
     let tls = match watch.run(acceptor.accept(stream)).await {
         Ok(Ok(tls)) => tls,
         Ok(Err(e)) => {
-            if let Some(skipped) = slots.log_gate(LogKind::Handshake, Instant::now()) {
-                throttled_log!(info, skipped, "admin endpoint: TLS handshake failed", %peer, error = %e);
-            }
+            log_throttled!(info, slots.log_gate(LogKind::Handshake, Instant::now()), "failures",
+                { %peer, error = %e, },
+                "admin endpoint: TLS handshake failed");
             return;
         }
         Err(stop) => return watch.report(stop, peer),

@@ -9,7 +9,7 @@
 //! - `endpoint`: the admin endpoint's thread, listeners and connections
 //!   (HTTP/1.1 over mutual TLS, and plain-HTTP probes on loopback).
 //! - `slots`: which connections may hold one of the endpoint's slots, and for
-//!   how long; `throttled_log`: the log lines behind its throttles.
+//!   how long (its log lines go through `ciphermq_shard::log_throttled!`).
 //! - `routes`: who may see what; `status`: the JSON; `metrics`: the
 //!   Prometheus text; `process`: the process's own figures from `/proc`.
 //! - [`dashboard`]: the web dashboard, one self-contained page served at
@@ -37,7 +37,6 @@ mod slots;
 pub mod stats;
 mod status;
 pub mod thread_sched;
-mod throttled_log;
 
 pub use broker_view::{Access, BrokerView, Limits, TlsExpiries};
 pub use config::AdminConfig;

@@ -107,6 +107,53 @@ mod tests {
         assert_eq!(t.admit(t0 + Duration::from_millis(1500)), None);
     }
 
+    /// What a plain-text subscriber writes while `log` runs, line by line.
+    fn lines_of(log: impl FnOnce()) -> Vec<String> {
+        #[derive(Clone, Default)]
+        struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+        impl std::io::Write for Captured {
+            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(buf);
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let captured = Captured::default();
+        let writer = captured.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .without_time()
+            .finish();
+        tracing::subscriber::with_default(subscriber, log);
+        let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+        text.lines().map(str::to_owned).collect()
+    }
+
+    #[test]
+    fn a_line_speaks_of_skipping_only_when_something_was_skipped() {
+        let peer = "10.0.0.1:4000";
+        let ok = "OK bind q ex k";
+        let lines = lines_of(|| {
+            log_throttled!(warn, Some(0), "refusals", { %peer, limit = "max", }, "refused");
+            log_throttled!(warn, Some(7), "refusals", { %peer, limit = "max", }, "refused");
+            log_throttled!(info, None, "refusals", {}, "never written");
+            log_throttled!(info, Some(0), "lines", {}, "{ok}");
+            log_throttled!(info, Some(1), "lines", {}, "{ok}");
+        });
+        assert_eq!(
+            lines,
+            [
+                r#" WARN ciphermq_shard::log_throttle::tests: refused peer=10.0.0.1:4000 limit="max""#,
+                r#" WARN ciphermq_shard::log_throttle::tests: refused (7 refusals not logged since the last line) peer=10.0.0.1:4000 limit="max" skipped=7"#,
+                " INFO ciphermq_shard::log_throttle::tests: OK bind q ex k",
+                " INFO ciphermq_shard::log_throttle::tests: OK bind q ex k (1 lines not logged since the last line) skipped=1",
+            ]
+        );
+    }
+
     #[test]
     fn a_burst_is_logged_whole_and_a_flood_summarised() {
         let t = LogThrottle::with_burst(Duration::from_secs(1), 3);
