@@ -30,6 +30,8 @@ thread_local! {
     /// Saved topology changes, one throttle per [`topology_command`] kind,
     /// so a receiver's setup (declare_exchange, declare_queue, bind) shows
     /// whole.
+    /// Publish bodies refused by the envelope check, with the field at fault.
+    static INVALID: LogThrottle = const { LogThrottle::with_burst(Duration::from_secs(1), DENIALS_PER_SECOND) };
     static CHANGED: [LogThrottle; 6] =
         const { [const { LogThrottle::new(Duration::from_secs(1)) }; 6] };
 }
@@ -674,14 +676,27 @@ impl Session {
         Ok(())
     }
 
+    /// Says in the log which field of a refused publish body is wrong: the
+    /// reply lines are the protocol's (`Error: invalid message`, `NACK <id>
+    /// invalid`) and name none. Throttled, and the body parsed again only
+    /// for a line that is logged.
+    fn log_refused_body(&self, body: &str, now: Instant) {
+        let id = &self.identity;
+        log_throttled!(info, INVALID.with(|t| t.admit(now)), "refused bodies",
+            { cn = %id.cn, peer = %id.peer, },
+            "publish refused: invalid message: {}", ciphermq_proto::message::explain_refusal(body));
+    }
+
     fn publish(&mut self, exchange: &str, routing_key: &str, body: &str, now: Instant) {
         let info = match inspect_message(body) {
             Ok(info) => info,
             Err(MessageError::Unreadable) => {
+                self.log_refused_body(body, now);
                 self.replies.line("Error: invalid message");
                 return;
             }
             Err(MessageError::Invalid { message_id }) => {
+                self.log_refused_body(body, now);
                 self.replies.nack(&message_id, NackReason::Invalid);
                 return;
             }
@@ -725,6 +740,10 @@ impl Session {
 
     fn publish_batch(&mut self, exchange: &str, routing_key: &str, body: &str, now: Instant) {
         let Some(elements) = inspect_batch(body) else {
+            let id = &self.identity;
+            log_throttled!(info, INVALID.with(|t| t.admit(now)), "refused bodies",
+                { cn = %id.cn, peer = %id.peer, },
+                "publish_batch refused: invalid message: the body is not a JSON array");
             self.replies.line("Error: invalid message");
             return;
         };
@@ -738,9 +757,11 @@ impl Session {
             match inspect_message(text) {
                 Ok(info) => self.publish_one(exchange, routing_key, &info, text, now),
                 Err(MessageError::Unreadable) => {
+                    self.log_refused_body(text, now);
                     self.replies.nack("-", NackReason::Invalid);
                 }
                 Err(MessageError::Invalid { message_id }) => {
+                    self.log_refused_body(text, now);
                     self.replies.nack(&message_id, NackReason::Invalid);
                 }
             }

@@ -1,9 +1,10 @@
 //! What the broker's log says about what clients do, read from the real
 //! binary's stderr: each `Access denied` of a few in a row gets its line
-//! (a flood is summarised, `common/`'s throttle tests and
-//! `ciphermq_shard::log_throttle`), and a line with nothing left out says
-//! nothing about skipping (no "not logged since the last line", no
-//! `skipped=0`).
+//! (a flood is summarised: the throttle's own tests in
+//! `ciphermq_shard::log_throttle`), a refused publish body's line names the
+//! field at fault (the reply stays `NACK <id> invalid` / `Error: invalid
+//! message`), and a line with nothing left out says nothing about skipping
+//! (no "not logged since the last line", no `skipped=0`).
 
 mod common;
 
@@ -26,6 +27,19 @@ async fn each_of_a_few_denials_is_logged_and_no_line_mentions_nothing_skipped() 
     for queue in ["a", "b", "c"] {
         check_denied(&mut s, &format!("declare_queue {queue}"), "sender").await;
     }
+    // The reply is the protocol's; the log says which field is wrong.
+    common::check(
+        &mut s,
+        r#"publish ex receiver_1 {"message_id":"m1","nonce":"n"}"#,
+        "NACK m1 invalid",
+    )
+    .await;
+    common::check(
+        &mut s,
+        "publish ex receiver_1 {\"message_id\":",
+        "Error: invalid message",
+    )
+    .await;
     common::check(
         &mut r,
         "declare_exchange ex direct",
@@ -41,7 +55,14 @@ async fn each_of_a_few_denials_is_logged_and_no_line_mentions_nothing_skipped() 
     };
     // The lines reach stderr a little after the replies.
     let deadline = Instant::now() + Duration::from_secs(30);
-    while denied(&broker) < 3 || !broker.logged(&["OK declare_exchange ex"]) {
+    let explained = |b: &BrokerProcess| {
+        b.logged(&[
+            "publish refused: invalid message",
+            r#"field "receiver_client_id" is missing"#,
+        ]) && b.logged(&["publish refused: invalid message: not JSON"])
+    };
+    while denied(&broker) < 3 || !broker.logged(&["OK declare_exchange ex"]) || !explained(&broker)
+    {
         assert!(
             Instant::now() < deadline,
             "three denials in a row, {} logged:\n{}",

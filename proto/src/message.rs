@@ -169,6 +169,56 @@ pub fn inspect_message(body: &str) -> Result<MessageInfo<'_>, MessageError> {
     }
 }
 
+/// Why [`inspect_message`] refused `body`, in words a person can act on
+/// (which field, what is wrong with it). Only for the refusal path: it
+/// parses the body again, into a tree, so the check itself stays cheap.
+/// The reply lines stay as the protocol has them (`Error: invalid message`,
+/// `NACK <id> invalid`); this goes to the broker's log.
+pub fn explain_refusal(body: &str) -> String {
+    let value: serde_json::Value = match serde_json::from_str(body) {
+        Ok(v) => v,
+        Err(e) => return format!("not JSON: {e}"),
+    };
+    let Some(object) = value.as_object() else {
+        return "not a JSON object".to_owned();
+    };
+    let duplicate = |field: &str| {
+        // A tree keeps one of two equal keys; the check refuses both.
+        let quoted = format!("\"{field}\"");
+        body.matches(quoted.as_str()).count() > 1
+    };
+    match object.get("message_id") {
+        None => return "field \"message_id\" is missing".to_owned(),
+        Some(serde_json::Value::String(id)) if !is_valid_name(id) => {
+            return "field \"message_id\" is not a valid name (1-255 characters of A-Z a-z 0-9 _ . : -, not . or ..)".to_owned()
+        }
+        Some(serde_json::Value::String(_)) => {}
+        Some(_) => return "field \"message_id\" is not a string".to_owned(),
+    }
+    for field in ["message_id", "sender_client_id"] {
+        if duplicate(field) {
+            return format!("field \"{field}\" appears more than once");
+        }
+    }
+    for field in [
+        "receiver_client_id",
+        "enc_session_key",
+        "nonce",
+        "ciphertext",
+    ] {
+        match object.get(field) {
+            None => return format!("field \"{field}\" is missing"),
+            Some(serde_json::Value::String(_)) => {}
+            Some(_) => return format!("field \"{field}\" is not a string"),
+        }
+    }
+    match object.get("sender_client_id") {
+        None | Some(serde_json::Value::Null | serde_json::Value::String(_)) => {}
+        Some(_) => return "field \"sender_client_id\" is not a string (or null)".to_owned(),
+    }
+    "refused by the body check".to_owned()
+}
+
 /// One element of a `publish_batch` array: its exact text, to be checked with
 /// [`inspect_message`] and stored byte for byte.
 pub type BatchElement<'a> = &'a RawValue;
@@ -229,6 +279,43 @@ mod tests {
         // A receiver might read either one: no body may be ambiguous about it.
         let body = format!(r#"{{{FIVE},"sender_client_id":"a","sender_client_id":"b"}}"#);
         assert_eq!(inspect_message(&body), Err(MessageError::Unreadable));
+    }
+
+    #[test]
+    fn a_refusal_is_explained_by_its_field() {
+        let cases = [
+            ("not json", "not JSON"),
+            ("[1]", "not a JSON object"),
+            (r#"{"nonce":"x"}"#, r#"field "message_id" is missing"#),
+            (
+                r#"{"message_id":7}"#,
+                r#"field "message_id" is not a string"#,
+            ),
+            (
+                r#"{"message_id":"a b"}"#,
+                r#"field "message_id" is not a valid name"#,
+            ),
+            (
+                r#"{"message_id":"a","message_id":"b"}"#,
+                r#"field "message_id" appears more than once"#,
+            ),
+            (
+                r#"{"message_id":"m1","nonce":"n"}"#,
+                r#"field "receiver_client_id" is missing"#,
+            ),
+        ];
+        for (body, why) in cases {
+            assert!(inspect_message(body).is_err(), "{body}");
+            let told = explain_refusal(body);
+            assert!(told.starts_with(why), "{body}: {told}");
+        }
+        let body = format!(r#"{{{FIVE},"sender_client_id":7}}"#);
+        assert!(explain_refusal(&body).starts_with(r#"field "sender_client_id" is not a string"#));
+        let body = FIVE.replace(r#""nonce":"n""#, r#""nonce":1"#);
+        assert_eq!(
+            explain_refusal(&format!("{{{body}}}")),
+            r#"field "nonce" is not a string"#
+        );
     }
 
     #[test]
