@@ -127,9 +127,13 @@ async fn interrupted() {
     if tokio::signal::ctrl_c().await.is_err() {
         std::future::pending::<()>().await;
     }
-    eprintln!(
-        "\ninterrupted: writing and acknowledging what is in flight (Ctrl+C again to quit now)"
-    );
+    {
+        // Not on the progress line (which also erases the terminal's "^C").
+        let _line = progress::LogLine::start();
+        eprintln!(
+            "interrupted: writing and acknowledging what is in flight (Ctrl+C again to quit now)"
+        );
+    }
     tokio::spawn(async {
         if tokio::signal::ctrl_c().await.is_ok() {
             std::process::exit(130);

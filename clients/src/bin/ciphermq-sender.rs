@@ -169,9 +169,11 @@ async fn interrupted() {
     if tokio::signal::ctrl_c().await.is_err() {
         std::future::pending::<()>().await;
     }
-    eprintln!(
-        "\ninterrupted: waiting for the replies to publishes in flight (Ctrl+C again to quit now)"
-    );
+    {
+        // Not on the progress line (which also erases the terminal's "^C").
+        let _line = progress::LogLine::start();
+        eprintln!("interrupted: waiting for the replies to publishes in flight (Ctrl+C again to quit now)");
+    }
     tokio::spawn(async {
         if tokio::signal::ctrl_c().await.is_ok() {
             std::process::exit(130);
