@@ -54,7 +54,7 @@ use crate::journal::{Journal, JournalError};
 use crate::key_file::{self, KeyFileError};
 use crate::opener::{Opened, Opener, Received};
 use crate::receiver_config::ReceiverConfig;
-use crate::reconnect::{dial_client, DialedClient, QUIT_WAIT};
+use crate::reconnect::{dial_client, dial_first, DialedClient, FirstConnectError, QUIT_WAIT};
 use crate::shutdown::Shutdown;
 
 /// Longest wait, when stopping, for the broker to confirm our acks.
@@ -70,9 +70,12 @@ pub enum ReceiverError {
     /// The TLS files cannot be loaded.
     #[error(transparent)]
     Tls(#[from] ClientError),
-    /// Connecting failed in a way retrying cannot fix, or too many times in a row.
+    /// The first connection could not be made (nothing was consumed).
+    #[error(transparent)]
+    FirstConnect(#[from] FirstConnectError),
+    /// Reconnecting failed in a way retrying cannot fix, or too many times in a row.
     #[error("cannot connect to the broker: {0}")]
-    Connect(#[from] ConnectError),
+    Connect(ConnectError),
     /// Our certificate's CN is not a receiver (or admin) in the broker's ACL.
     #[error("connected as {client_id} with role {role}; consuming needs the receiver role (add the CN to acl.receiver_cns)")]
     NotReceiver {
@@ -98,6 +101,14 @@ pub enum ReceiverError {
     /// The broker answered something the protocol does not allow here.
     #[error("protocol error: {0}")]
     Protocol(String),
+}
+
+// The cause is part of the message, not its `source()`: a report that prints
+// the chain (`{:#}`) would print it twice.
+impl From<ConnectError> for ReceiverError {
+    fn from(e: ConnectError) -> Self {
+        ReceiverError::Connect(e)
+    }
 }
 
 /// When to stop besides the shutdown signal.
@@ -222,14 +233,26 @@ where
     let mut session: Option<Session> = None;
     let mut failures = 0u32;
     let stop = loop {
-        let client = match dial_client(
-            &client_config,
-            config.backoff(),
-            config.reconnect_attempts,
-            &mut shutdown,
-        )
-        .await?
-        {
+        // A first connection that fails is a wrong address or a broker not
+        // started: said at once, unless asked to wait. Reconnects back off.
+        let dialed = if session.is_none() {
+            dial_first(
+                &client_config,
+                config.backoff(),
+                Duration::from_secs(config.wait_for_broker_secs),
+                &mut shutdown,
+            )
+            .await?
+        } else {
+            dial_client(
+                &client_config,
+                config.backoff(),
+                config.reconnect_attempts,
+                &mut shutdown,
+            )
+            .await?
+        };
+        let client = match dialed {
             DialedClient::Connected(client) => client,
             DialedClient::Stopped => break StopReason::Shutdown,
         };

@@ -45,6 +45,11 @@ struct Args {
     /// Broker address host:port (replaces `server_address`).
     #[arg(long, value_name = "HOST:PORT")]
     address: Option<String>,
+    /// Keep trying the first connection for up to this many seconds, for a
+    /// broker that is still starting (replaces `wait_for_broker_secs`;
+    /// default 0: a first connection that fails is an error at once).
+    #[arg(long, value_name = "SECS")]
+    wait_for_broker: Option<u64>,
     /// Deliveries granted before acks (replaces `prefetch`).
     #[arg(long, value_name = "N")]
     prefetch: Option<u32>,
@@ -73,6 +78,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let mut config = ReceiverConfig::load(&path)?;
     if let Some(a) = args.address {
         config.server_address = a;
+    }
+    if let Some(w) = args.wait_for_broker {
+        config.wait_for_broker_secs = w;
     }
     if let Some(p) = args.prefetch {
         config.prefetch = p;
