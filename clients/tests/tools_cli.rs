@@ -1,6 +1,10 @@
 //! `ciphermq-sender` and `ciphermq-receiver` as a newcomer runs them, through
-//! the real binaries: a first connection that fails (a mistyped port) is one
-//! error naming the address, at once, instead of minutes of retries.
+//! the real binaries and, where one is needed, a real broker in this process
+//! over mutual TLS:
+//! - a first connection that fails (a mistyped port) is one error naming the
+//!   address, at once, instead of minutes of retries;
+//! - `--wait-for-broker` waits for a broker that starts later, `--address`
+//!   replaces the config's `server_address`, `--output-dir` its `output_dir`.
 
 use std::io::{BufRead as _, BufReader, Read as _};
 use std::path::{Path, PathBuf};
@@ -8,6 +12,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use ciphermq_broker::{BrokerHandle, Config};
 use ciphermq_clients::pki::{self, PkiOptions};
 use ciphermq_clients::{ReceiverConfig, SenderConfig, TlsConfig};
 
@@ -28,6 +33,60 @@ fn make_pki(dir: &Path) -> PkiOptions {
 fn unused_port() -> u16 {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     listener.local_addr().expect("local addr").port()
+}
+
+/// A broker on its own threads (in-memory storage), stopped on drop.
+struct Broker {
+    handle: Option<BrokerHandle>,
+    addr: String,
+    _data: tempfile::TempDir,
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        if let Some(h) = self.handle.take() {
+            h.shutdown();
+        }
+    }
+}
+
+/// Starts a broker on `address` (`127.0.0.1:0` for any port).
+fn broker(certs: &Path, address: &str) -> Broker {
+    let data = tempfile::tempdir().expect("tempdir");
+    let text = format!(
+        r#"
+[server]
+address = "{address}"
+shards = 2
+
+[tls]
+cert_path = "{certs}/server.crt"
+key_path = "{certs}/server.key"
+ca_cert_path = "{certs}/ca.crt"
+
+[logging]
+console = false
+json_files = false
+
+[storage]
+data_dir = "{data}"
+mode = "memory"
+min_free_mb = 16
+
+[acl]
+sender_cns = ["sender_1"]
+receiver_cns = ["receiver_1"]
+"#,
+        certs = certs.display(),
+        data = data.path().display(),
+    );
+    let config = Config::from_toml_str(&text, data.path()).expect("test config");
+    let handle = ciphermq_broker::start(&config).expect("broker starts");
+    Broker {
+        addr: handle.local_addr().to_string(),
+        handle: Some(handle),
+        _data: data,
+    }
 }
 
 /// A receiver config file for `receiver_1` at `address`, writing to `output`.
@@ -93,6 +152,24 @@ impl Running {
         }
     }
 
+    /// Reads stderr until a line contains `text`; panics if the tool ends first.
+    fn wait_for_stderr(&mut self, text: &str) {
+        let deadline = Instant::now() + HANG_GUARD;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.stderr.recv_timeout(left) {
+                Ok(line) => {
+                    let found = line.contains(text);
+                    self.seen.push(line);
+                    if found {
+                        return;
+                    }
+                }
+                Err(_) => panic!("no stderr line with {text:?}; stderr: {:#?}", self.seen),
+            }
+        }
+    }
+
     /// Waits for the tool to exit (killed and failed past [`HANG_GUARD`]);
     /// its status, stdout and whole stderr.
     fn finish(mut self) -> (ExitStatus, String, String) {
@@ -146,4 +223,48 @@ fn a_first_connection_that_fails_is_one_error_naming_the_address() {
         assert_eq!(stderr.matches("refused").count(), 1, "{name}: {stderr}");
         assert!(stderr.contains("--wait-for-broker"), "{name}: {stderr}");
     }
+}
+
+#[test]
+fn asked_to_wait_the_receiver_connects_to_a_broker_started_later_and_writes_where_told() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pki = make_pki(dir.path());
+    let port = unused_port();
+    let addr = format!("127.0.0.1:{port}");
+    // The config names another address and another output directory: the
+    // flags replace both.
+    let config_output = dir.path().join("config-data");
+    let config = receiver_json(&pki, dir.path(), "127.0.0.1:1", &config_output);
+    let elsewhere = dir.path().join("elsewhere");
+    let report = dir.path().join("report.json");
+    let mut cmd = tool("receiver", &config);
+    cmd.args([
+        "--address",
+        &addr,
+        "--wait-for-broker",
+        "600",
+        "--idle-exit",
+        "0.2",
+    ])
+    .arg("--output-dir")
+    .arg(&elsewhere)
+    .arg("--json")
+    .arg(&report);
+    let mut receiver = Running::start(cmd);
+
+    // It found no broker and is waiting: start one there.
+    receiver.wait_for_stderr("no broker yet; waiting for it");
+    let broker = broker(&pki.out_dir, &addr);
+    assert_eq!(broker.addr, addr);
+
+    let (status, stdout, stderr) = receiver.finish();
+    assert!(status.success(), "{stderr}");
+    assert!(stdout.contains("stopped: Idle"), "{stdout}");
+    let output = elsewhere.join("receiver_1_queue_received_messages.jsonl");
+    assert!(output.is_file(), "{stdout}");
+    assert!(!config_output.exists(), "{stdout}");
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&report).expect("report")).expect("JSON report");
+    assert_eq!(json["output"], serde_json::json!(output));
+    assert_eq!(json["stop"], "idle");
 }

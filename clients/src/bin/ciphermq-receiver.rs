@@ -50,6 +50,11 @@ struct Args {
     /// default 0: a first connection that fails is an error at once).
     #[arg(long, value_name = "SECS")]
     wait_for_broker: Option<u64>,
+    /// Write `<queue>_received_messages.jsonl` into this directory (replaces
+    /// `output_dir`; relative to the working directory), e.g. to keep a
+    /// script's run apart from the config's own output.
+    #[arg(long, value_name = "DIR")]
+    output_dir: Option<PathBuf>,
     /// Deliveries granted before acks (replaces `prefetch`).
     #[arg(long, value_name = "N")]
     prefetch: Option<u32>,
@@ -81,6 +86,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
     }
     if let Some(w) = args.wait_for_broker {
         config.wait_for_broker_secs = w;
+    }
+    if let Some(dir) = args.output_dir {
+        config.output_dir = dir;
     }
     if let Some(p) = args.prefetch {
         config.prefetch = p;
