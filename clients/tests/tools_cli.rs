@@ -4,7 +4,9 @@
 //! - a first connection that fails (a mistyped port) is one error naming the
 //!   address, at once, instead of minutes of retries;
 //! - `--wait-for-broker` waits for a broker that starts later, `--address`
-//!   replaces the config's `server_address`, `--output-dir` its `output_dir`.
+//!   replaces the config's `server_address`, `--output-dir` its `output_dir`;
+//! - the receiver's msg/s leaves out its wait for a first message and its
+//!   `--idle-exit` wait after the last.
 
 use std::io::{BufRead as _, BufReader, Read as _};
 use std::path::{Path, PathBuf};
@@ -14,7 +16,10 @@ use std::time::{Duration, Instant};
 
 use ciphermq_broker::{BrokerHandle, Config};
 use ciphermq_clients::pki::{self, PkiOptions};
-use ciphermq_clients::{ReceiverConfig, SenderConfig, TlsConfig};
+use ciphermq_clients::{
+    Client, ClientConfig, ReceiverConfig, SenderConfig, TlsClientOptions, TlsConfig,
+};
+use futures_util::future::join_all;
 
 /// Longest any run of a tool may take: a guard against a hang, never a
 /// measure of speed.
@@ -267,4 +272,71 @@ fn asked_to_wait_the_receiver_connects_to_a_broker_started_later_and_writes_wher
         serde_json::from_slice(&std::fs::read(&report).expect("report")).expect("JSON report");
     assert_eq!(json["output"], serde_json::json!(output));
     assert_eq!(json["stop"], "idle");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_receivers_rate_leaves_out_its_idle_waits() {
+    const N: usize = 200;
+    const IDLE_EXIT_SECS: f64 = 2.0;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pki = make_pki(dir.path());
+    let b = broker(&pki.out_dir, "127.0.0.1:0");
+    let config = receiver_json(&pki, dir.path(), &b.addr, &dir.path().join("out"));
+    let report = dir.path().join("report.json");
+    let mut cmd = tool("receiver", &config);
+    cmd.args(["--idle-exit", &IDLE_EXIT_SECS.to_string()])
+        .arg("--json")
+        .arg(&report);
+    let receiver = Running::start(cmd);
+
+    // Publish once the receiver's key is registered (its route exists then).
+    let sender = Client::connect(ClientConfig::new(
+        b.addr.clone(),
+        TlsClientOptions::for_cn(&pki.out_dir, "sender_1"),
+    ))
+    .await
+    .expect("connect as sender_1");
+    let deadline = Instant::now() + HANG_GUARD;
+    loop {
+        match sender.get_public_key("receiver_1").await {
+            Ok(Some(_)) => break,
+            Ok(None) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(10)).await
+            }
+            other => panic!("receiver_1's key never came: {other:?}"),
+        }
+    }
+    let publisher = sender.publisher();
+    let acks = join_all((0..N).map(|i| {
+        let publisher = publisher.clone();
+        async move {
+            publisher
+                .publish_to("receiver_1", "ex", "receiver_1", format!("m{i}").as_bytes())
+                .await
+        }
+    }))
+    .await;
+    assert!(acks.iter().all(Result::is_ok), "{acks:?}");
+
+    let (status, stdout, stderr) = tokio::task::spawn_blocking(move || receiver.finish())
+        .await
+        .expect("join");
+    assert!(status.success(), "{stderr}");
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&report).expect("report")).expect("JSON report");
+    let written = json["written"].as_u64().expect("written");
+    let elapsed = json["elapsed_secs"].as_f64().expect("elapsed_secs");
+    let active = json["active_secs"].as_f64().expect("active_secs");
+    let rate = json["msgs_per_sec"].as_f64().expect("msgs_per_sec");
+    assert_eq!(written, N as u64, "{stdout}");
+    assert!(active > 0.0, "{json}");
+    // The rate is over the span messages flowed, not the whole run...
+    assert!(
+        (rate - written as f64 / active).abs() < 1e-6 * rate,
+        "{json}"
+    );
+    // ...which leaves out the --idle-exit wait after the last message (at
+    // least IDLE_EXIT_SECS after the last delivery; the last write follows
+    // that delivery within a batch), half of it with room to spare.
+    assert!(elapsed - active >= IDLE_EXIT_SECS / 2.0, "{json}");
 }

@@ -130,6 +130,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
             "total_records": report.total_records,
             "stop": format!("{:?}", report.stop).to_lowercase(),
             "elapsed_secs": report.elapsed.as_secs_f64(),
+            "active_secs": report.active.as_secs_f64(),
+            "msgs_per_sec": report.msgs_per_sec(),
         });
         std::fs::write(path, serde_json::to_vec_pretty(&json)?)
             .with_context(|| format!("cannot write {}", path.display()))?;
