@@ -4,8 +4,11 @@
 //! Against the demo broker (README: "Demo"), from the repository root:
 //!
 //! ```sh
-//! cargo run -p ciphermq-clients --example consume -- 100   # stop after 100 messages
+//! cargo run --example consume -- 100   # stop after 100 messages
 //! ```
+//!
+//! (`cargo run -p ciphermq-client-examples --example consume` names the
+//! package; it builds the client library alone, no broker, no tools.)
 //!
 //! It connects as `receiver_1`, declares its route (exchange `ex`, queue
 //! `receiver_1_queue` bound with key `receiver_1`), registers its public key
@@ -100,13 +103,14 @@ fn env_or(name: &str, default: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| default.to_owned())
 }
 
-/// An environment variable, or `default` at the repository root.
+/// An environment variable, or `default` at the repository root (this
+/// package is `clients/examples`).
 fn repo_path(name: &str, default: &str) -> PathBuf {
     std::env::var_os(name)
         .map(PathBuf::from)
         .unwrap_or_else(|| {
             PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .join("..")
+                .join("../..")
                 .join(default)
         })
 }

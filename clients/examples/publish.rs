@@ -3,8 +3,11 @@
 //! Against the demo broker (README: "Demo"), from the repository root:
 //!
 //! ```sh
-//! cargo run -p ciphermq-clients --example publish -- 100
+//! cargo run --example publish -- 100   # or: cargo run -p ciphermq-client-examples --example publish -- 100
 //! ```
+//!
+//! It builds the client library alone (`default-features = false`: no
+//! broker, no tools), in the `ciphermq-client-examples` package beside it.
 //!
 //! It connects as `sender_1`, fetches `receiver_1`'s public key (pinned on first
 //! use in `keys/known_receivers`), and publishes the messages concurrently:
@@ -87,13 +90,14 @@ fn env_or(name: &str, default: &str) -> String {
 }
 
 /// An environment variable, or `default` at the repository root (where
-/// `ciphermq-pki` writes `certs/` and `keys/`).
+/// `ciphermq-pki` writes `certs/` and `keys/`; this package is
+/// `clients/examples`).
 fn repo_path(name: &str, default: &str) -> PathBuf {
     std::env::var_os(name)
         .map(PathBuf::from)
         .unwrap_or_else(|| {
             PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .join("..")
+                .join("../..")
                 .join(default)
         })
 }

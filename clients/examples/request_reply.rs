@@ -3,8 +3,11 @@
 //! Against the demo broker (README: "Demo"), from the repository root:
 //!
 //! ```sh
-//! cargo run -p ciphermq-clients --example request_reply -- "hello" "how are you"
+//! cargo run --example request_reply -- "hello" "how are you"
 //! ```
+//!
+//! (`cargo run -p ciphermq-client-examples --example request_reply` names the
+//! package; it builds the client library alone, no broker, no tools.)
 //!
 //! The broker's roles split publishing (sender CNs) from consuming (receiver
 //! CNs), so each side holds two connections:
@@ -180,8 +183,9 @@ impl Env {
             std::env::var_os(name)
                 .map(PathBuf::from)
                 .unwrap_or_else(|| {
+                    // This package is `clients/examples`.
                     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                        .join("..")
+                        .join("../..")
                         .join(default)
                 })
         };

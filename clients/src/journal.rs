@@ -38,8 +38,8 @@ use serde::{Deserialize, Serialize};
 pub struct JournalError {
     /// The output file.
     pub path: PathBuf,
-    /// The underlying error.
-    #[source]
+    /// The underlying error (in the message, not `source()`, so a chain is
+    /// printed once).
     pub error: io::Error,
 }
 

@@ -108,6 +108,8 @@ pub use receiver::{run_receiver, ReceiverLimits, ReceiverReport, ReceiverStats};
 #[cfg(feature = "tools")]
 pub use receiver_config::ReceiverConfig;
 #[cfg(feature = "tools")]
+pub use reconnect::FirstConnectError;
+#[cfg(feature = "tools")]
 pub use sender::{run_sender, SendJob, SenderReport, SenderStats};
 #[cfg(feature = "tools")]
 pub use sender_config::SenderConfig;

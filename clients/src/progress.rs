@@ -1,10 +1,15 @@
 //! A one-line progress display for the client binaries, redrawn in place a few
 //! times a second. The binaries show it only when stdout is a terminal, so logs
 //! and piped output stay clean.
+//!
+//! Log lines go to stderr, which is usually the same terminal: the console
+//! log writer ([`crate::logging`]) erases the progress line before each log
+//! line and draws it again after ([`LogLine`]), so a log line never lands on
+//! the bar. One lock serialises the two.
 
-use std::io::Write as _;
+use std::io::Write;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
@@ -18,6 +23,85 @@ pub const TICK: Duration = Duration::from_millis(250);
 
 /// Width of the bar in characters.
 const BAR_WIDTH: usize = 30;
+
+/// Erases the terminal line the cursor is on and returns to its start.
+const ERASE_LINE: &str = "\r\x1b[2K";
+
+/// The progress line as the terminal shows it: one per process, shared by the
+/// drawing task and the log writer.
+static SCREEN: Mutex<Screen> = Mutex::new(Screen { drawn: None });
+
+/// What is drawn on the terminal's last line.
+#[derive(Debug, Default)]
+struct Screen {
+    /// The progress text on the screen now, if any.
+    drawn: Option<String>,
+}
+
+impl Screen {
+    /// Draws `text` in place of the current line.
+    fn draw(&mut self, out: &mut dyn Write, text: String) {
+        let _ = write!(out, "{ERASE_LINE}{text}");
+        let _ = out.flush();
+        self.drawn = Some(text);
+    }
+
+    /// Erases the progress line for good.
+    fn erase(&mut self, out: &mut dyn Write) {
+        if self.drawn.take().is_some() {
+            let _ = write!(out, "{ERASE_LINE}");
+            let _ = out.flush();
+        }
+    }
+
+    /// Before a log line: the progress line is erased, and remembered.
+    fn hide(&self, out: &mut dyn Write) {
+        if self.drawn.is_some() {
+            let _ = write!(out, "{ERASE_LINE}");
+            let _ = out.flush();
+        }
+    }
+
+    /// After a log line (which ended with a newline): the progress line again.
+    fn show(&self, out: &mut dyn Write) {
+        if let Some(text) = &self.drawn {
+            let _ = write!(out, "{ERASE_LINE}{text}");
+            let _ = out.flush();
+        }
+    }
+}
+
+/// The screen, even if a thread panicked while drawing (the text is still
+/// what is on the terminal).
+fn screen() -> MutexGuard<'static, Screen> {
+    SCREEN
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Held while one log line is written to stderr: the progress line (if one is
+/// drawn) is erased when this is made and drawn again when it is dropped, and
+/// cannot be redrawn in between.
+#[derive(Debug)]
+pub struct LogLine {
+    /// The locked screen.
+    screen: MutexGuard<'static, Screen>,
+}
+
+impl LogLine {
+    /// Erases the progress line, if one is drawn, for a log line to follow.
+    pub fn start() -> LogLine {
+        let screen = screen();
+        screen.hide(&mut std::io::stdout().lock());
+        LogLine { screen }
+    }
+}
+
+impl Drop for LogLine {
+    fn drop(&mut self) {
+        self.screen.show(&mut std::io::stdout().lock());
+    }
+}
 
 /// A running progress line; [`ProgressLine::finish`] erases it.
 #[derive(Debug)]
@@ -42,9 +126,8 @@ impl ProgressLine {
             loop {
                 tokio::select! {
                     _ = tick.tick() => {
-                        let mut out = std::io::stdout().lock();
-                        let _ = write!(out, "\r\x1b[2K{}", render(started.elapsed()));
-                        let _ = out.flush();
+                        let text = render(started.elapsed());
+                        screen().draw(&mut std::io::stdout().lock(), text);
                     }
                     () = stopped.notified() => break,
                 }
@@ -57,9 +140,7 @@ impl ProgressLine {
     pub async fn finish(self) {
         self.stop.notify_one();
         let _ = self.task.await;
-        let mut out = std::io::stdout().lock();
-        let _ = write!(out, "\r\x1b[2K");
-        let _ = out.flush();
+        screen().erase(&mut std::io::stdout().lock());
     }
 }
 
@@ -104,23 +185,81 @@ pub fn sender_line(stats: &SenderStats, elapsed: Duration) -> String {
     )
 }
 
-/// The receiver's line: received, written, duplicates, rejected, msg/s.
-pub fn receiver_line(stats: &ReceiverStats, elapsed: Duration) -> String {
-    let written = stats.written.load(Relaxed);
+/// The receiver's line: received, written, duplicates, rejected, msg/s. The
+/// rate is over the time messages flowed ([`ReceiverStats::msgs_per_sec`]),
+/// not `_elapsed`: a receiver mostly waits.
+pub fn receiver_line(stats: &ReceiverStats, _elapsed: Duration) -> String {
     format!(
         "received {} written {} duplicates {} rejected {} acked {} | {:.0} msg/s",
         stats.received.load(Relaxed),
-        written,
+        stats.written.load(Relaxed),
         stats.duplicates.load(Relaxed),
         stats.rejected.load(Relaxed),
         stats.acked.load(Relaxed),
-        rate(written, elapsed)
+        stats.msgs_per_sec()
     )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What a terminal receives from stdout and stderr together, in order.
+    #[derive(Default)]
+    struct Terminal(Vec<u8>);
+
+    impl Write for Terminal {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl Terminal {
+        fn text(&self) -> String {
+            String::from_utf8_lossy(&self.0).into_owned()
+        }
+    }
+
+    #[test]
+    fn a_log_line_erases_the_progress_line_first_and_redraws_it_after() {
+        let mut screen = Screen::default();
+        let mut term = Terminal::default();
+        screen.draw(&mut term, "[#####] 50%".to_owned());
+        // A log line, as the console writer writes it.
+        screen.hide(&mut term);
+        term.write_all(b"WARN connection lost; reconnecting\n")
+            .unwrap();
+        screen.show(&mut term);
+        assert_eq!(
+            term.text(),
+            "\r\x1b[2K[#####] 50%\r\x1b[2KWARN connection lost; reconnecting\n\r\x1b[2K[#####] 50%"
+        );
+        // The log line starts on an erased line, at its start.
+        let log_at = term.text().find("WARN").unwrap();
+        assert!(term.text()[..log_at].ends_with(ERASE_LINE));
+    }
+
+    #[test]
+    fn without_a_progress_line_log_lines_pass_untouched() {
+        let mut screen = Screen::default();
+        let mut term = Terminal::default();
+        screen.hide(&mut term);
+        term.write_all(b"INFO connected\n").unwrap();
+        screen.show(&mut term);
+        assert_eq!(term.text(), "INFO connected\n");
+        // Nor after the line was erased for good.
+        screen.draw(&mut term, "x".to_owned());
+        screen.erase(&mut term);
+        let mut term = Terminal::default();
+        screen.hide(&mut term);
+        term.write_all(b"INFO done\n").unwrap();
+        screen.show(&mut term);
+        assert_eq!(term.text(), "INFO done\n");
+    }
 
     #[test]
     fn bar_fills_proportionally() {

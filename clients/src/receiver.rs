@@ -36,7 +36,7 @@
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use ciphermq_proto::message::inspect_message;
@@ -54,7 +54,7 @@ use crate::journal::{Journal, JournalError};
 use crate::key_file::{self, KeyFileError};
 use crate::opener::{Opened, Opener, Received};
 use crate::receiver_config::ReceiverConfig;
-use crate::reconnect::{dial_client, DialedClient, QUIT_WAIT};
+use crate::reconnect::{dial_client, dial_first, DialedClient, FirstConnectError, QUIT_WAIT};
 use crate::shutdown::Shutdown;
 
 /// Longest wait, when stopping, for the broker to confirm our acks.
@@ -70,9 +70,12 @@ pub enum ReceiverError {
     /// The TLS files cannot be loaded.
     #[error(transparent)]
     Tls(#[from] ClientError),
-    /// Connecting failed in a way retrying cannot fix, or too many times in a row.
+    /// The first connection could not be made (nothing was consumed).
+    #[error(transparent)]
+    FirstConnect(#[from] FirstConnectError),
+    /// Reconnecting failed in a way retrying cannot fix, or too many times in a row.
     #[error("cannot connect to the broker: {0}")]
-    Connect(#[from] ConnectError),
+    Connect(ConnectError),
     /// Our certificate's CN is not a receiver (or admin) in the broker's ACL.
     #[error("connected as {client_id} with role {role}; consuming needs the receiver role (add the CN to acl.receiver_cns)")]
     NotReceiver {
@@ -98,6 +101,14 @@ pub enum ReceiverError {
     /// The broker answered something the protocol does not allow here.
     #[error("protocol error: {0}")]
     Protocol(String),
+}
+
+// The cause is part of the message, not its `source()`: a report that prints
+// the chain (`{:#}`) would print it twice.
+impl From<ConnectError> for ReceiverError {
+    fn from(e: ConnectError) -> Self {
+        ReceiverError::Connect(e)
+    }
 }
 
 /// When to stop besides the shutdown signal.
@@ -127,6 +138,56 @@ pub struct ReceiverStats {
     pub acked: AtomicU64,
     /// Connections replaced after a failure.
     pub reconnects: AtomicU64,
+    /// When the first delivery arrived: the start of the span rates are
+    /// measured over, so the wait for a first message does not count.
+    pub first_delivery: OnceLock<Instant>,
+    /// Microseconds from the first delivery to the last write that made new
+    /// records durable: the end of that span, so a wait after the last
+    /// message (`--idle-exit`) does not count either.
+    pub active_micros: AtomicU64,
+}
+
+impl ReceiverStats {
+    /// Counts a delivery read at `now`; the first one starts the measured span.
+    pub fn delivery_at(&self, now: Instant) {
+        self.received.fetch_add(1, Relaxed);
+        self.first_delivery.get_or_init(|| now);
+    }
+
+    /// Counts `n` new records made durable at `now`, which ends the measured
+    /// span so far.
+    pub fn written_at(&self, n: u64, now: Instant) {
+        if n == 0 {
+            return;
+        }
+        self.written.fetch_add(n, Relaxed);
+        if let Some(first) = self.first_delivery.get() {
+            let micros = now.saturating_duration_since(*first).as_micros();
+            self.active_micros
+                .fetch_max(u64::try_from(micros).unwrap_or(u64::MAX), Relaxed);
+        }
+    }
+
+    /// From the first delivery to the last write of new records: the time
+    /// messages flowed (zero before anything was written).
+    pub fn active(&self) -> Duration {
+        Duration::from_micros(self.active_micros.load(Relaxed))
+    }
+
+    /// New messages written per second over [`ReceiverStats::active`].
+    pub fn msgs_per_sec(&self) -> f64 {
+        per_second(self.written.load(Relaxed), self.active())
+    }
+}
+
+/// `count` per second over `span`; 0 for an empty span.
+pub fn per_second(count: u64, span: Duration) -> f64 {
+    let secs = span.as_secs_f64();
+    if secs > 0.0 {
+        count as f64 / secs
+    } else {
+        0.0
+    }
 }
 
 /// Why a run ended without error.
@@ -169,25 +230,34 @@ pub struct ReceiverReport {
     pub stop: StopReason,
     /// How long it ran.
     pub elapsed: Duration,
+    /// From the first delivery to the last write of new records
+    /// ([`ReceiverStats::active`]): what the rate is measured over.
+    pub active: Duration,
+}
+
+impl ReceiverReport {
+    /// New messages written per second while messages flowed (over
+    /// [`ReceiverReport::active`], not the whole run: waiting for a first
+    /// message, or `--idle-exit` after the last, does not dilute it).
+    pub fn msgs_per_sec(&self) -> f64 {
+        per_second(self.written, self.active)
+    }
 }
 
 impl std::fmt::Display for ReceiverReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let secs = self.elapsed.as_secs_f64();
-        let rate = if secs > 0.0 {
-            self.written as f64 / secs
-        } else {
-            0.0
-        };
         write!(
             f,
-            "received {}, written {}, duplicates {}, rejected {}, acked {}, reconnects {} in {secs:.2} s ({rate:.0} msg/s); {} holds {} records; stopped: {:?}",
+            "received {}, written {}, duplicates {}, rejected {}, acked {}, reconnects {} in {:.2} s ({:.0} msg/s over the {:.2} s from the first message to the last write); {} holds {} records; stopped: {:?}",
             self.received,
             self.written,
             self.duplicates,
             self.rejected,
             self.acked,
             self.reconnects,
+            self.elapsed.as_secs_f64(),
+            self.msgs_per_sec(),
+            self.active.as_secs_f64(),
             self.output.display(),
             self.total_records,
             self.stop
@@ -222,14 +292,26 @@ where
     let mut session: Option<Session> = None;
     let mut failures = 0u32;
     let stop = loop {
-        let client = match dial_client(
-            &client_config,
-            config.backoff(),
-            config.reconnect_attempts,
-            &mut shutdown,
-        )
-        .await?
-        {
+        // A first connection that fails is a wrong address or a broker not
+        // started: said at once, unless asked to wait. Reconnects back off.
+        let dialed = if session.is_none() {
+            dial_first(
+                &client_config,
+                config.backoff(),
+                Duration::from_secs(config.wait_for_broker_secs),
+                &mut shutdown,
+            )
+            .await?
+        } else {
+            dial_client(
+                &client_config,
+                config.backoff(),
+                config.reconnect_attempts,
+                &mut shutdown,
+            )
+            .await?
+        };
+        let client = match dialed {
             DialedClient::Connected(client) => client,
             DialedClient::Stopped => break StopReason::Shutdown,
         };
@@ -279,6 +361,7 @@ where
         total_records: 0,
         stop,
         elapsed: started.elapsed(),
+        active: stats.active(),
     };
     if let Some(s) = session {
         report.client_id = s.cn;
@@ -526,8 +609,8 @@ impl Session {
     /// work was queued that a commit must follow (a delivery to open, or an ack
     /// waiting for the next commit).
     fn on_delivery(&mut self, d: &Delivery, link: &mut Link, opener: &mut Opener) -> bool {
-        self.stats.received.fetch_add(1, Relaxed);
         self.last_delivery = Instant::now();
+        self.stats.delivery_at(self.last_delivery);
         // A body this cannot read is refused by the decryption stage; until
         // then it counts as naming no sender.
         let sender = inspect_message(d.body())
@@ -630,7 +713,7 @@ impl Session {
         opener: &Opener,
     ) -> Result<Result<(), String>, ReceiverError> {
         let written = self.journal.commit()?;
-        self.stats.written.fetch_add(written as u64, Relaxed);
+        self.stats.written_at(written as u64, Instant::now());
         if link.acks_after_commit.is_empty() {
             return Ok(Ok(()));
         }
@@ -745,4 +828,60 @@ fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_rate_counts_from_the_first_delivery_to_the_last_write() {
+        let stats = ReceiverStats::default();
+        let start = Instant::now();
+        let at = |secs: u64| start + Duration::from_secs(secs);
+        // Nothing yet: no span, no rate.
+        assert_eq!(
+            (stats.active(), stats.msgs_per_sec()),
+            (Duration::ZERO, 0.0)
+        );
+        // Ten idle seconds before the first message; they do not count.
+        stats.delivery_at(at(10));
+        stats.delivery_at(at(11));
+        stats.written_at(100, at(12));
+        stats.delivery_at(at(13));
+        stats.written_at(100, at(14));
+        // A batch of duplicates writes nothing: the span does not grow.
+        stats.written_at(0, at(15));
+        assert_eq!(stats.active(), Duration::from_secs(4));
+        assert_eq!(stats.msgs_per_sec(), 50.0);
+
+        // The report of a run that then idled until 60 s: the same rate.
+        let report = ReceiverReport {
+            client_id: "receiver_1".into(),
+            queue: "receiver_1_queue".into(),
+            output: PathBuf::from("out.jsonl"),
+            received: 3,
+            written: 200,
+            duplicates: 0,
+            rejected: 0,
+            acked: 200,
+            reconnects: 0,
+            total_records: 200,
+            stop: StopReason::Idle,
+            elapsed: Duration::from_secs(60),
+            active: stats.active(),
+        };
+        assert_eq!(report.msgs_per_sec(), 50.0);
+        assert!(
+            report.to_string().contains("(50 msg/s over the 4.00 s"),
+            "{report}"
+        );
+    }
+
+    #[test]
+    fn a_run_without_new_records_has_no_rate() {
+        assert_eq!(per_second(0, Duration::ZERO), 0.0);
+        assert_eq!(per_second(5, Duration::ZERO), 0.0);
+        assert_eq!(per_second(5, Duration::from_millis(500)), 10.0);
+    }
 }

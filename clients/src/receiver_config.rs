@@ -73,10 +73,16 @@ pub struct ReceiverConfig {
     /// Longest reconnect delay in milliseconds (default 10,000).
     #[serde(default = "default_max_backoff_ms")]
     pub max_backoff_ms: u64,
-    /// Failed connection attempts in a row before giving up (default 0 = never:
-    /// a receiver waits for its broker).
+    /// Failed reconnection attempts in a row before giving up, once a first
+    /// connection was made (default 0 = never: a receiver waits for its broker
+    /// to come back).
     #[serde(default)]
     pub reconnect_attempts: u32,
+    /// Seconds the first connection may keep failing (refused, unreachable)
+    /// before the receiver gives up, for a broker that is still starting
+    /// (default 0: fail at once, naming the address; `--wait-for-broker`).
+    #[serde(default)]
+    pub wait_for_broker_secs: u64,
     /// Log level and optional JSON log file.
     #[serde(default)]
     pub logging: LoggingConfig,
@@ -101,6 +107,7 @@ impl ReceiverConfig {
             reconnect_backoff_ms: default_reconnect_backoff_ms(),
             max_backoff_ms: default_max_backoff_ms(),
             reconnect_attempts: 0,
+            wait_for_broker_secs: 0,
             logging: LoggingConfig::default(),
         }
     }

@@ -46,7 +46,7 @@ use crate::connection::ClientError;
 use crate::crypto::{self, CryptoError, PublicKey};
 use crate::message_source::{correlation_id, Contents};
 use crate::public_keys;
-use crate::reconnect::{dial_client, DialedClient, QUIT_WAIT};
+use crate::reconnect::{dial_client, dial_first, DialedClient, FirstConnectError, QUIT_WAIT};
 use crate::sender_config::SenderConfig;
 use crate::shutdown::Shutdown;
 use crate::task_guard::AbortOnDrop;
@@ -64,10 +64,13 @@ pub enum SenderError {
     Config(#[from] ConfigError),
     /// The TLS files could not be loaded.
     #[error("cannot load the TLS configuration: {0}")]
-    Tls(#[from] ClientError),
-    /// Connecting failed in a way retrying cannot fix, or too many times in a row.
+    Tls(ClientError),
+    /// The first connection could not be made (nothing was sent).
+    #[error(transparent)]
+    FirstConnect(#[from] FirstConnectError),
+    /// Reconnecting failed in a way retrying cannot fix, or too many times in a row.
     #[error("cannot connect to the broker: {0}")]
-    Connect(#[from] ConnectError),
+    Connect(ConnectError),
     /// The pin file of receivers' keys could not be read or written.
     #[error(transparent)]
     Pins(#[from] PinStoreError),
@@ -121,10 +124,10 @@ pub enum SenderError {
     Protocol(String),
     /// Reading the messages (`--file`, stdin) failed.
     #[error("cannot read the messages: {0}")]
-    Input(#[source] std::io::Error),
+    Input(std::io::Error),
     /// Encryption failed.
     #[error("cannot encrypt: {0}")]
-    Crypto(#[from] CryptoError),
+    Crypto(CryptoError),
     /// Message ids would break the 255-byte name rule.
     #[error("message ids would be longer than 255 bytes (sender {sender_id}, run id {run_id}); use shorter names or --run-id")]
     IdTooLong {
@@ -133,6 +136,26 @@ pub enum SenderError {
         /// The run id.
         run_id: String,
     },
+}
+
+// The causes are part of each variant's message, not its `source()`: a
+// report that prints the chain (`{:#}`) would print them twice.
+impl From<ClientError> for SenderError {
+    fn from(e: ClientError) -> Self {
+        SenderError::Tls(e)
+    }
+}
+
+impl From<ConnectError> for SenderError {
+    fn from(e: ConnectError) -> Self {
+        SenderError::Connect(e)
+    }
+}
+
+impl From<CryptoError> for SenderError {
+    fn from(e: CryptoError) -> Self {
+        SenderError::Crypto(e)
+    }
 }
 
 /// Live counters, shared with whoever shows progress. Every message counts once
@@ -263,10 +286,12 @@ where
         elapsed: Duration::ZERO,
     };
 
-    let mut client = match dial_client(
+    // A first connection that fails is a wrong address or a broker not
+    // started: said at once, unless asked to wait. Reconnects back off.
+    let mut client = match dial_first(
         &client_config,
         p.backoff(),
-        p.reconnect_attempts,
+        Duration::from_secs(p.wait_for_broker_secs),
         &mut shutdown,
     )
     .await?

@@ -98,9 +98,13 @@ pub struct PipelineConfig {
     pub retry_backoff_ms: u64,
     /// Longest retry or reconnect delay in milliseconds (default 10,000).
     pub max_backoff_ms: u64,
-    /// Failed connection attempts in a row before giving up (default 20; 0 =
-    /// never give up).
+    /// Failed reconnection attempts in a row before giving up, once a first
+    /// connection was made (default 20; 0 = never give up).
     pub reconnect_attempts: u32,
+    /// Seconds the first connection may keep failing (refused, unreachable)
+    /// before the sender gives up, for a broker that is still starting
+    /// (default 0: fail at once, naming the address; `--wait-for-broker`).
+    pub wait_for_broker_secs: u64,
     /// Seconds to wait for a receiver's public key to be registered before
     /// falling back to the cached key file (default 10; 0 = ask once).
     pub key_wait_secs: u64,
@@ -117,6 +121,7 @@ impl Default for PipelineConfig {
             retry_backoff_ms: 100,
             max_backoff_ms: 10_000,
             reconnect_attempts: 20,
+            wait_for_broker_secs: 0,
             key_wait_secs: 10,
             encrypt_workers: 0,
         }

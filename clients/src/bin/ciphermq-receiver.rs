@@ -45,6 +45,16 @@ struct Args {
     /// Broker address host:port (replaces `server_address`).
     #[arg(long, value_name = "HOST:PORT")]
     address: Option<String>,
+    /// Keep trying the first connection for up to this many seconds, for a
+    /// broker that is still starting (replaces `wait_for_broker_secs`;
+    /// default 0: a first connection that fails is an error at once).
+    #[arg(long, value_name = "SECS")]
+    wait_for_broker: Option<u64>,
+    /// Write `<queue>_received_messages.jsonl` into this directory (replaces
+    /// `output_dir`; relative to the working directory), e.g. to keep a
+    /// script's run apart from the config's own output.
+    #[arg(long, value_name = "DIR")]
+    output_dir: Option<PathBuf>,
     /// Deliveries granted before acks (replaces `prefetch`).
     #[arg(long, value_name = "N")]
     prefetch: Option<u32>,
@@ -73,6 +83,12 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let mut config = ReceiverConfig::load(&path)?;
     if let Some(a) = args.address {
         config.server_address = a;
+    }
+    if let Some(w) = args.wait_for_broker {
+        config.wait_for_broker_secs = w;
+    }
+    if let Some(dir) = args.output_dir {
+        config.output_dir = dir;
     }
     if let Some(p) = args.prefetch {
         config.prefetch = p;
@@ -114,6 +130,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
             "total_records": report.total_records,
             "stop": format!("{:?}", report.stop).to_lowercase(),
             "elapsed_secs": report.elapsed.as_secs_f64(),
+            "active_secs": report.active.as_secs_f64(),
+            "msgs_per_sec": report.msgs_per_sec(),
         });
         std::fs::write(path, serde_json::to_vec_pretty(&json)?)
             .with_context(|| format!("cannot write {}", path.display()))?;
@@ -127,9 +145,13 @@ async fn interrupted() {
     if tokio::signal::ctrl_c().await.is_err() {
         std::future::pending::<()>().await;
     }
-    eprintln!(
-        "\ninterrupted: writing and acknowledging what is in flight (Ctrl+C again to quit now)"
-    );
+    {
+        // Not on the progress line (which also erases the terminal's "^C").
+        let _line = progress::LogLine::start();
+        eprintln!(
+            "interrupted: writing and acknowledging what is in flight (Ctrl+C again to quit now)"
+        );
+    }
     tokio::spawn(async {
         if tokio::signal::ctrl_c().await.is_ok() {
             std::process::exit(130);

@@ -50,6 +50,11 @@ struct Args {
     /// Broker address host:port (replaces `server_address`).
     #[arg(long, value_name = "HOST:PORT")]
     address: Option<String>,
+    /// Keep trying the first connection for up to this many seconds, for a
+    /// broker that is still starting (replaces `sender.wait_for_broker_secs`;
+    /// default 0: a first connection that fails is an error at once).
+    #[arg(long, value_name = "SECS")]
+    wait_for_broker: Option<u64>,
     /// Exchange to publish to (replaces `exchange_name`).
     #[arg(long, value_name = "NAME")]
     exchange: Option<String>,
@@ -94,6 +99,9 @@ async fn run(args: Args) -> anyhow::Result<SenderReport> {
     }
     if let Some(a) = args.address {
         config.server_address = a;
+    }
+    if let Some(w) = args.wait_for_broker {
+        config.sender.wait_for_broker_secs = w;
     }
     if let Some(e) = args.exchange {
         config.exchange_name = e;
@@ -169,9 +177,11 @@ async fn interrupted() {
     if tokio::signal::ctrl_c().await.is_err() {
         std::future::pending::<()>().await;
     }
-    eprintln!(
-        "\ninterrupted: waiting for the replies to publishes in flight (Ctrl+C again to quit now)"
-    );
+    {
+        // Not on the progress line (which also erases the terminal's "^C").
+        let _line = progress::LogLine::start();
+        eprintln!("interrupted: waiting for the replies to publishes in flight (Ctrl+C again to quit now)");
+    }
     tokio::spawn(async {
         if tokio::signal::ctrl_c().await.is_ok() {
             std::process::exit(130);

@@ -293,7 +293,7 @@ pub enum PublishError {
     },
     /// Encrypting failed (a plaintext beyond what ChaCha20-Poly1305 takes).
     #[error("cannot encrypt: {0}")]
-    Crypto(#[from] CryptoError),
+    Crypto(CryptoError),
     /// The message id would break the name rule (a generated id longer than 255
     /// bytes: shorten the CNs, or give ids yourself).
     #[error("invalid message id {0:?}: ids follow the name rule [A-Za-z0-9_.:-]{{1,255}}")]
@@ -307,6 +307,14 @@ pub enum PublishError {
     /// sender and message id).
     #[error(transparent)]
     Request(#[from] RequestError),
+}
+
+// The cause is part of the message, not its `source()`: a report that prints
+// the chain (`{:#}`) would print it twice.
+impl From<CryptoError> for PublishError {
+    fn from(e: CryptoError) -> Self {
+        PublishError::Crypto(e)
+    }
 }
 
 impl PublishError {
@@ -358,7 +366,7 @@ pub enum PinStoreError {
 pub enum DecryptError {
     /// The body is not an encrypted message (`EncryptedInputData`).
     #[error("the body is not an encrypted message: {0}")]
-    Body(#[source] serde_json::Error),
+    Body(serde_json::Error),
     /// The body's `message_id` is not the delivery's: a body moved under
     /// another id.
     #[error("the body's message id {body:?} is not the delivery's {delivery:?}")]
