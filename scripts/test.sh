@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every check CI runs: formatting, clippy (warnings are errors), the
 # fuzz targets' build, the dependency audit, all tests, and the README's "Operate" commands
-# (scripts/operate-check.sh).
+# (scripts/operate-check.sh) and the demo with its port taken
+# (scripts/demo-check.sh).
 # Works on a fresh machine: it installs what the tests need first. Ends with
 # one line, the totals of every test result (exit 1 if any failed or none ran).
 set -euo pipefail
@@ -70,33 +71,51 @@ command -v promtool >/dev/null || {
 echo "== cargo test"
 python3 -c 'import nacl' 2>/dev/null || python3 -m pip install --quiet pynacl  # libsodium for clients/tests/libsodium_interop.rs
 mkdir -p target
-# The status of `cargo test` itself, not tee's: the totals come first.
+# Every test binary runs, even after one fails (--no-fail-fast): a failure
+# early in the list must not hide the rest. The status of `cargo test`
+# itself, not tee's.
 set +e
-cargo test --workspace 2>&1 | tee target/test-output.log
+cargo test --workspace --no-fail-fast 2>&1 | tee target/test-output.log
 status=${PIPESTATUS[0]}
 # The README's "Operate" commands, run as an operator would.
 echo "== scripts/operate-check.sh"
 ./scripts/operate-check.sh
 operate=$?
+# The demo, with its example port taken by someone else's listener.
+echo "== scripts/demo-check.sh"
+./scripts/demo-check.sh
+demo=$?
 set -e
 
 # One line to end on: every `test result:` line summed (unit, integration
-# and doc tests), and a non-zero exit if any failed or none ran.
-awk -v status="$status" -v operate="$operate" '
+# and doc tests), the test binaries run and those that failed (a failed test,
+# or no result line at all: the binary crashed or was killed), and a non-zero
+# exit if any failed or none ran.
+awk -v status="$status" -v operate="$operate" -v demo="$demo" '
+  /^ +(Running|Doc-tests) / {
+    if (open) crashed++
+    started++
+    open = 1
+  }
   /^test result:/ {
     results++
+    open = 0
     for (i = 2; i <= NF; i++) {
       if ($i == "passed;") passed += $(i - 1)
-      if ($i == "failed;") failed += $(i - 1)
+      if ($i == "failed;") { failed += $(i - 1); if ($(i - 1) > 0) failing++ }
       if ($i == "ignored;") ignored += $(i - 1)
     }
   }
   END {
-    line = sprintf("== tests: %d passed, %d failed, %d ignored", passed, failed, ignored)
+    if (open) crashed++
+    line = sprintf("== tests: %d passed, %d failed, %d ignored; %d test binaries run, %d failed", passed, failed, ignored, started, failing + crashed)
+    if (crashed > 0) line = line sprintf(" (%d ended without a result line)", crashed)
     if (results == 0) line = line " (no test result line in target/test-output.log)"
-    else if (status != 0 && failed == 0) line = line " (cargo test exited with status " status ")"
+    else if (status != 0 && failed == 0 && crashed == 0) line = line " (cargo test exited with status " status ")"
     if (operate != 0) line = line "; scripts/operate-check.sh FAILED"
     else line = line "; scripts/operate-check.sh passed"
+    if (demo != 0) line = line "; scripts/demo-check.sh FAILED"
+    else line = line "; scripts/demo-check.sh passed"
     print line
-    exit (results == 0 || failed > 0 || status != 0 || operate != 0) ? 1 : 0
+    exit (results == 0 || failed > 0 || crashed > 0 || status != 0 || operate != 0 || demo != 0) ? 1 : 0
   }' target/test-output.log
