@@ -168,11 +168,18 @@ async fn names_breaking_the_name_rule_are_errors() {
         "OK declare_queue a.b:c-d_E9",
     )
     .await;
-    let max = "q".repeat(255);
+    // A queue name leaves room for its dead-letter queue's `.dlq`.
+    let max = "q".repeat(251);
     check(
         &mut c,
         &format!("declare_queue {max}"),
         &format!("OK declare_queue {max}"),
+    )
+    .await;
+    check(
+        &mut c,
+        &format!("declare_queue {}", "q".repeat(252)),
+        "Error: invalid queue name: at most 251 bytes, so that its dead-letter queue <queue>.dlq fits the 255-byte name rule",
     )
     .await;
 }

@@ -13,6 +13,28 @@ use std::fmt;
 /// Longest name the protocol accepts, in bytes.
 pub const MAX_NAME_LEN: usize = 255;
 
+/// What a queue's dead-letter queue adds to its name: `{queue}.dlq`.
+pub const DEAD_LETTER_SUFFIX: &str = ".dlq";
+
+/// Longest name `declare_queue` accepts, in bytes: a queue's dead-letter
+/// queue, `{queue}.dlq`, must itself be a valid name (and a directory name
+/// the filesystem takes), whatever name a client chose.
+pub const MAX_QUEUE_NAME_LEN: usize = MAX_NAME_LEN - DEAD_LETTER_SUFFIX.len();
+
+/// The queue that takes `queue`'s messages given up after `max_deliveries`:
+/// `{queue}.dlq`, except for a queue that is itself a dead-letter queue (its
+/// name ends in `.dlq`) or one named before the length rule whose
+/// `{queue}.dlq` would be too long: such a queue keeps them, at its tail.
+/// So no chain `….dlq.dlq` grows, and no derived name can fail a file
+/// operation.
+pub fn dead_letter_queue_of(queue: &str) -> std::borrow::Cow<'_, str> {
+    if queue.ends_with(DEAD_LETTER_SUFFIX) || queue.len() > MAX_QUEUE_NAME_LEN {
+        std::borrow::Cow::Borrowed(queue)
+    } else {
+        std::borrow::Cow::Owned(format!("{queue}{DEAD_LETTER_SUFFIX}"))
+    }
+}
+
 /// Most dot-separated words a routing key (and a binding key, `#` aside) may
 /// have.
 ///
@@ -156,6 +178,20 @@ fn word_count(s: &str) -> usize {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_dead_letter_queue_name_always_fits() {
+        let longest = "q".repeat(MAX_QUEUE_NAME_LEN);
+        let dlq = dead_letter_queue_of(&longest);
+        assert_eq!(dlq.len(), MAX_NAME_LEN);
+        assert!(is_valid_name(&dlq));
+        // A dead-letter queue keeps its own; so does an over-long old name.
+        assert_eq!(dead_letter_queue_of(&dlq), dlq);
+        assert_eq!(dead_letter_queue_of("q.dlq"), "q.dlq");
+        let old = "q".repeat(MAX_QUEUE_NAME_LEN + 1);
+        assert_eq!(dead_letter_queue_of(&old), old);
+        assert_eq!(dead_letter_queue_of("orders"), "orders.dlq");
+    }
+
     use super::*;
 
     #[test]

@@ -7,7 +7,9 @@
 
 use std::fmt;
 
-use crate::name::{check_routing_pattern, is_valid_name, RoutingKeyError};
+use crate::name::{
+    check_routing_pattern, is_valid_name, RoutingKeyError, MAX_NAME_LEN, MAX_QUEUE_NAME_LEN,
+};
 
 /// How an exchange matches routing keys against binding keys.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -218,6 +220,10 @@ pub enum ParseError {
         /// Which argument: "queue", "exchange", "message id", "client id".
         what: &'static str,
     },
+    /// `declare_queue` of a name too long for its dead-letter queue
+    /// (`{queue}.dlq`) to be a valid name.
+    #[error("invalid queue name: at most {MAX_QUEUE_NAME_LEN} bytes, so that its dead-letter queue <queue>.dlq fits the {MAX_NAME_LEN}-byte name rule")]
+    QueueNameTooLong,
     /// A binding key breaks the name rule or the word and `#` caps of
     /// [`crate::name`]; invalid characters read `invalid routing key name`.
     #[error("{0}")]
@@ -405,9 +411,11 @@ impl<'a> Request<'a> {
             }
             "declare_queue" => {
                 let [queue] = args::<1>(rest, USAGE_DECLARE_QUEUE)?;
-                Request::DeclareQueue {
-                    queue: name(queue, "queue", USAGE_DECLARE_QUEUE)?,
+                let queue = name(queue, "queue", USAGE_DECLARE_QUEUE)?;
+                if queue.len() > MAX_QUEUE_NAME_LEN {
+                    return Err(ParseError::QueueNameTooLong);
                 }
+                Request::DeclareQueue { queue }
             }
             "declare_exchange" => {
                 let [exchange, kind] = args::<2>(rest, USAGE_DECLARE_EXCHANGE)?;

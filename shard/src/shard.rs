@@ -880,7 +880,8 @@ impl Shard {
     }
 
     /// Moves given-up messages to `{queue}.dlq` (same owner, same shard),
-    /// declaring it on first use.
+    /// declaring it on first use; a dead-letter queue keeps its own at its
+    /// tail ([`ciphermq_proto::name::dead_letter_queue_of`]).
     ///
     /// The declaration does no I/O here: it is applied to the in-memory
     /// topology at once (so the messages go in within this call) and the
@@ -898,7 +899,7 @@ impl Shard {
             dead.clear();
             return;
         };
-        let dlq_name = format!("{queue}.dlq");
+        let dlq_name = ciphermq_proto::name::dead_letter_queue_of(queue).into_owned();
         let info = match self.topology.store().declare_queue(&dlq_name, &owner) {
             Ok(info) => info,
             // A queue declare is never refused; were it to be, no ack is

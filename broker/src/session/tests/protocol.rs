@@ -219,8 +219,9 @@ fn names_breaking_the_name_rule() {
     ] {
         c = c.row(a, line, format!("Error: {error}"));
     }
-    // None of them declared anything; the whole alphabet and 255 bytes do.
-    let max = "q".repeat(255);
+    // None of them declared anything; the whole alphabet and 251 bytes do
+    // (a queue name leaves room for its dead-letter queue's `.dlq`).
+    let max = "q".repeat(251);
     c = c
         .row(a, "bind q ex k", "Error: unknown queue q")
         .row(a, "declare_queue a.b:c-d_E9", "OK declare_queue a.b:c-d_E9")
@@ -228,6 +229,11 @@ fn names_breaking_the_name_rule() {
             a,
             format!("declare_queue {max}"),
             format!("OK declare_queue {max}"),
+        )
+        .row(
+            a,
+            format!("declare_queue {}", "q".repeat(252)),
+            "Error: invalid queue name: at most 251 bytes, so that its dead-letter queue <queue>.dlq fits the 255-byte name rule",
         );
     // A publish to a bad name is a NACK of its message.
     for (exchange, key, id) in [
