@@ -543,6 +543,26 @@ pub(crate) fn render(ctx: &AdminContext, admin: &SlotStats, queue_series: QueueS
         "Shard loop turns that came 20 ms late or more because the shard's thread waited, ready to run, for a CPU most of that time: the host was busy, not the broker.",
         |s| s.cpu_starved.get(),
     );
+    shard_counter(
+        &mut e,
+        shards,
+        "ciphermq_reply_holdbacks_total",
+        "Times a connection stopped being read because its pending replies held performance.max_pending_reply_bytes (a client not reading what it asked for).",
+        |s| s.reply_holdbacks.get(),
+    );
+    e.family(
+        "ciphermq_pending_reply_bytes",
+        Kind::Gauge,
+        "Bytes the shard's connections hold in replies their clients have not read yet (ids, and the bodies a reply keeps alive); each connection at most performance.max_pending_reply_bytes plus one line's worth.",
+    );
+    for s in shards {
+        let shard = s.shard.to_string();
+        e.sample_u64(
+            "ciphermq_pending_reply_bytes",
+            &[("shard", &shard)],
+            s.pending_reply_bytes.get(),
+        );
+    }
     shard_thread_series(&mut e, shards);
     shard_counter(
         &mut e,

@@ -74,6 +74,27 @@ impl Counter {
     }
 }
 
+/// A level with one writer thread, which moves it by deltas.
+#[derive(Debug, Default)]
+pub struct Gauge(AtomicU64);
+
+impl Gauge {
+    /// Moves it from `from` to `to` (the writer's own last and new share of
+    /// it), without a locked instruction: only the owning shard writes.
+    #[inline]
+    pub fn shift(&self, from: u64, to: u64) {
+        let v = self.0.load(Ordering::Relaxed);
+        self.0
+            .store(v.wrapping_add(to).wrapping_sub(from), Ordering::Relaxed);
+    }
+
+    /// The current value, from any thread.
+    #[inline]
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
 /// Why a connection is refused after its handshake: its CN is in no ACL
 /// list ([`REFUSED_UNKNOWN_CLIENT`]), or a per-IP or per-CN connection cap
 /// is reached ([`REFUSED_CONNECTION_LIMIT`]).
@@ -274,6 +295,13 @@ pub struct ShardStats {
     /// Turns as late that the thread spent mostly ready to run but waiting
     /// for a CPU: the host was busy, not the broker.
     pub cpu_starved: Counter,
+    /// Times a connection stopped being read because its pending replies
+    /// held `performance.max_pending_reply_bytes` (a client that does not
+    /// read what it asked for).
+    pub reply_holdbacks: Counter,
+    /// Bytes the shard's connections hold in replies their clients have not
+    /// read yet (see `performance.max_pending_reply_bytes`).
+    pub pending_reply_bytes: Gauge,
     /// Times the shard's loop went silent with its thread asleep, and was
     /// woken from another thread (the broker's nudge thread, this counter's
     /// one writer): its executor can fall asleep with work runnable.
@@ -331,6 +359,8 @@ impl ShardStats {
             loop_lag: Histogram::new(LOOP_LAG_BOUNDS_US),
             stalls: Counter::default(),
             cpu_starved: Counter::default(),
+            reply_holdbacks: Counter::default(),
+            pending_reply_bytes: Gauge::default(),
             nudges: Counter::default(),
             bytes_received: Counter::default(),
             bytes_sent: Counter::default(),

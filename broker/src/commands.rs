@@ -7,7 +7,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use base64::Engine;
-use ciphermq_proto::message::{inspect_batch, inspect_message, MessageError, MessageInfo};
+use ciphermq_proto::message::{
+    inspect_batch_at_most, inspect_message, BatchError, MessageError, MessageInfo,
+};
 use ciphermq_proto::{is_valid_name, NackReason, Request};
 use ciphermq_shard::log::unix_ms;
 use ciphermq_shard::topology::Actor;
@@ -739,13 +741,23 @@ impl Session {
     }
 
     fn publish_batch(&mut self, exchange: &str, routing_key: &str, body: &str, now: Instant) {
-        let Some(elements) = inspect_batch(body) else {
-            let id = &self.identity;
-            log_throttled!(info, INVALID.with(|t| t.admit(now)), "refused bodies",
-                { cn = %id.cn, peer = %id.peer, },
-                "publish_batch refused: invalid message: the body is not a JSON array");
-            self.replies.line("Error: invalid message");
-            return;
+        let max = self.local.shared.settings.max_batch_elements;
+        let elements = match inspect_batch_at_most(body, max) {
+            Ok(elements) => elements,
+            Err(BatchError::NotAnArray) => {
+                let id = &self.identity;
+                log_throttled!(info, INVALID.with(|t| t.admit(now)), "refused bodies",
+                    { cn = %id.cn, peer = %id.peer, },
+                    "publish_batch refused: invalid message: the body is not a JSON array");
+                self.replies.line("Error: invalid message");
+                return;
+            }
+            Err(BatchError::TooMany) => {
+                self.replies.line(format!(
+                    "Error: publish_batch of more than {max} elements (performance.max_batch_elements)"
+                ));
+                return;
+            }
         };
         if elements.is_empty() {
             self.replies.line("OK publish_batch 0");

@@ -571,6 +571,9 @@ impl fmt::Debug for EncryptionConfig {
 /// The smallest `performance.max_reply_bytes_per_turn`.
 pub const MIN_REPLY_BYTES_PER_TURN: usize = 64 * 1024;
 
+/// The smallest `performance.max_pending_reply_bytes`.
+pub const MIN_PENDING_REPLY_BYTES: usize = 64 * 1024;
+
 /// `[performance]`: sizes, timeouts and delivery limits.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(from = "RawPerformanceConfig")]
@@ -615,6 +618,19 @@ pub struct PerformanceConfig {
     /// stops reading from it (backpressure on pipelining clients). At least 1.
     /// Default 65 536.
     pub max_pending_replies: usize,
+    /// Per connection, how many bytes its pending replies may hold (each
+    /// reply's own size, the ids it names, and the bodies it keeps alive
+    /// until it is written: a publish's, a fetch's, a push delivery's)
+    /// before the broker stops reading from it, until the client reads
+    /// some. One line more may pass it, by at most that line's worth
+    /// (docs/PROTOCOL.md, "Memory per connection"). At least 65 536.
+    /// Default 4 MiB (4 194 304).
+    pub max_pending_reply_bytes: usize,
+    /// Most elements one `publish_batch` may hold; a larger batch is
+    /// `Error: publish_batch of more than <n> elements` and nothing of it
+    /// is published, so one line cannot create a reply per byte. At least
+    /// 1. Default 10 000.
+    pub max_batch_elements: usize,
     /// TLS handshakes in progress at once, all clients together, before any
     /// certificate is seen; more are closed at once. Shared evenly by the
     /// shards (each admits its part, rounded up). At least 1. Default 1024.
@@ -671,6 +687,8 @@ struct RawPerformanceConfig {
     max_deliveries: u32,
     default_prefetch: u32,
     max_pending_replies: usize,
+    max_pending_reply_bytes: usize,
+    max_batch_elements: usize,
     max_handshakes: u32,
     max_handshakes_per_ip: u32,
     max_fetch: u32,
@@ -699,6 +717,8 @@ impl Default for RawPerformanceConfig {
             max_deliveries: d.max_deliveries,
             default_prefetch: d.default_prefetch,
             max_pending_replies: d.max_pending_replies,
+            max_pending_reply_bytes: d.max_pending_reply_bytes,
+            max_batch_elements: d.max_batch_elements,
             max_handshakes: d.max_handshakes,
             max_handshakes_per_ip: d.max_handshakes_per_ip,
             max_fetch: d.max_fetch,
@@ -730,6 +750,8 @@ impl From<RawPerformanceConfig> for PerformanceConfig {
             max_deliveries: raw.max_deliveries,
             default_prefetch: raw.default_prefetch,
             max_pending_replies: raw.max_pending_replies,
+            max_pending_reply_bytes: raw.max_pending_reply_bytes,
+            max_batch_elements: raw.max_batch_elements,
             max_handshakes: raw.max_handshakes,
             max_handshakes_per_ip: raw.max_handshakes_per_ip,
             max_fetch: raw.max_fetch,
@@ -760,6 +782,8 @@ impl Default for PerformanceConfig {
             max_deliveries: 10,
             default_prefetch: 1000,
             max_pending_replies: 65_536,
+            max_pending_reply_bytes: 4 << 20,
+            max_batch_elements: 10_000,
             max_handshakes: 1024,
             max_handshakes_per_ip: 64,
             max_fetch: 10_000,
@@ -1308,7 +1332,7 @@ impl Config {
 
     fn validate_performance(&self) -> Result<(), ConfigError> {
         let p = &self.performance;
-        let at_least_one: [(&str, u64); 15] = [
+        let at_least_one: [(&str, u64); 16] = [
             ("performance.max_queues_per_cn", p.max_queues_per_cn as u64),
             (
                 "performance.max_exchanges_per_cn",
@@ -1345,6 +1369,10 @@ impl Config {
                 "performance.max_pending_replies",
                 p.max_pending_replies as u64,
             ),
+            (
+                "performance.max_batch_elements",
+                p.max_batch_elements as u64,
+            ),
         ];
         for (key, value) in at_least_one {
             if value == 0 {
@@ -1360,6 +1388,12 @@ impl Config {
                     p.max_message_bytes,
                     ciphermq_shard::log::record::MAX_RECORD_BYTES >> 20
                 ),
+            ));
+        }
+        if p.max_pending_reply_bytes < MIN_PENDING_REPLY_BYTES {
+            return Err(ConfigError::invalid(
+                "performance.max_pending_reply_bytes",
+                format!("must be at least {MIN_PENDING_REPLY_BYTES}"),
             ));
         }
         if p.max_reply_bytes_per_turn < MIN_REPLY_BYTES_PER_TURN {
@@ -2785,7 +2819,7 @@ mod tests {
             ("logging", 6),
             ("database", 9),
             ("encryption", 2),
-            ("performance", 22),
+            ("performance", 24),
             ("storage", 6),
             ("admin", 9),
             ("rate_limit", 7),

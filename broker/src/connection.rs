@@ -86,6 +86,11 @@ pub struct Connection {
     pub(crate) events: VecDeque<ConnEvent>,
     /// The last whole command, for the idle and heartbeat timeouts.
     pub(crate) last_activity: Instant,
+    /// Reading stopped because the pending replies hold
+    /// `performance.max_pending_reply_bytes`: each stop is counted once.
+    held_back: bool,
+    /// This connection's share of `pending_reply_bytes`, as last reported.
+    reported_reply_bytes: u64,
     timer: Option<Timer>,
     _slot: Option<ConnectionSlot>,
 }
@@ -124,6 +129,8 @@ impl Connection {
             lines,
             events: VecDeque::new(),
             last_activity: Instant::now(),
+            held_back: false,
+            reported_reply_bytes: 0,
             timer: timeout.map(Timer::new),
             _slot: slot,
         }
@@ -173,9 +180,21 @@ impl Connection {
             let stats = &self.session.local.stats;
             stats.bytes_received.add(read);
             stats.bytes_sent.add(written);
+            let held = self.session.replies.held_bytes() as u64;
+            if held != self.reported_reply_bytes {
+                stats
+                    .pending_reply_bytes
+                    .shift(self.reported_reply_bytes, held);
+                self.reported_reply_bytes = held;
+            }
             polled
         })
         .await;
+        let stats = &self.session.local.stats;
+        stats
+            .pending_reply_bytes
+            .shift(self.reported_reply_bytes, 0);
+        self.reported_reply_bytes = 0;
         let (cn, peer) = (&self.session.identity.cn, self.session.identity.peer);
         match &end {
             End::Clean | End::PeerClosed => tracing::debug!(%cn, %peer, "connection closed"),
@@ -233,7 +252,10 @@ impl Connection {
     fn poll_run(&mut self, cx: &mut Context<'_>) -> Poll<End> {
         self.mailbox.register(cx.waker());
         let settings = &self.session.local.shared.settings;
-        let max_pending = settings.max_pending_replies;
+        let max_pending = (
+            settings.max_pending_replies,
+            settings.max_pending_reply_bytes,
+        );
         let mut budget = LINE_BUDGET;
         // Output has its own budget: a fast reader of large fetches must not
         // keep the shard rendering for it alone.
@@ -312,9 +334,17 @@ impl Connection {
         lines: &mut LineBuffer,
         cx: &mut Context<'_>,
         budget: &mut usize,
-        max_pending: usize,
+        (max_pending, max_pending_bytes): (usize, usize),
     ) -> Result<bool, End> {
         let mut progress = false;
+        // Replies the client does not read pin memory: past the byte cap,
+        // no more is read until it drains (one line may pass the cap, by
+        // that line's worth; docs/PROTOCOL.md, "Memory per connection").
+        let held_back = self.session.replies.held_bytes() >= max_pending_bytes;
+        if held_back && !self.held_back {
+            self.session.local.stats.reply_holdbacks.add(1);
+        }
+        self.held_back = held_back;
         // A command decided off the shard (a declare being saved, a key
         // being stored) holds back the next ones: a pipelined publish after
         // `bind` must see the binding.
@@ -322,6 +352,7 @@ impl Connection {
             && *budget > 0
             && self.session.pending_replies.is_empty()
             && self.session.replies.len() < max_pending
+            && self.session.replies.held_bytes() < max_pending_bytes
             && self.tls.outgoing_len() < OUTPUT_HIGH_WATER
         {
             match lines.next_line() {

@@ -35,6 +35,10 @@ pub struct Settings {
     pub default_prefetch: u32,
     /// `performance.max_pending_replies`.
     pub max_pending_replies: usize,
+    /// `performance.max_pending_reply_bytes`.
+    pub max_pending_reply_bytes: usize,
+    /// `performance.max_batch_elements`.
+    pub max_batch_elements: usize,
     /// `performance.handshake_timeout_secs`.
     pub handshake_timeout: Duration,
     /// `performance.max_handshakes`: in progress at once, whole broker.
@@ -84,6 +88,8 @@ impl Settings {
             max_message_bytes: p.max_message_bytes,
             default_prefetch: p.default_prefetch,
             max_pending_replies: p.max_pending_replies,
+            max_pending_reply_bytes: p.max_pending_reply_bytes,
+            max_batch_elements: p.max_batch_elements,
             handshake_timeout: Duration::from_secs(p.handshake_timeout_secs.max(1)),
             max_handshakes: p.max_handshakes,
             max_handshakes_per_ip: p.max_handshakes_per_ip,

@@ -58,6 +58,31 @@ enum Slot {
 }
 
 impl Slot {
+    /// The memory this slot holds: its own size, the strings it owns, and
+    /// the bodies it keeps alive until it is written (a publish's message,
+    /// a fetch's or a push delivery's). A body shared with a queue is
+    /// counted as well: it stays pinned as long as the reply waits.
+    fn held_bytes(&self) -> usize {
+        const SLOT: usize = std::mem::size_of::<Slot>();
+        SLOT + match self {
+            Slot::Line(line) | Slot::Pending(Some(line)) => line.capacity(),
+            Slot::Publish { msg, .. } => message_bytes(msg),
+            Slot::Nack { message_id, .. } => message_id.capacity(),
+            Slot::Fetch {
+                deliveries: Some(deliveries),
+                ..
+            } => deliveries
+                .iter()
+                .map(|d| std::mem::size_of::<Delivery>() + message_bytes(&d.msg))
+                .sum(),
+            Slot::Delivery(d) => message_bytes(&d.msg),
+            Slot::Consume { .. }
+            | Slot::Fetch { .. }
+            | Slot::Purge { .. }
+            | Slot::Pending(None) => 0,
+        }
+    }
+
     fn is_ready(&self) -> bool {
         match self {
             Slot::Publish { waiting, .. } => *waiting == 0,
@@ -70,6 +95,12 @@ impl Slot {
     }
 }
 
+/// What a message held by a reply costs: its body and id, and the
+/// message's own bookkeeping.
+fn message_bytes(msg: &Message) -> usize {
+    std::mem::size_of::<Message>() + msg.body().len() + msg.message_id().len()
+}
+
 /// Replies owed by one connection, in command order.
 #[derive(Debug, Default)]
 pub struct ReplyQueue {
@@ -78,12 +109,20 @@ pub struct ReplyQueue {
     base: u64,
     /// Slots still waiting on another shard.
     waiting: usize,
+    /// The sum of the slots' [`Slot::held_bytes`]: what the connection pins
+    /// until its client reads (`performance.max_pending_reply_bytes`).
+    held: usize,
 }
 
 impl ReplyQueue {
     /// Slots not yet written (ready or not).
     pub fn len(&self) -> usize {
         self.slots.len()
+    }
+
+    /// Bytes the slots not yet written hold (see [`Slot::held_bytes`]).
+    pub fn held_bytes(&self) -> usize {
+        self.held
     }
 
     /// Whether every reply was written.
@@ -111,6 +150,7 @@ impl ReplyQueue {
         if !slot.is_ready() {
             self.waiting += 1;
         }
+        self.held += slot.held_bytes();
         self.slots.push_back(slot);
         seq
     }
@@ -174,7 +214,9 @@ impl ReplyQueue {
             return;
         };
         if let Some(slot @ Slot::Pending(None)) = self.slots.get_mut(index as usize) {
+            self.held -= slot.held_bytes();
             *slot = Slot::Pending(Some(line));
+            self.held += slot.held_bytes();
             self.waiting -= 1;
         }
     }
@@ -190,6 +232,7 @@ impl ReplyQueue {
         let index = seq.checked_sub(self.base)? as usize;
         let slot = self.slots.get_mut(index)?;
         let was_ready = slot.is_ready();
+        let held_before = slot.held_bytes();
         match (slot, completion) {
             (
                 Slot::Publish {
@@ -208,6 +251,7 @@ impl ReplyQueue {
             _ => return None,
         }
         let slot = &self.slots[index];
+        self.held = self.held - held_before + slot.held_bytes();
         if !was_ready && slot.is_ready() {
             self.waiting -= 1;
         }
@@ -244,6 +288,7 @@ impl ReplyQueue {
             let Some(slot) = self.slots.pop_front() else {
                 break;
             };
+            self.held -= slot.held_bytes();
             self.base += 1;
             written += 1;
             match &slot {
@@ -344,6 +389,39 @@ mod tests {
         let mut out = Vec::new();
         q.render(&mut out, usize::MAX);
         assert_eq!(out, b"Message: m q 1 {}\nOK fetch 1\n");
+    }
+
+    /// What the reply queue pins is counted from push to render: a
+    /// publish's body while its `ACK` waits, a fetch's bodies once they
+    /// arrive, and nothing once everything is written.
+    #[test]
+    fn held_bytes_follow_what_the_replies_keep_alive() {
+        let body = format!("{{\"pad\":\"{}\"}}", "x".repeat(100_000));
+        let big = Message::new("big", &body, Arc::from("s"));
+        let mut q = ReplyQueue::default();
+        assert_eq!(q.held_bytes(), 0);
+        let waiting = q.publish(big.clone(), Ok(()), 1, Instant::now());
+        assert!(q.held_bytes() >= 100_000, "{}", q.held_bytes());
+        let after_publish = q.held_bytes();
+        q.nack("-", NackReason::Invalid);
+        let nack = q.held_bytes() - after_publish;
+        assert!(nack < 128, "an invalid element's reply costs {nack} bytes");
+        let fetch = q.fetch(None);
+        let before_fetch = q.held_bytes();
+        let d = Delivery {
+            queue: Arc::from("q"),
+            shard: 0,
+            seq: 0,
+            count: 1,
+            msg: big,
+        };
+        q.complete(fetch, Completion::Fetched(vec![d]));
+        assert!(q.held_bytes() >= before_fetch + 100_000);
+        q.complete(waiting, Completion::Enqueued(Ok(())));
+        let mut out = Vec::new();
+        q.render(&mut out, usize::MAX);
+        assert!(q.is_empty());
+        assert_eq!(q.held_bytes(), 0, "all written, nothing held");
     }
 
     #[test]

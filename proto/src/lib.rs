@@ -22,7 +22,10 @@ pub mod reply;
 pub mod request;
 
 pub use delivery::Delivery;
-pub use message::{inspect_batch, inspect_message, BatchElement, MessageError, MessageInfo};
+pub use message::{
+    inspect_batch, inspect_batch_at_most, inspect_message, BatchElement, BatchError, MessageError,
+    MessageInfo,
+};
 pub use name::{is_valid_name, is_valid_routing_pattern};
 pub use reply::{NackReason, Reply};
 pub use request::{ExchangeKind, ParseError, Request};

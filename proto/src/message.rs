@@ -229,6 +229,58 @@ pub fn inspect_batch(body: &str) -> Option<Vec<BatchElement<'_>>> {
     serde_json::from_str::<Vec<&RawValue>>(body).ok()
 }
 
+/// Why [`inspect_batch_at_most`] refused a `publish_batch` body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BatchError {
+    /// Not a JSON array.
+    NotAnArray,
+    /// More elements than allowed; reading stopped at the first one too many.
+    TooMany,
+}
+
+/// [`inspect_batch`] holding at most `max` elements: a batch of more is
+/// refused as soon as its element `max + 1` is seen, so a line of a million
+/// `1,` costs neither a million replies nor a million-entry list first.
+pub fn inspect_batch_at_most(body: &str, max: usize) -> Result<Vec<BatchElement<'_>>, BatchError> {
+    /// Collects up to `max` elements; past that it stops and says so in
+    /// `too_many` (the parser then reports the unread rest as an error).
+    struct AtMost<'f> {
+        max: usize,
+        too_many: &'f std::cell::Cell<bool>,
+    }
+    impl<'de> Visitor<'de> for AtMost<'_> {
+        type Value = Vec<&'de RawValue>;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a JSON array")
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+            let mut elements = Vec::new();
+            while let Some(element) = seq.next_element::<&'de RawValue>()? {
+                if elements.len() == self.max {
+                    self.too_many.set(true);
+                    return Err(de::Error::custom("too many elements"));
+                }
+                elements.push(element);
+            }
+            Ok(elements)
+        }
+    }
+    let too_many = std::cell::Cell::new(false);
+    let mut de = serde_json::Deserializer::from_str(body);
+    let elements = de.deserialize_seq(AtMost {
+        max,
+        too_many: &too_many,
+    });
+    match elements {
+        _ if too_many.get() => Err(BatchError::TooMany),
+        Ok(elements) => de
+            .end()
+            .map(|()| elements)
+            .map_err(|_| BatchError::NotAnArray),
+        Err(_) => Err(BatchError::NotAnArray),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -316,6 +368,25 @@ mod tests {
             explain_refusal(&format!("{{{body}}}")),
             r#"field "nonce" is not a string"#
         );
+    }
+
+    #[test]
+    fn a_batch_is_refused_at_its_first_element_too_many() {
+        let count = |body: &str, max| inspect_batch_at_most(body, max).map(|e| e.len());
+        assert_eq!(count("[1,2,3]", 3), Ok(3));
+        assert_eq!(count("[1,2,3]", 2), Err(BatchError::TooMany));
+        // Refused before the damaged tail is even read.
+        assert_eq!(count("[1,2,3,", 2), Err(BatchError::TooMany));
+        assert_eq!(count("[]", 0), Ok(0));
+        assert_eq!(count("{}", 5), Err(BatchError::NotAnArray));
+        assert_eq!(count("[1] x", 5), Err(BatchError::NotAnArray));
+        assert_eq!(count("[1,", 5), Err(BatchError::NotAnArray));
+        let same: Vec<&str> = inspect_batch_at_most(r#"[{"a":1}, "x"]"#, 5)
+            .unwrap()
+            .iter()
+            .map(|e| e.get())
+            .collect();
+        assert_eq!(same, [r#"{"a":1}"#, r#""x""#]);
     }
 
     #[test]
