@@ -31,6 +31,7 @@ use crate::context::ShardLocal;
 use crate::server;
 use crate::storage::Storage;
 
+mod confinement;
 mod limits;
 mod matrix;
 mod ownership;

@@ -483,6 +483,24 @@ pub fn ids(got: &[Got]) -> Vec<String> {
 }
 
 /// Publishes `body(id, receiver)` on `exchange` with `key`, asserting `reply`.
+/// Publishes an envelope sealed for `receiver` under routing key `key` and
+/// asserts the reply (a receiver's queue stores only its own envelopes).
+pub async fn publish_for(
+    conn: &mut Connection,
+    exchange: &str,
+    key: &str,
+    receiver: &str,
+    id: &str,
+    reply: &str,
+) {
+    check(
+        conn,
+        &format!("publish {exchange} {key} {}", body(id, receiver)),
+        reply,
+    )
+    .await;
+}
+
 pub async fn publish_expect(
     conn: &mut Connection,
     exchange: &str,
