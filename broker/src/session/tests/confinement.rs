@@ -70,7 +70,14 @@ fn queues() -> Vec<String> {
 fn keys() -> Vec<String> {
     let mut keys: Vec<String> = RECEIVERS
         .iter()
-        .flat_map(|r| [r.to_string(), format!("{r}.a"), format!("{r}.#"), format!("{r}_x")])
+        .flat_map(|r| {
+            [
+                r.to_string(),
+                format!("{r}.a"),
+                format!("{r}.#"),
+                format!("{r}_x"),
+            ]
+        })
         .collect();
     keys.extend(["#", "*", "k", "receiver_1.*"].map(str::to_owned));
     keys
@@ -80,7 +87,11 @@ fn keys() -> Vec<String> {
 fn owner_of(queue: &str) -> Option<&'static str> {
     RECEIVERS
         .iter()
-        .filter(|cn| queue.strip_prefix(**cn).is_some_and(|rest| rest.starts_with('_')))
+        .filter(|cn| {
+            queue
+                .strip_prefix(**cn)
+                .is_some_and(|rest| rest.starts_with('_'))
+        })
         .max_by_key(|cn| cn.len())
         .copied()
 }
@@ -94,7 +105,10 @@ fn command(rng: &mut Rng, who: &str, queues: &[String], keys: &[String], n: usiz
         // For any receiver, under any key: confinement must not depend on
         // a sender choosing keys that match its envelopes.
         let receiver = rng.pick(RECEIVERS);
-        return format!("publish {exchange} {key} {}", body(&format!("m{n}"), receiver));
+        return format!(
+            "publish {exchange} {key} {}",
+            body(&format!("m{n}"), receiver)
+        );
     }
     match rng.below(10) {
         0 | 1 => format!("declare_exchange {exchange} {}", rng.pick(&KINDS)),
@@ -157,7 +171,11 @@ fn drain_and_check(broker: &Broker, admin: &mut Client) -> Result<(), String> {
 fn run(seed: u64) -> Result<(), String> {
     let broker = Broker::start(Backing::Memory, RECEIVERS, "");
     let (queues, keys) = (queues(), keys());
-    let actors: Vec<&str> = RECEIVERS.iter().copied().chain(["admin", "sender_1"]).collect();
+    let actors: Vec<&str> = RECEIVERS
+        .iter()
+        .copied()
+        .chain(["admin", "sender_1"])
+        .collect();
     let mut clients: Vec<Client> = actors.iter().map(|cn| broker.client(cn)).collect();
     let mut checker = broker.client("admin");
     let mut rng = Rng(seed);
@@ -167,12 +185,21 @@ fn run(seed: u64) -> Result<(), String> {
         let line = command(&mut rng, actors[who], &queues, &keys, n);
         let (bindings_before, queues_before) = (bindings(&broker), queue_owners(&broker));
         let replies = clients[who].send(line.as_bytes());
-        let _ = writeln!(history, "  {} > {}\n    {}", actors[who], shorten(&line), replies.join(" | "));
+        let _ = writeln!(
+            history,
+            "  {} > {}\n    {}",
+            actors[who],
+            shorten(&line),
+            replies.join(" | ")
+        );
         let fail = |what: String| format!("seed {seed}, step {n}: {what}\n{history}");
         if actors[who].starts_with("receiver_") {
             let cn = actors[who];
             for (exchange, key, queue) in bindings_before.difference(&bindings(&broker)) {
-                let owner = queues_before.iter().find(|(q, _)| q == queue).map(|(_, o)| o.as_str());
+                let owner = queues_before
+                    .iter()
+                    .find(|(q, _)| q == queue)
+                    .map(|(_, o)| o.as_str());
                 if owner != Some(cn) {
                     return Err(fail(format!(
                         "{cn} removed the binding {queue} {exchange} {key} of {owner:?}"
