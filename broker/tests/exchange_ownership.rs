@@ -80,6 +80,16 @@ async fn a_receiver_cannot_bind_to_another_receivers_fanout_exchange_nor_get_its
     let mut s = connect_as(&broker, "sender_1").await;
     publish_expect(&mut s, "news", "receiver_1", "n-1", "ACK n-1").await;
     publish_expect(&mut s, "news", "receiver_2", "n-2", "ACK n-2").await;
+    // Sealed for the spy, which the refused binds would have let in.
+    publish_for(
+        &mut s,
+        "news",
+        "receiver_2",
+        "receiver_2",
+        "n-3",
+        "NACK n-3 no_route",
+    )
+    .await;
     assert_eq!(
         ids(&fetch(&mut owner, "receiver_1_queue", 10).await),
         ["n-1", "n-2"]
