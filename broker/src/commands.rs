@@ -730,7 +730,14 @@ impl Session {
             seq: self.replies.next_seq(),
         };
         let status = self.local.with_shard(|shard| {
-            shard.publish(origin, exchange, routing_key, Arc::clone(&msg), now)
+            shard.publish(
+                origin,
+                exchange,
+                routing_key,
+                &info.receiver_client_id,
+                Arc::clone(&msg),
+                now,
+            )
         });
         match status {
             PublishStatus::Done(outcome) => self.replies.publish(msg, outcome, 0, now),

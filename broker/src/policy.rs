@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock, Weak};
 use std::task::Poll;
 
 use atomic_waker::AtomicWaker;
-use ciphermq_shard::topology::{Actor, Binding, BindingRule};
+use ciphermq_shard::topology::{Actor, Binding, BindingRule, QueueInfo};
 use ciphermq_shard::TopologyStore;
 
 use crate::acl::Acl;
@@ -70,6 +70,10 @@ struct PolicyRule(Arc<Policy>);
 impl BindingRule for PolicyRule {
     fn check(&self, binding: &Binding<'_>) -> Result<(), String> {
         self.0.acl.judge_binding(binding).map_err(|d| d.reason)
+    }
+
+    fn confined_to(&self, queue: &QueueInfo) -> Option<Arc<str>> {
+        self.0.acl.queue_owner(&queue.name).map(Arc::from)
     }
 }
 

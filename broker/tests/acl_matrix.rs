@@ -806,9 +806,19 @@ async fn receiver_may_bind_a_fanout_exchange_only_if_it_owns_it() {
         "OK bind receiver_1_2_queue rf anything",
     )
     .await;
-    // The refused bind routes nothing to receiver_2.
+    // The refused bind routes nothing to receiver_2: not even an envelope
+    // sealed for receiver_2, which its queue would take.
     let mut s = connect_as(&broker, "sender_1").await;
     publish_expect(&mut s, "rf", "receiver_1", "f-1", "ACK f-1").await;
+    publish_for(
+        &mut s,
+        "rf",
+        "receiver_1",
+        "receiver_2",
+        "f-2",
+        "NACK f-2 no_route",
+    )
+    .await;
     assert_eq!(ids(&fetch(&mut r1, "receiver_1_queue", 10).await), ["f-1"]);
     assert!(fetch(&mut r2, "receiver_2_queue", 10).await.is_empty());
 }

@@ -3,7 +3,9 @@
 //! follow the new lists. Bindings follow it too: those the new ACL does not
 //! allow (their receiver lost its role, or a pattern now matches a longer
 //! CN's keys) are removed and the removal saved; so are those a start under
-//! a changed config finds.
+//! a changed config finds. Confinement follows it as well: a queue whose
+//! receiver lost its role takes what its bindings route, and stores only
+//! that receiver's envelopes again once it is a receiver again.
 
 mod common;
 
@@ -68,6 +70,11 @@ fn durable_config(data: &std::path::Path, receivers: &str) -> Config {
     Config::from_toml_str(&text, data).unwrap()
 }
 
+/// The receivers envelopes are sealed for: a receiver's queue stores only
+/// its own.
+const R1: &str = "receiver_1";
+const R2: &str = "receiver_2";
+
 const ALL: &str = r#"["receiver_1", "receiver_2", "receiver_1_2"]"#;
 const WITHOUT_2: &str = r#"["receiver_1", "receiver_1_2"]"#;
 
@@ -77,12 +84,17 @@ async fn connect(addr: &str, cn: &str) -> Connection {
         .unwrap()
 }
 
-/// Publishes `id` to `exchange` with `key` as `conn`, asserting the reply.
-async fn publish(conn: &mut Connection, exchange: &str, key: &str, id: &str, reply: &str) {
-    let line = format!(
-        "publish {exchange} {key} {}",
-        common::body(id, "receiver_2")
-    );
+/// Publishes `id`, sealed for `receiver`, to `exchange` with `key` as
+/// `conn`, asserting the reply.
+async fn publish(
+    conn: &mut Connection,
+    exchange: &str,
+    key: &str,
+    receiver: &str,
+    id: &str,
+    reply: &str,
+) {
+    let line = format!("publish {exchange} {key} {}", common::body(id, receiver));
     expect(conn, &line, reply).await;
 }
 
@@ -138,24 +150,36 @@ async fn a_reload_that_removes_a_receivers_role_drops_its_bindings_and_saves_tha
         "OK bind receiver_2_queue ex ops",
     )
     .await;
-    publish(&mut admin, "ex", "receiver_2", "before", "ACK before").await;
+    publish(&mut admin, "ex", "receiver_2", R2, "before", "ACK before").await;
 
     let reloaded = durable_config(data.path(), WITHOUT_2);
     broker.reloader()(&reloaded).expect("reload");
 
     // receiver_2's own bindings are gone: nothing routes through them.
-    publish(&mut admin, "ex", "receiver_2", "d-1", "NACK d-1 no_route").await;
+    publish(
+        &mut admin,
+        "ex",
+        "receiver_2",
+        R2,
+        "d-1",
+        "NACK d-1 no_route",
+    )
+    .await;
     publish(
         &mut admin,
         "receiver_2_fan",
         "k",
+        R2,
         "f-1",
         "NACK f-1 no_route",
     )
     .await;
     // The admin's binding and receiver_1's stay.
-    publish(&mut admin, "ex", "ops", "o-1", "ACK o-1").await;
-    publish(&mut admin, "ex", "receiver_1", "r-1", "ACK r-1").await;
+    publish(&mut admin, "ex", "ops", R2, "o-1", "ACK o-1").await;
+    publish(&mut admin, "ex", "receiver_1", R1, "r-1", "ACK r-1").await;
+    // receiver_2_queue is no receiver's now: it takes what its binding
+    // routes, receiver_1's envelope too.
+    publish(&mut admin, "ex", "ops", R1, "o-r1", "ACK o-r1").await;
     // The removal is saved, not only applied.
     saved_topology(data.path(), "lost receiver_2's bindings", |t| {
         t.contains(r#""key": "ops""#) && !t.contains(r#""key": "receiver_2""#)
@@ -167,8 +191,26 @@ async fn a_reload_that_removes_a_receivers_role_drops_its_bindings_and_saves_tha
     let broker = ciphermq_broker::start(&durable_config(data.path(), ALL)).unwrap();
     let addr = broker.local_addr().to_string();
     let mut admin = connect(&addr, "admin").await;
-    publish(&mut admin, "ex", "receiver_2", "d-2", "NACK d-2 no_route").await;
-    publish(&mut admin, "ex", "ops", "o-2", "ACK o-2").await;
+    publish(
+        &mut admin,
+        "ex",
+        "receiver_2",
+        R2,
+        "d-2",
+        "NACK d-2 no_route",
+    )
+    .await;
+    publish(&mut admin, "ex", "ops", R2, "o-2", "ACK o-2").await;
+    // receiver_2's again: its queue takes only receiver_2's envelopes.
+    publish(
+        &mut admin,
+        "ex",
+        "ops",
+        R1,
+        "o-r1-2",
+        "NACK o-r1-2 no_route",
+    )
+    .await;
     broker.shutdown();
 }
 
@@ -205,10 +247,12 @@ async fn a_reload_that_adds_a_longer_cn_drops_patterns_matching_its_keys() {
     // `receiver_1.#` now matches receiver_1.eu's keys: removed. The narrower
     // pattern stays.
     let mut admin = connect(&addr, "admin").await;
+    // receiver_1's envelopes: only the removed binding could have taken them.
     publish(
         &mut admin,
         "t",
         "receiver_1.eu.x",
+        R1,
         "eu-1",
         "NACK eu-1 no_route",
     )
@@ -217,11 +261,20 @@ async fn a_reload_that_adds_a_longer_cn_drops_patterns_matching_its_keys() {
         &mut admin,
         "t",
         "receiver_1.misc",
+        R1,
         "m-1",
         "NACK m-1 no_route",
     )
     .await;
-    publish(&mut admin, "t", "receiver_1.orders.new", "o-1", "ACK o-1").await;
+    publish(
+        &mut admin,
+        "t",
+        "receiver_1.orders.new",
+        R1,
+        "o-1",
+        "ACK o-1",
+    )
+    .await;
     // And it cannot be bound again.
     expect(
         &mut r1,
@@ -246,7 +299,15 @@ async fn a_start_under_a_new_acl_drops_the_bindings_it_no_longer_allows() {
     let broker = ciphermq_broker::start(&durable_config(data.path(), WITHOUT_2)).unwrap();
     let addr = broker.local_addr().to_string();
     let mut admin = connect(&addr, "admin").await;
-    publish(&mut admin, "ex", "receiver_2", "d-1", "NACK d-1 no_route").await;
+    publish(
+        &mut admin,
+        "ex",
+        "receiver_2",
+        R2,
+        "d-1",
+        "NACK d-1 no_route",
+    )
+    .await;
     saved_topology(data.path(), "lost receiver_2's binding", |t| {
         t.contains("receiver_2_queue") && !t.contains(r#""key": "receiver_2""#)
     })

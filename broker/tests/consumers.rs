@@ -514,9 +514,18 @@ async fn another_sender_with_the_same_id_stores_a_second_copy_two_shards() {
     dedup_other_sender(2).await;
 }
 
+/// One message for receiver_2, already stored in `receiver_2_queue`, is
+/// published again on a fanout that also reaches the admin's `audit`: a
+/// duplicate for the first queue, new to the second, which gets its copy.
+/// The two queues live on different shards.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dedup_is_per_queue() {
     let broker = TestBroker::start(2);
+    assert_ne!(
+        broker.shard_of("receiver_2"),
+        broker.shard_of("admin"),
+        "receiver_2_queue and the admin's audit share a shard"
+    );
     let mut admin = connect_as(&broker, "admin").await;
     check(
         &mut admin,
@@ -530,7 +539,7 @@ async fn dedup_is_per_queue() {
         "OK declare_exchange f",
     )
     .await;
-    for q in ["receiver_1_queue", "receiver_2_queue"] {
+    for q in ["receiver_2_queue", "audit"] {
         check(
             &mut admin,
             &format!("declare_queue {q}"),
@@ -546,22 +555,19 @@ async fn dedup_is_per_queue() {
     }
     check(
         &mut admin,
-        "bind receiver_1_queue ex receiver_1",
-        "OK bind receiver_1_queue ex receiver_1",
+        "bind receiver_2_queue ex receiver_2",
+        "OK bind receiver_2_queue ex receiver_2",
     )
     .await;
     let mut s = connect_as(&broker, "sender_1").await;
-    publish_expect(&mut s, "ex", "receiver_1", "p-1", "ACK p-1").await;
-    // Already in receiver_1_queue, new to receiver_2_queue.
-    publish_expect(&mut s, "f", "k", "p-1", "ACK p-1").await;
-    assert_eq!(
-        ids(&fetch(&mut admin, "receiver_1_queue", 10).await),
-        ["p-1"]
-    );
+    publish_for(&mut s, "ex", "receiver_2", "receiver_2", "p-1", "ACK p-1").await;
+    // Already in receiver_2_queue, new to audit.
+    publish_for(&mut s, "f", "k", "receiver_2", "p-1", "ACK p-1").await;
     assert_eq!(
         ids(&fetch(&mut admin, "receiver_2_queue", 10).await),
         ["p-1"]
     );
+    assert_eq!(ids(&fetch(&mut admin, "audit", 10).await), ["p-1"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

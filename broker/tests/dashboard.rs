@@ -167,7 +167,8 @@ async fn the_dashboard_shows_the_live_figures_in_a_real_browser() {
     let mut sender = connect_as(&broker, "sender_1").await;
     for i in 0..BACKLOG {
         let id = format!("backlog-{i}");
-        publish_expect(&mut sender, "ex", "receiver_2", &id, &format!("ACK {id}")).await;
+        let ack = format!("ACK {id}");
+        publish_for(&mut sender, "ex", "receiver_2", "receiver_2", &id, &ack).await;
     }
 
     let proxy = start_proxy(admin).await;

@@ -80,6 +80,16 @@ async fn a_receiver_cannot_bind_to_another_receivers_fanout_exchange_nor_get_its
     let mut s = connect_as(&broker, "sender_1").await;
     publish_expect(&mut s, "news", "receiver_1", "n-1", "ACK n-1").await;
     publish_expect(&mut s, "news", "receiver_2", "n-2", "ACK n-2").await;
+    // Sealed for the spy, which the refused binds would have let in.
+    publish_for(
+        &mut s,
+        "news",
+        "receiver_2",
+        "receiver_2",
+        "n-3",
+        "NACK n-3 no_route",
+    )
+    .await;
     assert_eq!(
         ids(&fetch(&mut owner, "receiver_1_queue", 10).await),
         ["n-1", "n-2"]
@@ -224,8 +234,16 @@ async fn direct_and_topic_exchanges_stay_shared_with_own_keys() {
     check_denied(&mut r2, "bind receiver_2_queue t receiver_1.#", "receiver").await;
     check_denied(&mut r2, "bind receiver_2_queue t #", "receiver").await;
     let mut s = connect_as(&broker, "sender_1").await;
-    publish_expect(&mut s, "ex", "receiver_2", "d-2", "ACK d-2").await;
-    publish_expect(&mut s, "t", "receiver_2.a.b", "t-2", "ACK t-2").await;
+    publish_for(&mut s, "ex", "receiver_2", "receiver_2", "d-2", "ACK d-2").await;
+    publish_for(
+        &mut s,
+        "t",
+        "receiver_2.a.b",
+        "receiver_2",
+        "t-2",
+        "ACK t-2",
+    )
+    .await;
     publish_expect(&mut s, "t", "receiver_1.a", "t-1", "NACK t-1 no_route").await;
     assert_eq!(
         ids(&fetch(&mut r2, "receiver_2_queue", 10).await),
@@ -330,7 +348,15 @@ async fn a_topic_pattern_may_not_match_a_longer_cns_keys() {
         .await;
     }
     let mut s = connect_to(&addr, "sender_1").await;
-    publish_expect(&mut s, "t", "receiver_1.eu.secret", "eu-1", "ACK eu-1").await;
+    publish_for(
+        &mut s,
+        "t",
+        "receiver_1.eu.secret",
+        "receiver_1.eu",
+        "eu-1",
+        "ACK eu-1",
+    )
+    .await;
     publish_expect(&mut s, "t", "receiver_1.orders.new", "own-1", "ACK own-1").await;
     assert_eq!(ids(&fetch(&mut r, "receiver_1_queue", 10).await), ["own-1"]);
     assert_eq!(
@@ -385,4 +411,112 @@ async fn ownership_survives_a_restart() {
         ["r-1"]
     );
     assert_empty(&mut spy, "receiver_2_queue").await;
+}
+
+/// The takeover found from outside: the first receiver to declare a shared
+/// direct exchange owns it; it may not delete it (and declare it again as a
+/// fanout over its own queue) while another receiver's queue is bound there,
+/// and even through a fanout it owns, a receiver's queue stores only
+/// envelopes naming that receiver.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exchange_owner_cannot_take_over_another_receivers_messages() {
+    let broker = TestBroker::start(2);
+    let mut first = connect_as(&broker, "receiver_1").await;
+    let mut second = connect_as(&broker, "receiver_2").await;
+    let mut sender = connect_as(&broker, "sender_1").await;
+    check(
+        &mut first,
+        "declare_exchange shared direct",
+        "OK declare_exchange shared",
+    )
+    .await;
+    check(
+        &mut second,
+        "declare_exchange shared direct",
+        "OK declare_exchange shared",
+    )
+    .await;
+    declare_queue(&mut second, "receiver_2_q").await;
+    check(
+        &mut second,
+        "bind receiver_2_q shared receiver_2",
+        "OK bind receiver_2_q shared receiver_2",
+    )
+    .await;
+
+    // The owner may not delete what another receiver depends on...
+    check(
+        &mut first,
+        "delete_exchange shared",
+        "Access denied: receivers may not delete an exchange while queues of other owners are bound to it (role=receiver)",
+    )
+    .await;
+    // ...nor retype it: it still exists, as a direct exchange.
+    check(
+        &mut first,
+        "declare_exchange shared fanout",
+        "Error: exchange shared exists with type direct",
+    )
+    .await;
+    publish_for(
+        &mut sender,
+        "shared",
+        "receiver_2",
+        "receiver_2",
+        "m-1",
+        "ACK m-1",
+    )
+    .await;
+    assert_eq!(ids(&fetch(&mut second, "receiver_2_q", 10).await), ["m-1"]);
+    check(&mut second, "ack m-1 receiver_2_q", "ACK_CONFIRMED m-1").await;
+
+    // Once the other owner's binding is gone, the owner may delete it.
+    check(
+        &mut second,
+        "unbind receiver_2_q shared receiver_2",
+        "OK unbind receiver_2_q shared receiver_2",
+    )
+    .await;
+    check(
+        &mut first,
+        "delete_exchange shared",
+        "OK delete_exchange shared",
+    )
+    .await;
+
+    // Its own fanout routes everything to its own queue, but the queue takes
+    // only receiver_1's envelopes: receiver_2's message finds no lawful
+    // queue.
+    check(
+        &mut first,
+        "declare_exchange shared fanout",
+        "OK declare_exchange shared",
+    )
+    .await;
+    declare_queue(&mut first, "receiver_1_q").await;
+    check(
+        &mut first,
+        "bind receiver_1_q shared receiver_1",
+        "OK bind receiver_1_q shared receiver_1",
+    )
+    .await;
+    publish_for(
+        &mut sender,
+        "shared",
+        "receiver_2",
+        "receiver_2",
+        "m-2",
+        "NACK m-2 no_route",
+    )
+    .await;
+    publish_for(
+        &mut sender,
+        "shared",
+        "receiver_1",
+        "receiver_1",
+        "m-3",
+        "ACK m-3",
+    )
+    .await;
+    assert_eq!(ids(&fetch(&mut first, "receiver_1_q", 10).await), ["m-3"]);
 }

@@ -460,7 +460,7 @@ async fn delete_queue_over(shards: usize, owner: &str, other: &str) {
     .await;
     let mut sender = connect_as(&broker, "sender_1").await;
     for id in ["d-0", "d-1", "d-2"] {
-        publish_expect(&mut sender, "ex", owner, id, &format!("ACK {id}")).await;
+        publish_for(&mut sender, "ex", owner, owner, id, &format!("ACK {id}")).await;
     }
     // Prefetch 1: one delivery is owed to the consumer, two wait ready.
     assert_eq!(next_delivery(&mut consumer).await.id, "d-0");
@@ -520,7 +520,7 @@ async fn delete_queue_over(shards: usize, owner: &str, other: &str) {
     )
     .await;
     // Its binding went with it.
-    publish_expect(&mut sender, "ex", owner, "d-3", "NACK d-3 no_route").await;
+    publish_for(&mut sender, "ex", owner, owner, "d-3", "NACK d-3 no_route").await;
     check(
         &mut receiver,
         &format!("bind {q} ex {owner}"),
@@ -542,7 +542,7 @@ async fn delete_queue_over(shards: usize, owner: &str, other: &str) {
         &format!("OK bind {q} ex {owner}"),
     )
     .await;
-    publish_expect(&mut sender, "ex", owner, "d-new", "ACK d-new").await;
+    publish_for(&mut sender, "ex", owner, owner, "d-new", "ACK d-new").await;
     assert_eq!(ids(&fetch(&mut receiver, &q, 10).await), ["d-new"]);
     check(&mut receiver, "ack d-new", "ACK_CONFIRMED d-new").await;
     // Its owner may delete it too; nobody is left to tell.

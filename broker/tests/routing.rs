@@ -4,9 +4,13 @@
 //! with 1 and 2 shards; exchange declaration rules; bind and publish errors;
 //! and fan-out copies that are settled independently.
 //!
-//! Queues carry receivers' names so that, with 2 shards, they live on different
-//! shards (receiver_1 and receiver_2/receiver_1_2 hash apart) and a publish
-//! crosses shards.
+//! Routing is confined (docs/PROTOCOL.md, "Exchange ownership"): a queue a
+//! receiver owns stores only envelopes sealed for that receiver, whatever
+//! bindings lead there, and a message no lawful queue takes is `no_route`.
+//! So one message is copied into queues of one receiver and into queues no
+//! receiver owns (an admin's `audit`, placed by the admin's CN). With 2
+//! shards, receiver_2's queues and the admin's live on different shards
+//! (checked by [`spans_two_shards`]), so a publish crosses shards.
 
 mod common;
 
@@ -51,12 +55,30 @@ fn strings(v: &[&str]) -> Vec<String> {
     v.iter().map(|s| (*s).to_owned()).collect()
 }
 
+/// With 2+ shards, asserts that receiver_2's queues and the admin's queues
+/// (placed by the admin's CN) live on different shards.
+fn spans_two_shards(broker: &TestBroker) {
+    if broker.shards > 1 {
+        assert_ne!(
+            broker.shard_of("receiver_2"),
+            broker.shard_of("admin"),
+            "receiver_2's queues and the admin's share a shard"
+        );
+    }
+}
+
 // ---------------------------------------------------------------------------
 // direct
 // ---------------------------------------------------------------------------
 
+/// Direct routing by exact key: each receiver's key reaches its queue; a key
+/// bound to several queues copies the message to each that may take it (the
+/// receiver's queue and the admin's `audit`, on another shard with 2); an
+/// envelope for receiver_1 under receiver_2's key is `no_route` and stores
+/// nothing in receiver_2's queue.
 async fn direct(shards: usize) {
     let broker = TestBroker::start(shards);
+    spans_two_shards(&broker);
     let mut admin = connect_as(&broker, "admin").await;
     check(
         &mut admin,
@@ -66,10 +88,24 @@ async fn direct(shards: usize) {
     .await;
     queue_bound(&mut admin, "receiver_1_queue", "d", &["receiver_1", "both"]).await;
     queue_bound(&mut admin, "receiver_2_queue", "d", &["receiver_2", "both"]).await;
+    queue_bound(&mut admin, "audit", "d", &["both"]).await;
     let mut s = connect_as(&broker, broker.sender_on_other_shard("receiver_2")).await;
-    publish_expect(&mut s, "d", "receiver_1", "d-1", "ACK d-1").await;
-    publish_expect(&mut s, "d", "receiver_2", "d-2", "ACK d-2").await;
-    publish_expect(&mut s, "d", "both", "d-3", "ACK d-3").await;
+    publish_for(&mut s, "d", "receiver_1", "receiver_1", "d-1", "ACK d-1").await;
+    publish_for(&mut s, "d", "receiver_2", "receiver_2", "d-2", "ACK d-2").await;
+    // One key, several queues: a copy in each queue that may hold it.
+    publish_for(&mut s, "d", "both", "receiver_1", "d-3", "ACK d-3").await;
+    publish_for(&mut s, "d", "both", "receiver_2", "d-4", "ACK d-4").await;
+    // Confinement: receiver_2's key routes only to receiver_2's queue, which
+    // takes no envelope for receiver_1.
+    publish_for(
+        &mut s,
+        "d",
+        "receiver_2",
+        "receiver_1",
+        "c-1",
+        "NACK c-1 no_route",
+    )
+    .await;
     // Exact key only: no prefix, suffix, case or wildcard matching.
     for (i, key) in [
         "receiver_1.x",
@@ -97,8 +133,9 @@ async fn direct(shards: usize) {
     );
     assert_eq!(
         drain(&mut admin, "receiver_2_queue").await,
-        strings(&["d-2", "d-3"])
+        strings(&["d-2", "d-4"])
     );
+    assert_eq!(drain(&mut admin, "audit").await, strings(&["d-3", "d-4"]));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -137,8 +174,13 @@ async fn default_exchange_type_is_direct() {
 // fanout
 // ---------------------------------------------------------------------------
 
+/// A fanout exchange copies each message to every bound queue that may take
+/// it, whatever the keys: two queues of receiver_2 and the admin's `audit`
+/// (on another shard with 2) get receiver_2's messages; a message for
+/// receiver_1 reaches `audit` only.
 async fn fanout(shards: usize) {
     let broker = TestBroker::start(shards);
+    spans_two_shards(&broker);
     let mut admin = connect_as(&broker, "admin").await;
     check(
         &mut admin,
@@ -146,22 +188,28 @@ async fn fanout(shards: usize) {
         "OK declare_exchange f",
     )
     .await;
-    queue_bound(&mut admin, "receiver_1_queue", "f", &["receiver_1"]).await;
-    queue_bound(&mut admin, "receiver_2_queue", "f", &["anything"]).await;
-    queue_bound(&mut admin, "receiver_1_2_queue", "f", &["x", "y"]).await;
+    queue_bound(&mut admin, "receiver_2_queue", "f", &["receiver_2"]).await;
+    queue_bound(&mut admin, "receiver_2_q2", "f", &["anything"]).await;
+    queue_bound(&mut admin, "audit", "f", &["x", "y"]).await;
     check(
         &mut admin,
         "declare_queue receiver_2_unbound",
         "OK declare_queue receiver_2_unbound",
     )
     .await;
-    let mut s = connect_as(&broker, broker.sender_on_other_shard("receiver_1")).await;
-    publish_expect(&mut s, "f", "receiver_1", "f-1", "ACK f-1").await;
-    publish_expect(&mut s, "f", "unrelated.key", "f-2", "ACK f-2").await;
-    for q in ["receiver_1_queue", "receiver_2_queue", "receiver_1_2_queue"] {
+    let mut s = connect_as(&broker, broker.sender_on_other_shard("receiver_2")).await;
+    publish_for(&mut s, "f", "receiver_2", "receiver_2", "f-1", "ACK f-1").await;
+    publish_for(&mut s, "f", "unrelated.key", "receiver_2", "f-2", "ACK f-2").await;
+    for q in ["receiver_2_queue", "receiver_2_q2", "audit"] {
         assert_eq!(drain(&mut admin, q).await, strings(&["f-1", "f-2"]), "{q}");
     }
     assert!(drain(&mut admin, "receiver_2_unbound").await.is_empty());
+    // Confinement: receiver_2's queues take no copy of receiver_1's message.
+    publish_for(&mut s, "f", "receiver_2", "receiver_1", "f-3", "ACK f-3").await;
+    assert_eq!(drain(&mut admin, "audit").await, strings(&["f-3"]));
+    for q in ["receiver_2_queue", "receiver_2_q2", "receiver_2_unbound"] {
+        assert!(drain(&mut admin, q).await.is_empty(), "{q}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -191,8 +239,13 @@ async fn fanout_exchange_without_bindings_is_no_route() {
 // topic
 // ---------------------------------------------------------------------------
 
+/// Topic patterns (`*` one word, `#` zero or more), one copy per queue
+/// however many of its bindings match. The messages are receiver_2's; its
+/// queues alternate with the admin's, so 2 shards split them. Then a
+/// message for receiver_1 reaches only the admin's matching queues.
 async fn topic(shards: usize) {
     let broker = TestBroker::start(shards);
+    spans_two_shards(&broker);
     let mut admin = connect_as(&broker, "admin").await;
     check(
         &mut admin,
@@ -200,14 +253,14 @@ async fn topic(shards: usize) {
         "OK declare_exchange t",
     )
     .await;
-    // Queue names owned by different receivers, so 2 shards split them.
+    // receiver_2's queues and the admin's, so 2 shards split them.
     let (qa, qb, qc, qd, qe, qf) = (
-        "receiver_1_a",
-        "receiver_2_b",
-        "receiver_1_2_c",
-        "receiver_1_d",
+        "receiver_2_a",
+        "audit_b",
+        "receiver_2_c",
+        "audit_d",
         "receiver_2_e",
-        "receiver_1_2_f",
+        "audit_f",
     );
     queue_bound(&mut admin, qa, "t", &["a.*"]).await;
     queue_bound(&mut admin, qb, "t", &["a.#"]).await;
@@ -230,7 +283,7 @@ async fn topic(shards: usize) {
         ("t-9", "b.a"),     // qf
     ];
     for (id, key) in publishes {
-        publish_expect(&mut s, "t", key, id, &format!("ACK {id}")).await;
+        publish_for(&mut s, "t", key, "receiver_2", id, &format!("ACK {id}")).await;
     }
     assert_eq!(drain(&mut admin, qa).await, strings(&["t-1"]), "a.*");
     assert_eq!(
@@ -258,6 +311,15 @@ async fn topic(shards: usize) {
         strings(&["t-1", "t-2", "t-3", "t-4", "t-5", "t-6", "t-7", "t-8", "t-9"]),
         "#"
     );
+    // Confinement: `a.b.c` matches qb, qc, qe and qf; receiver_1's message
+    // goes to the admin's two only.
+    publish_for(&mut s, "t", "a.b.c", "receiver_1", "c-1", "ACK c-1").await;
+    for q in [qb, qf] {
+        assert_eq!(drain(&mut admin, q).await, strings(&["c-1"]), "{q}");
+    }
+    for q in [qa, qc, qd, qe] {
+        assert!(drain(&mut admin, q).await.is_empty(), "{q}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -288,10 +350,86 @@ async fn topic_exchange_without_a_match_is_no_route_and_stores_nothing() {
         ("n-3", "c.b.d"),
         ("n-4", "b"),
     ] {
-        publish_expect(&mut admin, "t", key, id, &format!("NACK {id} no_route")).await;
+        // Sealed for each receiver in turn, so either queue could take it
+        // if its pattern matched.
+        for receiver in ["receiver_1", "receiver_2"] {
+            let id = format!("{id}-{receiver}");
+            let reply = format!("NACK {id} no_route");
+            publish_for(&mut admin, "t", key, receiver, &id, &reply).await;
+        }
     }
     assert!(drain(&mut admin, "receiver_1_queue").await.is_empty());
     assert!(drain(&mut admin, "receiver_2_queue").await.is_empty());
+}
+
+/// Confinement (docs/PROTOCOL.md, "Exchange ownership"): whatever binding
+/// leads to receiver_2's queue (its own key on a direct exchange, a fanout,
+/// its own pattern on a topic exchange), an envelope sealed for receiver_1
+/// is `NACK <id> no_route` there, one batch element as much as a publish,
+/// and receiver_2's queue stores nothing of it; receiver_2's own envelopes
+/// still arrive. The sender lives on another shard than the queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_envelope_for_another_receiver_is_no_route_and_stores_nothing() {
+    let broker = TestBroker::start(2);
+    let mut admin = connect_as(&broker, "admin").await;
+    check(
+        &mut admin,
+        "declare_queue receiver_2_queue",
+        "OK declare_queue receiver_2_queue",
+    )
+    .await;
+    for (ex, kind, key) in [
+        ("d", "direct", "receiver_2"),
+        ("f", "fanout", "k"),
+        ("t", "topic", "receiver_2.#"),
+    ] {
+        check(
+            &mut admin,
+            &format!("declare_exchange {ex} {kind}"),
+            &format!("OK declare_exchange {ex}"),
+        )
+        .await;
+        check(
+            &mut admin,
+            &format!("bind receiver_2_queue {ex} {key}"),
+            &format!("OK bind receiver_2_queue {ex} {key}"),
+        )
+        .await;
+    }
+    let mut s = connect_as(&broker, broker.sender_on_other_shard("receiver_2")).await;
+    for (i, (ex, key)) in [
+        ("d", "receiver_2"),
+        ("f", "receiver_2"),
+        ("t", "receiver_2.x"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let id = format!("x-{i}");
+        let nack = format!("NACK {id} no_route");
+        publish_for(&mut s, ex, key, "receiver_1", &id, &nack).await;
+    }
+    let batch = format!(
+        "[{},{}]",
+        body("xb-1", "receiver_1"),
+        body("ok-1", "receiver_2")
+    );
+    send(&mut s, &format!("publish_batch d receiver_2 {batch}")).await;
+    assert_eq!(line(&mut s).await, "NACK xb-1 no_route");
+    assert_eq!(line(&mut s).await, "ACK ok-1");
+    publish_for(
+        &mut s,
+        "t",
+        "receiver_2.y",
+        "receiver_2",
+        "ok-2",
+        "ACK ok-2",
+    )
+    .await;
+    assert_eq!(
+        drain(&mut admin, "receiver_2_queue").await,
+        strings(&["ok-1", "ok-2"])
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -439,8 +577,12 @@ async fn body_is_relayed_byte_identical_with_extra_fields() {
 // fan-out copies are independent (§4)
 // ---------------------------------------------------------------------------
 
+/// One message for receiver_2 fanned out to receiver_2's queue and the
+/// admin's `audit` (another shard with 2): receiver_2 acks its copy, which
+/// is gone for good, while the admin's copy is untouched.
 async fn fanout_ack_independence(shards: usize) {
     let broker = TestBroker::start(shards);
+    spans_two_shards(&broker);
     let mut admin = connect_as(&broker, "admin").await;
     check(
         &mut admin,
@@ -448,42 +590,41 @@ async fn fanout_ack_independence(shards: usize) {
         "OK declare_exchange f",
     )
     .await;
-    queue_bound(&mut admin, "receiver_1_queue", "f", &["k"]).await;
     queue_bound(&mut admin, "receiver_2_queue", "f", &["k"]).await;
+    queue_bound(&mut admin, "audit", "f", &["k"]).await;
     let mut s = connect_as(&broker, "sender_1").await;
-    publish_expect(&mut s, "f", "k", "fan-1", "ACK fan-1").await;
+    publish_for(&mut s, "f", "k", "receiver_2", "fan-1", "ACK fan-1").await;
 
-    let mut r1 = connect_as(&broker, "receiver_1").await;
+    let mut r2 = connect_as(&broker, "receiver_2").await;
     let mut pushed = Vec::new();
     check_skipping(
-        &mut r1,
-        "consume receiver_1_queue",
-        "OK consume receiver_1_queue",
+        &mut r2,
+        "consume receiver_2_queue",
+        "OK consume receiver_2_queue",
         &mut pushed,
     )
     .await;
     if pushed.is_empty() {
-        pushed.push(next_delivery(&mut r1).await);
+        pushed.push(next_delivery(&mut r2).await);
     }
     assert_eq!(
         (pushed[0].id.as_str(), pushed[0].queue.as_str()),
-        ("fan-1", "receiver_1_queue")
+        ("fan-1", "receiver_2_queue")
     );
-    check(&mut r1, "ack fan-1", "ACK_CONFIRMED fan-1").await;
-    // Gone from receiver_1_queue for good...
-    drop(r1);
-    let mut r1 = connect_as(&broker, "receiver_1").await;
+    check(&mut r2, "ack fan-1", "ACK_CONFIRMED fan-1").await;
+    // Gone from receiver_2_queue for good...
+    drop(r2);
+    let mut r2 = connect_as(&broker, "receiver_2").await;
     assert!(
-        fetch(&mut r1, "receiver_1_queue", 10).await.is_empty(),
+        fetch(&mut r2, "receiver_2_queue", 10).await.is_empty(),
         "acked copy came back"
     );
-    // ...while receiver_2's copy is untouched: first delivery.
-    let mut r2 = connect_as(&broker, "receiver_2").await;
-    let got = fetch(&mut r2, "receiver_2_queue", 10).await;
-    assert_eq!(got.len(), 1, "receiver_2's copy: {got:?}");
+    // ...while the admin's copy is untouched: first delivery.
+    let got = fetch(&mut admin, "audit", 10).await;
+    assert_eq!(got.len(), 1, "the admin's copy: {got:?}");
     assert_eq!(
         (got[0].id.as_str(), got[0].queue.as_str(), got[0].count),
-        ("fan-1", "receiver_2_queue", 1)
+        ("fan-1", "audit", 1)
     );
 }
 
@@ -497,8 +638,13 @@ async fn ack_in_one_queue_leaves_the_fanout_copy_in_another_two_shards() {
     fanout_ack_independence(2).await;
 }
 
+/// One connection (the admin's) holds two copies of one message for
+/// receiver_2, from the admin's `audit` and receiver_2's queue (another
+/// shard with 2): an ack naming `audit` settles that copy only, and closing
+/// returns receiver_2's as a redelivery.
 async fn ack_with_queue(shards: usize) {
     let broker = TestBroker::start(shards);
+    spans_two_shards(&broker);
     let mut admin = connect_as(&broker, "admin").await;
     check(
         &mut admin,
@@ -506,34 +652,26 @@ async fn ack_with_queue(shards: usize) {
         "OK declare_exchange f",
     )
     .await;
-    queue_bound(&mut admin, "receiver_1_queue", "f", &["k"]).await;
+    queue_bound(&mut admin, "audit", "f", &["k"]).await;
     queue_bound(&mut admin, "receiver_2_queue", "f", &["k"]).await;
-    publish_expect(&mut admin, "f", "k", "fan-1", "ACK fan-1").await;
+    publish_for(&mut admin, "f", "k", "receiver_2", "fan-1", "ACK fan-1").await;
     // One connection holds both copies.
-    assert_eq!(
-        ids(&fetch(&mut admin, "receiver_1_queue", 1).await),
-        ["fan-1"]
-    );
+    assert_eq!(ids(&fetch(&mut admin, "audit", 1).await), ["fan-1"]);
     assert_eq!(
         ids(&fetch(&mut admin, "receiver_2_queue", 1).await),
         ["fan-1"]
     );
+    check(&mut admin, "ack fan-1 audit", "ACK_CONFIRMED fan-1").await;
     check(
         &mut admin,
-        "ack fan-1 receiver_1_queue",
-        "ACK_CONFIRMED fan-1",
-    )
-    .await;
-    check(
-        &mut admin,
-        "ack fan-1 receiver_1_queue",
+        "ack fan-1 audit",
         "Error: no outstanding delivery fan-1",
     )
     .await;
     // Closing returns only receiver_2's copy, as a redelivery.
     drop(admin);
     let mut admin = connect_as(&broker, "admin").await;
-    assert!(fetch(&mut admin, "receiver_1_queue", 10).await.is_empty());
+    assert!(fetch(&mut admin, "audit", 10).await.is_empty());
     let got = fetch(&mut admin, "receiver_2_queue", 10).await;
     assert_eq!(got.len(), 1, "{got:?}");
     assert_eq!((got[0].id.as_str(), got[0].count), ("fan-1", 2));
@@ -561,9 +699,13 @@ async fn ack_naming_a_queue_settles_only_that_queues_copy_two_shards() {
     ack_with_queue(2).await;
 }
 
+/// An ack without a queue settles the copies of the id in every queue the
+/// connection holds it from (the admin's `audit` and receiver_2's queue, on
+/// two shards).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ack_without_queue_settles_every_copy_of_the_id() {
     let broker = TestBroker::start(2);
+    spans_two_shards(&broker);
     let mut admin = connect_as(&broker, "admin").await;
     check(
         &mut admin,
@@ -571,13 +713,10 @@ async fn ack_without_queue_settles_every_copy_of_the_id() {
         "OK declare_exchange f",
     )
     .await;
-    queue_bound(&mut admin, "receiver_1_queue", "f", &["k"]).await;
+    queue_bound(&mut admin, "audit", "f", &["k"]).await;
     queue_bound(&mut admin, "receiver_2_queue", "f", &["k"]).await;
-    publish_expect(&mut admin, "f", "k", "fan-1", "ACK fan-1").await;
-    assert_eq!(
-        ids(&fetch(&mut admin, "receiver_1_queue", 1).await),
-        ["fan-1"]
-    );
+    publish_for(&mut admin, "f", "k", "receiver_2", "fan-1", "ACK fan-1").await;
+    assert_eq!(ids(&fetch(&mut admin, "audit", 1).await), ["fan-1"]);
     assert_eq!(
         ids(&fetch(&mut admin, "receiver_2_queue", 1).await),
         ["fan-1"]
@@ -591,6 +730,6 @@ async fn ack_without_queue_settles_every_copy_of_the_id() {
     .await;
     drop(admin);
     let mut admin = connect_as(&broker, "admin").await;
-    assert!(fetch(&mut admin, "receiver_1_queue", 10).await.is_empty());
+    assert!(fetch(&mut admin, "audit", 10).await.is_empty());
     assert!(fetch(&mut admin, "receiver_2_queue", 10).await.is_empty());
 }

@@ -31,6 +31,9 @@ pub struct MessageInfo<'a> {
     /// `sender_client_id`, when the body names its sender; the broker
     /// refuses a publish whose claim is not the publisher's CN.
     pub sender_client_id: Option<Cow<'a, str>>,
+    /// `receiver_client_id`: the receiver the payload is sealed for. A
+    /// queue a receiver owns stores only envelopes naming that receiver.
+    pub receiver_client_id: Cow<'a, str>,
 }
 
 /// Why a body is refused. The two cases get different replies.
@@ -128,8 +131,8 @@ impl<'de: 'a, 'a, const KEEP: bool> Visitor<'de> for AnyVisitor<'a, KEEP> {
 struct Envelope<'a> {
     #[serde(borrow, default)]
     message_id: Option<Field<'a>>,
-    #[serde(default)]
-    receiver_client_id: IsString,
+    #[serde(borrow, default)]
+    receiver_client_id: Option<Field<'a>>,
     #[serde(default)]
     enc_session_key: IsString,
     #[serde(default)]
@@ -149,19 +152,21 @@ pub fn inspect_message(body: &str) -> Result<MessageInfo<'_>, MessageError> {
         Some(Field::Str(id)) if is_valid_name(&id) => id,
         _ => return Err(MessageError::Unreadable),
     };
-    let complete = envelope.receiver_client_id.0
-        && envelope.enc_session_key.0
-        && envelope.nonce.0
-        && envelope.ciphertext.0;
+    let receiver_client_id = match envelope.receiver_client_id {
+        Some(Field::Str(receiver)) => Some(receiver),
+        _ => None,
+    };
+    let complete = envelope.enc_session_key.0 && envelope.nonce.0 && envelope.ciphertext.0;
     let sender_client_id = match envelope.sender_client_id {
         None => Some(None),
         Some(Field::Str(sender)) => Some(Some(sender)),
         Some(Field::Other) => None,
     };
-    match sender_client_id {
-        Some(sender_client_id) if complete => Ok(MessageInfo {
+    match (sender_client_id, receiver_client_id) {
+        (Some(sender_client_id), Some(receiver_client_id)) if complete => Ok(MessageInfo {
             message_id,
             sender_client_id,
+            receiver_client_id,
         }),
         _ => Err(MessageError::Invalid {
             message_id: message_id.into_owned(),

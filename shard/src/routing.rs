@@ -30,6 +30,22 @@ pub struct Target {
     pub queue: Arc<str>,
     /// Owning shard.
     pub shard: ShardId,
+    /// The receiver that owns the queue, when one does: the queue takes
+    /// only envelopes naming that receiver, whatever binding led there
+    /// (confinement: no sequence of topology commands can make a receiver's
+    /// queue collect another receiver's messages). `None`: an admin's
+    /// queue, which takes what its bindings route.
+    pub confined_to: Option<Arc<str>>,
+}
+
+impl Target {
+    /// Whether this queue may store an envelope naming `receiver`.
+    #[inline]
+    pub fn admits(&self, receiver: &str) -> bool {
+        self.confined_to
+            .as_deref()
+            .is_none_or(|owner| owner == receiver)
+    }
 }
 
 /// An exchange and its bindings, indexed for its kind.
@@ -177,6 +193,7 @@ mod tests {
         Target {
             queue: Arc::from(q),
             shard: 0,
+            confined_to: None,
         }
     }
 
@@ -303,6 +320,7 @@ mod tests {
                     out.push(Target {
                         queue: Arc::from(format!("q{q}")),
                         shard: round,
+                        confined_to: None,
                     });
                 }
             }

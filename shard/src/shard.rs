@@ -694,13 +694,17 @@ impl Shard {
         }
     }
 
-    /// Routes a validated message and stores it in every matching queue:
-    /// local queues now, remote ones through the mesh.
+    /// Routes a validated message for `receiver` (its envelope's
+    /// `receiver_client_id`) and stores it in every matching queue that may
+    /// hold it: local queues now, remote ones through the mesh. A queue a
+    /// receiver owns takes only that receiver's envelopes, whatever bound it
+    /// (DESIGN's confinement); a message no lawful queue takes is `no_route`.
     pub fn publish(
         &mut self,
         origin: Origin,
         exchange: &str,
         routing_key: &str,
+        receiver: &str,
         msg: Arc<Message>,
         now: Instant,
     ) -> PublishStatus {
@@ -710,6 +714,7 @@ impl Shard {
             .topology
             .current()
             .route(exchange, routing_key, &mut targets);
+        targets.retain(|t| t.admits(receiver));
         if !exists || targets.is_empty() {
             self.targets = targets;
             return PublishStatus::Done(Err(NackReason::NoRoute));

@@ -75,6 +75,11 @@ pub const FANOUT_NOT_OWNED: &str = "receivers may only bind queues to fanout exc
 /// Why a receiver may not delete an exchange it does not own.
 pub const EXCHANGE_NOT_OWNED: &str = "receivers may only delete exchanges they own";
 
+/// Why a receiver may not delete its own exchange while another owner's
+/// queue is bound to it.
+pub const EXCHANGE_HAS_OTHERS_BINDINGS: &str =
+    "receivers may not delete an exchange while queues of other owners are bound to it";
+
 /// Why a receiver may not delete a queue it does not own.
 pub const QUEUE_NOT_OWNED: &str = "receivers may only delete queues they own";
 
@@ -124,6 +129,10 @@ pub trait BindingRule: Send + Sync + fmt::Debug {
     /// `Err(reason)` when `binding` may not exist; the reason is worded for
     /// an `Access denied: <reason>` reply and for the log.
     fn check(&self, binding: &Binding<'_>) -> Result<(), String>;
+
+    /// The receiver that owns `queue`, whose envelopes alone it may store
+    /// (see [`Target::confined_to`]); `None` for a queue no receiver owns.
+    fn confined_to(&self, queue: &QueueInfo) -> Option<Arc<str>>;
 }
 
 /// A binding a [`BindingRule`] refused when it was installed, for the log.
@@ -423,6 +432,12 @@ impl Topology {
                     if self.exchange_owner(name) != Some(&**cn) {
                         return Err(TopologyError::Denied(EXCHANGE_NOT_OWNED.into()));
                     }
+                    // Deleting it would take other owners' bindings with it,
+                    // and declaring it again (of another type) would retype
+                    // what they depend on.
+                    if self.exchange_has_others_bindings(name, cn) {
+                        return Err(TopologyError::Denied(EXCHANGE_HAS_OTHERS_BINDINGS.into()));
+                    }
                 }
                 if let Some(ex) = self.exchanges.remove(name.as_str()) {
                     for (key, target) in ex.bindings() {
@@ -439,6 +454,17 @@ impl Topology {
                 Ok(self.deleting.remove(name.as_str()).is_some())
             }
         }
+    }
+
+    /// Whether a queue not owned by `cn` is bound to exchange `name`.
+    fn exchange_has_others_bindings(&self, name: &str, cn: &str) -> bool {
+        self.exchanges.get(name).is_some_and(|ex| {
+            ex.bindings().any(|(_, target)| {
+                self.queues
+                    .get(&target.queue)
+                    .is_some_and(|q| *q.owner != *cn)
+            })
+        })
     }
 
     /// `delete_queue`: ownership before existence is the ACL's; here a
@@ -523,6 +549,7 @@ impl Topology {
         let target = Target {
             queue: info.name.clone(),
             shard: info.shard,
+            confined_to: self.rule.as_ref().and_then(|rule| rule.confined_to(info)),
         };
         let id = BindingId::new(exchange, key, queue);
         if self.binders.contains_key(&id) {
@@ -609,8 +636,7 @@ impl Topology {
                 }
             }
         }
-        // The routing index has no removal: each exchange that lost a
-        // binding is rebuilt once, without them, keeping the others in order.
+        // The routing index has no removal.
         let mut gone: HashMap<&str, Vec<(&str, &str)>> = HashMap::new();
         for r in &removed {
             self.forget_binding(&r.exchange, &r.key, &r.queue);
@@ -618,14 +644,33 @@ impl Topology {
                 .or_default()
                 .push((&r.key, &r.queue));
         }
-        for (name, pairs) in gone {
-            let pairs: HashSet<(&str, &str)> = pairs.into_iter().collect();
-            if let Some(ex) = self.exchanges.get_mut(name) {
+        // Every exchange is rebuilt once, without those, keeping the others
+        // in order, each target confined to its owner as the new rule says
+        // (a reload may make a CN a receiver, or no longer one).
+        let names: Vec<Arc<str>> = self.exchanges.keys().cloned().collect();
+        for name in names {
+            let pairs: HashSet<(&str, &str)> = gone
+                .remove(&*name)
+                .unwrap_or_default()
+                .into_iter()
+                .collect();
+            if let Some(ex) = self.exchanges.get_mut(&name) {
                 let mut rebuilt = Exchange::new(ex.kind());
                 for (key, target) in ex.bindings() {
-                    if !pairs.contains(&(key, &*target.queue)) {
-                        rebuilt.bind(key, target.clone());
+                    if pairs.contains(&(key, &*target.queue)) {
+                        continue;
                     }
+                    let confined_to = self
+                        .queues
+                        .get(&target.queue)
+                        .and_then(|q| rule.confined_to(q));
+                    rebuilt.bind(
+                        key,
+                        Target {
+                            confined_to,
+                            ..target.clone()
+                        },
+                    );
                 }
                 *ex = Arc::new(rebuilt);
             }
@@ -1967,6 +2012,10 @@ mod tests {
                 return Err("x keys".into());
             }
             Ok(())
+        }
+
+        fn confined_to(&self, _: &QueueInfo) -> Option<Arc<str>> {
+            None
         }
     }
 

@@ -31,6 +31,7 @@ use crate::context::ShardLocal;
 use crate::server;
 use crate::storage::Storage;
 
+mod confinement;
 mod limits;
 mod matrix;
 mod ownership;
@@ -395,9 +396,16 @@ fn body_of_len(id: &str, len: usize) -> String {
     format!("{head}{}{tail}", "A".repeat(pad))
 }
 
-/// `publish <exchange> <key> body(id, receiver_1)`.
+/// `publish <exchange> <key> body(id, receiver_1)`: only receiver_1's queues
+/// and queues no receiver owns take it.
 fn publish(exchange: &str, key: &str, id: &str) -> String {
-    format!("publish {exchange} {key} {}", body(id, "receiver_1"))
+    publish_for(exchange, key, "receiver_1", id)
+}
+
+/// `publish <exchange> <key> body(id, receiver)`: an envelope sealed for
+/// `receiver`, which a queue of another receiver never stores.
+fn publish_for(exchange: &str, key: &str, receiver: &str, id: &str) -> String {
+    format!("publish {exchange} {key} {}", body(id, receiver))
 }
 
 /// The delivery line of `body` as the `count`-th delivery from `queue`.

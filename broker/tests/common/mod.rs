@@ -482,7 +482,26 @@ pub fn ids(got: &[Got]) -> Vec<String> {
     got.iter().map(|g| g.id.clone()).collect()
 }
 
-/// Publishes `body(id, receiver)` on `exchange` with `key`, asserting `reply`.
+/// Publishes an envelope sealed for `receiver` under routing key `key` and
+/// asserts the reply (a receiver's queue stores only its own envelopes).
+pub async fn publish_for(
+    conn: &mut Connection,
+    exchange: &str,
+    key: &str,
+    receiver: &str,
+    id: &str,
+    reply: &str,
+) {
+    check(
+        conn,
+        &format!("publish {exchange} {key} {}", body(id, receiver)),
+        reply,
+    )
+    .await;
+}
+
+/// Publishes `body(id, "receiver_1")` on `exchange` with `key`, asserting
+/// `reply`: only `receiver_1`'s queues and queues no receiver owns take it.
 pub async fn publish_expect(
     conn: &mut Connection,
     exchange: &str,

@@ -790,6 +790,7 @@ pub(super) mod tests {
         Target {
             queue: Arc::from(q),
             shard: 0,
+            confined_to: None,
         }
     }
 

@@ -462,7 +462,11 @@ fn matrix_of_the_removals() {
                 "OK unbind receiver_1_queue ex receiver_1",
             )
             .row(s, publish("ex", "receiver_1", "m-1"), "NACK m-1 no_route")
-            .row(s, publish("ex", "receiver_2", "m-2"), "ACK m-2"),
+            .row(
+                s,
+                publish_for("ex", "receiver_2", "receiver_2", "m-2"),
+                "ACK m-2",
+            ),
         case("removals: exchanges only by their owner")
             .row(
                 r,
@@ -495,7 +499,11 @@ fn matrix_of_the_removals() {
                 "unbind receiver_2_queue ex receiver_2",
                 "OK unbind receiver_2_queue ex receiver_2",
             )
-            .row(s, publish("ex", "receiver_2", "m-1"), "NACK m-1 no_route")
+            .row(
+                s,
+                publish_for("ex", "receiver_2", "receiver_2", "m-1"),
+                "NACK m-1 no_route",
+            )
             .row(a, "close_connection nobody", "OK close_connection nobody 0")
             .row(a, "delete_exchange ex", "OK delete_exchange ex")
             .row(s, publish("ex", "receiver_1", "m-2"), "NACK m-2 no_route"),
@@ -538,7 +546,11 @@ fn matrix_of_the_removals() {
                 "delete_queue receiver_2_queue",
                 "OK delete_queue receiver_2_queue",
             )
-            .row(s, publish("ex", "receiver_2", "m-3"), "NACK m-3 no_route")
+            .row(
+                s,
+                publish_for("ex", "receiver_2", "receiver_2", "m-3"),
+                "NACK m-3 no_route",
+            )
             .row(
                 r,
                 "declare_queue receiver_1_queue",

@@ -164,7 +164,9 @@ fn own_resources() {
 }
 
 /// With receivers `receiver_1` and `receiver_1.eu`, a pattern of
-/// `receiver_1` may not match the longer CN's keys.
+/// `receiver_1` may not match the longer CN's keys: none of those it may
+/// bind routes a `receiver_1.eu…` key to its queue, and its envelopes under
+/// such a key are `no_route` (the longer CN's queue takes only its own).
 #[test]
 fn topic_patterns_may_not_match_a_longer_cns_keys() {
     const WITH_DOTTED: &[&str] = &["receiver_1", "receiver_2", "receiver_1_2", "receiver_1.eu"];
@@ -213,11 +215,19 @@ fn topic_patterns_may_not_match_a_longer_cns_keys() {
         );
     }
     let own = body("own-1", "receiver_1");
+    let eu = body("eu-1", "receiver_1.eu");
     c = c
         .row(
             "sender_1",
-            publish("t", "receiver_1.eu.secret", "eu-1"),
+            publish_for("t", "receiver_1.eu.secret", "receiver_1.eu", "eu-1"),
             "ACK eu-1",
+        )
+        // Sealed for receiver_1, it could only go to receiver_1's queue: no
+        // pattern receiver_1 bound matches the longer CN's key.
+        .row(
+            "sender_1",
+            publish("t", "receiver_1.eu.secret", "eu-2"),
+            "NACK eu-2 no_route",
         )
         .row(
             "sender_1",
@@ -228,6 +238,11 @@ fn topic_patterns_may_not_match_a_longer_cns_keys() {
             r,
             "fetch receiver_1_queue 10",
             [delivery("receiver_1_queue", 1, &own), "OK fetch 1".into()],
+        )
+        .rows(
+            "receiver_1.eu",
+            "fetch receiver_1.eu_queue 10",
+            [delivery("receiver_1.eu_queue", 1, &eu), "OK fetch 1".into()],
         );
     Table::new()
         .receivers(WITH_DOTTED)
