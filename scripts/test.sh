@@ -25,6 +25,9 @@ if ! pg_isready -q -h 127.0.0.1 -p 5432; then
   for _ in $(seq 1 30); do pg_isready -q -h 127.0.0.1 -p 5432 && break; sleep 1; done
   pg_isready -h 127.0.0.1 -p 5432
 fi
+# TLS on it (idempotent: a CA and server certificate made once by ciphermq-pki;
+# plaintext clients are still served), for the bridge's sslmode tests.
+./scripts/pg-tls.sh on
 
 # A one-off build gains nothing from incremental state (1.6 GB of it).
 if [ "${CI:-}" = "true" ]; then export CARGO_INCREMENTAL=0; fi
@@ -74,6 +77,18 @@ mkdir -p target
 set +e
 cargo test --workspace 2>&1 | tee target/test-output.log
 status=${PIPESTATUS[0]}
+# The Postgres tests once more with the bridge on verify-full TLS (the CA
+# scripts/pg-tls.sh made): every bridge connection encrypted and checked.
+echo "== Postgres tests with database.sslmode = verify-full"
+(
+  export CIPHERMQ_TEST_PG_SSLMODE=verify-full
+  export CIPHERMQ_TEST_PG_CA=${CIPHERMQ_PG_TLS_DIR:-/var/lib/postgresql/ciphermq-tls}/ca.crt
+  failed=0
+  cargo test -p ciphermq-pgbridge || failed=1
+  cargo test -p ciphermq-broker --test pg_bridge --test pg_outage || failed=1
+  exit $failed
+) 2>&1 | tee target/test-output-pg-tls.log
+pg_tls=${PIPESTATUS[0]}
 # The README's "Operate" commands, run as an operator would.
 echo "== scripts/operate-check.sh"
 ./scripts/operate-check.sh
@@ -82,7 +97,7 @@ set -e
 
 # One line to end on: every `test result:` line summed (unit, integration
 # and doc tests), and a non-zero exit if any failed or none ran.
-awk -v status="$status" -v operate="$operate" '
+awk -v status="$status" -v operate="$operate" -v pg_tls="$pg_tls" '
   /^test result:/ {
     results++
     for (i = 2; i <= NF; i++) {
@@ -95,8 +110,9 @@ awk -v status="$status" -v operate="$operate" '
     line = sprintf("== tests: %d passed, %d failed, %d ignored", passed, failed, ignored)
     if (results == 0) line = line " (no test result line in target/test-output.log)"
     else if (status != 0 && failed == 0) line = line " (cargo test exited with status " status ")"
+    if (pg_tls != 0) line = line "; Postgres tests with verify-full FAILED (target/test-output-pg-tls.log)"
     if (operate != 0) line = line "; scripts/operate-check.sh FAILED"
     else line = line "; scripts/operate-check.sh passed"
     print line
-    exit (results == 0 || failed > 0 || status != 0 || operate != 0) ? 1 : 0
+    exit (results == 0 || failed > 0 || status != 0 || operate != 0 || pg_tls != 0) ? 1 : 0
   }' target/test-output.log
