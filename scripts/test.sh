@@ -26,6 +26,9 @@ if ! pg_isready -q -h 127.0.0.1 -p 5432; then
   for _ in $(seq 1 30); do pg_isready -q -h 127.0.0.1 -p 5432 && break; sleep 1; done
   pg_isready -h 127.0.0.1 -p 5432
 fi
+# TLS on it (idempotent: a CA and server certificate made once by ciphermq-pki;
+# plaintext clients are still served), for the bridge's sslmode tests.
+./scripts/pg-tls.sh on
 
 # A one-off build gains nothing from incremental state (1.6 GB of it).
 if [ "${CI:-}" = "true" ]; then export CARGO_INCREMENTAL=0; fi
@@ -77,6 +80,18 @@ mkdir -p target
 set +e
 cargo test --workspace --no-fail-fast 2>&1 | tee target/test-output.log
 status=${PIPESTATUS[0]}
+# The Postgres tests once more with the bridge on verify-full TLS (the CA
+# scripts/pg-tls.sh made): every bridge connection encrypted and checked.
+echo "== Postgres tests with database.sslmode = verify-full"
+(
+  export CIPHERMQ_TEST_PG_SSLMODE=verify-full
+  export CIPHERMQ_TEST_PG_CA=${CIPHERMQ_PG_TLS_DIR:-/var/lib/postgresql/ciphermq-tls}/ca.crt
+  failed=0
+  cargo test -p ciphermq-pgbridge || failed=1
+  cargo test -p ciphermq-broker --test pg_bridge --test pg_outage || failed=1
+  exit $failed
+) 2>&1 | tee target/test-output-pg-tls.log
+pg_tls=${PIPESTATUS[0]}
 # The README's "Operate" commands, run as an operator would.
 echo "== scripts/operate-check.sh"
 ./scripts/operate-check.sh
@@ -91,7 +106,7 @@ set -e
 # and doc tests), the test binaries run and those that failed (a failed test,
 # or no result line at all: the binary crashed or was killed), and a non-zero
 # exit if any failed or none ran.
-awk -v status="$status" -v operate="$operate" -v demo="$demo" '
+awk -v status="$status" -v operate="$operate" -v demo="$demo" -v pg_tls="$pg_tls" '
   /^ +(Running|Doc-tests) / {
     if (open) crashed++
     started++
@@ -112,10 +127,11 @@ awk -v status="$status" -v operate="$operate" -v demo="$demo" '
     if (crashed > 0) line = line sprintf(" (%d ended without a result line)", crashed)
     if (results == 0) line = line " (no test result line in target/test-output.log)"
     else if (status != 0 && failed == 0 && crashed == 0) line = line " (cargo test exited with status " status ")"
+    if (pg_tls != 0) line = line "; Postgres tests with verify-full FAILED (target/test-output-pg-tls.log)"
     if (operate != 0) line = line "; scripts/operate-check.sh FAILED"
     else line = line "; scripts/operate-check.sh passed"
     if (demo != 0) line = line "; scripts/demo-check.sh FAILED"
     else line = line "; scripts/demo-check.sh passed"
     print line
-    exit (results == 0 || failed > 0 || crashed > 0 || status != 0 || operate != 0 || demo != 0) ? 1 : 0
+    exit (results == 0 || failed > 0 || crashed > 0 || status != 0 || operate != 0 || demo != 0 || pg_tls != 0) ? 1 : 0
   }' target/test-output.log

@@ -461,6 +461,35 @@ impl DatabaseBackend {
     }
 }
 
+/// `database.sslmode`: how the link to PostgreSQL is protected, as libpq
+/// spells and means it (docs/PROTOCOL.md, "Postgres bridge").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DatabaseSslMode {
+    /// Plaintext.
+    Disable,
+    /// TLS if the server offers it, plaintext otherwise; certificate not
+    /// checked. The default: a server without TLS keeps working.
+    #[default]
+    Prefer,
+    /// TLS or nothing; the chain is checked against `ca_cert_path` when set.
+    Require,
+    /// TLS, chain checked against `ca_cert_path` (required), host name checked.
+    VerifyFull,
+}
+
+impl DatabaseSslMode {
+    /// The config spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DatabaseSslMode::Disable => "disable",
+            DatabaseSslMode::Prefer => "prefer",
+            DatabaseSslMode::Require => "require",
+            DatabaseSslMode::VerifyFull => "verify-full",
+        }
+    }
+}
+
 /// `[database]`: metadata backend; the connection keys matter only with
 /// `backend = "postgres"`.
 #[derive(Clone, PartialEq, Deserialize)]
@@ -481,6 +510,13 @@ pub struct DatabaseConfig {
     pub password_file: Option<PathBuf>,
     /// PostgreSQL database name. Default `ciphermq`.
     pub dbname: String,
+    /// TLS to PostgreSQL: `disable`, `prefer`, `require` or `verify-full`.
+    /// Default `prefer`.
+    pub sslmode: DatabaseSslMode,
+    /// PEM file of the CA that issued the server's certificate; relative to
+    /// the config file. Required by `verify-full`; with `require` the chain
+    /// is checked against it. Default none.
+    pub ca_cert_path: Option<PathBuf>,
     /// Metadata rows written per batch, at least 1. Default 1000.
     pub batch_size: usize,
     /// Longest wait before a partial batch is flushed, in milliseconds, at least 1.
@@ -505,6 +541,8 @@ impl Default for DatabaseConfig {
             password: None,
             password_file: None,
             dbname: "ciphermq".to_owned(),
+            sslmode: DatabaseSslMode::Prefer,
+            ca_cert_path: None,
             batch_size: 1000,
             flush_interval_ms: 50,
             mirror_disk_budget_mb: 1024,
@@ -524,6 +562,8 @@ impl fmt::Debug for DatabaseConfig {
             .field("password", &self.password.as_ref().map(|_| "<redacted>"))
             .field("password_file", &self.password_file)
             .field("dbname", &self.dbname)
+            .field("sslmode", &self.sslmode)
+            .field("ca_cert_path", &self.ca_cert_path)
             .field("batch_size", &self.batch_size)
             .field("flush_interval_ms", &self.flush_interval_ms)
             .field("mirror_disk_budget_mb", &self.mirror_disk_budget_mb)
@@ -1128,6 +1168,9 @@ impl Config {
         if let Some(p) = self.database.password_file.as_mut() {
             resolve(p);
         }
+        if let Some(p) = self.database.ca_cert_path.as_mut() {
+            resolve(p);
+        }
         if let Some(p) = self.encryption.aes_key_file.as_mut() {
             resolve(p);
         }
@@ -1163,6 +1206,9 @@ impl Config {
         if self.database.backend == DatabaseBackend::Postgres {
             if let Some(p) = &self.database.password_file {
                 check_file("database.password_file", p, "")?;
+            }
+            if let Some(p) = &self.database.ca_cert_path {
+                check_file("database.ca_cert_path", p, "")?;
             }
         }
         self.resolve_aes_key().map(|_| ())
@@ -1306,6 +1352,28 @@ impl Config {
         }
         if let Some(p) = &d.password_file {
             check_non_empty_path("database.password_file", p)?;
+        }
+        match (d.sslmode, &d.ca_cert_path) {
+            (DatabaseSslMode::VerifyFull, None) => {
+                return Err(ConfigError::invalid(
+                    "database.ca_cert_path",
+                    "required with database.sslmode = \"verify-full\": the PEM file of the CA \
+                     that issued the PostgreSQL server's certificate",
+                ))
+            }
+            (DatabaseSslMode::Disable | DatabaseSslMode::Prefer, Some(_)) => {
+                return Err(ConfigError::invalid(
+                    "database.ca_cert_path",
+                    format!(
+                        "set, but database.sslmode = \"{}\" never checks the server's \
+                         certificate; use sslmode = \"verify-full\" (or \"require\"), or \
+                         remove ca_cert_path",
+                        d.sslmode.as_str()
+                    ),
+                ))
+            }
+            (_, Some(p)) => check_non_empty_path("database.ca_cert_path", p)?,
+            _ => {}
         }
         Ok(())
     }
@@ -2594,6 +2662,45 @@ mod tests {
     }
 
     #[test]
+    fn postgres_tls_rules() {
+        assert_eq!(parse("").unwrap().database.sslmode, DatabaseSslMode::Prefer);
+        let e = err("[database]\nsslmode = \"verify-ca\"\n");
+        assert!(
+            e.starts_with("database.sslmode: unknown variant `verify-ca`"),
+            "{e}"
+        );
+        let e = err("[database]\nbackend = \"postgres\"\nsslmode = \"verify-full\"\n");
+        assert!(
+            e.starts_with(
+                "database.ca_cert_path: required with database.sslmode = \"verify-full\""
+            ),
+            "{e}"
+        );
+        let e = err("[database]\nbackend = \"postgres\"\nca_cert_path = \"pg-ca.crt\"\n");
+        assert!(
+            e.starts_with("database.ca_cert_path: set, but database.sslmode = \"prefer\""),
+            "{e}"
+        );
+        let e =
+            err("[database]\nbackend = \"postgres\"\nsslmode = \"require\"\nca_cert_path = \"\"\n");
+        assert!(
+            e.starts_with("database.ca_cert_path: must not be empty"),
+            "{e}"
+        );
+        let c = parse(
+            "[database]\nbackend = \"postgres\"\nsslmode = \"verify-full\"\nca_cert_path = \"pg-ca.crt\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.database.sslmode, DatabaseSslMode::VerifyFull);
+        assert_eq!(
+            c.database.ca_cert_path,
+            Some(PathBuf::from("/etc/ciphermq/pg-ca.crt"))
+        );
+        // Embedded ignores them, like the other connection keys.
+        assert!(parse("[database]\nsslmode = \"verify-full\"\n").is_ok());
+    }
+
+    #[test]
     fn secrets_are_not_in_debug_output() {
         let c = parse(&format!(
             "[encryption]\naes_key = \"{B64_32}\"\n[database]\npassword = \"hunter2\"\n"
@@ -2817,7 +2924,7 @@ mod tests {
             ("server", 4),
             ("tls", 5),
             ("logging", 6),
-            ("database", 9),
+            ("database", 10),
             ("encryption", 2),
             ("performance", 24),
             ("storage", 6),

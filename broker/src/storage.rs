@@ -21,13 +21,15 @@ use std::time::Duration;
 
 use base64::Engine;
 use ciphermq_datadir::{self as data_dir, DataDirLock, StorageWarning};
-use ciphermq_pgbridge::{FileKeyStore, MemoryKeyStore, PgBridge, PgConfig, PublicKeyStore};
+use ciphermq_pgbridge::{
+    FileKeyStore, MemoryKeyStore, PgBridge, PgConfig, PublicKeyStore, SslMode,
+};
 use ciphermq_shard::durability::is_deleted_dir_name;
 use ciphermq_shard::log::{queue_dir, recover_queue, MirrorWatermarks};
 use ciphermq_shard::{DedupHasher, RecoveredQueue, Topology, TopologyChange, TopologyStore};
 
 use crate::acl::Acl;
-use crate::config::{Config, DatabaseBackend, StorageMode};
+use crate::config::{Config, DatabaseBackend, DatabaseSslMode, StorageMode};
 use crate::topology_file::{self, TopologyFile};
 use ciphermq_admin::stats::StorageFindings;
 
@@ -412,6 +414,13 @@ fn start_bridge(
         user: d.user.clone(),
         password,
         dbname: d.dbname.clone(),
+        sslmode: match d.sslmode {
+            DatabaseSslMode::Disable => SslMode::Disable,
+            DatabaseSslMode::Prefer => SslMode::Prefer,
+            DatabaseSslMode::Require => SslMode::Require,
+            DatabaseSslMode::VerifyFull => SslMode::VerifyFull,
+        },
+        ca_cert_path: d.ca_cert_path.clone(),
         batch_size: d.batch_size,
         flush_interval: Duration::from_millis(d.flush_interval_ms),
         max_unmirrored_bytes: d.mirror_disk_budget_mb.saturating_mul(1 << 20),
@@ -419,7 +428,7 @@ fn start_bridge(
     };
     let bridge =
         PgBridge::start(pg, aes_key, logs).map_err(|e| StorageError(format!("database: {e}")))?;
-    tracing::info!(host = %d.host, port = d.port, dbname = %d.dbname, "Postgres bridge started");
+    tracing::info!(host = %d.host, port = d.port, dbname = %d.dbname, sslmode = d.sslmode.as_str(), "Postgres bridge started");
     Ok(bridge)
 }
 

@@ -1,6 +1,7 @@
 //! `database.backend = "postgres"` against the machine's real PostgreSQL:
 //! every stored message becomes one metadata row with its times, public keys
-//! live in sealed rows and survive restarts, and a wrong key fails at start.
+//! live in sealed rows and survive restarts, and a wrong key fails at start,
+//! and so does a server certificate `database.ca_cert_path` did not sign.
 
 mod common;
 
@@ -299,4 +300,28 @@ async fn an_unreachable_database_fails_start_with_its_address() {
         Err(e) => e.to_string(),
     };
     assert!(err.contains("127.0.0.1:1"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_certificate_the_configured_ca_did_not_sign_fails_start_naming_both() {
+    let db = TestDb::create().await;
+    let data = tempfile::tempdir().expect("tempdir");
+    // The broker's own test CA: a real CA, but not the PostgreSQL server's.
+    let wrong_ca = pki().certs.join("ca.crt");
+    let extra = db.config_with_tls(AES_KEY, "verify-full", Some(&wrong_ca));
+    let text = config_text(&pki().certs, data.path(), 1, &extra)
+        .replace(r#"mode = "memory""#, r#"mode = "durable""#);
+    let config = Config::from_toml_str(&text, data.path()).expect("config");
+    let err = match ciphermq_broker::start(&config) {
+        Ok(_) => panic!("an untrusted server, no start"),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains("PostgreSQL server 127.0.0.1:5432"), "{err}");
+    assert!(
+        err.contains(&format!(
+            "is not signed by database.ca_cert_path = {}",
+            wrong_ca.display()
+        )),
+        "{err}"
+    );
 }

@@ -31,4 +31,4 @@ pub use keys::{
     register_and_wait, KeyStoreError, MemoryKeyStore, PublicKey, PublicKeyStore, Registration,
     RegistrationResult,
 };
-pub use postgres::{BridgeError, BridgeStatus, PgBridge, PgConfig};
+pub use postgres::{BridgeError, BridgeStatus, PgBridge, PgConfig, SslMode, UnknownSslMode};

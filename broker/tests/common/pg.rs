@@ -1,8 +1,15 @@
 //! A fresh PostgreSQL database per test on the machine's server
 //! (127.0.0.1:5432, user postgres, trust auth), dropped afterwards.
+//!
+//! `CIPHERMQ_TEST_PG_SSLMODE` sets `database.sslmode` in the broker configs
+//! made here, with `CIPHERMQ_TEST_PG_CA` (default [`DEFAULT_SERVER_CA`]) as
+//! `database.ca_cert_path` for `require` and `verify-full`: scripts/test.sh
+//! runs the Postgres tests once more with `verify-full`. The helpers' own
+//! connections stay plaintext.
 
 #![allow(dead_code)]
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use tokio_postgres::{Client, NoTls};
@@ -11,6 +18,26 @@ use tokio_postgres::{Client, NoTls};
 pub const HOST: &str = "127.0.0.1";
 /// Its port.
 pub const PORT: u16 = 5432;
+
+/// Where scripts/pg-tls.sh keeps the CA of the local server's certificate.
+pub const DEFAULT_SERVER_CA: &str = "/var/lib/postgresql/ciphermq-tls/ca.crt";
+
+/// `database.sslmode` and `ca_cert_path` from the environment (none set:
+/// the broker's defaults).
+pub fn tls_from_env() -> Option<(String, Option<PathBuf>)> {
+    let mode = std::env::var("CIPHERMQ_TEST_PG_SSLMODE").ok()?;
+    let ca = matches!(mode.as_str(), "require" | "verify-full").then(|| {
+        let path = std::env::var_os("CIPHERMQ_TEST_PG_CA")
+            .map_or_else(|| PathBuf::from(DEFAULT_SERVER_CA), PathBuf::from);
+        assert!(
+            path.is_file(),
+            "no CA at {}: run scripts/pg-tls.sh on (scripts/test.sh does)",
+            path.display()
+        );
+        path
+    });
+    Some((mode, ca))
+}
 
 /// A database made for one test; dropped (with its connections) on drop.
 pub struct TestDb {
@@ -47,8 +74,28 @@ impl TestDb {
         connect_to(&self.name).await
     }
 
-    /// The `[database]` (and `[encryption]`) sections of a broker using it.
+    /// The `[database]` (and `[encryption]`) sections of a broker using it,
+    /// TLS as [`tls_from_env`] says.
     pub fn config(&self, aes_key_b64: &str) -> String {
+        match tls_from_env() {
+            Some((mode, ca)) => self.config_with_tls(aes_key_b64, &mode, ca.as_deref()),
+            None => self.config_without_tls_keys(aes_key_b64),
+        }
+    }
+
+    /// As [`TestDb::config`] with `sslmode` and `ca_cert_path` given.
+    pub fn config_with_tls(&self, aes_key_b64: &str, sslmode: &str, ca: Option<&Path>) -> String {
+        let mut text = self.config_without_tls_keys(aes_key_b64);
+        let mut keys = format!("sslmode = \"{sslmode}\"\n");
+        if let Some(ca) = ca {
+            keys.push_str(&format!("ca_cert_path = {:?}\n", ca.display().to_string()));
+        }
+        let at = text.find("[encryption]").expect("the [encryption] section");
+        text.insert_str(at, &keys);
+        text
+    }
+
+    fn config_without_tls_keys(&self, aes_key_b64: &str) -> String {
         format!(
             "[database]\nbackend = \"postgres\"\nhost = \"{HOST}\"\nport = {PORT}\nuser = \"postgres\"\n\
              dbname = \"{}\"\nflush_interval_ms = 20\nconnect_timeout_secs = 10\n\

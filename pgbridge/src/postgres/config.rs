@@ -1,6 +1,9 @@
 //! Where the bridge connects and how it paces the metadata mirror.
 
+use std::path::PathBuf;
 use std::time::Duration;
+
+use super::tls::{driver_mode, SslMode};
 
 /// Connection and pacing settings of the PostgreSQL bridge (`[database]`).
 #[derive(Clone, PartialEq, Eq)]
@@ -15,6 +18,13 @@ pub struct PgConfig {
     pub password: Option<String>,
     /// Database holding the CipherMQ tables.
     pub dbname: String,
+    /// Whether the link uses TLS and what it checks of the server's
+    /// certificate (libpq's meanings). Default [`SslMode::Prefer`].
+    pub sslmode: SslMode,
+    /// PEM file of the CA(s) the server's certificate must chain to:
+    /// required by [`SslMode::VerifyFull`]; with [`SslMode::Require`] the
+    /// chain (not the host name) is checked when it is given.
+    pub ca_cert_path: Option<PathBuf>,
     /// Most metadata rows written per transaction (values below 1 count as
     /// 1). It bounds the bridge's memory: it never holds more than one batch.
     pub batch_size: usize,
@@ -32,7 +42,7 @@ pub struct PgConfig {
 }
 
 impl Default for PgConfig {
-    /// `postgres@127.0.0.1:5432/ciphermq`, 1000 rows a batch, every 200 ms,
+    /// `postgres@127.0.0.1:5432/ciphermq`, `sslmode` prefer, 1000 rows a batch, every 200 ms,
     /// 1 GiB of disk budget, 30 s to connect at start.
     fn default() -> PgConfig {
         PgConfig {
@@ -41,6 +51,8 @@ impl Default for PgConfig {
             user: "postgres".to_owned(),
             password: None,
             dbname: "ciphermq".to_owned(),
+            sslmode: SslMode::default(),
+            ca_cert_path: None,
             batch_size: 1000,
             flush_interval: Duration::from_millis(200),
             max_unmirrored_bytes: 1 << 30,
@@ -57,6 +69,8 @@ impl std::fmt::Debug for PgConfig {
             .field("user", &self.user)
             .field("password", &self.password.as_ref().map(|_| "<hidden>"))
             .field("dbname", &self.dbname)
+            .field("sslmode", &self.sslmode)
+            .field("ca_cert_path", &self.ca_cert_path)
             .field("batch_size", &self.batch_size)
             .field("flush_interval", &self.flush_interval)
             .field("max_unmirrored_bytes", &self.max_unmirrored_bytes)
@@ -90,6 +104,7 @@ impl PgConfig {
             .user(&self.user)
             .dbname(&self.dbname)
             .application_name("ciphermq-pgbridge")
+            .ssl_mode(driver_mode(self))
             .connect_timeout(timeout)
             // A silently dead server is noticed within about a minute, not
             // after the kernel's two-hour default.

@@ -42,6 +42,27 @@ pub enum BridgeError {
         /// The driver's error.
         cause: String,
     },
+    /// `sslmode = verify-full` without a CA to verify against.
+    #[error("database.ca_cert_path is required with database.sslmode = \"verify-full\": set it to the PEM file of the CA that issued the PostgreSQL server's certificate")]
+    MissingCaCert,
+    /// The CA file cannot be read or holds no usable certificate.
+    #[error("database.ca_cert_path = {}: {why}", path.display())]
+    CaCert {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What is wrong with it.
+        why: String,
+    },
+    /// The server's certificate was refused, or the server refused TLS
+    /// while `sslmode` requires it: retrying cannot help, so start fails at
+    /// once.
+    #[error("cannot connect to PostgreSQL at {target}: {why}")]
+    Tls {
+        /// `host:port/dbname`.
+        target: String,
+        /// The server, what was refused, and what to do.
+        why: String,
+    },
     /// The bridge thread or its runtime could not be created.
     #[error("cannot start the pgbridge thread: {0}")]
     Thread(#[source] std::io::Error),

@@ -12,10 +12,11 @@ use std::time::Duration;
 
 use tokio::task::JoinHandle;
 use tokio::time::{sleep_until, Instant};
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::Client;
 
 use super::config::PgConfig;
 use super::status::{LinkKind, StatusCell};
+use super::tls::{explain, OpenError, PgTls};
 
 /// First delay after a failure.
 const BACKOFF_START: Duration = Duration::from_millis(100);
@@ -77,16 +78,23 @@ pub(crate) struct Conn {
 }
 
 impl Conn {
-    /// One connection attempt of at most `timeout`.
-    pub(crate) async fn open(config: PgConfig, timeout: Duration) -> Result<Conn, String> {
+    /// One connection attempt of at most `timeout`, TLS as `config.sslmode`
+    /// says.
+    pub(crate) async fn open(
+        config: PgConfig,
+        tls: PgTls,
+        timeout: Duration,
+    ) -> Result<Conn, OpenError> {
         let driver = config.driver(timeout);
-        match tokio::time::timeout(timeout, driver.connect(NoTls)).await {
+        match tokio::time::timeout(timeout, driver.connect(tls.connector())).await {
             Ok(Ok((client, connection))) => Ok(Conn {
                 client,
                 task: tokio::spawn(connection),
             }),
-            Ok(Err(e)) => Err(describe(&e)),
-            Err(_) => Err(format!("no answer within {timeout:?}")),
+            Ok(Err(e)) => Err(explain(&e, &config)),
+            Err(_) => Err(OpenError::transient(format!(
+                "no answer within {timeout:?}"
+            ))),
         }
     }
 
@@ -109,11 +117,12 @@ impl Drop for Conn {
     }
 }
 
-type Connecting = Pin<Box<dyn Future<Output = Result<Conn, String>> + Send>>;
+type Connecting = Pin<Box<dyn Future<Output = Result<Conn, OpenError>> + Send>>;
 
 /// A connection that reconnects with backoff and reports to the status.
 pub(crate) struct Link {
     config: PgConfig,
+    tls: PgTls,
     kind: LinkKind,
     status: Arc<StatusCell>,
     conn: Option<Conn>,
@@ -125,6 +134,9 @@ pub(crate) struct Link {
     was_up: bool,
     /// Bumped per new connection, so owners know to re-prepare statements.
     generation: u64,
+    /// The last refusal logged, so a certificate refused on every attempt
+    /// is logged once, not every few seconds.
+    last_refusal: Option<String>,
 }
 
 impl Link {
@@ -132,12 +144,14 @@ impl Link {
     /// once when `None`.
     pub(crate) fn new(
         config: PgConfig,
+        tls: PgTls,
         kind: LinkKind,
         status: Arc<StatusCell>,
         conn: Option<Conn>,
     ) -> Link {
         let mut link = Link {
             config,
+            tls,
             kind,
             status,
             conn: None,
@@ -146,6 +160,7 @@ impl Link {
             backoff: Backoff::new(),
             was_up: false,
             generation: 0,
+            last_refusal: None,
         };
         if let Some(conn) = conn {
             link.adopt(conn);
@@ -157,6 +172,7 @@ impl Link {
         self.conn = Some(conn);
         self.generation += 1;
         self.backoff.reset();
+        self.last_refusal = None;
         self.status.link_up(self.kind, self.was_up);
         if self.was_up {
             tracing::info!(link = self.kind.name(), target = %self.config.target(), "reconnected to PostgreSQL");
@@ -191,9 +207,9 @@ impl Link {
             return;
         }
         self.connecting = None;
-        match Conn::open(self.config.clone(), limit).await {
+        match Conn::open(self.config.clone(), self.tls.clone(), limit).await {
             Ok(conn) => self.adopt(conn),
-            Err(why) => self.status.link_down(self.kind, why),
+            Err(e) => self.attempt_failed(e),
         }
     }
 
@@ -207,7 +223,11 @@ impl Link {
         }
         if self.connecting.is_none() {
             sleep_until(self.retry_at).await;
-            self.connecting = Some(Box::pin(Conn::open(self.config.clone(), ATTEMPT_TIMEOUT)));
+            self.connecting = Some(Box::pin(Conn::open(
+                self.config.clone(),
+                self.tls.clone(),
+                ATTEMPT_TIMEOUT,
+            )));
         }
         let Some(attempt) = self.connecting.as_mut() else {
             return;
@@ -216,12 +236,26 @@ impl Link {
         self.connecting = None;
         match result {
             Ok(conn) => self.adopt(conn),
-            Err(why) => {
-                tracing::debug!(link = self.kind.name(), target = %self.config.target(), error = %why, "PostgreSQL connection attempt failed");
-                self.status.link_down(self.kind, why);
+            Err(e) => {
+                self.attempt_failed(e);
                 self.retry_at = Instant::now() + self.backoff.next_delay();
             }
         }
+    }
+
+    /// Reports a failed attempt: a refusal (a certificate, TLS refused) at
+    /// error level, once until it changes or a connection succeeds; the
+    /// rest, expected during an outage, at debug.
+    fn attempt_failed(&mut self, e: OpenError) {
+        if e.permanent {
+            if self.last_refusal.as_deref() != Some(e.why.as_str()) {
+                tracing::error!(link = self.kind.name(), target = %self.config.target(), error = %e.why, "cannot connect to PostgreSQL over TLS; retrying, in vain until the server's certificate or the [database] TLS settings change");
+                self.last_refusal = Some(e.why.clone());
+            }
+        } else {
+            tracing::debug!(link = self.kind.name(), target = %self.config.target(), error = %e.why, "PostgreSQL connection attempt failed");
+        }
+        self.status.link_down(self.kind, e.why);
     }
 }
 

@@ -11,7 +11,8 @@
 //!   exactly where it stopped. Its backlog is measured against a disk budget
 //!   (`budget`) that decides how long acked segments wait for it.
 //!
-//! Also: `config` (settings), `schema` (tables, created if missing),
+//! Also: `config` (settings), `tls` (`sslmode`: rustls under the driver,
+//! and what a refused certificate is reported as), `schema` (tables, created if missing),
 //! `startup` (what `start` does before returning), `status` (a snapshot
 //! for `/ready` and metrics), `error`.
 
@@ -26,6 +27,7 @@ mod schema;
 mod startup;
 mod status;
 mod tail;
+mod tls;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -39,12 +41,14 @@ use tokio::sync::{mpsc, watch};
 pub use config::PgConfig;
 pub use error::BridgeError;
 pub use status::BridgeStatus;
+pub use tls::{SslMode, UnknownSslMode};
 
 use crate::keys::{MemoryKeyStore, PublicKeyStore};
 use keys::{KeyCommand, KeyTask, PgKeyStore, COMMAND_QUEUE};
 use link::Link;
 use mirror::{LogSource, Mirror};
 use status::{LinkKind, StatusCell};
+use tls::PgTls;
 
 /// A running bridge. Dropping it stops the thread like [`PgBridge::shutdown`].
 pub struct PgBridge {
@@ -64,7 +68,11 @@ impl std::fmt::Debug for PgBridge {
 }
 
 impl PgBridge {
-    /// Connects (retrying with backoff until `connect_timeout`), creates the
+    /// Reads `ca_cert_path` when `sslmode` uses it (a missing or unusable
+    /// one fails with [`BridgeError::MissingCaCert`] or
+    /// [`BridgeError::CaCert`]), connects (retrying with backoff until
+    /// `connect_timeout`; a refused certificate, or TLS refused while
+    /// required, fails at once with [`BridgeError::Tls`]), creates the
     /// schema if missing, loads and decrypts every stored public key (one
     /// that does not decrypt with `aes_key` fails with
     /// [`BridgeError::WrongKey`]: never serve garbage), then starts the
@@ -79,6 +87,7 @@ impl PgBridge {
         aes_key: [u8; 32],
         logs: Option<(PathBuf, Arc<MirrorWatermarks>)>,
     ) -> Result<PgBridge, BridgeError> {
+        let tls = PgTls::new(&config)?;
         let status = Arc::new(StatusCell::new(logs.is_some()));
         let memory = Arc::new(MemoryKeyStore::new());
         let (commands, command_rx) = mpsc::channel(COMMAND_QUEUE);
@@ -103,6 +112,7 @@ impl PgBridge {
                     let cipher = Aes256Gcm::new(&aes_key.into());
                     let thread = BridgeThread {
                         config,
+                        tls,
                         cipher,
                         logs,
                         memory,
@@ -166,6 +176,8 @@ impl Drop for PgBridge {
 /// What the `pgbridge` thread owns.
 struct BridgeThread {
     config: PgConfig,
+    /// Shared by every connection (the CA file is read once).
+    tls: PgTls,
     cipher: Aes256Gcm,
     logs: Option<(PathBuf, Arc<MirrorWatermarks>)>,
     memory: Arc<MemoryKeyStore>,
@@ -183,6 +195,7 @@ impl BridgeThread {
     ) {
         let started = match startup::prepare(
             &self.config,
+            &self.tls,
             &self.cipher,
             &self.memory,
             self.logs.is_some(),
@@ -197,6 +210,7 @@ impl BridgeThread {
         };
         let key_link = Link::new(
             self.config.clone(),
+            self.tls.clone(),
             LinkKind::Keys,
             self.status.clone(),
             Some(started.keys),
@@ -212,6 +226,7 @@ impl BridgeThread {
             (Some((data_dir, watermarks)), Some(start)) => {
                 let link = Link::new(
                     self.config.clone(),
+                    self.tls,
                     LinkKind::Mirror,
                     self.status.clone(),
                     start.conn,

@@ -17,6 +17,7 @@ use super::keys::load_keys;
 use super::link::{describe, Backoff, Conn, ATTEMPT_TIMEOUT};
 use super::mirror::load_watermarks;
 use super::schema;
+use super::tls::{is_local, PgTls};
 use crate::keys::MemoryKeyStore;
 
 /// Shortest time given to one attempt, even when the deadline is near.
@@ -39,17 +40,25 @@ pub(crate) struct Started {
     pub(crate) mirror: Option<MirrorStart>,
 }
 
-/// Connects, retrying with backoff until `connect_timeout` has passed.
-async fn connect_first(config: &PgConfig) -> Result<Conn, BridgeError> {
+/// Connects, retrying with backoff until `connect_timeout` has passed; a
+/// TLS refusal (which retrying cannot cure) fails at once.
+async fn connect_first(config: &PgConfig, tls: &PgTls) -> Result<Conn, BridgeError> {
     let started = Instant::now();
     let deadline = started + config.connect_timeout;
     let mut backoff = Backoff::new();
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         let limit = left.min(ATTEMPT_TIMEOUT).max(MIN_ATTEMPT);
-        match Conn::open(config.clone(), limit).await {
+        match Conn::open(config.clone(), tls.clone(), limit).await {
             Ok(conn) => return Ok(conn),
-            Err(why) => {
+            Err(e) if e.permanent => {
+                return Err(BridgeError::Tls {
+                    target: config.target(),
+                    why: e.why,
+                })
+            }
+            Err(e) => {
+                let why = e.why;
                 let left = deadline.saturating_duration_since(Instant::now());
                 if left.is_zero() {
                     return Err(BridgeError::Connect {
@@ -71,15 +80,18 @@ async fn connect_first(config: &PgConfig) -> Result<Conn, BridgeError> {
 /// mirrored (durable queues).
 pub(crate) async fn prepare(
     config: &PgConfig,
+    tls: &PgTls,
     cipher: &Aes256Gcm,
     memory: &MemoryKeyStore,
     mirror: bool,
 ) -> Result<Started, BridgeError> {
     let target = config.target();
-    let mut keys = connect_first(config).await?;
+    let mut keys = connect_first(config, tls).await?;
     schema::ensure(&mut keys.client, &target).await?;
     load_keys(&keys.client, cipher, &target, memory).await?;
-    tracing::info!(%target, keys = memory_len(memory), "PostgreSQL bridge connected; public keys loaded");
+    let encrypted = session_encrypted(&keys.client).await;
+    tracing::info!(%target, sslmode = %config.sslmode, tls = encrypted, certificate_checked = encrypted && tls.chain_checked(), keys = memory_len(memory), "PostgreSQL bridge connected; public keys loaded");
+    warn_if_exposed(config, tls, encrypted);
     let mirror = if mirror {
         let positions = load_watermarks(&keys.client)
             .await
@@ -88,9 +100,10 @@ pub(crate) async fn prepare(
                 what: "ciphermq_mirror_watermark",
                 cause: describe(&e),
             })?;
-        let conn = match Conn::open(config.clone(), ATTEMPT_TIMEOUT).await {
+        let conn = match Conn::open(config.clone(), tls.clone(), ATTEMPT_TIMEOUT).await {
             Ok(conn) => Some(conn),
-            Err(why) => {
+            Err(e) => {
+                let why = e.why;
                 tracing::warn!(%target, error = %why, "second PostgreSQL connection (metadata mirror) failed; retrying in the background");
                 None
             }
@@ -100,6 +113,35 @@ pub(crate) async fn prepare(
         None
     };
     Ok(Started { keys, mirror })
+}
+
+/// Whether the server sees this session as TLS (`pg_stat_ssl`); `false`
+/// when it cannot say.
+async fn session_encrypted(client: &tokio_postgres::Client) -> bool {
+    match client
+        .query_opt(
+            "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+            &[],
+        )
+        .await
+    {
+        Ok(Some(row)) => row.try_get::<_, bool>(0).unwrap_or(false),
+        _ => false,
+    }
+}
+
+/// Says so when the link to a server on another host is plaintext or does
+/// not prove who the server is.
+fn warn_if_exposed(config: &PgConfig, tls: &PgTls, encrypted: bool) {
+    if is_local(&config.host) {
+        return;
+    }
+    let target = config.target();
+    if !encrypted {
+        tracing::warn!(%target, sslmode = %config.sslmode, "the PostgreSQL link is plaintext: metadata, the password exchange and the public-key rows cross the network readable and alterable; turn TLS on at the server and set database.sslmode = \"verify-full\" with database.ca_cert_path");
+    } else if !tls.chain_checked() {
+        tracing::warn!(%target, sslmode = %config.sslmode, "the PostgreSQL link is encrypted but the server's certificate is not checked: a machine in the middle can pose as the server; set database.sslmode = \"verify-full\" with database.ca_cert_path");
+    }
 }
 
 fn memory_len(memory: &MemoryKeyStore) -> usize {

@@ -2,6 +2,12 @@
 //! (dropped at the end, so tests run in parallel and touch nothing else), a
 //! writer of queue log segments laid out as the broker lays them out, and
 //! polling with generous timeouts instead of sleeps.
+//!
+//! `CIPHERMQ_TEST_PG_SSLMODE` (`disable`, `prefer`, `require`,
+//! `verify-full`) sets the bridge's `sslmode` in every test's config, with
+//! `CIPHERMQ_TEST_PG_CA` (default [`DEFAULT_SERVER_CA`]) as its CA for
+//! `require` and `verify-full`: scripts/test.sh runs these tests once more
+//! with `verify-full`. The helpers' own connections stay plaintext.
 
 #![allow(dead_code, unreachable_pub)]
 
@@ -11,13 +17,43 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use ciphermq_pgbridge::PgConfig;
+use ciphermq_pgbridge::{PgConfig, SslMode};
 use ciphermq_shard::log::record::{encode, Record};
 use ciphermq_shard::log::segment::{self, Step, FILE_HEADER};
 use ciphermq_shard::log::{queue_dir, segment_path};
 use tokio::runtime::Runtime;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, NoTls, Row};
+
+/// Where scripts/pg-tls.sh keeps the CA that issued the local server's
+/// certificate.
+pub const DEFAULT_SERVER_CA: &str = "/var/lib/postgresql/ciphermq-tls/ca.crt";
+
+/// The CA of the local server's certificate (`CIPHERMQ_TEST_PG_CA`, else
+/// [`DEFAULT_SERVER_CA`]); panics saying how to make it when missing.
+pub fn server_ca() -> PathBuf {
+    let path = std::env::var_os("CIPHERMQ_TEST_PG_CA")
+        .map_or_else(|| PathBuf::from(DEFAULT_SERVER_CA), PathBuf::from);
+    assert!(
+        path.is_file(),
+        "no CA at {}: run scripts/pg-tls.sh on (scripts/test.sh does) to turn TLS on at the \
+         local PostgreSQL",
+        path.display()
+    );
+    path
+}
+
+/// `sslmode` and CA for the bridge under test, from the environment.
+pub fn tls_from_env() -> (SslMode, Option<PathBuf>) {
+    let Ok(mode) = std::env::var("CIPHERMQ_TEST_PG_SSLMODE") else {
+        return (SslMode::default(), None);
+    };
+    let mode: SslMode = mode
+        .parse()
+        .unwrap_or_else(|e| panic!("CIPHERMQ_TEST_PG_SSLMODE: {e}"));
+    let ca = matches!(mode, SslMode::Require | SslMode::VerifyFull).then(server_ca);
+    (mode, ca)
+}
 
 /// How long any condition may take before a test fails.
 pub const PATIENCE: Duration = Duration::from_secs(60);
@@ -83,10 +119,14 @@ impl TestDb {
         }
     }
 
-    /// Bridge settings for this database: quick ticks, small batches.
+    /// Bridge settings for this database: quick ticks, small batches, TLS
+    /// as [`tls_from_env`] says.
     pub fn config(&self) -> PgConfig {
+        let (sslmode, ca_cert_path) = tls_from_env();
         PgConfig {
             dbname: self.name.clone(),
+            sslmode,
+            ca_cert_path,
             batch_size: 500,
             flush_interval: Duration::from_millis(20),
             connect_timeout: Duration::from_secs(10),
