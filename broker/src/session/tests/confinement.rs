@@ -12,7 +12,9 @@
 //!
 //! Seeded and replayable: a failure names its seed and the steps that led
 //! to it; `CIPHERMQ_CONFINEMENT_SEED=<n>` runs that one sequence alone, and
-//! `CIPHERMQ_CONFINEMENT_RUNS=<n>` runs more sequences than the default.
+//! `CIPHERMQ_CONFINEMENT_RUNS=<n>` runs more sequences than the default;
+//! `CIPHERMQ_CONFINEMENT_COUNT=1` runs them all and counts those that fail
+//! (how thoroughly the mix finds a planted bug).
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
@@ -96,20 +98,34 @@ fn owner_of(queue: &str) -> Option<&'static str> {
         .copied()
 }
 
-/// One random request line for `who`.
+/// One random request line for `who`. Receivers mostly name their own
+/// queues and keys (what they may use, so most commands take effect and
+/// the topology gets rich: exchanges of one owner with others' queues on
+/// them), and sometimes anyone's (what the ACL must refuse); senders use
+/// keys a publish may carry (no wildcards), for any receiver whatever the
+/// key: confinement must not depend on a sender matching keys and envelopes.
 fn command(rng: &mut Rng, who: &str, queues: &[String], keys: &[String], n: usize) -> String {
-    let queue = &queues[rng.below(queues.len())];
-    let key = &keys[rng.below(keys.len())];
     let exchange = rng.pick(&EXCHANGES);
     if who.starts_with("sender_") {
-        // For any receiver, under any key: confinement must not depend on
-        // a sender choosing keys that match its envelopes.
+        let publishable: Vec<&String> = keys.iter().filter(|k| !k.contains(['*', '#'])).collect();
+        let key = publishable[rng.below(publishable.len())];
         let receiver = rng.pick(RECEIVERS);
         return format!(
             "publish {exchange} {key} {}",
             body(&format!("m{n}"), receiver)
         );
     }
+    let own = |name: &&String| owner_of(name) == Some(who) || key_owner(name) == Some(who);
+    let pick = |rng: &mut Rng, names: &[String]| -> String {
+        let mine: Vec<&String> = names.iter().filter(own).collect();
+        if !mine.is_empty() && rng.below(10) < 7 {
+            mine[rng.below(mine.len())].clone()
+        } else {
+            names[rng.below(names.len())].clone()
+        }
+    };
+    let queue = pick(rng, queues);
+    let key = pick(rng, keys);
     match rng.below(10) {
         0 | 1 => format!("declare_exchange {exchange} {}", rng.pick(&KINDS)),
         2 => format!("delete_exchange {exchange}"),
@@ -118,6 +134,19 @@ fn command(rng: &mut Rng, who: &str, queues: &[String], keys: &[String], n: usiz
         6..=8 => format!("bind {queue} {exchange} {key}"),
         _ => format!("unbind {queue} {exchange} {key}"),
     }
+}
+
+/// The receiver that owns routing key `key` by name (equal to the CN, or
+/// the CN followed by `.` or `_`; longest CN wins), if any.
+fn key_owner(key: &str) -> Option<&'static str> {
+    RECEIVERS
+        .iter()
+        .filter(|cn| {
+            key.strip_prefix(**cn)
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with(['.', '_']))
+        })
+        .max_by_key(|cn| cn.len())
+        .copied()
 }
 
 /// Every binding in the topology: (exchange, key, queue).
@@ -247,6 +276,16 @@ fn no_command_sequence_breaks_confinement() {
         return;
     }
     let runs = env_u64("CIPHERMQ_CONFINEMENT_RUNS").unwrap_or(RUNS);
+    if std::env::var_os("CIPHERMQ_CONFINEMENT_COUNT").is_some() {
+        // How many sequences a planted bug breaks, to judge the mix.
+        let failing: Vec<u64> = (0..runs).filter(|&seed| run(seed).is_err()).collect();
+        assert!(
+            failing.is_empty(),
+            "{} of {runs} sequences fail: {failing:?}",
+            failing.len()
+        );
+        return;
+    }
     for seed in 0..runs {
         if let Err(e) = run(seed) {
             panic!(
