@@ -17,7 +17,10 @@
 //!   on loopback for a browser without a client certificate.
 //! - [`remote`]: the operator's connections to a running broker (the admin
 //!   endpoint over HTTPS, the client port in `ciphermq/1`), used by the
-//!   `ciphermq-admin` tool (`src/main.rs`, `src/cli/`).
+//!   `ciphermq-admin` tool (`src/main.rs`, `src/cli/`); [`command_line`]: the
+//!   `ciphermq/1` lines it sends, built only from arguments that pass the
+//!   protocol's name rules, so no argument can end a command and start
+//!   another.
 //!
 //! Invariants: nothing here runs on a shard or makes a shard wait; every
 //! answer is built from snapshots and atomic reads.
@@ -25,6 +28,7 @@
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod broker_view;
+pub mod command_line;
 pub mod config;
 pub mod dashboard;
 pub mod dashboard_proxy;

@@ -324,8 +324,21 @@ impl BrokerPort {
 
     /// Sends one command line and returns its one reply line; the
     /// connection says `quit` after it. `Err` when there is no reply (or the
-    /// broker refused the connection: its one line says why).
+    /// broker refused the connection: its one line says why), and, without
+    /// connecting, when `line` holds a line break: that would be two
+    /// commands. [`crate::command_line::CommandLine`] builds lines whose
+    /// arguments are checked.
     pub async fn command(&self, line: &str) -> Result<String, RemoteError> {
+        if line.contains(['\n', '\r']) {
+            return Err(RemoteError::Exchange {
+                side: "broker",
+                address: self.address.clone(),
+                reason: format!(
+                    "not sent: {:?} holds a line break, which would make it two commands",
+                    line
+                ),
+            });
+        }
         timed("broker", &self.address, self.exchange(line)).await
     }
 
