@@ -10,8 +10,10 @@
 //!   (HTTP/1.1 over mutual TLS, and plain-HTTP probes on loopback).
 //! - `slots`: which connections may hold one of the endpoint's slots, and for
 //!   how long (its log lines go through `ciphermq_shard::log_throttled!`).
-//! - `routes`: who may see what; `status`: the JSON; `metrics`: the
-//!   Prometheus text; `process`: the process's own figures from `/proc`.
+//! - `routes`: who may see what; `peer`: who a connection's client is,
+//!   judged again after each reload (a revoked certificate is refused at its
+//!   next request); `status`: the JSON; `metrics`: the Prometheus text;
+//!   `process`: the process's own figures from `/proc`.
 //! - [`dashboard`]: the web dashboard, one self-contained page served at
 //!   `GET /`; [`dashboard_proxy`]: `ciphermq-admin dashboard`, which serves it
 //!   on loopback for a browser without a client certificate.
@@ -34,6 +36,7 @@ pub mod dashboard;
 pub mod dashboard_proxy;
 mod endpoint;
 mod metrics;
+mod peer;
 mod process;
 pub mod remote;
 mod routes;

@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 
 use http_body_util::Full;
 use hyper::body::Bytes;
-use hyper::header::{HeaderValue, ALLOW, CACHE_CONTROL, CONTENT_TYPE};
+use hyper::header::{HeaderValue, ALLOW, CACHE_CONTROL, CONNECTION, CONTENT_TYPE};
 use hyper::{Method, Response, StatusCode};
 use serde_json::json;
 
@@ -154,6 +154,20 @@ pub(crate) fn respond(
             )
         }
     }
+}
+
+/// The answer to a request whose connection's certificate no longer names a
+/// client (revoked, or no identity under a reloaded `tls.identity`): 403 with
+/// `why`, and the connection closes after it.
+pub(crate) fn no_identity(why: &str) -> Response<Full<Bytes>> {
+    let mut response = json_response(
+        StatusCode::FORBIDDEN,
+        &json!({ "error": format!("forbidden: {why}; closing the connection") }),
+    );
+    response
+        .headers_mut()
+        .insert(CONNECTION, HeaderValue::from_static("close"));
+    response
 }
 
 fn json_response(code: StatusCode, body: &serde_json::Value) -> Response<Full<Bytes>> {
