@@ -497,7 +497,15 @@ async fn serve_http<S>(
             }
             judged => {
                 let cn = judged.and_then(Result::ok);
-                routes::respond(context, slots, cn.as_deref(), peer, request.method(), path)
+                routes::respond(
+                    context,
+                    slots,
+                    cn.as_deref(),
+                    peer,
+                    request.method(),
+                    path,
+                    request.headers(),
+                )
             }
         };
         let response = response.map(|body| Answer {

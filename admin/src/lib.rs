@@ -12,7 +12,8 @@
 //!   how long (its log lines go through `ciphermq_shard::log_throttled!`).
 //! - `routes`: who may see what; `peer`: who a connection's client is,
 //!   judged again after each reload (a revoked certificate is refused at its
-//!   next request); `status`: the JSON; `metrics`: the Prometheus text;
+//!   next request); `same_origin`: no request from another web site changes
+//!   the broker; `status`: the JSON; `metrics`: the Prometheus text;
 //!   `process`: the process's own figures from `/proc`.
 //! - [`dashboard`]: the web dashboard, one self-contained page served at
 //!   `GET /`; [`dashboard_proxy`]: `ciphermq-admin dashboard`, which serves it
@@ -40,6 +41,7 @@ mod peer;
 mod process;
 pub mod remote;
 mod routes;
+mod same_origin;
 mod slots;
 pub mod stats;
 mod status;
@@ -48,4 +50,5 @@ pub mod thread_sched;
 pub use broker_view::{Access, BrokerView, Limits, TlsExpiries};
 pub use config::AdminConfig;
 pub use endpoint::{AdminContext, AdminError, AdminListener, AdminServer};
+pub use same_origin::{CHANGE_HEADER, CHANGE_HEADER_VALUE};
 pub use slots::AdminLimits;

@@ -270,10 +270,16 @@ impl AdminEndpoint {
             .await
             .map_err(|e| format!("HTTP handshake failed: {e}"))?;
         tokio::spawn(connection);
-        let request = Request::builder()
-            .method(method)
+        let mut request = Request::builder()
+            .method(method.clone())
             .uri(path)
-            .header(HOST, &self.address)
+            .header(HOST, &self.address);
+        if !method.is_safe() {
+            // What the endpoint asks of a request that changes the broker,
+            // so that no other web site can make a browser send one.
+            request = request.header(crate::CHANGE_HEADER, crate::CHANGE_HEADER_VALUE);
+        }
+        let request = request
             .body(Empty::<Bytes>::new())
             .map_err(|e| e.to_string())?;
         let response = sender

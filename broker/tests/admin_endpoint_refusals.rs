@@ -1,7 +1,10 @@
 //! The admin endpoint judges every request, not only the handshake: on a
 //! kept-alive HTTP/1.1 connection, a certificate a reloaded CRL revokes is
 //! refused at its next request and the connection closed, and a CN that a
-//! reload took out of `acl.monitor_cns` is refused at its next request.
+//! reload took out of `acl.monitor_cns` is refused at its next request. A
+//! request that changes the broker (`POST /api/reload`) is refused when it
+//! may come from another web site: without `X-CipherMQ-Request: 1`, or
+//! with an `Origin` or `Sec-Fetch-Site` naming another site.
 
 mod common;
 
@@ -248,4 +251,93 @@ async fn a_cn_that_lost_its_role_is_refused_at_its_next_request() {
     // What any certificate the CA signed may read, it still may.
     let reply = monitor.request("GET", "/health", &[]).await;
     assert_eq!(reply.status, 200, "{}", reply.body);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_may_come_from_another_site_is_refused_and_changes_nothing() {
+    let tls = tls_dir();
+    let data = tempfile::tempdir().expect("tempdir");
+    let config = write_config(tls.path(), data.path(), false);
+    let broker = TestBroker::start_from_file(&config, 1);
+    let addr = broker.admin_addr().expect("admin endpoint");
+
+    // The file now lets `stranger` in as a sender; only a reload applies it.
+    let text = std::fs::read_to_string(&config).expect("config");
+    let widened = text.replace(
+        r#"sender_cns = ["sender_1""#,
+        r#"sender_cns = ["stranger", "sender_1""#,
+    );
+    assert_ne!(widened, text);
+    std::fs::write(&config, widened).expect("config");
+    let stranger_refused = || async {
+        let opts = TlsClientOptions::for_cn(&pki().certs, "stranger");
+        match Connection::connect(&broker.addr, &opts).await {
+            Err(ClientError::Refused(line)) => assert!(line.contains("unknown client"), "{line}"),
+            other => panic!("stranger: {other:?}"),
+        }
+    };
+
+    let mut admin = KeptAlive::open(addr, "admin").await;
+    let header = ("X-CipherMQ-Request", "1");
+    let refused: [(&[(&str, &str)], &str); 5] = [
+        // A form posted from another site carries no header of its own.
+        (&[], "X-CipherMQ-Request: 1"),
+        (
+            &[
+                ("Origin", "https://evil.example"),
+                ("Sec-Fetch-Site", "cross-site"),
+            ],
+            "Sec-Fetch-Site: cross-site",
+        ),
+        (
+            &[header, ("Origin", "https://evil.example")],
+            "Origin: https://evil.example",
+        ),
+        (&[header, ("Sec-Fetch-Site", "same-site")], "Sec-Fetch-Site"),
+        (&[("X-CipherMQ-Request", "yes")], "X-CipherMQ-Request: 1"),
+    ];
+    for (headers, why) in refused {
+        let reply = admin.request("POST", "/api/reload", headers).await;
+        assert_eq!(reply.status, 403, "{headers:?}: {}", reply.body);
+        assert!(
+            reply.body.contains("forbidden") && reply.body.contains(why),
+            "{headers:?}: {}",
+            reply.body
+        );
+    }
+    // A preflight is never approved.
+    let reply = admin
+        .request(
+            "OPTIONS",
+            "/api/reload",
+            &[
+                ("Origin", "https://evil.example"),
+                ("Access-Control-Request-Method", "POST"),
+                ("Access-Control-Request-Headers", "x-ciphermq-request"),
+            ],
+        )
+        .await;
+    assert_eq!(reply.status, 405, "{}", reply.body);
+    assert!(
+        reply.header("access-control-allow-origin").is_none(),
+        "{reply:?}"
+    );
+    stranger_refused().await;
+
+    // With the header (and from the endpoint's own origin, as a browser on
+    // its own page would say): reloaded.
+    for headers in [
+        &[header][..],
+        &[
+            header,
+            ("Origin", "https://localhost"),
+            ("Sec-Fetch-Site", "same-origin"),
+        ],
+    ] {
+        let reply = admin.request("POST", "/api/reload", headers).await;
+        assert_eq!(reply.status, 200, "{headers:?}: {}", reply.body);
+        assert!(reply.body.contains("reloaded"), "{}", reply.body);
+    }
+    let mut stranger = connect_as(&broker, "stranger").await;
+    check(&mut stranger, "heartbeat", "OK heartbeat").await;
 }
