@@ -149,7 +149,7 @@ impl RecoveredQueue {
                 .find(|s| s.base == segment)
                 .map(|s| s.path.clone())
                 .ok_or_else(|| io::Error::other(format!("no segment {segment}")))?;
-            let file = fs::File::open(&path)?;
+            let file = segment::open_options().read(true).open(&path)?;
             let mut buf = vec![0u8; len];
             let mut got = 0;
             while got < len {
@@ -310,7 +310,7 @@ fn walk_file(
     buf: &mut Vec<u8>,
     mut visit: impl FnMut(Record<'_>, u64, usize),
 ) -> io::Result<Walked> {
-    let file = fs::File::open(path)?;
+    let file = segment::open_options().read(true).open(path)?;
     let file_len = file.metadata()?.len();
     buf.clear();
     read_more(&file, 0, WALK_WINDOW, buf)?;
@@ -336,7 +336,7 @@ fn walk_file(
             out.damage.push(damage);
         }
         // A header cut short by a crash, or damaged: write it whole.
-        let file = fs::OpenOptions::new().write(true).open(path)?;
+        let file = segment::open_options().write(true).open(path)?;
         file.write_all_at(&FILE_HEADER, 0)?;
         file.sync_data()?;
         if buf.len() < FILE_HEADER.len() {
@@ -369,7 +369,7 @@ fn walk_file(
                 let damage = quarantine(path, pos, &buf[rel..rel + len], why);
                 // Replaced by padding, the range reads clean from now on.
                 if let Some(pad) = padding(layout.framing, len) {
-                    let file = fs::OpenOptions::new().write(true).open(path)?;
+                    let file = segment::open_options().write(true).open(path)?;
                     file.write_all_at(&pad, pos)?;
                     file.sync_data()?;
                 }
@@ -441,9 +441,17 @@ fn quarantine(file: &Path, offset: u64, bytes: &[u8], why: &'static str) -> Dama
     damage
 }
 
+/// Writes `bytes` as the file `path` (0600, never through a link; one a
+/// previous start left for the same range is replaced) and syncs it and its
+/// directory.
 fn write_synced(path: &Path, bytes: &[u8]) -> io::Result<()> {
-    fs::write(path, bytes)?;
-    fs::File::open(path)?.sync_all()?;
+    let mut file = segment::open_options()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(path)?;
+    io::Write::write_all(&mut file, bytes)?;
+    file.sync_all()?;
     match path.parent() {
         Some(dir) => fs::File::open(dir)?.sync_all(),
         None => Ok(()),
@@ -911,7 +919,7 @@ fn resolve_keyless_acks(
 }
 
 fn truncate(path: &Path, len: u64) -> io::Result<()> {
-    let file = fs::OpenOptions::new().write(true).open(path)?;
+    let file = segment::open_options().write(true).open(path)?;
     file.set_len(len)?;
     file.sync_all()
 }
@@ -1127,6 +1135,20 @@ mod tests {
         let text = err.to_string();
         assert!(text.contains("not a regular file"), "{text}");
         assert!(text.contains(&odd.display().to_string()), "{text}");
+    }
+
+    #[test]
+    fn quarantine_files_are_the_owners_alone() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = segment_path(dir.path(), 0);
+        let (mut buf, starts) = write(&path, &[msg(0, "a"), msg(1, "b")]);
+        buf[starts[0] + 5] ^= 0x20;
+        fs::write(&path, &buf).unwrap();
+        let q = recover_queue(dir.path(), &DedupHasher::random(), WINDOW).unwrap();
+        let kept = q.damage[0].quarantine.clone().unwrap();
+        let mode = fs::metadata(&kept).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode & 0o077, 0, "{mode:o}");
     }
 
     #[test]

@@ -25,6 +25,7 @@
 
 use std::fs;
 use std::io;
+use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 
 use crate::log::crc;
@@ -35,6 +36,20 @@ use crate::log::record::{decode, Decoded, Framing, Record, HEADER_BYTES, SYNC};
 pub const FILE_HEADER: [u8; 16] = *b"CipherMQ log v2\n";
 /// Bytes of [`FILE_HEADER`]: the offset of a file's first frame.
 pub const FILE_HEADER_BYTES: u64 = FILE_HEADER.len() as u64;
+
+/// Mode of every log, dedup and quarantine file the broker creates: its
+/// user's alone (logs say who sent what to whom), set at creation so the
+/// umask can only take bits away (as `ciphermq_datadir::FILE_MODE`).
+pub const FILE_MODE: u32 = 0o600;
+
+/// How every log, dedup and quarantine file is opened, at recovery and by
+/// the committer: created with [`FILE_MODE`]. The caller adds read, write,
+/// create.
+pub fn open_options() -> fs::OpenOptions {
+    let mut options = fs::OpenOptions::new();
+    options.mode(FILE_MODE);
+    options
+}
 
 /// How a file's bytes are laid out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
