@@ -264,8 +264,9 @@ async fn write(
 /// thread. With `create` the file is new: it gets the file header, and it
 /// is never created over an existing file. One found there (left by
 /// something else: the broker names every file it makes) is moved aside to
-/// `{name}.displaced-{unix ms}` and logged, never truncated. New files are
-/// 0600 whatever the umask ([`segment::open_options`]).
+/// `{name}.displaced-{unix ms}` and logged, never truncated. Never through
+/// a symbolic link, and new files are 0600 whatever the umask
+/// ([`segment::open_options`]).
 async fn open(path: &Path, create: bool) -> IoResult<Arc<File>> {
     let path = path.to_path_buf();
     let file = blocking(move || {

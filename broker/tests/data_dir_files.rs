@@ -1,12 +1,16 @@
-//! What the broker makes in its data directory is its user's alone
-//! (docs/PROTOCOL.md, "Storage layout"), on the real binary: every file it
-//! creates is 0600 and every directory 0700, whatever the umask it runs
-//! under (run here under umask 000): logs, dedup and quarantine files,
-//! `topology.json`, keys, the lock.
+//! What the broker makes in its data directory is its user's alone, and
+//! what it finds there is never followed elsewhere (docs/PROTOCOL.md,
+//! "Storage layout"), on the real binary:
+//! - every file it creates is 0600 and every directory 0700, whatever the
+//!   umask it runs under (run here under umask 000): logs, dedup and
+//!   quarantine files, `topology.json`, keys, the lock;
+//! - a symbolic link under a log file's name (a segment or a dedup file)
+//!   stops the start naming it, and the file it points to is neither read
+//!   nor changed.
 
 mod common;
 
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -14,8 +18,8 @@ use std::time::{Duration, Instant};
 use base64::Engine;
 use ciphermq_clients::connection::Connection;
 use ciphermq_proto::Reply;
-use ciphermq_shard::log::queue_dir;
 use ciphermq_shard::log::segment::{self, Step};
+use ciphermq_shard::log::{queue_dir, segment_path};
 use common::process::BrokerProcess;
 use common::{body, check, config_text, next, pki, setup_receiver};
 
@@ -221,6 +225,81 @@ async fn under_umask_000_every_file_and_directory_is_the_brokers_users_alone() {
             "no {prefix}…{suffix} in {names:#?}"
         );
     }
+    drop(r);
+    assert!(broker.stop().success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_symlink_named_like_a_log_file_is_refused_and_its_target_left_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let config = setup(dir.path(), &data);
+    let queue = queue_dir(&data, QUEUE);
+    {
+        let broker = BrokerProcess::start(&config);
+        let mut r = broker.connect("receiver_1").await;
+        setup_receiver(&mut r, "receiver_1").await;
+        let mut s = broker.connect("sender_1").await;
+        check(
+            &mut s,
+            &format!("publish ex receiver_1 {}", body("kept", "receiver_1")),
+            "ACK kept",
+        )
+        .await;
+        assert!(broker.stop().success());
+    }
+    // A file of the broker's user outside the data directory: not a log,
+    // so a recovery that followed the link would cut or pad it.
+    let outside = dir.path().join("outside");
+    std::fs::create_dir(&outside).unwrap();
+    let target = outside.join("precious.txt");
+    let precious = b"an operator's notes, nothing like a log\n".repeat(40);
+    std::fs::write(&target, &precious).unwrap();
+    let before = std::fs::metadata(&target).unwrap();
+
+    for name in [
+        segment_path(&queue, 1_000)
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .into_owned(),
+        "dedup-00000000000000000001.log".to_owned(),
+    ] {
+        let link = queue.join(&name);
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        let refused = match BrokerProcess::spawn(&config) {
+            Ok(_) => panic!("{name}: the broker started over a symlinked log file"),
+            Err(refused) => refused,
+        };
+        assert!(!refused.status.success());
+        let said = format!("{}\n{}", refused.stdout, refused.stderr);
+        assert!(
+            said.contains(&link.display().to_string())
+                && said.contains("a symbolic link")
+                && said.contains(&target.display().to_string()),
+            "{name}: {said}"
+        );
+        // Neither read into the log nor written: its bytes and its times
+        // are what they were, and nothing was made beside either.
+        assert_eq!(std::fs::read(&target).unwrap(), precious, "{name}");
+        let after = std::fs::metadata(&target).unwrap();
+        assert_eq!(after.mtime_nsec(), before.mtime_nsec(), "{name}");
+        assert_eq!(after.len(), before.len(), "{name}");
+        assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 1, "{name}");
+        assert!(named(&queue, ".quarantined").is_empty(), "{name}");
+        std::fs::remove_file(&link).unwrap();
+    }
+
+    // The link gone, the queue is served as it was.
+    let broker = BrokerProcess::start(&config);
+    let mut r = broker.connect("receiver_1").await;
+    r.queue_line(&format!("fetch {QUEUE} 10"));
+    r.flush().await.unwrap();
+    let line = next(&mut r).await;
+    assert!(
+        matches!(Reply::parse(&line), Reply::Message(d) if d.message_id == "kept"),
+        "{line}"
+    );
     drop(r);
     assert!(broker.stop().success());
 }

@@ -1133,8 +1133,51 @@ mod tests {
         std::os::unix::fs::symlink("/dev/zero", &odd).unwrap();
         let err = recover_queue(dir.path(), &DedupHasher::random(), WINDOW).unwrap_err();
         let text = err.to_string();
+        // A link, whatever it points to, is refused as one.
+        assert!(text.contains("a symbolic link (to /dev/zero)"), "{text}");
+        assert!(text.contains(&odd.display().to_string()), "{text}");
+        // Anything else that is not a regular file.
+        fs::remove_file(&odd).unwrap();
+        fs::create_dir(&odd).unwrap();
+        let err = recover_queue(dir.path(), &DedupHasher::random(), WINDOW).unwrap_err();
+        let text = err.to_string();
         assert!(text.contains("not a regular file"), "{text}");
         assert!(text.contains(&odd.display().to_string()), "{text}");
+    }
+
+    #[test]
+    fn a_log_file_name_linked_elsewhere_is_refused_and_its_target_untouched() {
+        let dir = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        let queue = dir.path().join("q");
+        fs::create_dir(&queue).unwrap();
+        write(&segment_path(&queue, 0), &[msg(0, "a")]);
+        // Bytes a recovery that followed the link would cut as a torn tail.
+        let target = outside.path().join("notes");
+        let notes = vec![0u8; 100];
+        fs::write(&target, &notes).unwrap();
+        for name in [
+            "segment-00000000000000000001.log",
+            "dedup-00000000000000000001.log",
+        ] {
+            let link = queue.join(name);
+            std::os::unix::fs::symlink(&target, &link).unwrap();
+            let err = recover_queue(&queue, &DedupHasher::random(), WINDOW).unwrap_err();
+            assert!(err.to_string().contains("a symbolic link"), "{err}");
+            assert_eq!(fs::read(&target).unwrap(), notes, "{name}");
+            fs::remove_file(&link).unwrap();
+        }
+        // The queue's directory itself as a link.
+        let linked = dir.path().join("linked");
+        std::os::unix::fs::symlink(&queue, &linked).unwrap();
+        let err = recover_queue(&linked, &DedupHasher::random(), WINDOW).unwrap_err();
+        assert!(err.to_string().contains("a symbolic link"), "{err}");
+        // And the opens themselves never follow one.
+        let link = queue.join("segment-00000000000000000002.log");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        let err = segment::open_options().write(true).open(&link).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::ELOOP), "{err}");
+        assert_eq!(fs::read(&target).unwrap(), notes);
     }
 
     #[test]
