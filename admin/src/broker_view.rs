@@ -36,9 +36,17 @@ impl Access {
 /// or an atomic read, on the endpoint's thread; none waits for a shard.
 pub trait BrokerView: Send + Sync + 'static {
     /// The identity a client certificate chain carries (by the broker's
-    /// `tls.identity`: its end-entity certificate's CN, or its URI SAN), or
-    /// why it carries none.
+    /// `tls.identity` in force now: its end-entity certificate's CN, or its
+    /// URI SAN), or why it carries none; a certificate the CRLs in force
+    /// (`tls.crl_path`) revoke carries none.
     fn identity(&self, certs: &[CertificateDer<'_>]) -> Result<String, String>;
+
+    /// A number that moves with every reload that may change what
+    /// [`BrokerView::identity`] answers for a certificate (`[tls]`: the
+    /// identity rule, the CRLs): the endpoint judges an open connection's
+    /// certificate again only when it moved, so a request costs one atomic
+    /// load for it.
+    fn judgement_version(&self) -> u64;
 
     /// What `identity` may do, under the ACL in force now (it is reloaded
     /// on `SIGHUP`).

@@ -37,6 +37,7 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::broker_view::BrokerView;
 use crate::config::AdminConfig;
+use crate::peer::Peer;
 use crate::routes;
 use crate::slots::{AdminLimits, Admission, LogKind, Phase, Slots, Ticket};
 use ciphermq_shard::log_throttled;
@@ -456,25 +457,27 @@ async fn connection(
         Err(stop) => return watch.report(stop, peer),
     };
     slots.authenticated(watch.ticket.id(), Instant::now());
-    let identity = match tls.get_ref().1.peer_certificates() {
-        Some(certs) => endpoint.context.broker.identity(certs),
-        None => Err("no client certificate".to_owned()),
+    let Some(certs) = tls.get_ref().1.peer_certificates() else {
+        tracing::warn!(%peer, "admin endpoint: no client certificate; closed");
+        return;
     };
-    let cn = match identity {
-        Ok(cn) => cn,
-        Err(reason) => {
-            tracing::warn!(%peer, %reason, "admin endpoint: no identity in the client certificate; closed");
-            return;
-        }
-    };
-    serve_http(tls, Some(cn), peer, endpoint, watch).await;
+    let certs = certs.iter().map(|c| c.clone().into_owned()).collect();
+    let client = Peer::judge(&*endpoint.context.broker, certs);
+    if let Err(reason) = client.identity(&*endpoint.context.broker) {
+        tracing::warn!(%peer, %reason, "admin endpoint: no identity in the client certificate; closed");
+        return;
+    }
+    serve_http(tls, Some(client), peer, endpoint, watch).await;
 }
 
-/// Answers HTTP/1.1 requests on `io` for `cn` (`None`: a probe connection)
-/// until the client closes, the connection is too old, or its watch fires.
+/// Answers HTTP/1.1 requests on `io` for `client` (`None`: a probe
+/// connection) until the client closes, the connection is too old, or its
+/// watch fires. Each request asks `client` who it is now: a certificate that
+/// a reload revoked (or left without an identity) gets a 403 and the
+/// connection closes after it.
 async fn serve_http<S>(
     io: S,
-    cn: Option<String>,
+    client: Option<Peer>,
     peer: SocketAddr,
     endpoint: Arc<Endpoint>,
     mut watch: Watch,
@@ -486,14 +489,25 @@ async fn serve_http<S>(
     let service = service_fn(move |request: Request<Incoming>| {
         let Endpoint { context, slots } = &*service_endpoint;
         let number = slots.request_started(id, Instant::now());
-        let response = routes::respond(
-            context,
-            slots,
-            cn.as_deref(),
-            peer,
-            request.method(),
-            request.uri().path(),
-        );
+        let path = request.uri().path();
+        let response = match client.as_ref().map(|c| c.identity(&*context.broker)) {
+            Some(Err(reason)) => {
+                tracing::warn!(%peer, %path, %reason, "admin endpoint: the client certificate no longer names a client since a reload; refused, closing the connection");
+                routes::no_identity(&reason)
+            }
+            judged => {
+                let cn = judged.and_then(Result::ok);
+                routes::respond(
+                    context,
+                    slots,
+                    cn.as_deref(),
+                    peer,
+                    request.method(),
+                    path,
+                    request.headers(),
+                )
+            }
+        };
         let response = response.map(|body| Answer {
             body,
             done: Some((slots.clone(), id, number)),

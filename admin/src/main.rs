@@ -14,6 +14,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use ciphermq_admin::command_line::{ArgumentError, CommandLine};
 use ciphermq_admin::dashboard_proxy::DashboardProxy;
 use ciphermq_admin::remote::{host_of, AdminEndpoint, BrokerPort, Credentials, RemoteError};
 use clap::{Parser, Subcommand};
@@ -180,12 +181,25 @@ enum Deletable {
     },
 }
 
+/// Exit status of a refused argument, as clap's own usage errors: nothing
+/// was read, connected or sent.
+const EXIT_BAD_ARGUMENT: u8 = 2;
+
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = Cli::parse();
+    // Before any file is read or any connection made: an argument that
+    // would break its protocol line stops the tool here.
+    let plan = match cli.command.plan() {
+        Ok(plan) => plan,
+        Err(e) => {
+            eprintln!("ciphermq-admin: {e}; nothing was sent");
+            return ExitCode::from(EXIT_BAD_ARGUMENT);
+        }
+    };
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -196,7 +210,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(cli)) {
+    match runtime.block_on(run(&cli, plan)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {
             eprintln!("ciphermq-admin: {message}");
@@ -205,34 +219,54 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run(cli: Cli) -> Result<(), String> {
-    let target = Target::new(&cli)?;
+/// What a subcommand does, its arguments checked.
+enum Plan {
+    /// `GET path` on the admin endpoint, printed through the function.
+    Show(&'static str, fn(&Value) -> String),
+    /// One command on the broker port.
+    Change(CommandLine),
+    /// `POST /api/reload`.
+    Reload,
+    /// The dashboard, served on this address.
+    Dashboard(SocketAddr),
+}
+
+impl Command {
+    /// What the subcommand does; `Err` names an argument that cannot go into
+    /// a protocol line (see `ciphermq_admin::command_line`).
+    fn plan(&self) -> Result<Plan, ArgumentError> {
+        Ok(match self {
+            Command::Status => Plan::Show("/api/status", cli::status),
+            Command::Queues => Plan::Show("/api/queues", cli::queues),
+            Command::Connections => Plan::Show("/api/connections", cli::connections),
+            Command::Exchanges => Plan::Show("/api/status", cli::exchanges),
+            Command::Purge { queue } => Plan::Change(CommandLine::purge_queue(queue)?),
+            Command::Delete {
+                what: Deletable::Queue { name },
+            } => Plan::Change(CommandLine::delete_queue(name)?),
+            Command::Delete {
+                what: Deletable::Exchange { name },
+            } => Plan::Change(CommandLine::delete_exchange(name)?),
+            Command::Unbind {
+                queue,
+                exchange,
+                routing_key,
+            } => Plan::Change(CommandLine::unbind(queue, exchange, routing_key)?),
+            Command::Close { client_id } => Plan::Change(CommandLine::close_connection(client_id)?),
+            Command::Reload => Plan::Reload,
+            Command::Dashboard { listen } => Plan::Dashboard(*listen),
+        })
+    }
+}
+
+async fn run(cli: &Cli, plan: Plan) -> Result<(), String> {
+    let target = Target::new(cli)?;
     let json = cli.json;
-    match cli.command {
-        Command::Status => show(&target, "/api/status", json, cli::status).await,
-        Command::Queues => show(&target, "/api/queues", json, cli::queues).await,
-        Command::Connections => show(&target, "/api/connections", json, cli::connections).await,
-        Command::Exchanges => show(&target, "/api/status", json, cli::exchanges).await,
-        Command::Purge { queue } => change(&target, &format!("purge_queue {queue}"), json).await,
-        Command::Delete {
-            what: Deletable::Queue { name },
-        } => change(&target, &format!("delete_queue {name}"), json).await,
-        Command::Delete {
-            what: Deletable::Exchange { name },
-        } => change(&target, &format!("delete_exchange {name}"), json).await,
-        Command::Unbind {
-            queue,
-            exchange,
-            routing_key,
-        } => {
-            let line = format!("unbind {queue} {exchange} {routing_key}");
-            change(&target, &line, json).await
-        }
-        Command::Close { client_id } => {
-            change(&target, &format!("close_connection {client_id}"), json).await
-        }
-        Command::Reload => reload(&target, json).await,
-        Command::Dashboard { listen } => dashboard(&target, listen).await,
+    match plan {
+        Plan::Show(path, render) => show(&target, path, json, render).await,
+        Plan::Change(line) => change(&target, &line, json).await,
+        Plan::Reload => reload(&target, json).await,
+        Plan::Dashboard(listen) => dashboard(&target, listen).await,
     }
 }
 
@@ -424,15 +458,15 @@ async fn get_json(target: &Target, method: Method, path: &str) -> Result<Value, 
 
 /// Sends one `ciphermq/1` command; the broker's `OK …` reply is success,
 /// anything else (an `Error:` or `Access denied:` line) a failure.
-async fn change(target: &Target, line: &str, json: bool) -> Result<(), String> {
+async fn change(target: &Target, line: &CommandLine, json: bool) -> Result<(), String> {
     let reply = target
         .broker()?
-        .command(line)
+        .command(line.as_str())
         .await
         .map_err(|e| target.broker_failed(&e))?;
     let ok = reply.starts_with("OK ");
     if json {
-        let doc = serde_json::json!({ "command": line, "ok": ok, "reply": reply });
+        let doc = serde_json::json!({ "command": line.as_str(), "ok": ok, "reply": reply });
         out(&format!("{doc}\n"))?;
     } else if ok {
         out(&format!("{reply}\n"))?;

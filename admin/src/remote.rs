@@ -270,10 +270,16 @@ impl AdminEndpoint {
             .await
             .map_err(|e| format!("HTTP handshake failed: {e}"))?;
         tokio::spawn(connection);
-        let request = Request::builder()
-            .method(method)
+        let mut request = Request::builder()
+            .method(method.clone())
             .uri(path)
-            .header(HOST, &self.address)
+            .header(HOST, &self.address);
+        if !method.is_safe() {
+            // What the endpoint asks of a request that changes the broker,
+            // so that no other web site can make a browser send one.
+            request = request.header(crate::CHANGE_HEADER, crate::CHANGE_HEADER_VALUE);
+        }
+        let request = request
             .body(Empty::<Bytes>::new())
             .map_err(|e| e.to_string())?;
         let response = sender
@@ -324,8 +330,21 @@ impl BrokerPort {
 
     /// Sends one command line and returns its one reply line; the
     /// connection says `quit` after it. `Err` when there is no reply (or the
-    /// broker refused the connection: its one line says why).
+    /// broker refused the connection: its one line says why), and, without
+    /// connecting, when `line` holds a line break: that would be two
+    /// commands. [`crate::command_line::CommandLine`] builds lines whose
+    /// arguments are checked.
     pub async fn command(&self, line: &str) -> Result<String, RemoteError> {
+        if line.contains(['\n', '\r']) {
+            return Err(RemoteError::Exchange {
+                side: "broker",
+                address: self.address.clone(),
+                reason: format!(
+                    "not sent: {:?} holds a line break, which would make it two commands",
+                    line
+                ),
+            });
+        }
         timed("broker", &self.address, self.exchange(line)).await
     }
 

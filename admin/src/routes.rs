@@ -1,7 +1,9 @@
 //! Who may see what: `/health` and `/ready` answer any client whose
 //! certificate the CA signed; the routes that read answer admin and monitor
 //! CNs (the current, reloadable `acl.admin_cns` and `acl.monitor_cns`);
-//! `POST /api/reload`, the one that changes the broker, answers admins only.
+//! `POST /api/reload`, the one that changes the broker, answers admins only,
+//! and only a request that cannot come from another web site
+//! ([`crate::same_origin`]).
 //! Unknown paths are 404, another method than a route's own 405; every answer is JSON except the Prometheus text
 //! of `/metrics` and the dashboard page (`/`, `/dashboard`).
 
@@ -9,14 +11,14 @@ use std::net::SocketAddr;
 
 use http_body_util::Full;
 use hyper::body::Bytes;
-use hyper::header::{HeaderValue, ALLOW, CACHE_CONTROL, CONTENT_TYPE};
+use hyper::header::{HeaderMap, HeaderValue, ALLOW, CACHE_CONTROL, CONNECTION, CONTENT_TYPE};
 use hyper::{Method, Response, StatusCode};
 use serde_json::json;
 
 use crate::broker_view::Access;
 use crate::endpoint::AdminContext;
 use crate::slots::Slots;
-use crate::{dashboard, metrics, status};
+use crate::{dashboard, metrics, same_origin, status};
 
 /// The routes the endpoint knows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,9 +68,10 @@ impl Route {
     }
 }
 
-/// The answer to `method path` from the client whose certificate CN is `cn`
-/// (`slots`: the endpoint's own connection numbers, for `/metrics`). `None`:
-/// a probe on `admin.probe_address`, to which only the public routes exist.
+/// The answer to `method path` (with `headers`) from the client whose
+/// certificate CN is `cn` (`slots`: the endpoint's own connection numbers,
+/// for `/metrics`). `None`: a probe on `admin.probe_address`, to which only
+/// the public routes exist.
 pub(crate) fn respond(
     ctx: &AdminContext,
     slots: &Slots,
@@ -76,6 +79,7 @@ pub(crate) fn respond(
     peer: SocketAddr,
     method: &Method,
     path: &str,
+    headers: &HeaderMap,
 ) -> Response<Full<Bytes>> {
     let not_found = || json_response(StatusCode::NOT_FOUND, &json!({ "error": "not found" }));
     let Some(route) = Route::of(path) else {
@@ -108,6 +112,15 @@ pub(crate) fn respond(
             .headers_mut()
             .insert(ALLOW, HeaderValue::from_static(allow));
         return response;
+    }
+    if route.changes() {
+        if let Some(why) = same_origin::refusal(headers) {
+            tracing::warn!(%cn, %peer, %path, %why, "admin endpoint: forbidden (may come from another web site)");
+            return json_response(
+                StatusCode::FORBIDDEN,
+                &json!({ "error": format!("forbidden: {why}") }),
+            );
+        }
     }
     match route {
         Route::Health => json_response(StatusCode::OK, &json!({ "status": "ok" })),
@@ -154,6 +167,20 @@ pub(crate) fn respond(
             )
         }
     }
+}
+
+/// The answer to a request whose connection's certificate no longer names a
+/// client (revoked, or no identity under a reloaded `tls.identity`): 403 with
+/// `why`, and the connection closes after it.
+pub(crate) fn no_identity(why: &str) -> Response<Full<Bytes>> {
+    let mut response = json_response(
+        StatusCode::FORBIDDEN,
+        &json!({ "error": format!("forbidden: {why}; closing the connection") }),
+    );
+    response
+        .headers_mut()
+        .insert(CONNECTION, HeaderValue::from_static("close"));
+    response
 }
 
 fn json_response(code: StatusCode, body: &serde_json::Value) -> Response<Full<Bytes>> {

@@ -318,6 +318,92 @@ async fn reload_rereads_the_config_file_and_a_bad_file_changes_nothing() {
     );
 }
 
+/// Every argument that goes into a protocol line is checked first: one that
+/// would end its command and start another (`purge $'x\ndelete_queue q'`)
+/// is refused by name, exit status 2, before anything is sent, so the
+/// command hidden after the newline never runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_argument_that_would_add_a_command_is_refused_and_nothing_is_sent() {
+    let world = World::start();
+    for line in [
+        "declare_exchange ex direct",
+        "declare_queue receiver_1_queue",
+        "bind receiver_1_queue ex receiver_1",
+    ] {
+        let reply = world.command("receiver_1", line).await.unwrap();
+        assert!(reply.starts_with("OK "), "{line}: {reply}");
+    }
+    let hidden = "\ndelete_queue receiver_1_queue";
+    let cases: [(Vec<String>, &str); 6] = [
+        (vec!["purge".into(), format!("x{hidden}")], "invalid queue"),
+        (
+            vec!["delete".into(), "queue".into(), format!("x{hidden}")],
+            "invalid queue",
+        ),
+        (
+            vec!["delete".into(), "exchange".into(), format!("x{hidden}")],
+            "invalid exchange",
+        ),
+        (
+            vec![
+                "unbind".into(),
+                "receiver_1_queue".into(),
+                "ex".into(),
+                format!("receiver_1{hidden}"),
+            ],
+            "invalid binding key",
+        ),
+        (
+            vec![
+                "unbind".into(),
+                "receiver_1_queue".into(),
+                "ex receiver_1_queue".into(),
+                "receiver_1".into(),
+            ],
+            "invalid exchange",
+        ),
+        (
+            vec!["close".into(), "sender_1 admin".into()],
+            "invalid client id",
+        ),
+    ];
+    for (args, named) in cases {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = world.admin("admin", &args);
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains(named) && stderr.contains("nothing was sent"),
+            "{args:?}: {stderr}"
+        );
+        // The argument is quoted with escapes, never echoed raw.
+        assert!(!stderr.contains("\ndelete_queue"), "{args:?}: {stderr}");
+        assert!(out.stdout.is_empty(), "{args:?}");
+    }
+    // The queue named after the newline is still there, and so is its
+    // binding; its messages were never purged.
+    let reply = world
+        .command("admin", "purge_queue receiver_1_queue")
+        .await
+        .unwrap();
+    assert_eq!(reply, "OK purge_queue receiver_1_queue 0");
+    let exchanges = ok(world.admin("admin", &["exchanges"]));
+    assert!(
+        exchanges.lines().any(|l| l.split_whitespace().eq([
+            "ex",
+            "receiver_1_queue",
+            "receiver_1"
+        ])),
+        "{exchanges}"
+    );
+    // The library refuses a line break too, without connecting.
+    let refused = world
+        .command("admin", "purge_queue x\ndelete_queue receiver_1_queue")
+        .await
+        .unwrap_err();
+    assert!(refused.contains("line break"), "{refused}");
+}
+
 /// `ciphermq-admin queues --json | grep -q …`: a reader that stops reading
 /// early is not a failure (no panic on the closed pipe, exit 0).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

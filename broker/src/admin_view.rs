@@ -1,5 +1,6 @@
 //! The broker as its admin endpoint (`ciphermq-admin`) sees it: identity
-//! from the client certificate (by `tls.identity`), the TLS configuration
+//! from the client certificate (by `tls.identity`, refused when the CRLs in
+//! force revoke it), the TLS configuration
 //! in force (reloaded), access from the ACL in force, the limits
 //! and the open connections, all read from [`Shared`] without waiting for
 //! a shard.
@@ -30,10 +31,21 @@ impl AdminView {
 
 impl BrokerView for AdminView {
     fn identity(&self, certs: &[CertificateDer<'_>]) -> Result<String, String> {
-        let rule = self.shared.tls.current().1.identity.clone();
-        identify(certs, &rule)
-            .map(|peer| peer.identity)
-            .map_err(|e| e.to_string())
+        let tls = self.shared.tls.current().1;
+        let peer = identify(certs, &tls.identity).map_err(|e| e.to_string())?;
+        if tls.revoked.contains(&peer.cert) {
+            return Err(format!(
+                "the client certificate (serial {}) is revoked by tls.crl_path",
+                peer.cert.serial_hex()
+            ));
+        }
+        Ok(peer.identity)
+    }
+
+    fn judgement_version(&self) -> u64 {
+        // Every reload replaces the TLS material, the identity rule and the
+        // CRLs with it.
+        self.shared.tls.version()
     }
 
     fn access(&self, identity: &str) -> Access {

@@ -13,7 +13,7 @@ use std::rc::Rc;
 
 use ciphermq_shard::backlog::ReadJob;
 use ciphermq_shard::Shard;
-use glommio::io::{BufferedFile, DmaFile, ReadResult};
+use glommio::io::{OpenOptions, ReadResult};
 
 use crate::context::ShardLocal;
 
@@ -45,17 +45,20 @@ async fn read_one(local: Rc<ShardLocal>, job: ReadJob) {
 }
 
 /// Reads `job.len` bytes at `job.offset` of its segment (fewer at the end
-/// of the file).
+/// of the file). Never through a symbolic link (`O_NOFOLLOW`), as every
+/// open of a log file.
 async fn read(job: &ReadJob) -> Result<ReadResult, String> {
     let fail = |e: glommio::GlommioError<()>| e.to_string();
-    match DmaFile::open(&job.path).await {
+    let mut options = OpenOptions::new();
+    options.read(true).custom_flags(libc::O_NOFOLLOW);
+    match options.dma_open(&job.path).await {
         Ok(file) => {
             let read = file.read_at(job.offset, job.len).await.map_err(fail);
             let _ = file.close().await;
             read
         }
         Err(_) => {
-            let file = BufferedFile::open(&job.path).await.map_err(fail)?;
+            let file = options.buffered_open(&job.path).await.map_err(fail)?;
             let read = file.read_at(job.offset, job.len).await.map_err(fail);
             let _ = file.close().await;
             read

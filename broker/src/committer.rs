@@ -48,7 +48,7 @@ use std::time::{Duration, Instant};
 
 use ciphermq_shard::durability::deleted_dir;
 use ciphermq_shard::log::dedup_file::DedupWrite;
-use ciphermq_shard::log::segment::{FILE_HEADER, FILE_HEADER_BYTES};
+use ciphermq_shard::log::segment::{self, FILE_HEADER, FILE_HEADER_BYTES};
 use ciphermq_shard::log::unix_ms;
 use ciphermq_shard::{CommitJob, QueueRemoval, Shard};
 use futures_util::future::join_all;
@@ -176,7 +176,9 @@ async fn prepare(files: &RefCell<Files>, job: &CommitJob) -> IoResult<Arc<File>>
     if job.create_dir {
         let dir = job.dir.clone();
         blocking(move || {
-            std::fs::create_dir_all(&dir)?;
+            // 0700 whatever the umask, as every directory of the data
+            // directory.
+            ciphermq_datadir::create_dir_all(&dir)?;
             sync_parent(&dir)
         })
         .await?;
@@ -216,7 +218,7 @@ async fn blocking<T: Send + 'static>(
 /// it if a failed job never did; a file cut to its header gets the header
 /// again. The bytes past `len` are a failed job's: never acknowledged.
 fn cut(path: &Path, len: u64) -> std::io::Result<()> {
-    let file = std::fs::OpenOptions::new()
+    let file = segment::open_options()
         .write(true)
         .create(true)
         .truncate(false)
@@ -262,15 +264,17 @@ async fn write(
 /// thread. With `create` the file is new: it gets the file header, and it
 /// is never created over an existing file. One found there (left by
 /// something else: the broker names every file it makes) is moved aside to
-/// `{name}.displaced-{unix ms}` and logged, never truncated.
+/// `{name}.displaced-{unix ms}` and logged, never truncated. Never through
+/// a symbolic link, and new files are 0600 whatever the umask
+/// ([`segment::open_options`]).
 async fn open(path: &Path, create: bool) -> IoResult<Arc<File>> {
     let path = path.to_path_buf();
     let file = blocking(move || {
         if !create {
-            return std::fs::OpenOptions::new().write(true).open(&path);
+            return segment::open_options().write(true).open(&path);
         }
         let new = || {
-            std::fs::OpenOptions::new()
+            segment::open_options()
                 .write(true)
                 .create_new(true)
                 .open(&path)

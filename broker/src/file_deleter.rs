@@ -23,11 +23,11 @@
 //! first sequence number, dedup files by a counter), so a deletion that
 //! runs late cannot remove a newer file of the same name.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use ciphermq_shard::log::segment::freeing_path;
+use ciphermq_shard::log::segment::{self, freeing_path};
 
 use crossbeam_channel::{Sender, TrySendError};
 
@@ -139,7 +139,8 @@ fn free(path: &Path) {
         .parent()
         .is_some_and(|dir| File::open(dir).and_then(|d| d.sync_all()).is_ok());
     if durable {
-        if let Ok(file) = OpenOptions::new().write(true).open(&freeing) {
+        // Never through a link: only the file itself is shrunk.
+        if let Ok(file) = segment::open_options().write(true).open(&freeing) {
             let mut len = file.metadata().map_or(0, |m| m.len());
             while len > STEP_BYTES {
                 len -= STEP_BYTES;

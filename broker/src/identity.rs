@@ -3,7 +3,10 @@
 //! limits) and the certificate's issuer and serial (what a CRL names).
 //!
 //! `tls.identity` chooses the source:
-//! - `"cn"` (default): the Subject Common Name.
+//! - `"cn"` (default): the Subject Common Name. A subject with several CN
+//!   attributes names no client: which one counts is not agreed (tools and
+//!   verifiers take the first, or the last, or all), so a certificate that
+//!   shows one name to an operator's tool could act as another here.
 //! - `"uri_san"`: the certificate's URI SubjectAltName, in the spirit of
 //!   SPIFFE and of FluxMQ's local principals (an exact, configured mapping;
 //!   anything else fails closed): the certificate must carry exactly one URI
@@ -105,6 +108,10 @@ pub enum IdentityError {
     /// `tls.identity = "cn"` and the subject has no readable CN.
     #[error("the client certificate has no Subject CN")]
     NoCommonName,
+    /// `tls.identity = "cn"` and the subject has more than one CN: which one
+    /// names the client would be a guess.
+    #[error("the client certificate has {0} Subject CNs; exactly one is required")]
+    SeveralCommonNames(usize),
     /// `tls.identity = "uri_san"` and the certificate has no URI SAN.
     #[error("the client certificate has no URI SubjectAltName (tls.identity = uri_san)")]
     NoUriSan,
@@ -150,7 +157,7 @@ pub fn identify(
     let (_, cert) =
         x509_parser::parse_x509_certificate(der.as_ref()).map_err(|_| IdentityError::Unparsable)?;
     let identity = match rule {
-        IdentityRule::Cn => common_name(&cert).ok_or(IdentityError::NoCommonName)?,
+        IdentityRule::Cn => common_name(&cert)?,
         IdentityRule::UriSan { prefix } => uri_san_identity(&cert, prefix)?,
     };
     let cert_id = CertId::new(cert.issuer().as_raw(), cert.raw_serial());
@@ -160,9 +167,17 @@ pub fn identify(
     })
 }
 
-fn common_name(cert: &X509Certificate<'_>) -> Option<String> {
-    let cn = cert.subject().iter_common_name().next()?.as_str().ok()?;
-    Some(cn.to_owned())
+/// The subject's one CN; several (in one RDN or in several) are refused.
+fn common_name(cert: &X509Certificate<'_>) -> Result<String, IdentityError> {
+    let mut cns = cert.subject().iter_common_name();
+    match (cns.next(), cns.count()) {
+        (None, _) => Err(IdentityError::NoCommonName),
+        (Some(cn), 0) => cn
+            .as_str()
+            .map(str::to_owned)
+            .map_err(|_| IdentityError::NoCommonName),
+        (Some(_), more) => Err(IdentityError::SeveralCommonNames(more + 1)),
+    }
 }
 
 fn uri_san_identity(cert: &X509Certificate<'_>, prefix: &str) -> Result<String, IdentityError> {
@@ -205,10 +220,19 @@ mod tests {
     };
 
     fn cert(cn: Option<&str>, uris: &[&str], serial: &[u8]) -> CertificateDer<'static> {
+        cert_with_cns(cn.as_slice(), uris, serial)
+    }
+
+    /// A certificate whose subject holds the CN attributes `cns` (at most
+    /// two: rcgen keeps one value per attribute type, so the second goes in
+    /// under the CN's OID spelled as a custom type).
+    fn cert_with_cns(cns: &[&str], uris: &[&str], serial: &[u8]) -> CertificateDer<'static> {
+        assert!(cns.len() <= 2, "rcgen writes at most two CNs this way");
         let mut params = CertificateParams::default();
         params.distinguished_name = DistinguishedName::new();
-        if let Some(cn) = cn {
-            params.distinguished_name.push(DnType::CommonName, cn);
+        let types = [DnType::CommonName, DnType::CustomDnType(vec![2, 5, 4, 3])];
+        for (ty, cn) in types.into_iter().zip(cns) {
+            params.distinguished_name.push(ty, *cn);
         }
         params.subject_alt_names = uris
             .iter()
@@ -240,6 +264,26 @@ mod tests {
             identify(&[], &IdentityRule::Cn),
             Err(IdentityError::NoCertificate)
         );
+    }
+
+    #[test]
+    fn cn_rule_refuses_a_subject_with_two_cns() {
+        let der = cert_with_cns(&["admin", "sender_1"], &[], &[3]);
+        let (_, parsed) = x509_parser::parse_x509_certificate(der.as_ref()).unwrap();
+        assert_eq!(
+            parsed.subject().iter_common_name().count(),
+            2,
+            "two CNs made"
+        );
+        let refused = identify(&[der], &IdentityRule::Cn).unwrap_err();
+        assert_eq!(refused, IdentityError::SeveralCommonNames(2));
+        assert_eq!(
+            refused.to_string(),
+            "the client certificate has 2 Subject CNs; exactly one is required"
+        );
+        // The URI SAN rule ignores CNs, however many.
+        let der = cert_with_cns(&["admin", "sender_1"], &["spiffe://ciphermq/r"], &[4]);
+        assert_eq!(identify(&[der], &uri_rule()).unwrap().identity, "r");
     }
 
     #[test]

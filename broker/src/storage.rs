@@ -108,7 +108,8 @@ impl Storage {
                 data_dir.display()
             ))
         };
-        std::fs::create_dir_all(data_dir.join("queues")).map_err(|e| err("cannot create", &e))?;
+        // For the broker's user alone (0700), whatever the umask.
+        data_dir::create_dir_all(&data_dir.join("queues")).map_err(|e| err("cannot create", &e))?;
         // io_uring opens files relative to nothing: give it absolute paths.
         let data_dir = std::fs::canonicalize(&data_dir).map_err(|e| err("cannot resolve", &e))?;
         // The directories just made must survive a power cut with what is

@@ -148,7 +148,7 @@ pub fn load(
         Ok(None) => match read(&prev_path, shards) {
             Ok(None) => Topology::empty(shards),
             Ok(Some((t, bytes))) => {
-                data_dir::write_atomic(path, &bytes, data_dir::PUBLIC_MODE)
+                data_dir::write_atomic(path, &bytes, data_dir::FILE_MODE)
                     .map_err(|e| fatal(path, e))?;
                 warnings.push(StorageWarning::new(
                     path,
@@ -169,7 +169,7 @@ pub fn load(
         Err(Read::Damaged(why)) => match read(&prev_path, shards) {
             Ok(Some((t, bytes))) => {
                 let aside = data_dir::move_aside(path).map_err(|e| fatal(path, e))?;
-                data_dir::write_atomic(path, &bytes, data_dir::PUBLIC_MODE)
+                data_dir::write_atomic(path, &bytes, data_dir::FILE_MODE)
                     .map_err(|e| fatal(path, e))?;
                 warnings.push(StorageWarning::new(
                     path,
@@ -242,7 +242,7 @@ pub fn save(path: &Path, t: &Topology) -> io::Result<()> {
     })
     .map_err(io::Error::other)?;
     keep_previous(path)?;
-    data_dir::write_atomic(path, &bytes, data_dir::PUBLIC_MODE)
+    data_dir::write_atomic(path, &bytes, data_dir::FILE_MODE)
 }
 
 /// Makes `topology.json.prev` the current `topology.json` (if there is one):
@@ -261,7 +261,7 @@ fn keep_previous(path: &Path) -> io::Result<()> {
         Ok(()) => std::fs::rename(&tmp, &prev),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
         Err(_) => match std::fs::read(path) {
-            Ok(bytes) => data_dir::write_atomic(&prev, &bytes, data_dir::PUBLIC_MODE),
+            Ok(bytes) => data_dir::write_atomic(&prev, &bytes, data_dir::FILE_MODE),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
             Err(e) => Err(e),
         },

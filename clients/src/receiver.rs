@@ -101,6 +101,15 @@ pub enum ReceiverError {
     /// The broker answered something the protocol does not allow here.
     #[error("protocol error: {0}")]
     Protocol(String),
+    /// The broker's greeting named a client id that breaks the name rule.
+    /// The id goes into file paths (`{cn}` in `private_key_path`, the queue
+    /// and output file names), so nothing was read or written for it.
+    #[error(
+        "the broker's greeting names the client id {0}, which is not a valid name \
+         (1 to 255 of A-Z a-z 0-9 _ . : -, not . or ..); it would go into file paths, \
+         so nothing was read or written"
+    )]
+    InvalidClientId(String),
 }
 
 // The cause is part of the message, not its `source()`: a report that prints
@@ -388,6 +397,50 @@ enum SetupError {
     Lost(RequestError),
 }
 
+/// Longest piece of a refused client id quoted in an error: the broker
+/// chose it, and it may be a megabyte.
+const QUOTE_MAX: usize = 80;
+
+/// What the receiver reads and writes for the client id the broker's
+/// greeting announced: the names it declares and the files it opens.
+#[derive(Debug, PartialEq, Eq)]
+struct SessionFiles {
+    /// The client id, checked.
+    cn: String,
+    /// The queue consumed.
+    queue: String,
+    /// The binding key.
+    routing_key: String,
+    /// The private key file.
+    key: PathBuf,
+    /// The output file.
+    output: PathBuf,
+}
+
+impl SessionFiles {
+    /// Checks the announced `cn` against the name rule before it goes into
+    /// any name or path: a greeting such as `HELLO ciphermq/1 ../../etc/x
+    /// receiver` would otherwise have the receiver read
+    /// `keys/../../etc/x_private.key`.
+    fn for_client(config: &ReceiverConfig, cn: &str) -> Result<SessionFiles, ReceiverError> {
+        if !ciphermq_proto::is_valid_name(cn) {
+            let quoted = match cn.char_indices().nth(QUOTE_MAX) {
+                Some((at, _)) => format!("{:?}… ({} bytes)", &cn[..at], cn.len()),
+                None => format!("{cn:?}"),
+            };
+            return Err(ReceiverError::InvalidClientId(quoted));
+        }
+        let (queue, routing_key) = config.names(cn)?;
+        Ok(SessionFiles {
+            cn: cn.to_owned(),
+            key: config.private_key_for(cn),
+            output: config.output_file(&queue),
+            queue,
+            routing_key,
+        })
+    }
+}
+
 /// What lives across connections: identity, key, names, journal, counters.
 struct Session {
     /// Our CN.
@@ -430,10 +483,15 @@ impl Session {
                 role: client.role().to_string(),
             });
         }
-        let cn = client.client_id().to_owned();
-        let (queue, routing_key) = config.names(&cn)?;
-        let secret = key_file::read_secret_key(&config.private_key_for(&cn))?;
-        let journal = Journal::open(&config.output_file(&queue))?;
+        let SessionFiles {
+            cn,
+            queue,
+            routing_key,
+            key,
+            output,
+        } = SessionFiles::for_client(config, client.client_id())?;
+        let secret = key_file::read_secret_key(&key)?;
+        let journal = Journal::open(&output)?;
         tracing::info!(
             client_id = %cn,
             queue = %queue,
@@ -833,6 +891,46 @@ fn unix_now() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::connection::Hello;
+
+    #[test]
+    fn a_hostile_greeting_never_reaches_a_file_path() {
+        // A queue name without `{cn}`: the name check of the queue would not
+        // catch the id; only the id's own check does.
+        let config: ReceiverConfig = crate::client_config::parse_json(
+            r#"{"tls":{"certificate_path":"c/ca.crt","client_cert_path":"c/r.crt",
+                "client_key_path":"c/r.key"},"queue_name":"shared_queue","routing_key":"k"}"#,
+            std::path::Path::new("r.json"),
+        )
+        .unwrap();
+        let hello = Hello::parse("HELLO ciphermq/1 ../../etc/x receiver").expect("its shape");
+        let refused = SessionFiles::for_client(&config, &hello.client_id).unwrap_err();
+        assert!(
+            matches!(&refused, ReceiverError::InvalidClientId(id) if id == "\"../../etc/x\""),
+            "{refused:?}"
+        );
+        assert!(
+            refused.to_string().contains("not a valid name"),
+            "{refused}"
+        );
+        let long = "y/".repeat(500);
+        for bad in [".", "..", "a/b", "a\\b", "r\u{0}", "x%2f", long.as_str()] {
+            assert!(
+                matches!(
+                    SessionFiles::for_client(&config, bad),
+                    Err(ReceiverError::InvalidClientId(_))
+                ),
+                "{bad:?}"
+            );
+        }
+        let e = SessionFiles::for_client(&config, &long)
+            .unwrap_err()
+            .to_string();
+        assert!(e.len() < 400 && e.contains("(1000 bytes)"), "{e}");
+        let files = SessionFiles::for_client(&config, "receiver_1").unwrap();
+        assert_eq!(files.key, PathBuf::from("keys/receiver_1_private.key"));
+        assert_eq!(files.queue, "shared_queue");
+    }
 
     #[test]
     fn the_rate_counts_from_the_first_delivery_to_the_last_write() {

@@ -6,7 +6,7 @@ use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
-use crate::write::PUBLIC_MODE;
+use crate::write::FILE_MODE;
 
 /// Why the data directory could not be locked.
 #[derive(Debug, thiserror::Error)]
@@ -97,7 +97,7 @@ impl DataDirLock {
             .write(true)
             .create(true)
             .truncate(false)
-            .mode(PUBLIC_MODE)
+            .mode(FILE_MODE)
             .open(&path)
             .map_err(io(&path))?;
         match file.try_lock() {

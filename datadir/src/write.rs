@@ -1,9 +1,9 @@
 //! Replacing a file whole: either the old content or the new one survives a
 //! crash, never a mix.
 
-use std::fs::File;
+use std::fs::{DirBuilder, File};
 use std::io::{self, Write};
-use std::os::unix::fs::OpenOptionsExt as _;
+use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
 use std::path::Path;
 
 use atomic_write_file::unix::OpenOptionsExt as _;
@@ -12,8 +12,17 @@ use atomic_write_file::unix::OpenOptionsExt as _;
 /// the file exists.
 pub const SECRET_MODE: u32 = 0o600;
 
-/// Mode of metadata that holds no secret (`topology.json`).
-pub const PUBLIC_MODE: u32 = 0o644;
+/// Mode of every other file the broker makes in its data directory: its
+/// user's alone too. Logs hold who sent what to whom (sender and receiver
+/// ids, message ids, routing keys), `topology.json` names every owner, and
+/// the lock file names the broker's pid: nothing there is for other users.
+/// Set at creation, so the process umask can only take bits away from it,
+/// never give any to the group or others.
+pub const FILE_MODE: u32 = 0o600;
+
+/// Mode of every directory the broker makes in its data directory (the
+/// directory itself when it makes it, `queues/`, each queue's, `keys/`).
+pub const DIR_MODE: u32 = 0o700;
 
 /// Replaces `path` with `contents`, or leaves it as it was: a temporary file
 /// in the same directory, created with `mode` (so a secret is never
@@ -66,6 +75,16 @@ pub fn remove_temporaries(path: &Path) {
     }
 }
 
+/// Creates the directory `path` and every missing parent with [`DIR_MODE`],
+/// whatever the umask allows (it can only take bits away); one that exists
+/// is left as it is.
+pub fn create_dir_all(path: &Path) -> io::Result<()> {
+    DirBuilder::new()
+        .recursive(true)
+        .mode(DIR_MODE)
+        .create(path)
+}
+
 /// Fsyncs the directory `dir`, so renames and removals in it survive a crash.
 pub fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
@@ -109,15 +128,15 @@ mod tests {
     fn a_failed_write_leaves_the_old_content() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("missing-dir").join("f");
-        assert!(write_atomic(&path, b"x", PUBLIC_MODE).is_err());
+        assert!(write_atomic(&path, b"x", FILE_MODE).is_err());
         let path = dir.path().join("f");
-        write_atomic(&path, b"one", PUBLIC_MODE).unwrap();
+        write_atomic(&path, b"one", FILE_MODE).unwrap();
         // A directory cannot be replaced by a file: the rename fails and
         // the temporary file is cleaned up.
         let blocked = dir.path().join("d");
         std::fs::create_dir(&blocked).unwrap();
         std::fs::write(blocked.join("inside"), b"").unwrap();
-        assert!(write_atomic(&blocked, b"two", PUBLIC_MODE).is_err());
+        assert!(write_atomic(&blocked, b"two", FILE_MODE).is_err());
         assert_eq!(std::fs::read(&path).unwrap(), b"one");
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 2);
     }
@@ -152,6 +171,18 @@ mod tests {
             .collect();
         names.sort();
         assert_eq!(names, [".topology.json.prev.000000", "topology.json"]);
+    }
+
+    #[test]
+    fn directories_are_made_for_the_owner_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let deep = dir.path().join("a/b/c");
+        create_dir_all(&deep).unwrap();
+        for d in ["a", "a/b", "a/b/c"] {
+            assert_eq!(mode(&dir.path().join(d)), 0o700, "{d}");
+        }
+        // Again: nothing to do, no error.
+        create_dir_all(&deep).unwrap();
     }
 
     #[test]

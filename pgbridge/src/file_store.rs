@@ -134,7 +134,9 @@ impl FileKeyStore {
             let path = path.to_owned();
             move |source| OpenError::Io { path, source }
         };
-        fs::create_dir_all(dir).map_err(io(dir))?;
+        // For the broker's user alone, as every directory of the data
+        // directory.
+        data_dir::create_dir_all(dir).map_err(io(dir))?;
         let cipher = Aes256Gcm::new(aes_key.into());
         let memory = Arc::new(MemoryKeyStore::new());
         let mut unopened = Vec::new();

@@ -1,5 +1,6 @@
 //! A small HTTP/1.1 client over TLS for the admin endpoint's tests: one
-//! request per connection, with a client certificate or none.
+//! request per connection, with a client certificate or none, carrying
+//! `X-CipherMQ-Request: 1` as `ciphermq-admin` does.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -102,7 +103,11 @@ async fn send_and_read<S: AsyncReadExt + AsyncWriteExt + Unpin>(
     path: &str,
     host: &str,
 ) -> std::io::Result<Vec<u8>> {
-    let head = format!("{method} {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+    // With the header a request that changes the broker needs, as
+    // `ciphermq-admin` sends it (GETs ignore it).
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\nX-CipherMQ-Request: 1\r\n\r\n"
+    );
     io.write_all(head.as_bytes()).await?;
     io.flush().await?;
     let mut raw = Vec::new();

@@ -139,6 +139,20 @@ impl TestCa {
         self.issue(dir, stem, params, ExtendedKeyUsagePurpose::ClientAuth)
     }
 
+    /// A client certificate whose subject holds two CN attributes, `first`
+    /// then `second`, written to `dir/{stem}.crt` and `dir/{stem}.key`
+    /// (rcgen keeps one value per attribute type, so the second goes in
+    /// under the CN's OID spelled as a custom type).
+    pub fn client_with_two_cns(&self, dir: &Path, stem: &str, first: &str, second: &str) -> Issued {
+        let mut params = CertificateParams::default();
+        params.distinguished_name = DistinguishedName::new();
+        params.distinguished_name.push(DnType::CommonName, first);
+        params
+            .distinguished_name
+            .push(DnType::CustomDnType(vec![2, 5, 4, 3]), second);
+        self.issue(dir, stem, params, ExtendedKeyUsagePurpose::ClientAuth)
+    }
+
     /// A CRL revoking `serials`, next update `next_update_days` from now
     /// (negative: already past due); PEM or DER.
     pub fn crl(&self, serials: &[&[u8]], next_update_days: i64, pem: bool) -> Vec<u8> {

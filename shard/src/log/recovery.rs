@@ -149,7 +149,7 @@ impl RecoveredQueue {
                 .find(|s| s.base == segment)
                 .map(|s| s.path.clone())
                 .ok_or_else(|| io::Error::other(format!("no segment {segment}")))?;
-            let file = fs::File::open(&path)?;
+            let file = segment::open_options().read(true).open(&path)?;
             let mut buf = vec![0u8; len];
             let mut got = 0;
             while got < len {
@@ -310,7 +310,7 @@ fn walk_file(
     buf: &mut Vec<u8>,
     mut visit: impl FnMut(Record<'_>, u64, usize),
 ) -> io::Result<Walked> {
-    let file = fs::File::open(path)?;
+    let file = segment::open_options().read(true).open(path)?;
     let file_len = file.metadata()?.len();
     buf.clear();
     read_more(&file, 0, WALK_WINDOW, buf)?;
@@ -336,7 +336,7 @@ fn walk_file(
             out.damage.push(damage);
         }
         // A header cut short by a crash, or damaged: write it whole.
-        let file = fs::OpenOptions::new().write(true).open(path)?;
+        let file = segment::open_options().write(true).open(path)?;
         file.write_all_at(&FILE_HEADER, 0)?;
         file.sync_data()?;
         if buf.len() < FILE_HEADER.len() {
@@ -369,7 +369,7 @@ fn walk_file(
                 let damage = quarantine(path, pos, &buf[rel..rel + len], why);
                 // Replaced by padding, the range reads clean from now on.
                 if let Some(pad) = padding(layout.framing, len) {
-                    let file = fs::OpenOptions::new().write(true).open(path)?;
+                    let file = segment::open_options().write(true).open(path)?;
                     file.write_all_at(&pad, pos)?;
                     file.sync_data()?;
                 }
@@ -441,9 +441,17 @@ fn quarantine(file: &Path, offset: u64, bytes: &[u8], why: &'static str) -> Dama
     damage
 }
 
+/// Writes `bytes` as the file `path` (0600, never through a link; one a
+/// previous start left for the same range is replaced) and syncs it and its
+/// directory.
 fn write_synced(path: &Path, bytes: &[u8]) -> io::Result<()> {
-    fs::write(path, bytes)?;
-    fs::File::open(path)?.sync_all()?;
+    let mut file = segment::open_options()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(path)?;
+    io::Write::write_all(&mut file, bytes)?;
+    file.sync_all()?;
     match path.parent() {
         Some(dir) => fs::File::open(dir)?.sync_all(),
         None => Ok(()),
@@ -911,7 +919,7 @@ fn resolve_keyless_acks(
 }
 
 fn truncate(path: &Path, len: u64) -> io::Result<()> {
-    let file = fs::OpenOptions::new().write(true).open(path)?;
+    let file = segment::open_options().write(true).open(path)?;
     file.set_len(len)?;
     file.sync_all()
 }
@@ -1125,8 +1133,65 @@ mod tests {
         std::os::unix::fs::symlink("/dev/zero", &odd).unwrap();
         let err = recover_queue(dir.path(), &DedupHasher::random(), WINDOW).unwrap_err();
         let text = err.to_string();
+        // A link, whatever it points to, is refused as one.
+        assert!(text.contains("a symbolic link (to /dev/zero)"), "{text}");
+        assert!(text.contains(&odd.display().to_string()), "{text}");
+        // Anything else that is not a regular file.
+        fs::remove_file(&odd).unwrap();
+        fs::create_dir(&odd).unwrap();
+        let err = recover_queue(dir.path(), &DedupHasher::random(), WINDOW).unwrap_err();
+        let text = err.to_string();
         assert!(text.contains("not a regular file"), "{text}");
         assert!(text.contains(&odd.display().to_string()), "{text}");
+    }
+
+    #[test]
+    fn a_log_file_name_linked_elsewhere_is_refused_and_its_target_untouched() {
+        let dir = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        let queue = dir.path().join("q");
+        fs::create_dir(&queue).unwrap();
+        write(&segment_path(&queue, 0), &[msg(0, "a")]);
+        // Bytes a recovery that followed the link would cut as a torn tail.
+        let target = outside.path().join("notes");
+        let notes = vec![0u8; 100];
+        fs::write(&target, &notes).unwrap();
+        for name in [
+            "segment-00000000000000000001.log",
+            "dedup-00000000000000000001.log",
+        ] {
+            let link = queue.join(name);
+            std::os::unix::fs::symlink(&target, &link).unwrap();
+            let err = recover_queue(&queue, &DedupHasher::random(), WINDOW).unwrap_err();
+            assert!(err.to_string().contains("a symbolic link"), "{err}");
+            assert_eq!(fs::read(&target).unwrap(), notes, "{name}");
+            fs::remove_file(&link).unwrap();
+        }
+        // The queue's directory itself as a link.
+        let linked = dir.path().join("linked");
+        std::os::unix::fs::symlink(&queue, &linked).unwrap();
+        let err = recover_queue(&linked, &DedupHasher::random(), WINDOW).unwrap_err();
+        assert!(err.to_string().contains("a symbolic link"), "{err}");
+        // And the opens themselves never follow one.
+        let link = queue.join("segment-00000000000000000002.log");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        let err = segment::open_options().write(true).open(&link).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::ELOOP), "{err}");
+        assert_eq!(fs::read(&target).unwrap(), notes);
+    }
+
+    #[test]
+    fn quarantine_files_are_the_owners_alone() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = segment_path(dir.path(), 0);
+        let (mut buf, starts) = write(&path, &[msg(0, "a"), msg(1, "b")]);
+        buf[starts[0] + 5] ^= 0x20;
+        fs::write(&path, &buf).unwrap();
+        let q = recover_queue(dir.path(), &DedupHasher::random(), WINDOW).unwrap();
+        let kept = q.damage[0].quarantine.clone().unwrap();
+        let mode = fs::metadata(&kept).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode & 0o077, 0, "{mode:o}");
     }
 
     #[test]

@@ -25,6 +25,7 @@
 
 use std::fs;
 use std::io;
+use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 
 use crate::log::crc;
@@ -35,6 +36,22 @@ use crate::log::record::{decode, Decoded, Framing, Record, HEADER_BYTES, SYNC};
 pub const FILE_HEADER: [u8; 16] = *b"CipherMQ log v2\n";
 /// Bytes of [`FILE_HEADER`]: the offset of a file's first frame.
 pub const FILE_HEADER_BYTES: u64 = FILE_HEADER.len() as u64;
+
+/// Mode of every log, dedup and quarantine file the broker creates: its
+/// user's alone (logs say who sent what to whom), set at creation so the
+/// umask can only take bits away (as `ciphermq_datadir::FILE_MODE`).
+pub const FILE_MODE: u32 = 0o600;
+
+/// How every log, dedup and quarantine file is opened, at recovery and by
+/// the committer: never through a symbolic link (`O_NOFOLLOW`: a link
+/// planted under a log file's name fails the open with `ELOOP` instead of
+/// letting the broker read, cut or pad the file it points to), and created
+/// with [`FILE_MODE`]. The caller adds read, write, create.
+pub fn open_options() -> fs::OpenOptions {
+    let mut options = fs::OpenOptions::new();
+    options.mode(FILE_MODE).custom_flags(libc::O_NOFOLLOW);
+    options
+}
 
 /// How a file's bytes are laid out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -240,9 +257,16 @@ impl Listing {
 /// Lists the log files of the queue directory `dir` (none if it does not
 /// exist). Something that only looks like a log file (a device, a
 /// directory) is an error naming it: files are read whole, and the log may
-/// write to that name again.
+/// write to that name again. So is a symbolic link, whatever it points to,
+/// under a log file's name or as the queue directory itself: the broker
+/// never reads or writes through one (the file it points to may be any
+/// file of the broker's user).
 pub fn list(dir: &Path) -> io::Result<Listing> {
     let mut out = Listing::default();
+    match fs::symlink_metadata(dir) {
+        Ok(meta) if meta.file_type().is_symlink() => return Err(symlink_error(dir)),
+        _ => {}
+    }
     let entries = match fs::read_dir(dir) {
         Ok(entries) => entries,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(out),
@@ -264,7 +288,12 @@ pub fn list(dir: &Path) -> io::Result<Listing> {
             (_, Some(number)) => (&mut out.dedup_files, number),
             _ => continue,
         };
-        if !fs::metadata(entry.path()).is_ok_and(|m| m.is_file()) {
+        // The entry itself, not what a link points to.
+        let file_type = entry.file_type()?;
+        if file_type.is_symlink() {
+            return Err(symlink_error(&entry.path()));
+        }
+        if !file_type.is_file() {
             return Err(io::Error::other(format!(
                 "{}: not a regular file; move it out of the data directory",
                 entry.path().display()
@@ -275,6 +304,20 @@ pub fn list(dir: &Path) -> io::Result<Listing> {
     out.segments.sort();
     out.dedup_files.sort();
     Ok(out)
+}
+
+/// The error for a symbolic link found where a queue's directory or log file
+/// should be: it names the link and where it points.
+fn symlink_error(path: &Path) -> io::Error {
+    let target = fs::read_link(path)
+        .map(|t| t.display().to_string())
+        .unwrap_or_else(|e| format!("unreadable: {e}"));
+    tracing::error!(path = %path.display(), points_to = %target, "a symbolic link in the data directory; neither read nor followed");
+    io::Error::other(format!(
+        "{}: a symbolic link (to {target}); the broker never reads or writes through a \
+         link in its data directory: move it out",
+        path.display()
+    ))
 }
 
 /// Ends the name a log file takes while it is being deleted.
