@@ -77,6 +77,8 @@ fn target(i: usize) -> Target {
     Target {
         queue: Arc::from(format!("receiver_{}_queue", i % QUEUES)),
         shard: (i % 2) as u16,
+        // Receiver-owned, as a receiver's queue is: routing clones this too.
+        confined_to: Some(Arc::from(format!("receiver_{}", i % QUEUES))),
     }
 }
 
