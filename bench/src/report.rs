@@ -114,7 +114,14 @@ pub fn schedstat(path: impl AsRef<std::path::Path>) -> Option<(u64, u64)> {
 pub fn cpu_wait_secs(pid: u32) -> Option<f64> {
     let mut ns = 0u64;
     for task in std::fs::read_dir(format!("/proc/{pid}/task")).ok()? {
-        ns += schedstat(task.ok()?.path().join("schedstat"))?.1;
+        // A thread that ended since the listing has no file any more: it
+        // is missed, not a reason to read nothing.
+        if let Some((_, waited)) = task
+            .ok()
+            .and_then(|t| schedstat(t.path().join("schedstat")))
+        {
+            ns += waited;
+        }
     }
     Some(ns as f64 / 1e9)
 }
