@@ -44,8 +44,10 @@ async fn acked_ids_stay_deduplicated_through_sigkill_during_a_segment_carry() {
 /// `segment_bytes`) and sets up receiver_1's queue with it: the config's path.
 async fn durable_with_queue(dir: &Path, shards: usize, segment_bytes: u64) -> PathBuf {
     let config = dir.join("broker.toml");
+    // Warnings and errors kept (`BrokerProcess::log_text`) for failures.
     let text = config_text(&pki().certs, &dir.join("data"), shards, "")
         .replace(r#"mode = "memory""#, r#"mode = "durable""#)
+        .replace("console = false", "console = true\nlevel = \"warn\"")
         .replace(
             "[storage]",
             &format!("[storage]\nsegment_bytes = {segment_bytes}"),

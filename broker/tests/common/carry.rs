@@ -37,6 +37,8 @@ pub async fn acked_ids_refused_through_carry_crashes(
     let mut outstanding = BTreeSet::new();
     let mut consumed: Vec<String> = Vec::new();
     let mut killed_before_deletion = 0;
+    // Each killed broker's warnings and errors, for a failure's message.
+    let mut logs = String::new();
     for cycle in 0..cycles {
         let broker = BrokerProcess::start(config);
         let mut s = broker.connect("sender_1").await;
@@ -86,6 +88,7 @@ pub async fn acked_ids_refused_through_carry_crashes(
         let barrier = format!("barrier-{cycle}");
         publish_all(&mut s, std::slice::from_ref(&barrier)).await;
         outstanding.insert(barrier);
+        logs.push_str(&format!("--- cycle {cycle}\n{}\n", broker.log_text()));
         broker.kill();
         if oldest_segment_base(data) <= first_base {
             killed_before_deletion += 1;
@@ -101,8 +104,10 @@ pub async fn acked_ids_refused_through_carry_crashes(
     let stored_again = left.keys().filter(|id| !outstanding.contains(*id)).count();
     assert_eq!(
         stored_again, 0,
-        "after {cycles} kills during carries, {stored_again} of {} acked ids published again were stored again",
-        consumed.len()
+        "after {cycles} kills during carries, {stored_again} of {} acked ids published again were stored again; segments {:?}; the brokers' logs:\n{logs}--- last\n{}",
+        consumed.len(),
+        segment_bases(data),
+        broker.log_text()
     );
     assert_eq!(
         left.keys().cloned().collect::<BTreeSet<_>>(),

@@ -86,6 +86,10 @@ pub(crate) struct DedupFiles {
     /// The last write failed: the next cuts the file back first (no holes,
     /// and no new file per failure).
     cut: bool,
+    /// The number the next new file takes: never one a file had before,
+    /// even one just expired, whose deletion the same job carries out
+    /// after its write (reusing it deleted the new file's entries).
+    next_number: u64,
 }
 
 impl DedupFiles {
@@ -98,12 +102,14 @@ impl DedupFiles {
             pending_newest_ms: 0,
             adopted: false,
             cut: false,
+            next_number: 0,
         }
     }
 
     /// Continues from the files recovery found (new entries go to a new file).
     pub(crate) fn adopt(&mut self, found: &[RecoveredDedupFile]) {
         for f in found {
+            self.next_number = self.next_number.max(f.number + 1);
             self.files.push_back(DedupFile {
                 number: f.number,
                 path: f.path.clone(),
@@ -185,7 +191,8 @@ impl DedupFiles {
                     f.len >= self.roll_bytes || now_ms.saturating_sub(f.opened_ms) > window_ms / 4
                 }));
         if roll {
-            let number = self.files.back().map_or(0, |f| f.number + 1);
+            let number = self.next_number;
+            self.next_number += 1;
             self.files.push_back(DedupFile {
                 number,
                 path: dedup_path(&self.dir, number),
@@ -235,6 +242,32 @@ impl DedupFiles {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An adopted file whose entries have all expired is deleted by the
+    /// same job that writes the new entries: the new file must not take its
+    /// number (the write would displace it and the deletion then remove the
+    /// new entries: a restart forgot a whole segment's acked ids).
+    #[test]
+    fn a_new_file_never_takes_the_number_of_one_being_deleted() {
+        let mut files = DedupFiles::new(PathBuf::from("/d/q"), 1 << 20);
+        files.adopt(&[RecoveredDedupFile {
+            number: 0,
+            path: dedup_path(Path::new("/d/q"), 0),
+            len: FILE_HEADER_BYTES,
+            newest_ms: 0,
+        }]);
+        files.append(&[(DedupKey(7), 1_000_000)]);
+        let (write, delete) = files.take(1_000_000, 120_000, true);
+        let write = write.expect("the pending entries are written");
+        assert_eq!(
+            delete,
+            [dedup_path(Path::new("/d/q"), 0)],
+            "the expired file goes"
+        );
+        assert!(write.create);
+        assert_ne!(write.path, delete[0], "the new entries go to a new number");
+        assert_eq!(write.path, dedup_path(Path::new("/d/q"), 1));
+    }
 
     #[test]
     fn a_reserved_carry_is_appended_over_rounds_without_growing_again() {
