@@ -64,7 +64,6 @@ pub struct DedupWrite {
 
 #[derive(Debug)]
 struct DedupFile {
-    number: u64,
     path: PathBuf,
     len: u64,
     newest_ms: u64,
@@ -111,7 +110,6 @@ impl DedupFiles {
         for f in found {
             self.next_number = self.next_number.max(f.number + 1);
             self.files.push_back(DedupFile {
-                number: f.number,
                 path: f.path.clone(),
                 len: f.len,
                 newest_ms: f.newest_ms,
@@ -194,7 +192,6 @@ impl DedupFiles {
             let number = self.next_number;
             self.next_number += 1;
             self.files.push_back(DedupFile {
-                number,
                 path: dedup_path(&self.dir, number),
                 len: FILE_HEADER_BYTES,
                 newest_ms: 0,
