@@ -107,6 +107,8 @@ pub struct Limits {
     pub max_fetch_bytes: usize,
     /// Largest `consume` prefetch.
     pub max_prefetch: u32,
+    /// Body bytes one consumer may hold unacked (one message at least).
+    pub max_prefetch_bytes: u64,
     /// Unacked deliveries a connection may hold before `fetch` is refused.
     pub max_unacked_per_connection: usize,
     /// Messages a queue may hold.

@@ -82,6 +82,7 @@ impl BrokerView for AdminView {
             max_fetch: s.max_fetch,
             max_fetch_bytes: s.max_fetch_bytes,
             max_prefetch: s.max_prefetch,
+            max_prefetch_bytes: s.max_prefetch_bytes,
             max_unacked_per_connection: s.max_unacked_per_connection,
             max_queue_size: s.max_queue_size,
             max_queue_bytes: s.max_queue_bytes,

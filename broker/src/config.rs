@@ -687,6 +687,11 @@ pub struct PerformanceConfig {
     /// Most unacked deliveries per consumer, whatever its `consume` asks.
     /// At least 1. Default 10 000.
     pub max_prefetch: u32,
+    /// Body bytes one consumer may hold unacked (one message at least,
+    /// however large): a prefetch in bytes beside `max_prefetch`, so large
+    /// bodies cannot fill memory at the pace of a count. At least 1.
+    /// Default 16 MiB (16 777 216).
+    pub max_prefetch_bytes: u64,
     /// Most deliveries one connection may hold unacked (fetched or
     /// consumed) before its `fetch`es are refused; a fetch is served up to
     /// the room left. `consume` is bounded by its prefetch instead. So a
@@ -734,6 +739,7 @@ struct RawPerformanceConfig {
     max_fetch: u32,
     max_fetch_bytes: usize,
     max_prefetch: u32,
+    max_prefetch_bytes: u64,
     max_unacked_per_connection: usize,
     max_queues_per_cn: usize,
     max_exchanges_per_cn: usize,
@@ -764,6 +770,7 @@ impl Default for RawPerformanceConfig {
             max_fetch: d.max_fetch,
             max_fetch_bytes: d.max_fetch_bytes,
             max_prefetch: d.max_prefetch,
+            max_prefetch_bytes: d.max_prefetch_bytes,
             max_unacked_per_connection: d.max_unacked_per_connection,
             max_queues_per_cn: d.max_queues_per_cn,
             max_exchanges_per_cn: d.max_exchanges_per_cn,
@@ -797,6 +804,7 @@ impl From<RawPerformanceConfig> for PerformanceConfig {
             max_fetch: raw.max_fetch,
             max_fetch_bytes: raw.max_fetch_bytes,
             max_prefetch: raw.max_prefetch,
+            max_prefetch_bytes: raw.max_prefetch_bytes,
             max_unacked_per_connection: raw.max_unacked_per_connection,
             max_queues_per_cn: raw.max_queues_per_cn,
             max_exchanges_per_cn: raw.max_exchanges_per_cn,
@@ -829,6 +837,7 @@ impl Default for PerformanceConfig {
             max_fetch: 10_000,
             max_fetch_bytes: 16 << 20,
             max_prefetch: 10_000,
+            max_prefetch_bytes: 16 << 20,
             max_unacked_per_connection: 50_000,
             max_queues_per_cn: 1_000,
             max_exchanges_per_cn: 100,
@@ -1400,7 +1409,7 @@ impl Config {
 
     fn validate_performance(&self) -> Result<(), ConfigError> {
         let p = &self.performance;
-        let at_least_one: [(&str, u64); 16] = [
+        let at_least_one: [(&str, u64); 17] = [
             ("performance.max_queues_per_cn", p.max_queues_per_cn as u64),
             (
                 "performance.max_exchanges_per_cn",
@@ -1413,6 +1422,7 @@ impl Config {
             ("performance.max_fetch", u64::from(p.max_fetch)),
             ("performance.max_fetch_bytes", p.max_fetch_bytes as u64),
             ("performance.max_prefetch", u64::from(p.max_prefetch)),
+            ("performance.max_prefetch_bytes", p.max_prefetch_bytes),
             (
                 "performance.max_unacked_per_connection",
                 p.max_unacked_per_connection as u64,
@@ -2926,7 +2936,7 @@ mod tests {
             ("logging", 6),
             ("database", 10),
             ("encryption", 2),
-            ("performance", 24),
+            ("performance", 25),
             ("storage", 6),
             ("admin", 9),
             ("rate_limit", 7),

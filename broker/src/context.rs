@@ -60,6 +60,8 @@ pub struct Settings {
     pub max_fetch_bytes: usize,
     /// `performance.max_prefetch`, likewise.
     pub max_prefetch: u32,
+    /// `performance.max_prefetch_bytes`, likewise.
+    pub max_prefetch_bytes: u64,
     /// `performance.max_unacked_per_connection`: what a connection may hold
     /// through `fetch` (its sessions apply it).
     pub max_unacked_per_connection: usize,
@@ -104,6 +106,7 @@ impl Settings {
             max_fetch: p.max_fetch,
             max_fetch_bytes: p.max_fetch_bytes,
             max_prefetch: p.max_prefetch,
+            max_prefetch_bytes: p.max_prefetch_bytes,
             max_unacked_per_connection: p.max_unacked_per_connection,
             max_queue_size: p.max_queue_size,
             max_queue_bytes: p.max_queue_bytes,

@@ -459,6 +459,7 @@ pub(crate) fn queue_settings(config: &Config, storage: &Storage, shards: usize) 
         max_fetch: p.max_fetch,
         max_fetch_bytes: p.max_fetch_bytes,
         max_prefetch: p.max_prefetch,
+        max_prefetch_bytes: p.max_prefetch_bytes,
     }
 }
 

@@ -11,66 +11,16 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use ciphermq_clients::connection::TlsClientOptions;
+use common::hostile::{never_reading, rss};
 use common::process::BrokerProcess;
-use common::{config_text, pki, TIMEOUT};
-use rustls::pki_types::ServerName;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::net::TcpSocket;
+use common::{config_text, pki};
+use tokio::io::AsyncWriteExt;
 
 /// Connections that never read.
 const CONNECTIONS: usize = 8;
 
 /// What each may hold in pending replies (the default).
 const CAP: u64 = 4 << 20;
-
-/// `VmRSS` of `pid`, in bytes.
-fn rss(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let kib: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS in /proc/<pid>/status");
-    kib * 1024
-}
-
-/// The sum over shards of the metric `name`.
-async fn metric_sum(broker: &BrokerProcess, name: &str) -> u64 {
-    let (status, text) = broker.admin_get("admin", "/metrics").await;
-    assert_eq!(status, 200, "{text}");
-    text.lines()
-        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with('{'))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum::<f64>() as u64
-}
-
-/// A mutual-TLS connection as `cn` whose receive buffer is small and never
-/// read after the greeting: the broker's replies pile up on its side.
-async fn never_reading(
-    addr: &str,
-    cn: &str,
-) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
-    let socket = TcpSocket::new_v4().unwrap();
-    socket.set_recv_buffer_size(4096).unwrap();
-    let tcp = socket.connect(addr.parse().unwrap()).await.unwrap();
-    let connector = TlsClientOptions::for_cn(&pki().certs, cn)
-        .connector()
-        .unwrap();
-    let name = ServerName::try_from("localhost").unwrap();
-    let tls = tokio::time::timeout(TIMEOUT, connector.connect(name, tcp))
-        .await
-        .expect("handshake in time")
-        .expect("handshake");
-    let mut reader = BufReader::new(tls);
-    let mut hello = String::new();
-    tokio::time::timeout(TIMEOUT, reader.read_line(&mut hello))
-        .await
-        .expect("greeting in time")
-        .unwrap();
-    assert!(hello.starts_with("HELLO ciphermq/1 "), "{hello}");
-    reader.into_inner()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn amplifying_lines_from_clients_that_never_read_cost_the_broker_little() {
@@ -90,7 +40,7 @@ async fn amplifying_lines_from_clients_that_never_read_cost_the_broker_little() 
     for i in 0..CONNECTIONS {
         streams.push(never_reading(&broker.addr, senders[i % senders.len()]).await);
     }
-    let received_before = metric_sum(&broker, "ciphermq_received_bytes_total").await;
+    let received_before = broker.metric_sum("ciphermq_received_bytes_total").await;
     let before = rss(broker.pid());
 
     // The line found from outside: 400,000 invalid elements in 800 KB, one
@@ -123,7 +73,7 @@ async fn amplifying_lines_from_clients_that_never_read_cost_the_broker_little() 
     let sent = (CONNECTIONS * LINES * line.len()) as u64;
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let received = metric_sum(&broker, "ciphermq_received_bytes_total").await - received_before;
+        let received = broker.metric_sum("ciphermq_received_bytes_total").await - received_before;
         if received >= sent {
             break;
         }
@@ -140,7 +90,7 @@ async fn amplifying_lines_from_clients_that_never_read_cost_the_broker_little() 
         grown >> 20
     );
     assert!(
-        metric_sum(&broker, "ciphermq_pending_reply_bytes").await <= CONNECTIONS as u64 * CAP,
+        broker.metric_sum("ciphermq_pending_reply_bytes").await <= CONNECTIONS as u64 * CAP,
         "pending replies past the cap"
     );
     drop(kept);

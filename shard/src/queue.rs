@@ -53,6 +53,10 @@ pub struct QueueSettings {
     /// Most unacked deliveries one consumer may hold, whatever its
     /// `consume` asks.
     pub max_prefetch: u32,
+    /// Body bytes one consumer may hold unacked (one message at least):
+    /// its prefetch in bytes, so that large bodies read back from disk
+    /// cannot fill memory at the pace of a prefetch counted in messages.
+    pub max_prefetch_bytes: u64,
 }
 
 impl Default for QueueSettings {
@@ -70,6 +74,7 @@ impl Default for QueueSettings {
             max_fetch: 10_000,
             max_fetch_bytes: 16 << 20,
             max_prefetch: 10_000,
+            max_prefetch_bytes: 16 << 20,
         }
     }
 }
@@ -162,25 +167,50 @@ pub enum Enqueued {
 #[error("queue full")]
 pub struct QueueFull;
 
-/// Body bytes held by every queue of one shard together: the memory
-/// budget's meter. Each queue adds and subtracts its own bodies where it
-/// counts them, so the sum is exact without a scan. Per shard, so never
-/// shared across threads.
+/// Bytes held by every queue of one shard together: the memory budget's
+/// meter. Each queue adds and subtracts its own where it counts them, so
+/// the sums are exact without a scan. Per shard, so never shared across
+/// threads.
 #[derive(Debug, Clone, Default)]
-pub struct HeldBytes(Rc<Cell<u64>>);
+pub struct HeldBytes(Rc<Meter>);
+
+#[derive(Debug, Default)]
+struct Meter {
+    /// Bodies in memory and the charge for ids on disk.
+    total: Cell<u64>,
+    /// Bodies in memory only (ready, and delivered but unacked).
+    bodies: Cell<u64>,
+}
 
 impl HeldBytes {
-    /// Bytes held now.
+    /// Bytes held now: bodies in memory and the ids of those on disk.
     pub fn get(&self) -> u64 {
-        self.0.get()
+        self.0.total.get()
     }
 
+    /// Body bytes in memory now: what reading a backlog back adds to, so
+    /// what decides whether a read fits the budget.
+    pub fn bodies(&self) -> u64 {
+        self.0.bodies.get()
+    }
+
+    /// Adds to the charge for ids (not bodies).
     fn add(&self, n: u64) {
-        self.0.set(self.0.get().saturating_add(n));
+        self.0.total.set(self.0.total.get().saturating_add(n));
     }
 
     fn sub(&self, n: u64) {
-        self.0.set(self.0.get().saturating_sub(n));
+        self.0.total.set(self.0.total.get().saturating_sub(n));
+    }
+
+    fn add_bodies(&self, n: u64) {
+        self.add(n);
+        self.0.bodies.set(self.0.bodies.get().saturating_add(n));
+    }
+
+    fn sub_bodies(&self, n: u64) {
+        self.sub(n);
+        self.0.bodies.set(self.0.bodies.get().saturating_sub(n));
     }
 }
 
@@ -197,6 +227,18 @@ struct Consumer {
     conn: ConnRef,
     prefetch: u32,
     inflight: u32,
+    /// Body bytes of the `inflight` deliveries.
+    inflight_bytes: u64,
+    /// Most of `inflight_bytes` before it waits for acks (it always takes
+    /// one message when it holds none, however large).
+    prefetch_bytes: u64,
+}
+
+impl Consumer {
+    /// Whether it may take one more delivery.
+    fn has_room(&self) -> bool {
+        self.inflight < self.prefetch && self.inflight_bytes < self.prefetch_bytes
+    }
 }
 
 /// An acked key whose only evidence is its message's log segment.
@@ -367,7 +409,7 @@ impl Queue {
         let n = entry.msg.body().len() as u64;
         self.bytes = self.bytes.saturating_sub(n);
         self.resident = self.resident.saturating_sub(n);
-        self.held.sub(n);
+        self.held.sub_bodies(n);
     }
 
     /// Brings the meter's charge for ids on disk up to date.
@@ -386,7 +428,7 @@ impl Queue {
         let n = msg.body().len() as u64;
         self.bytes += n;
         self.resident += n;
-        self.held.add(n);
+        self.held.add_bodies(n);
     }
 
     /// Ids remembered for dedup (stored, or acked within the window): what
@@ -628,7 +670,7 @@ impl Queue {
             self.disk.prepend(front);
         }
         self.resident = self.resident.saturating_sub(freed);
-        self.held.sub(freed);
+        self.held.sub_bodies(freed);
         self.recharge();
         freed
     }
@@ -655,7 +697,7 @@ impl Queue {
 
     /// Whether anyone could take a message now: a consumer with room.
     pub fn has_consumer_room(&self) -> bool {
-        self.consumers.iter().any(|c| c.inflight < c.prefetch)
+        self.consumers.iter().any(Consumer::has_room)
     }
 
     /// The consumers whose prefetch is used up, while messages wait for
@@ -669,7 +711,7 @@ impl Queue {
         };
         (0..n)
             .map(move |i| &self.consumers[(self.next_consumer + i) % n])
-            .filter(|c| c.inflight >= c.prefetch)
+            .filter(|c| !c.has_room())
             .map(|c| c.conn)
     }
 
@@ -713,7 +755,7 @@ impl Queue {
             .disk
             .absorb(segment, offset, asked, data, &mut self.ready);
         self.resident += done.loaded_bytes;
-        self.held.add(done.loaded_bytes);
+        self.held.add_bodies(done.loaded_bytes);
         self.bytes = self.bytes.saturating_sub(done.lost_bytes);
         if self.disk.is_empty() {
             self.ready.append(&mut self.tail);
@@ -864,7 +906,7 @@ impl Queue {
             let n = self.consumers.len();
             let Some(pick) = (0..n)
                 .map(|i| (self.next_consumer + i) % n)
-                .find(|&i| self.consumers[i].inflight < self.consumers[i].prefetch)
+                .find(|&i| self.consumers[i].has_room())
             else {
                 return;
             };
@@ -873,6 +915,7 @@ impl Queue {
             };
             let consumer = &mut self.consumers[pick];
             consumer.inflight += 1;
+            consumer.inflight_bytes += entry.msg.body().len() as u64;
             let conn = consumer.conn;
             self.next_consumer = (pick + 1) % n;
             let delivery = self.deliver(entry, conn, settings, now);
@@ -918,9 +961,13 @@ impl Queue {
         }
     }
 
-    fn release(&mut self, conn: ConnRef) {
+    /// A delivery of `entry` to `conn` is settled (acked, given back).
+    fn release(&mut self, conn: ConnRef, entry: &Entry) {
         if let Some(c) = self.consumers.iter_mut().find(|c| c.conn == conn) {
             c.inflight = c.inflight.saturating_sub(1);
+            c.inflight_bytes = c
+                .inflight_bytes
+                .saturating_sub(entry.msg.body().len() as u64);
         }
     }
 
@@ -996,7 +1043,7 @@ impl Queue {
         let Some(inflight) = self.unacked.remove(&seq) else {
             return false;
         };
-        self.release(conn);
+        self.release(conn, &inflight.entry);
         self.drop_stale_deadlines();
         // A queue only consumed from must age its ids out too.
         self.expire_dedup(now);
@@ -1022,7 +1069,7 @@ impl Queue {
         let Some(inflight) = self.unacked.remove(&seq) else {
             return false;
         };
-        self.release(conn);
+        self.release(conn, &inflight.entry);
         self.give_back(inflight.entry, settings, now, dead);
         true
     }
@@ -1085,7 +1132,7 @@ impl Queue {
                 continue;
             }
             if let Some(inflight) = self.unacked.remove(&seq) {
-                self.release(inflight.conn);
+                self.release(inflight.conn, &inflight.entry);
                 self.give_back(inflight.entry, settings, now, dead);
                 expired += 1;
             }
@@ -1190,14 +1237,20 @@ impl Queue {
         out
     }
 
-    /// Registers `conn` as a consumer (again: updates its prefetch).
-    pub fn add_consumer(&mut self, conn: ConnRef, prefetch: u32) {
+    /// Registers `conn` as a consumer (again: updates its prefetch), taking
+    /// at most `prefetch` deliveries and `prefetch_bytes` of bodies unacked.
+    pub fn add_consumer(&mut self, conn: ConnRef, prefetch: u32, prefetch_bytes: u64) {
         match self.consumers.iter_mut().find(|c| c.conn == conn) {
-            Some(c) => c.prefetch = prefetch,
+            Some(c) => {
+                c.prefetch = prefetch;
+                c.prefetch_bytes = prefetch_bytes;
+            }
             None => self.consumers.push(Consumer {
                 conn,
                 prefetch,
                 inflight: 0,
+                inflight_bytes: 0,
+                prefetch_bytes,
             }),
         }
     }
@@ -1227,7 +1280,8 @@ impl Queue {
 /// its shard's meter.
 impl Drop for Queue {
     fn drop(&mut self) {
-        self.held.sub(self.resident + self.charged);
+        self.held.sub_bodies(self.resident);
+        self.held.sub(self.charged);
     }
 }
 
@@ -1904,8 +1958,8 @@ mod tests {
             ..settings()
         };
         let mut q = Queue::new(Arc::from("q"), 0);
-        q.add_consumer(conn(1), 1);
-        q.add_consumer(conn(2), 2);
+        q.add_consumer(conn(1), 1, u64::MAX);
+        q.add_consumer(conn(2), 2, u64::MAX);
         (s, Instant::now(), q)
     }
 
@@ -1936,6 +1990,57 @@ mod tests {
     }
 
     #[test]
+    fn a_consumer_holds_at_most_its_prefetch_in_bytes_and_always_one_message() {
+        let s = QueueSettings {
+            max_len: 100,
+            ..settings()
+        };
+        let now = Instant::now();
+        let body = |n: usize| format!("{{\"b\":\"{}\"}}", "x".repeat(n));
+        let mut q = Queue::new(Arc::from("q"), 0);
+        // 2,500 bytes at most, 1,000 messages by count.
+        q.add_consumer(conn(1), 1_000, 2_500);
+        for i in 0..6 {
+            let m = Message::new(&format!("m{i}"), &body(1_000), Arc::from("s"));
+            q.enqueue(m, now, &s).unwrap();
+        }
+        let mut out = Vec::new();
+        q.dispatch(&s, now, &mut out, &mut Vec::new());
+        assert_eq!(
+            out.len(),
+            3,
+            "1,0xx + 1,0xx stays under 2,500; the third passes it"
+        );
+        assert!(!q.has_consumer_room());
+        assert_eq!(q.full_consumers().map(|c| c.id).collect::<Vec<_>>(), [1]);
+        assert!(q.ack(out[0].1.seq, conn(1), now, &s));
+        assert!(q.has_consumer_room(), "an ack frees its bytes");
+        out.clear();
+        q.dispatch(&s, now, &mut out, &mut Vec::new());
+        assert_eq!(ids(&out), [(1, "m3".into(), 1)]);
+
+        // A body larger than the cap still goes, alone.
+        let mut q = Queue::new(Arc::from("big"), 0);
+        q.add_consumer(conn(1), 1_000, 100);
+        for i in 0..2 {
+            let m = Message::new(&format!("b{i}"), &body(1_000), Arc::from("s"));
+            q.enqueue(m, now, &s).unwrap();
+        }
+        out.clear();
+        q.dispatch(&s, now, &mut out, &mut Vec::new());
+        assert_eq!(ids(&out), [(1, "b0".into(), 1)]);
+        let mut dead = Vec::new();
+        assert!(q.requeue(out[0].1.seq, conn(1), &s, now, &mut dead));
+        out.clear();
+        q.dispatch(&s, now, &mut out, &mut dead);
+        assert_eq!(
+            ids(&out),
+            [(1, "b0".into(), 2)],
+            "a nack frees its bytes too"
+        );
+    }
+
+    #[test]
     fn full_consumers_are_named_only_while_messages_wait_for_them() {
         let (s, now, mut q) = two_consumers();
         let full = |q: &Queue| q.full_consumers().map(|c| c.id).collect::<Vec<_>>();
@@ -1961,7 +2066,7 @@ mod tests {
         };
         let now = Instant::now();
         let mut q = Queue::new(Arc::from("q"), 0);
-        q.add_consumer(conn(1), 10);
+        q.add_consumer(conn(1), 10, u64::MAX);
         for i in 0..3 {
             q.enqueue(msg(&format!("m{i}"), "s"), now, &s).unwrap();
         }
@@ -1975,7 +2080,7 @@ mod tests {
             assert!(q.requeue(seq, conn(1), &s, now, &mut Vec::new()));
         }
         assert_eq!(q.unacked_len(), 0);
-        q.add_consumer(conn(2), 10);
+        q.add_consumer(conn(2), 10, u64::MAX);
         out.clear();
         q.dispatch(&s, now, &mut out, &mut Vec::new());
         assert_eq!(

@@ -192,6 +192,9 @@ pub struct Shard {
     to_read: Vec<Arc<str>>,
     /// Queues whose read failed, asked again at the next sweep.
     read_retry: Vec<Arc<str>>,
+    /// Queues whose read waits for the memory budget: asked again when a
+    /// settled delivery frees some (and at the next sweep).
+    budget_waiting: Vec<Arc<str>>,
     /// The reader task, woken when a queue wants a read.
     reader: Option<std::task::Waker>,
     waiting_fetches: Vec<WaitingFetch>,
@@ -228,6 +231,7 @@ impl Shard {
             durable,
             to_read: Vec::new(),
             read_retry: Vec::new(),
+            budget_waiting: Vec::new(),
             reader: None,
             waiting_fetches: Vec::new(),
             chores: Chores::default(),
@@ -432,6 +436,26 @@ impl Shard {
         self.backlog.spilled_bytes += freed;
     }
 
+    /// Whether bodies in memory are under the shard's part of the memory
+    /// budget (always, for in-memory queues: their publishes are refused
+    /// past it instead).
+    fn has_body_room(&self) -> bool {
+        self.settings
+            .spill_bytes
+            .is_none_or(|part| self.held.bodies() < part)
+    }
+
+    /// Asks again for the reads that waited for the memory budget, once
+    /// bodies in memory are back under it.
+    fn wake_budget_waiting(&mut self) {
+        if !self.has_body_room() {
+            return;
+        }
+        for name in std::mem::take(&mut self.budget_waiting) {
+            self.want_read(&name);
+        }
+    }
+
     /// Notes that `queue` may want its backlog read back, and wakes the reader.
     fn want_read(&mut self, queue: &Arc<str>) {
         if !self.to_read.iter().any(|q| q == queue) {
@@ -531,17 +555,31 @@ impl Shard {
     /// Takes the reads due: at most one in flight per queue, for queues
     /// whose consumers (or waiting fetches) are about to run out of
     /// messages in memory.
+    ///
+    /// Past the shard's part of the memory budget in bodies (ready and
+    /// delivered but unacked), a queue that holds bodies in memory waits
+    /// for acks to free some: deliveries in flight count against the
+    /// budget, so consumers that do not ack cannot pull a backlog into
+    /// memory. A queue that holds none still reads one batch, so no queue
+    /// starves while others fill the budget.
     pub fn take_read_jobs(&mut self, out: &mut Vec<ReadJob>) {
         let Some(d) = &self.durable else {
             self.to_read.clear();
             return;
         };
+        let body_room = self.has_body_room();
         for name in self.to_read.drain(..) {
             let Some(q) = self.queues.get_mut(&name) else {
                 continue;
             };
-            let demand =
+            let mut demand =
                 q.has_consumer_room() || self.waiting_fetches.iter().any(|f| f.queue == name);
+            if demand && !body_room && q.resident_bytes() > 0 && q.disk_len() > 0 {
+                demand = false;
+                if !self.budget_waiting.contains(&name) {
+                    self.budget_waiting.push(name.clone());
+                }
+            }
             if let Some((segment, offset, len)) = q.next_read(demand) {
                 out.push(ReadJob {
                     path: crate::log::segment_path(&d.dir_of(&name), segment),
@@ -828,6 +866,9 @@ impl Shard {
 
     /// Pushes what `queue` can deliver now, and dead-letters what it gave up on.
     fn dispatch(&mut self, queue: &str, now: Instant) {
+        if !self.budget_waiting.is_empty() {
+            self.wake_budget_waiting();
+        }
         let mut deliveries = std::mem::take(&mut self.deliveries);
         let mut dead = std::mem::take(&mut self.dead);
         if let Some(q) = self.queues.get_mut(queue) {
@@ -975,8 +1016,9 @@ impl Shard {
 
     fn consume_local(&mut self, conn: ConnRef, queue: &str, prefetch: u32, now: Instant) {
         let prefetch = prefetch.min(self.settings.max_prefetch);
+        let prefetch_bytes = self.settings.max_prefetch_bytes;
         if let Some(q) = self.queue_mut(queue) {
-            q.add_consumer(conn, prefetch);
+            q.add_consumer(conn, prefetch, prefetch_bytes);
             self.dispatch(queue, now);
         }
     }
@@ -1092,6 +1134,7 @@ impl Shard {
         self.chores.settle.retain(|q| q != name);
         self.to_read.retain(|q| q != name);
         self.read_retry.retain(|q| q != name);
+        self.budget_waiting.retain(|q| q != name);
         match &mut self.durable {
             Some(d) => {
                 // What waited for a commit of the log is answered as stored,
@@ -1188,6 +1231,7 @@ impl Shard {
     ) -> Option<Vec<Delivery>> {
         let conn = origin.conn;
         let settings = self.settings.clone();
+        let body_room = self.has_body_room();
         let mut dead = std::mem::take(&mut self.dead);
         if self.queue_mut(queue).is_some() {
             let Some(q) = self.queues.get_mut(queue) else {
@@ -1206,7 +1250,13 @@ impl Shard {
                     log.append_delivered(delivery.seq, delivery.count, at);
                 }
             }
-            if out.len() < want && bytes < settings.max_fetch_bytes && q.disk_len() > 0 {
+            // Past the budget, a fetch that has some answers with them: its
+            // own deliveries would keep the read it waits for from starting.
+            if out.len() < want
+                && bytes < settings.max_fetch_bytes
+                && q.disk_len() > 0
+                && (out.is_empty() || body_room)
+            {
                 let name = q.name().clone();
                 if !dead.is_empty() {
                     self.dead_letter(queue, &mut dead, now);
@@ -1409,6 +1459,7 @@ impl Shard {
         for name in std::mem::take(&mut self.read_retry) {
             self.want_read(&name);
         }
+        self.wake_budget_waiting();
         // A restart brings bodies back into memory with no commit to follow.
         self.keep_budget();
         for q in self.queues.values_mut() {

@@ -228,6 +228,24 @@ impl BrokerProcess {
         text.lines()
             .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
     }
+
+    /// The sum of the labelled samples of `name` (over shards, say) whose
+    /// labels contain `labels` ("" for all).
+    pub async fn metric_sum_of(&self, name: &str, labels: &str) -> u64 {
+        let (status, text) = self.admin_get("admin", "/metrics").await;
+        assert_eq!(status, 200, "{text}");
+        text.lines()
+            .filter_map(|l| l.strip_prefix(name)?.strip_prefix('{'))
+            .filter_map(|l| l.rsplit_once(' '))
+            .filter(|(l, _)| l.contains(labels))
+            .filter_map(|(_, v)| v.parse::<f64>().ok())
+            .sum::<f64>() as u64
+    }
+
+    /// The sum of every labelled sample of `name` (over shards, say).
+    pub async fn metric_sum(&self, name: &str) -> u64 {
+        self.metric_sum_of(name, "").await
+    }
 }
 
 impl Drop for BrokerProcess {
