@@ -588,12 +588,22 @@ pub(crate) fn render(ctx: &AdminContext, admin: &SlotStats, queue_series: QueueS
     e.family(
         "ciphermq_storage_healthy",
         Kind::Gauge,
-        "1 while every shard's last commit round succeeded.",
+        "1 while no shard's last commit round found the device failing (full, read-only, I/O errors); one queue's own failure is counted in ciphermq_queues_storage_failing instead.",
     );
     e.sample_u64(
         "ciphermq_storage_healthy",
         &[],
         u64::from(stats.storage_errors().is_empty()),
+    );
+    e.family(
+        "ciphermq_queues_storage_failing",
+        Kind::Gauge,
+        "Queues whose last log write failed for a reason of their own (a name, a permission); /api/queues says why.",
+    );
+    e.sample_u64(
+        "ciphermq_queues_storage_failing",
+        &[],
+        stats.failing_queues().len() as u64,
     );
     let findings = stats.findings().cloned().unwrap_or_default();
     for (name, help, value) in [
@@ -638,7 +648,7 @@ pub(crate) fn render(ctx: &AdminContext, admin: &SlotStats, queue_series: QueueS
     }
 
     let queues = status::queues(ctx);
-    let gauges: [QueueGauge; 7] = [
+    let gauges: [QueueGauge; 8] = [
         (
             "ciphermq_queue_ready",
             "Messages waiting in a queue.",
@@ -673,6 +683,11 @@ pub(crate) fn render(ctx: &AdminContext, admin: &SlotStats, queue_series: QueueS
             "ciphermq_queue_consumers",
             "Consumers registered on a queue.",
             |q| q.consumers as u64,
+        ),
+        (
+            "ciphermq_queue_storage_failing",
+            "1 while a queue's last log write failed (its publishes are answered NACK storage).",
+            |q| u64::from(q.storage_error.is_some()),
         ),
     ];
     e.family(
@@ -1003,6 +1018,7 @@ mod tests {
             dedup_bytes: 0,
             consumers: 0,
             shard: 0,
+            storage_error: None,
         }
     }
 

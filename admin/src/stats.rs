@@ -439,13 +439,17 @@ impl ShardStats {
     }
 
     /// Records a commit round: `error` is the first failed write's
-    /// description, `None` when every write succeeded (which clears an
-    /// earlier failure).
-    pub fn commit_round(&self, error: Option<String>) {
+    /// description and whether it says the device fails (full, read-only,
+    /// failing I/O: what makes `/ready` fail), `None` when every write
+    /// succeeded. A round without a device failure clears an earlier one:
+    /// a queue's own failure is reported with that queue instead.
+    pub fn commit_round(&self, error: Option<(String, bool)>) {
         self.commit_rounds.add(1);
-        match error {
+        if error.is_some() {
+            self.commit_failures.add(1);
+        }
+        match error.and_then(|(e, device)| device.then_some(e)) {
             Some(e) => {
-                self.commit_failures.add(1);
                 *self
                     .storage_error
                     .lock()
@@ -593,6 +597,20 @@ impl BrokerStats {
         &self.shards
     }
 
+    /// The queues whose last log write failed for a reason of their own
+    /// (name, why), as of the shards' last queue snapshots.
+    pub fn failing_queues(&self) -> Vec<(Arc<str>, Arc<str>)> {
+        self.shards
+            .iter()
+            .flat_map(|s| {
+                s.queues()
+                    .iter()
+                    .filter_map(|q| Some((q.name.clone(), q.storage_error.clone()?)))
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+
     /// Whether shards should refresh their queue snapshots.
     pub fn collects(&self) -> bool {
         self.collect
@@ -736,12 +754,23 @@ mod tests {
     fn a_failed_round_is_reported_until_one_succeeds() {
         let s = ShardStats::new(3);
         assert_eq!(s.storage_error(), None);
-        s.commit_round(Some("queue q: disk full".into()));
+        s.commit_round(Some(("queue q: disk full".into(), true)));
         assert_eq!(s.storage_error().as_deref(), Some("queue q: disk full"));
         s.commit_round(None);
         assert_eq!(s.storage_error(), None);
         assert_eq!(s.commit_rounds.get(), 2);
         assert_eq!(s.commit_failures.get(), 1);
+    }
+
+    #[test]
+    fn one_queues_own_failure_is_not_the_shards() {
+        let s = ShardStats::new(3);
+        s.commit_round(Some(("queue q: permission denied".into(), false)));
+        assert_eq!(s.storage_error(), None);
+        assert_eq!(s.commit_failures.get(), 1);
+        s.commit_round(Some(("queue q: disk full".into(), true)));
+        s.commit_round(Some(("queue q: permission denied".into(), false)));
+        assert_eq!(s.storage_error(), None, "the device works again");
     }
 
     #[test]

@@ -68,6 +68,13 @@ pub(crate) fn readiness(stats: &BrokerStats, bridge: Option<&BridgeStatus>) -> R
     if let Some(findings) = stats.findings() {
         warnings.extend(findings.warnings.iter().cloned());
     }
+    // One queue's storage failure is its own: named here, never a reason
+    // for the broker not to be ready.
+    for (queue, why) in stats.failing_queues() {
+        warnings.push(format!(
+            "queue {queue}: log writes failing (its publishes are answered NACK storage): {why}"
+        ));
+    }
     if let Some(b) = bridge {
         if !b.connected {
             warnings.push(format!(
@@ -142,6 +149,9 @@ pub(crate) struct QueueEntry {
     pub(crate) dedup_bytes: u64,
     pub(crate) consumers: usize,
     pub(crate) shard: usize,
+    /// Why its last log write failed, until one succeeds (`null`: none
+    /// failed): its publishes are answered `NACK … storage` meanwhile.
+    pub(crate) storage_error: Option<String>,
 }
 
 impl QueueEntry {
@@ -159,6 +169,7 @@ impl QueueEntry {
             dedup_bytes: 0,
             consumers: 0,
             shard,
+            storage_error: None,
         }
     }
 }
@@ -354,6 +365,7 @@ pub(crate) fn queues(ctx: &AdminContext) -> Vec<QueueEntry> {
             entry.dedup_bytes = q.dedup_bytes;
             entry.consumers = q.consumers;
             entry.shard = shard.shard;
+            entry.storage_error = q.storage_error.as_deref().map(str::to_owned);
         }
     }
     all.into_values().collect()
@@ -527,9 +539,10 @@ mod tests {
             }
         );
 
-        stats.shard(1).commit_round(Some(
+        stats.shard(1).commit_round(Some((
             "queue q: /d/q/segment-0.log: No space left on device".into(),
-        ));
+            true,
+        )));
         let r = readiness(&stats, None);
         assert!(!r.ready);
         assert_eq!(r.health(), "not ready");

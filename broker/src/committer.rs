@@ -577,6 +577,21 @@ async fn write_round(
     }
 }
 
+/// Whether a failed write says the device is failing for every queue on
+/// it (full, over quota, read-only, or failing I/O), rather than one
+/// queue's own file or name.
+fn is_device_failure(e: &GlommioError<()>) -> bool {
+    let source = match e {
+        GlommioError::IoError(e) => e,
+        GlommioError::EnhancedIoError { source, .. } => source,
+        _ => return true,
+    };
+    matches!(
+        source.raw_os_error(),
+        Some(libc::ENOSPC | libc::EDQUOT | libc::EROFS | libc::EIO) | None
+    )
+}
+
 /// Finishes a written round: syncs the directories of new files, then answers
 /// its waiters and deletes what its jobs free.
 async fn sync_round(stages: Stages, files: Rc<RefCell<Files>>, round: WrittenRound) {
@@ -596,22 +611,33 @@ async fn sync_round(stages: Stages, files: Rc<RefCell<Files>>, round: WrittenRou
     }))
     .await;
     // The log decides what counts as durable: a job written after a failed
-    // one of its queue fails too, whatever its own I/O said.
+    // one of its queue fails too, whatever its own I/O said. Each queue's
+    // failure is its own (`/api/queues`), until a write of it succeeds.
     let durable: Vec<bool> = local.with_shard(|shard| {
         jobs.iter()
             .zip(&io)
             .map(|(job, outcome)| {
-                if let Err(e) = outcome {
-                    tracing::error!(queue = %job.queue, path = %job.path.display(), error = %e, "log write failed; publishes answered NACK storage, the file is cut back and written again");
+                let durable = shard.commit_done(job, outcome.is_ok());
+                match outcome {
+                    Err(e) => {
+                        tracing::error!(queue = %job.queue, path = %job.path.display(), error = %e, "log write failed; publishes answered NACK storage, the file is cut back and written again");
+                        let why = format!("{}: {e}", job.path.display());
+                        shard.note_storage(&job.queue, Some(&why));
+                    }
+                    Ok(()) if durable => shard.note_storage(&job.queue, None),
+                    Ok(()) => {}
                 }
-                shard.commit_done(job, outcome.is_ok())
+                durable
             })
             .collect()
     });
-    // `/ready` reports a failing round until a later one succeeds.
+    // `/ready` reports a failing device (full, read-only, failing I/O)
+    // until a later round succeeds; one queue's own trouble (a name, a
+    // permission) is that queue's, reported for it alone.
     let failure = jobs.iter().zip(&io).find_map(|(job, outcome)| {
         let e = outcome.as_ref().err()?;
-        Some(format!("queue {}: {}: {e}", job.queue, job.path.display()))
+        let msg = format!("queue {}: {}: {e}", job.queue, job.path.display());
+        Some((msg, is_device_failure(e)))
     });
     local.stats.commit_round(failure);
     if !jobs.is_empty() {

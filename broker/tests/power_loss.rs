@@ -318,3 +318,118 @@ async fn random_eio_and_enospc_are_nacked_leave_no_hole_and_need_no_restart() {
         "failed writes were cut back: no damage, no hole"
     );
 }
+
+/// `queue`'s `storage_error` in `/api/queues` (`null` as "").
+async fn storage_error_of(broker: &BrokerProcess, queue: &str) -> String {
+    let (status, body) = broker.admin_get("admin", "/api/queues").await;
+    assert_eq!(status, 200, "{body}");
+    let queues: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let q = queues["queues"]
+        .as_array()
+        .and_then(|all| all.iter().find(|q| q["name"] == queue))
+        .unwrap_or_else(|| panic!("{queue} in /api/queues: {body}"));
+    q["storage_error"].as_str().unwrap_or_default().to_owned()
+}
+
+/// Polls (bounded) until `queue`'s `storage_error` satisfies `done`.
+async fn wait_for_storage_error(
+    broker: &BrokerProcess,
+    queue: &str,
+    done: impl Fn(&str) -> bool,
+) -> String {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let e = storage_error_of(broker, queue).await;
+        if done(&e) {
+            return e;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{queue}: storage_error stayed {e:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+/// One publish of an envelope for `receiver` (key `receiver`): the reply.
+async fn publish_one(
+    s: &mut ciphermq_clients::connection::Connection,
+    receiver: &str,
+    id: &str,
+) -> String {
+    common::ask(
+        s,
+        &format!("publish ex {receiver} {}", common::body(id, receiver)),
+    )
+    .await
+}
+
+/// One queue's storage failure is its own (docs/PROTOCOL.md, "Storage
+/// faults"): writes of receiver_2's queue fail with `EACCES`, a fault of
+/// its files that the rest of the device does not share. Its publishes are
+/// answered `NACK storage` and `/api/queues` says why; receiver_1's queue
+/// goes on storing, and the broker stays ready (with a warning naming the
+/// queue). Once the fault goes, the queue stores again and the report
+/// clears, with no restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_queues_storage_failure_is_reported_for_it_and_the_broker_stays_ready() {
+    let Some(rig) = rig("", true) else {
+        return;
+    };
+    let broker = BrokerProcess::start(&rig.config);
+    for cn in ["receiver_1", "receiver_2"] {
+        let mut r = broker.connect(cn).await;
+        setup_receiver(&mut r, cn).await;
+    }
+    let mut s = broker.connect("sender_1").await;
+    assert_eq!(
+        publish_one(&mut s, "receiver_2", "before").await,
+        "ACK before"
+    );
+
+    rig.fs.fail_in_dir("receiver_2_queue", FaultErrno::Eacces);
+    assert_eq!(
+        publish_one(&mut s, "receiver_2", "refused").await,
+        "NACK refused storage"
+    );
+    assert_eq!(
+        publish_one(&mut s, "receiver_1", "stored").await,
+        "ACK stored"
+    );
+    let why = wait_for_storage_error(&broker, "receiver_2_queue", |e| !e.is_empty()).await;
+    assert!(why.contains("segment-") && why.contains("denied"), "{why}");
+    assert_eq!(storage_error_of(&broker, "receiver_1_queue").await, "");
+    let (status, ready) = broker.admin_get("receiver_1", "/ready").await;
+    assert_eq!(
+        status, 200,
+        "one queue's failure is not the broker's: {ready}"
+    );
+    assert!(
+        ready.contains("queue receiver_2_queue: log writes failing"),
+        "{ready}"
+    );
+    assert_eq!(
+        broker.metric("ciphermq_queues_storage_failing").await,
+        Some(1.0)
+    );
+    assert_eq!(broker.metric("ciphermq_storage_healthy").await, Some(1.0));
+
+    rig.fs.clear_faults();
+    assert_eq!(
+        publish_one(&mut s, "receiver_2", "refused").await,
+        "ACK refused",
+        "the retry of a refused message is stored"
+    );
+    wait_for_storage_error(&broker, "receiver_2_queue", str::is_empty).await;
+    let (status, ready) = broker.admin_get("receiver_1", "/ready").await;
+    assert_eq!(status, 200, "{ready}");
+    assert!(!ready.contains("log writes failing"), "{ready}");
+    assert_eq!(
+        broker.metric("ciphermq_queues_storage_failing").await,
+        Some(0.0)
+    );
+    let mut r2 = broker.connect("receiver_2").await;
+    let got = common::fetch(&mut r2, "receiver_2_queue", 10).await;
+    assert_eq!(common::ids(&got), ["before", "refused"]);
+    assert!(broker.stop().success());
+}

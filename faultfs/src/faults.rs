@@ -4,14 +4,17 @@
 
 use std::path::PathBuf;
 
-/// The errors a storage fault can surface as; the broker must answer both
-/// (`EIO`: the device failed, `ENOSPC`: it is full).
+/// The errors a storage fault can surface as; the broker must answer each
+/// (`EIO`: the device failed, `ENOSPC`: it is full, `EACCES`: one file's
+/// own trouble, which the rest of the device does not share).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum FaultErrno {
     /// `EIO`.
     Eio,
     /// `ENOSPC`.
     Enospc,
+    /// `EACCES`.
+    Eacces,
 }
 
 impl FaultErrno {
@@ -20,6 +23,7 @@ impl FaultErrno {
         match self {
             FaultErrno::Eio => libc::EIO,
             FaultErrno::Enospc => libc::ENOSPC,
+            FaultErrno::Eacces => libc::EACCES,
         }
     }
 }
@@ -155,6 +159,8 @@ pub(crate) struct Faults {
     nth_fsync: Option<Countdown>,
     budget: Option<Budget>,
     random: Option<Random>,
+    /// Every write and fsync of a file in a directory of this name fails.
+    in_dir: Option<(std::ffi::OsString, FaultErrno)>,
 }
 
 impl Faults {
@@ -178,6 +184,17 @@ impl Faults {
             spent: 0,
             errno,
         });
+    }
+
+    pub(crate) fn fail_in_dir(&mut self, name: std::ffi::OsString, errno: FaultErrno) {
+        self.in_dir = Some((name, errno));
+    }
+
+    /// The directory name whose files' writes and fsyncs fail, and how.
+    pub(crate) fn in_dir(&self) -> Option<(&std::ffi::OsStr, i32)> {
+        self.in_dir
+            .as_ref()
+            .map(|(name, errno)| (name.as_os_str(), errno.raw()))
     }
 
     pub(crate) fn random(&mut self, seed: u64, probability: f64, ops: FaultOps, errno: FaultErrno) {

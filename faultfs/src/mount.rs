@@ -194,6 +194,13 @@ impl FaultFs {
         self.state().faults.fail_writes_after(budget, errno);
     }
 
+    /// Fails every write and fsync of a file in a directory named `name`
+    /// (one queue's, say) with `errno`, until [`FaultFs::clear_faults`]:
+    /// a fault of some files that the rest of the device does not share.
+    pub fn fail_in_dir(&self, name: impl Into<std::ffi::OsString>, errno: FaultErrno) {
+        self.state().faults.fail_in_dir(name.into(), errno);
+    }
+
     /// Fails each request of kind `ops` with `probability` (0.0 to 1.0),
     /// drawn from a generator seeded with `seed`: the same requests in the
     /// same order fail the same way for the same seed.

@@ -425,6 +425,10 @@ impl State {
         let end = offset.checked_add(len).filter(|&e| e <= MAX_FILE);
         let end = end.ok_or(libc::EFBIG)?;
         let size = self.get_mut(ino)?.file_mut()?.len();
+        if let Some(errno) = self.in_faulty_dir(ino) {
+            self.stats.injected_faults += 1;
+            return Err(errno);
+        }
         if let Some(errno) = self.faults.on_write(len) {
             self.stats.injected_faults += 1;
             return Err(errno);
@@ -516,7 +520,7 @@ impl State {
     pub(crate) fn fsync(&mut self, fh: u64) -> Res<()> {
         let ino = self.handle(fh)?;
         self.stats.fsyncs += 1;
-        let failed = self.faults.on_fsync();
+        let failed = self.in_faulty_dir(ino).or(self.faults.on_fsync());
         let file = self.inodes.get_mut(&ino).ok_or(libc::ENOENT)?.file_mut()?;
         if let Some(errno) = failed {
             file.revert();
@@ -528,6 +532,23 @@ impl State {
             self.commit_all();
         }
         Ok(())
+    }
+
+    /// The errno of [`Faults::fail_in_dir`] when file `ino` is in a
+    /// directory of that name (a scan: only while that rule is armed).
+    fn in_faulty_dir(&self, ino: u64) -> Option<i32> {
+        let (name, errno) = self.faults.in_dir()?;
+        let named = |dir: u64, parent: u64| {
+            self.dir(parent)
+                .is_ok_and(|p| p.entries.get(name) == Some(&dir))
+        };
+        self.inodes
+            .iter()
+            .any(|(&dir, i)| match &i.body {
+                Body::Dir(d) => d.entries.values().any(|&c| c == ino) && named(dir, d.parent),
+                _ => false,
+            })
+            .then_some(errno)
     }
 
     /// A directory's fsync: its current entries become durable.

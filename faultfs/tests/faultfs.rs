@@ -344,3 +344,23 @@ fn a_killed_process_loses_what_it_did_not_sync() {
     m.fs.power_cut();
     assert_eq!(fs::read(m.path("log")).unwrap(), b"durable");
 }
+
+#[test]
+fn faults_in_one_directory_leave_the_others_alone() {
+    let Some(m) = mount() else { return };
+    fs::create_dir_all(m.path("queues/a")).unwrap();
+    fs::create_dir_all(m.path("queues/b")).unwrap();
+    let mut a = File::create(m.path("queues/a/log")).unwrap();
+    let mut b = File::create(m.path("queues/b/log")).unwrap();
+    m.fs.fail_in_dir("b", FaultErrno::Eacces);
+    a.write_all(b"fine").unwrap();
+    a.sync_all().unwrap();
+    let e = b.write_all(b"refused").unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EACCES), "{e}");
+    assert_eq!(b.sync_all().unwrap_err().raw_os_error(), Some(libc::EACCES));
+    m.fs.clear_faults();
+    b.write_all(b"stored").unwrap();
+    b.sync_all().unwrap();
+    assert_eq!(fs::read(m.path("queues/b/log")).unwrap(), b"stored");
+    assert_eq!(m.fs.stats().injected_faults, 2);
+}

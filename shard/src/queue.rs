@@ -282,6 +282,9 @@ pub struct Queue {
     /// read through in the background, in order, each one's id then
     /// remembered as acked and its ack logged (see [`Queue::absorb`]).
     purged_disk: DiskBacklog,
+    /// Why its last log write failed, until one succeeds: its own storage
+    /// failure, reported for it alone.
+    storage_error: Option<Arc<str>>,
     /// Messages a `purge_queue` dropped while they were in memory, in the
     /// batches it took them out in (whole deques, so a purge moves no
     /// message): gone for consumers, still on the meter and their ids still
@@ -336,6 +339,7 @@ impl Queue {
             ready: VecDeque::new(),
             disk: DiskBacklog::default(),
             purged_disk: DiskBacklog::default(),
+            storage_error: None,
             purged_mem: VecDeque::new(),
             tail: VecDeque::new(),
             requeued: BTreeMap::new(),
@@ -351,6 +355,19 @@ impl Queue {
     /// Its name.
     pub fn name(&self) -> &Arc<str> {
         &self.name
+    }
+
+    /// Why its last log write failed, `None` once one succeeded.
+    pub fn storage_error(&self) -> Option<&Arc<str>> {
+        self.storage_error.as_ref()
+    }
+
+    /// Records how its last log write went (`None`: it succeeded); returns
+    /// whether that changes what is recorded.
+    pub fn set_storage_error(&mut self, error: Option<Arc<str>>) -> bool {
+        let changed = self.storage_error.is_some() != error.is_some();
+        self.storage_error = error;
+        changed
     }
 
     /// Messages waiting for delivery.

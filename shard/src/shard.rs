@@ -64,6 +64,8 @@ pub struct QueueStats {
     pub dedup_ids: usize,
     /// Heap bytes those ids take.
     pub dedup_bytes: u64,
+    /// Why its last log write failed, until one succeeds.
+    pub storage_error: Option<Arc<str>>,
 }
 
 /// How reading backlogs back from disk went on one shard, since it started.
@@ -317,6 +319,19 @@ impl Shard {
     pub fn recycle_commit_buffer(&mut self, buf: Vec<u8>) {
         if let Some(d) = &mut self.durable {
             d.buffer_written(buf);
+        }
+    }
+
+    /// Records how a log write of `queue` went: `Some(why)` it failed, and
+    /// that queue's storage fails until a later write of it succeeds.
+    /// Reported for that queue alone (`/api/queues`, metrics, log).
+    pub fn note_storage(&mut self, queue: &str, error: Option<&str>) {
+        let Some(q) = self.queues.get_mut(queue) else {
+            return;
+        };
+        let failed = error.is_some();
+        if q.set_storage_error(error.map(Arc::from)) && !failed {
+            tracing::info!(queue, "log writes of the queue succeed again");
         }
     }
 
@@ -1598,6 +1613,7 @@ impl Shard {
                 memory_bytes: q.resident_bytes(),
                 dedup_ids: q.remembered_ids(),
                 dedup_bytes: q.dedup_bytes(),
+                storage_error: q.storage_error().cloned(),
             })
             .collect()
     }
