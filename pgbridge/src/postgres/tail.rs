@@ -151,7 +151,9 @@ pub(crate) fn read_queue(
         let path = segment_path(dir, pos.base);
         // Only the newest segment of the listing may still be written.
         let is_newest = !listing.is_complete(pos.base);
-        let mut file = match File::open(&path) {
+        // Never through a symbolic link, as every open of a log file: one
+        // planted under a segment's name fails with `ELOOP`.
+        let mut file = match segment::open_options().read(true).open(&path) {
             Ok(file) => file,
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 // Deleted since the listing: the same as a missing watermark.
@@ -491,6 +493,22 @@ mod tests {
         append(&dir, 1, &bytes(&[message(1)]));
         let (_, batch) = read(&dir, Some(pos), 10);
         assert_eq!(batch.into_columns().inserts.seq, [1]);
+    }
+
+    #[test]
+    fn a_segment_name_that_is_a_symbolic_link_is_not_followed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("q");
+        let elsewhere = tmp.path().join("elsewhere");
+        append(&elsewhere, 0, &bytes(&[message(0)]));
+        fs::create_dir_all(&dir).unwrap();
+        std::os::unix::fs::symlink(segment_path(&elsewhere, 0), segment_path(&dir, 0)).unwrap();
+        let q: Arc<str> = Arc::from("q");
+        let mut batch = Batch::new(10);
+        let err = read_queue(&dir, &q, None, &mut batch, &mut Reported::default())
+            .expect_err("a link is refused");
+        assert!(format!("{err:?}").contains("segment-"), "{err:?}");
+        assert_eq!(batch.rows(), 0);
     }
 
     #[test]
