@@ -15,13 +15,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use ciphermq_trust::ChainOnly;
 use rustls::client::WebPkiServerVerifier;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
-use rustls::{
-    CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme,
-};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::{ClientConfig, RootCertStore};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
@@ -179,7 +177,7 @@ impl TlsClientOptions {
         } else {
             builder
                 .dangerous()
-                .with_custom_certificate_verifier(Arc::new(SkipHostnameCheck(webpki)))
+                .with_custom_certificate_verifier(Arc::new(ChainOnly::new(webpki)))
         };
         let certs = load_certs(&self.cert, "certificate")?;
         let key = PrivateKeyDer::from_pem_file(&self.key).map_err(|error| ClientError::Pem {
@@ -222,55 +220,6 @@ fn load_certs(
         return Err(pem_err(rustls::pki_types::pem::Error::NoItemsFound));
     }
     Ok(certs)
-}
-
-/// Verifies the broker's chain against the CA like [`WebPkiServerVerifier`] but
-/// accepts a certificate that is not valid for the requested name. webpki checks the
-/// chain before the name, so a name error means the chain was good.
-#[derive(Debug)]
-struct SkipHostnameCheck(Arc<WebPkiServerVerifier>);
-
-impl ServerCertVerifier for SkipHostnameCheck {
-    fn verify_server_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        intermediates: &[CertificateDer<'_>],
-        server_name: &ServerName<'_>,
-        ocsp_response: &[u8],
-        now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        match self
-            .0
-            .verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
-        {
-            Err(rustls::Error::InvalidCertificate(
-                CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
-            )) => Ok(ServerCertVerified::assertion()),
-            other => other,
-        }
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls12_signature(message, cert, dss)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls13_signature(message, cert, dss)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.supported_verify_schemes()
-    }
 }
 
 /// The broker's greeting: who it thinks we are.

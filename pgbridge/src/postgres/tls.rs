@@ -17,6 +17,7 @@ use std::path::Path;
 use std::str::FromStr;
 use std::sync::Arc;
 
+use ciphermq_trust::ChainOnly;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::client::WebPkiServerVerifier;
 use rustls::crypto::{verify_tls12_signature, verify_tls13_signature, CryptoProvider};
@@ -130,7 +131,9 @@ impl PgTls {
         let verifier: Arc<dyn ServerCertVerifier> = match (config.sslmode, &config.ca_cert_path) {
             (SslMode::VerifyFull, None) => return Err(BridgeError::MissingCaCert),
             (SslMode::VerifyFull, Some(path)) => load_roots(path, &provider)?,
-            (SslMode::Require, Some(path)) => Arc::new(ChainOnly(load_roots(path, &provider)?)),
+            (SslMode::Require, Some(path)) => {
+                Arc::new(ChainOnly::new(load_roots(path, &provider)?))
+            }
             _ => Arc::new(AnyCertificate(provider.clone())),
         };
         let chain_checked = matches!(
@@ -194,55 +197,6 @@ fn pem_error(e: &rustls::pki_types::pem::Error) -> String {
     match e {
         rustls::pki_types::pem::Error::Io(io) => format!("cannot read it: {io}"),
         other => format!("not a PEM file: {other}"),
-    }
-}
-
-/// `require` with a CA (libpq's `verify-ca`): the chain is checked, the
-/// name is not. webpki checks the chain before the name, so a name error
-/// means the chain was good.
-#[derive(Debug)]
-struct ChainOnly(Arc<WebPkiServerVerifier>);
-
-impl ServerCertVerifier for ChainOnly {
-    fn verify_server_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        intermediates: &[CertificateDer<'_>],
-        server_name: &ServerName<'_>,
-        ocsp_response: &[u8],
-        now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        match self
-            .0
-            .verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
-        {
-            Err(rustls::Error::InvalidCertificate(
-                CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
-            )) => Ok(ServerCertVerified::assertion()),
-            other => other,
-        }
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls12_signature(message, cert, dss)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls13_signature(message, cert, dss)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.supported_verify_schemes()
     }
 }
 
