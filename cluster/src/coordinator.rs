@@ -1,0 +1,129 @@
+//! What a node asks of the cluster's coordinator, whatever stores it.
+
+use std::time::Duration;
+
+use crate::error::ClusterError;
+
+/// A live member of the cluster, as the coordinator sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeInfo {
+    /// The node's stable name (`cluster.node_id`).
+    pub node_id: String,
+    /// Where clients are redirected to reach it (`host:port`).
+    pub advertise: String,
+    /// Which start of the node this is: it rises on every registration, so
+    /// a restarted node and a stale process with the same id are told apart.
+    pub incarnation: u64,
+    /// Time since its last heartbeat, measured on the coordinator's clock
+    /// (not the caller's), so nodes with skewed clocks still agree.
+    pub heartbeat_age: Duration,
+}
+
+/// Where an owner lives: the answer to `locate` and the target of a
+/// redirect.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placement {
+    /// The receiver CN whose queues, bindings and dedup state move together.
+    pub owner: String,
+    /// The node that holds it.
+    pub node_id: String,
+    /// That node's advertised address, as registered now.
+    pub advertise: String,
+    /// The fencing token: 1 when first placed, +1 on every move, never
+    /// lower. A node never accepts a placement with a lower epoch than one
+    /// it has seen.
+    pub epoch: u64,
+    /// The change counter of this placement's last change: higher than that
+    /// of every earlier change to any placement. It lets a node mirror all
+    /// placements by polling only for newer ones.
+    pub version: u64,
+}
+
+/// Placement changes newer than a version, for a node's in-memory mirror.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PlacementChanges {
+    /// The placements changed since the version asked for, by rising
+    /// `version` (each owner once, in its current state).
+    pub placements: Vec<Placement>,
+    /// The version to ask from next time: the highest seen, or the one
+    /// asked for when nothing changed.
+    pub version: u64,
+}
+
+/// An exchange of the cluster-wide catalogue, so an exchange declared on one
+/// node is usable on every node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Exchange {
+    /// Its name.
+    pub name: String,
+    /// Its type as the broker names it (`direct`, `fanout`, `topic`); the
+    /// coordinator only compares it.
+    pub kind: String,
+    /// The CN that declared it first, who alone may delete it.
+    pub owner: String,
+}
+
+/// The coordinator's operations, independent of what stores them.
+///
+/// Calls block until the coordinator answers: they are made from a node's
+/// coordinator thread, never from a shard, so the ACK path never waits on
+/// the coordinator. Every failure is a [`ClusterError`] naming the node,
+/// owner or table involved; bad input is an error, never a panic.
+pub trait Coordinator: Send + Sync {
+    /// Joins (or rejoins) the cluster: records `node_id` at `advertise`,
+    /// alive, heartbeat now, with an incarnation higher than any earlier
+    /// registration of the same id, and returns that incarnation. The
+    /// caller's later heartbeats carry it.
+    fn register(&self, node_id: &str, advertise: &str) -> Result<u64, ClusterError>;
+
+    /// Refreshes the node's heartbeat. Fails with [`ClusterError::Fenced`]
+    /// when the node id was registered again since (another process took
+    /// it): the caller must stop acting as that node.
+    fn heartbeat(&self, node_id: &str, incarnation: u64) -> Result<(), ClusterError>;
+
+    /// The live nodes, sorted by node id (byte order), for the `nodes`
+    /// command.
+    fn nodes(&self) -> Result<Vec<NodeInfo>, ClusterError>;
+
+    /// Where `owner` lives, placing it on `preferred_node` (epoch 1) when it
+    /// has no node yet. Concurrent callers, on any nodes, all get the same
+    /// answer: only one insert can win. A `preferred_node` that is not a
+    /// live registered node fails with [`ClusterError::UnknownNode`].
+    fn place(&self, owner: &str, preferred_node: &str) -> Result<Placement, ClusterError>;
+
+    /// Where `owner` lives, or `None` if it has no node yet; never places.
+    fn locate(&self, owner: &str) -> Result<Option<Placement>, ClusterError>;
+
+    /// Placements changed after `version` (0: all of them), cheap enough to
+    /// poll: a node keeps owner → (node, epoch) in memory and applies these.
+    fn placements_since(&self, version: u64) -> Result<PlacementChanges, ClusterError>;
+
+    /// Moves `owner` to `to_node` if its epoch is still `expected_epoch`
+    /// (compare-and-set), with epoch `expected_epoch + 1`. Only the
+    /// placement changes here; handing its data over is the caller's.
+    /// Fails with [`ClusterError::StaleEpoch`] when someone moved it first,
+    /// [`ClusterError::NotPlaced`] or [`ClusterError::UnknownNode`].
+    fn move_owner(
+        &self,
+        owner: &str,
+        to_node: &str,
+        expected_epoch: u64,
+    ) -> Result<Placement, ClusterError>;
+
+    /// Declares an exchange cluster-wide. The first declaration wins and is
+    /// returned; a later one of the same kind gets that stored row (whoever
+    /// declared it), one of another kind fails with
+    /// [`ClusterError::ExchangeKindConflict`].
+    fn declare_exchange(
+        &self,
+        name: &str,
+        kind: &str,
+        owner: &str,
+    ) -> Result<Exchange, ClusterError>;
+
+    /// Every declared exchange, sorted by name.
+    fn exchanges(&self) -> Result<Vec<Exchange>, ClusterError>;
+
+    /// Deletes an exchange, if `owner` is the one who declared it.
+    fn delete_exchange(&self, name: &str, owner: &str) -> Result<(), ClusterError>;
+}

@@ -1,0 +1,144 @@
+//! What can go wrong when talking to the coordinator.
+
+/// Why a coordinator call failed. Each message names the server
+/// (`host:port/dbname`), node, owner, exchange or table involved, and what
+/// to do where something can be done.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClusterError {
+    /// No connection could be made (wrong address, server down, login
+    /// refused). The next call tries again.
+    #[error("cluster coordinator: cannot connect to PostgreSQL at {target}: {cause}")]
+    Connect {
+        /// `host:port/dbname`.
+        target: String,
+        /// The driver's error and its causes.
+        cause: String,
+    },
+    /// The cluster tables could not be created or checked.
+    #[error("cluster coordinator: PostgreSQL at {target}: cannot create the cluster tables in schema {schema}: {cause}")]
+    Schema {
+        /// `host:port/dbname`.
+        target: String,
+        /// The configured schema.
+        schema: String,
+        /// The driver's error.
+        cause: String,
+    },
+    /// A statement failed (the connection broke, or the server refused it).
+    #[error(
+        "cluster coordinator: PostgreSQL at {target}: cannot {action} (table {table}): {cause}"
+    )]
+    Query {
+        /// `host:port/dbname`.
+        target: String,
+        /// What was being done, e.g. `place owner "alice"`.
+        action: String,
+        /// The table it touched.
+        table: &'static str,
+        /// The driver's error.
+        cause: String,
+    },
+    /// The configured schema name is not one we put into SQL.
+    #[error("cluster schema name {name:?} is not usable: {why}")]
+    BadSchemaName {
+        /// The name given.
+        name: String,
+        /// What is wrong with it.
+        why: &'static str,
+    },
+    /// A node id, owner, exchange name or kind, address or number given by
+    /// the caller is not valid; nothing was sent.
+    #[error("{what} {value:?} is not valid: {why}")]
+    BadInput {
+        /// Which argument (`node id`, `owner`, `advertise`, ...).
+        what: &'static str,
+        /// The value given (a number is shown in decimal).
+        value: String,
+        /// What is wrong with it.
+        why: &'static str,
+    },
+    /// The node is not registered, or not alive, in table `cluster_nodes`.
+    #[error("node {node_id:?} is not a live node in table cluster_nodes: register it first")]
+    UnknownNode {
+        /// The node asked for.
+        node_id: String,
+    },
+    /// The node id was registered again since this incarnation: another
+    /// process now acts as this node, and this one must stop.
+    #[error("node {node_id:?} was registered again (incarnation {current} in table cluster_nodes, this process holds {ours}): another process uses this node id")]
+    Fenced {
+        /// The node.
+        node_id: String,
+        /// The incarnation the caller holds.
+        ours: u64,
+        /// The incarnation stored.
+        current: u64,
+    },
+    /// The owner has no placement in table `cluster_placements`.
+    #[error("owner {owner:?} has no placement in table cluster_placements")]
+    NotPlaced {
+        /// The owner.
+        owner: String,
+    },
+    /// A move's expected epoch is not the current one: someone moved the
+    /// owner first. Locate it again before retrying.
+    #[error("owner {owner:?} is at epoch {current} in table cluster_placements, not {expected}: it was moved meanwhile; locate it again")]
+    StaleEpoch {
+        /// The owner.
+        owner: String,
+        /// The epoch the caller expected.
+        expected: u64,
+        /// The epoch stored.
+        current: u64,
+    },
+    /// The exchange exists with another kind; the first declaration stands.
+    #[error("exchange {name:?} is declared as {stored_kind} (by {stored_owner:?}) in table cluster_exchanges, not {requested_kind}")]
+    ExchangeKindConflict {
+        /// The exchange.
+        name: String,
+        /// The kind stored.
+        stored_kind: String,
+        /// The kind asked for.
+        requested_kind: String,
+        /// Who declared it.
+        stored_owner: String,
+    },
+    /// No such exchange in table `cluster_exchanges`.
+    #[error("exchange {name:?} is not in table cluster_exchanges")]
+    NoSuchExchange {
+        /// The exchange.
+        name: String,
+    },
+    /// Only the exchange's owner may delete it.
+    #[error("exchange {name:?} belongs to {stored_owner:?}, not {owner:?}")]
+    NotExchangeOwner {
+        /// The exchange.
+        name: String,
+        /// Who asked.
+        owner: String,
+        /// Who declared it.
+        stored_owner: String,
+    },
+    /// A stored row holds a value this build cannot represent (e.g. a
+    /// negative epoch written by something else).
+    #[error("a row of table {table} is out of range: {why}")]
+    BadRow {
+        /// The table.
+        table: &'static str,
+        /// What is wrong, with the row's key.
+        why: String,
+    },
+    /// A declaration kept losing to concurrent deletions of the same name.
+    #[error("exchange {name:?} was deleted by others each time it was declared; try again")]
+    Contended {
+        /// The exchange.
+        name: String,
+    },
+    /// The coordinator's thread could not be started.
+    #[error("cannot start the cluster coordinator thread: {0}")]
+    Thread(String),
+    /// The coordinator's thread has stopped; no call can be answered.
+    #[error("the cluster coordinator thread has stopped")]
+    Stopped,
+}

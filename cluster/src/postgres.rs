@@ -1,0 +1,473 @@
+//! The coordinator on PostgreSQL: every operation is one or two short
+//! statements, and every placement change is serialised by an advisory lock
+//! so that `version` order is commit order.
+
+use std::time::Duration;
+
+use tokio_postgres::{Client, Row};
+
+use crate::config::PgCoordinatorConfig;
+use crate::coordinator::{Coordinator, Exchange, NodeInfo, Placement, PlacementChanges};
+use crate::error::ClusterError;
+use crate::input;
+use crate::schema::lock_key;
+use crate::worker::{describe, LocalFuture, Worker};
+
+/// Takes the transaction-scoped lock whose key is `$1`.
+const LOCK: &str = "SELECT pg_advisory_xact_lock(hashtext($1))";
+
+const REGISTER: &str = "
+INSERT INTO cluster_nodes (node_id, advertise, incarnation, heartbeat, state)
+VALUES ($1, $2, 1, now(), 'alive')
+ON CONFLICT (node_id) DO UPDATE SET
+    advertise = EXCLUDED.advertise,
+    incarnation = cluster_nodes.incarnation + 1,
+    heartbeat = now(),
+    state = 'alive'
+RETURNING incarnation";
+
+const HEARTBEAT: &str =
+    "UPDATE cluster_nodes SET heartbeat = now() WHERE node_id = $1 AND incarnation = $2";
+
+const INCARNATION: &str = "SELECT incarnation FROM cluster_nodes WHERE node_id = $1";
+
+/// Live nodes by id in byte order, with heartbeat age in milliseconds on
+/// the server's clock.
+const NODES: &str = "
+SELECT node_id, advertise, incarnation,
+       GREATEST(0, floor(extract(epoch FROM now() - heartbeat) * 1000))::bigint
+FROM cluster_nodes WHERE state = 'alive' ORDER BY node_id COLLATE \"C\"";
+
+/// Placements with their node's address; a `WHERE` clause follows.
+const PLACEMENTS: &str = "
+SELECT p.owner, p.node_id, n.advertise, p.epoch, p.version
+FROM cluster_placements p JOIN cluster_nodes n ON n.node_id = p.node_id";
+
+/// Places `$1` on `$2` if it has no node and `$2` is alive.
+const INSERT_PLACEMENT: &str = "
+INSERT INTO cluster_placements (owner, node_id, epoch, version)
+SELECT $1, node_id, 1, nextval('cluster_placement_version')
+FROM cluster_nodes WHERE node_id = $2 AND state = 'alive'
+ON CONFLICT (owner) DO NOTHING";
+
+/// Moves `$1` to `$2` if its epoch is `$3` and `$2` is alive.
+const MOVE: &str = "
+UPDATE cluster_placements p SET
+    node_id = n.node_id,
+    epoch = p.epoch + 1,
+    version = nextval('cluster_placement_version')
+FROM cluster_nodes n
+WHERE p.owner = $1 AND p.epoch = $3 AND n.node_id = $2 AND n.state = 'alive'
+RETURNING p.owner, p.node_id, n.advertise, p.epoch, p.version";
+
+const EPOCH: &str = "SELECT epoch FROM cluster_placements WHERE owner = $1";
+
+const DECLARE_EXCHANGE: &str = "
+INSERT INTO cluster_exchanges (name, kind, owner, declared) VALUES ($1, $2, $3, now())
+ON CONFLICT (name) DO NOTHING";
+
+const EXCHANGE: &str = "SELECT name, kind, owner FROM cluster_exchanges WHERE name = $1";
+
+const EXCHANGES: &str =
+    "SELECT name, kind, owner FROM cluster_exchanges ORDER BY name COLLATE \"C\"";
+
+const DELETE_EXCHANGE: &str = "DELETE FROM cluster_exchanges WHERE name = $1 AND owner = $2";
+
+/// How many times a declaration is retried when the row it lost to was
+/// deleted before it could be read.
+const DECLARE_ATTEMPTS: usize = 5;
+
+/// The PostgreSQL [`Coordinator`]: a thread of its own with one connection
+/// (reopened by the next call when it breaks), in the schema the config
+/// names. Dropping it stops the thread.
+pub struct PgCoordinator {
+    worker: Worker,
+    /// `host:port/dbname`, for errors.
+    target: String,
+    /// The advisory-lock key serialising placement changes in this schema.
+    placement_lock: String,
+}
+
+impl std::fmt::Debug for PgCoordinator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgCoordinator")
+            .field("target", &self.target)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PgCoordinator {
+    /// Checks the schema name, starts the thread, connects (one attempt of
+    /// at most `connect_timeout`) and creates the tables if missing.
+    /// Fails with [`ClusterError::BadSchemaName`],
+    /// [`ClusterError::Connect`] or [`ClusterError::Schema`].
+    pub fn connect(config: PgCoordinatorConfig) -> Result<PgCoordinator, ClusterError> {
+        let target = config.target();
+        let placement_lock = lock_key(&config.schema, "placements");
+        let worker = Worker::start(config)?;
+        Ok(PgCoordinator {
+            worker,
+            target,
+            placement_lock,
+        })
+    }
+
+    /// Runs `f` on the worker; a driver error becomes a
+    /// [`ClusterError::Query`] naming `action` and `table`.
+    fn call<T, F>(&self, action: String, table: &'static str, f: F) -> Result<T, ClusterError>
+    where
+        T: Send + 'static,
+        F: for<'c> FnOnce(&'c mut Client) -> LocalFuture<'c, Result<T, Failure>> + Send + 'static,
+    {
+        let target = self.target.clone();
+        self.worker.call(move |client| {
+            Box::pin(async move {
+                f(client)
+                    .await
+                    .map_err(|failure| failure.into_error(target, action, table))
+            })
+        })
+    }
+}
+
+/// Why one call failed: the driver's error (made a [`ClusterError::Query`]
+/// by [`PgCoordinator::call`]) or an answer already typed.
+enum Failure {
+    Driver(tokio_postgres::Error),
+    Typed(ClusterError),
+}
+
+impl Failure {
+    fn into_error(self, target: String, action: String, table: &'static str) -> ClusterError {
+        match self {
+            Failure::Driver(e) => ClusterError::Query {
+                target,
+                action,
+                table,
+                cause: describe(&e),
+            },
+            Failure::Typed(e) => e,
+        }
+    }
+}
+
+impl From<tokio_postgres::Error> for Failure {
+    fn from(e: tokio_postgres::Error) -> Failure {
+        Failure::Driver(e)
+    }
+}
+
+impl From<ClusterError> for Failure {
+    fn from(e: ClusterError) -> Failure {
+        Failure::Typed(e)
+    }
+}
+
+/// Column `index` of `row`, or a [`ClusterError::BadRow`] naming `table`.
+fn column<'r, T: tokio_postgres::types::FromSql<'r>>(
+    row: &'r Row,
+    index: usize,
+    table: &'static str,
+) -> Result<T, ClusterError> {
+    row.try_get(index).map_err(|e| ClusterError::BadRow {
+        table,
+        why: format!("column {index}: {}", describe(&e)),
+    })
+}
+
+/// A stored `bigint` that must not be negative.
+fn unsigned(table: &'static str, key: &str, what: &str, value: i64) -> Result<u64, ClusterError> {
+    u64::try_from(value).map_err(|_| ClusterError::BadRow {
+        table,
+        why: format!("{key:?} has {what} {value}"),
+    })
+}
+
+/// A row of [`PLACEMENTS`] or [`MOVE`].
+fn placement(row: &Row) -> Result<Placement, ClusterError> {
+    const TABLE: &str = "cluster_placements";
+    let owner: String = column(row, 0, TABLE)?;
+    let epoch = unsigned(TABLE, &owner, "epoch", column(row, 3, TABLE)?)?;
+    let version = unsigned(TABLE, &owner, "version", column(row, 4, TABLE)?)?;
+    Ok(Placement {
+        node_id: column(row, 1, TABLE)?,
+        advertise: column(row, 2, TABLE)?,
+        epoch,
+        version,
+        owner,
+    })
+}
+
+/// A row of [`EXCHANGE`] or [`EXCHANGES`].
+fn exchange(row: &Row) -> Result<Exchange, ClusterError> {
+    const TABLE: &str = "cluster_exchanges";
+    Ok(Exchange {
+        name: column(row, 0, TABLE)?,
+        kind: column(row, 1, TABLE)?,
+        owner: column(row, 2, TABLE)?,
+    })
+}
+
+/// The placement of `owner`, if any.
+async fn locate(client: &Client, owner: &str) -> Result<Option<Placement>, Failure> {
+    let sql = format!("{PLACEMENTS} WHERE p.owner = $1");
+    match client.query_opt(&sql, &[&owner]).await? {
+        Some(row) => Ok(Some(placement(&row)?)),
+        None => Ok(None),
+    }
+}
+
+impl Coordinator for PgCoordinator {
+    fn register(&self, node_id: &str, advertise: &str) -> Result<u64, ClusterError> {
+        input::name("node id", node_id)?;
+        input::advertise(advertise)?;
+        let (node_id, advertise) = (node_id.to_owned(), advertise.to_owned());
+        let action = format!("register node {node_id:?}");
+        self.call(action, "cluster_nodes", move |client| {
+            Box::pin(async move {
+                let row = client.query_one(REGISTER, &[&node_id, &advertise]).await?;
+                let incarnation = column(&row, 0, "cluster_nodes")?;
+                Ok(unsigned(
+                    "cluster_nodes",
+                    &node_id,
+                    "incarnation",
+                    incarnation,
+                )?)
+            })
+        })
+    }
+
+    fn heartbeat(&self, node_id: &str, incarnation: u64) -> Result<(), ClusterError> {
+        input::name("node id", node_id)?;
+        let ours = input::bigint("incarnation", incarnation)?;
+        let node_id = node_id.to_owned();
+        let action = format!("record the heartbeat of node {node_id:?}");
+        self.call(action, "cluster_nodes", move |client| {
+            Box::pin(async move {
+                if client.execute(HEARTBEAT, &[&node_id, &ours]).await? == 1 {
+                    return Ok(());
+                }
+                let Some(row) = client.query_opt(INCARNATION, &[&node_id]).await? else {
+                    return Err(ClusterError::UnknownNode { node_id }.into());
+                };
+                let current = column(&row, 0, "cluster_nodes")?;
+                let current = unsigned("cluster_nodes", &node_id, "incarnation", current)?;
+                if current > incarnation {
+                    Err(ClusterError::Fenced {
+                        node_id,
+                        ours: incarnation,
+                        current,
+                    }
+                    .into())
+                } else {
+                    // Changed between the two statements, or never issued.
+                    Err(ClusterError::BadInput {
+                        what: "incarnation",
+                        value: incarnation.to_string(),
+                        why: "it is not the node's current incarnation",
+                    }
+                    .into())
+                }
+            })
+        })
+    }
+
+    fn nodes(&self) -> Result<Vec<NodeInfo>, ClusterError> {
+        self.call(
+            "list the live nodes".to_owned(),
+            "cluster_nodes",
+            |client| {
+                Box::pin(async move {
+                    const TABLE: &str = "cluster_nodes";
+                    let mut nodes = Vec::new();
+                    for row in client.query(NODES, &[]).await? {
+                        let node_id: String = column(&row, 0, TABLE)?;
+                        let incarnation =
+                            unsigned(TABLE, &node_id, "incarnation", column(&row, 2, TABLE)?)?;
+                        let age_ms =
+                            unsigned(TABLE, &node_id, "heartbeat age", column(&row, 3, TABLE)?)?;
+                        nodes.push(NodeInfo {
+                            advertise: column(&row, 1, TABLE)?,
+                            incarnation,
+                            heartbeat_age: Duration::from_millis(age_ms),
+                            node_id,
+                        });
+                    }
+                    Ok(nodes)
+                })
+            },
+        )
+    }
+
+    fn place(&self, owner: &str, preferred_node: &str) -> Result<Placement, ClusterError> {
+        input::name("owner", owner)?;
+        input::name("node id", preferred_node)?;
+        let (owner, node_id) = (owner.to_owned(), preferred_node.to_owned());
+        let lock = self.placement_lock.clone();
+        let action = format!("place owner {owner:?}");
+        self.call(action, "cluster_placements", move |client| {
+            Box::pin(async move {
+                if let Some(found) = locate(client, &owner).await? {
+                    return Ok(found);
+                }
+                let tx = client.transaction().await?;
+                tx.execute(LOCK, &[&lock]).await?;
+                tx.execute(INSERT_PLACEMENT, &[&owner, &node_id]).await?;
+                tx.commit().await?;
+                // Ours, or the winner's: a new statement sees either.
+                match locate(client, &owner).await? {
+                    Some(found) => Ok(found),
+                    None => Err(ClusterError::UnknownNode { node_id }.into()),
+                }
+            })
+        })
+    }
+
+    fn locate(&self, owner: &str) -> Result<Option<Placement>, ClusterError> {
+        input::name("owner", owner)?;
+        let owner = owner.to_owned();
+        let action = format!("locate owner {owner:?}");
+        self.call(action, "cluster_placements", move |client| {
+            Box::pin(async move { locate(client, &owner).await })
+        })
+    }
+
+    fn placements_since(&self, version: u64) -> Result<PlacementChanges, ClusterError> {
+        let since = input::bigint("version", version)?;
+        let action = format!("read placement changes after version {version}");
+        self.call(action, "cluster_placements", move |client| {
+            Box::pin(async move {
+                let sql = format!("{PLACEMENTS} WHERE p.version > $1 ORDER BY p.version");
+                let mut changes = PlacementChanges {
+                    placements: Vec::new(),
+                    version,
+                };
+                for row in client.query(&sql, &[&since]).await? {
+                    let found = placement(&row)?;
+                    changes.version = changes.version.max(found.version);
+                    changes.placements.push(found);
+                }
+                Ok(changes)
+            })
+        })
+    }
+
+    fn move_owner(
+        &self,
+        owner: &str,
+        to_node: &str,
+        expected_epoch: u64,
+    ) -> Result<Placement, ClusterError> {
+        input::name("owner", owner)?;
+        input::name("node id", to_node)?;
+        let expected = input::bigint("expected epoch", expected_epoch)?;
+        let (owner, node_id) = (owner.to_owned(), to_node.to_owned());
+        let lock = self.placement_lock.clone();
+        let action = format!("move owner {owner:?} to node {node_id:?}");
+        self.call(action, "cluster_placements", move |client| {
+            Box::pin(async move {
+                let tx = client.transaction().await?;
+                tx.execute(LOCK, &[&lock]).await?;
+                let moved = tx.query_opt(MOVE, &[&owner, &node_id, &expected]).await?;
+                tx.commit().await?;
+                if let Some(row) = moved {
+                    return Ok(placement(&row)?);
+                }
+                let Some(row) = client.query_opt(EPOCH, &[&owner]).await? else {
+                    return Err(ClusterError::NotPlaced { owner }.into());
+                };
+                let current = unsigned(
+                    "cluster_placements",
+                    &owner,
+                    "epoch",
+                    column(&row, 0, "cluster_placements")?,
+                )?;
+                if current != expected_epoch {
+                    Err(ClusterError::StaleEpoch {
+                        owner,
+                        expected: expected_epoch,
+                        current,
+                    }
+                    .into())
+                } else {
+                    Err(ClusterError::UnknownNode { node_id }.into())
+                }
+            })
+        })
+    }
+
+    fn declare_exchange(
+        &self,
+        name: &str,
+        kind: &str,
+        owner: &str,
+    ) -> Result<Exchange, ClusterError> {
+        input::name("exchange name", name)?;
+        input::name("exchange kind", kind)?;
+        input::name("owner", owner)?;
+        let (name, kind, owner) = (name.to_owned(), kind.to_owned(), owner.to_owned());
+        let action = format!("declare exchange {name:?}");
+        self.call(action, "cluster_exchanges", move |client| {
+            Box::pin(async move {
+                for _ in 0..DECLARE_ATTEMPTS {
+                    client
+                        .execute(DECLARE_EXCHANGE, &[&name, &kind, &owner])
+                        .await?;
+                    // Ours, or the first declaration's; gone only if it was
+                    // deleted meanwhile, and then we try again.
+                    let Some(row) = client.query_opt(EXCHANGE, &[&name]).await? else {
+                        continue;
+                    };
+                    let stored = exchange(&row)?;
+                    if stored.kind != kind {
+                        return Err(ClusterError::ExchangeKindConflict {
+                            name: stored.name,
+                            stored_kind: stored.kind,
+                            requested_kind: kind,
+                            stored_owner: stored.owner,
+                        }
+                        .into());
+                    }
+                    return Ok(stored);
+                }
+                Err(ClusterError::Contended { name }.into())
+            })
+        })
+    }
+
+    fn exchanges(&self) -> Result<Vec<Exchange>, ClusterError> {
+        self.call(
+            "list the exchanges".to_owned(),
+            "cluster_exchanges",
+            |client| {
+                Box::pin(async move {
+                    let rows = client.query(EXCHANGES, &[]).await?;
+                    Ok(rows.iter().map(exchange).collect::<Result<Vec<_>, _>>()?)
+                })
+            },
+        )
+    }
+
+    fn delete_exchange(&self, name: &str, owner: &str) -> Result<(), ClusterError> {
+        input::name("exchange name", name)?;
+        input::name("owner", owner)?;
+        let (name, owner) = (name.to_owned(), owner.to_owned());
+        let action = format!("delete exchange {name:?}");
+        self.call(action, "cluster_exchanges", move |client| {
+            Box::pin(async move {
+                if client.execute(DELETE_EXCHANGE, &[&name, &owner]).await? == 1 {
+                    return Ok(());
+                }
+                match client.query_opt(EXCHANGE, &[&name]).await? {
+                    None => Err(ClusterError::NoSuchExchange { name }.into()),
+                    Some(row) => Err(ClusterError::NotExchangeOwner {
+                        name,
+                        owner,
+                        stored_owner: exchange(&row)?.owner,
+                    }
+                    .into()),
+                }
+            })
+        })
+    }
+}

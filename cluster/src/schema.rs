@@ -1,0 +1,61 @@
+//! The cluster's tables, created if missing, in the configured schema.
+//!
+//! - `cluster_nodes`: one row per node id; `incarnation` rises on every
+//!   registration; `heartbeat` is the server's clock at the last one.
+//! - `cluster_placements`: owner → node and epoch; `version` is taken from
+//!   the sequence `cluster_placement_version` on every change.
+//! - `cluster_exchanges`: the exchange catalogue.
+//!
+//! Creation runs in one transaction under an advisory lock (keyed by the
+//! schema name), because `CREATE ... IF NOT EXISTS` is not safe when
+//! several nodes start at once against an empty database.
+
+use tokio_postgres::Client;
+
+/// Prefix of the advisory-lock keys (hashed with the schema name).
+const LOCK_PREFIX: &str = "ciphermq.cluster.";
+
+/// The tables, with `{schema}` to be replaced by the checked schema name.
+const CREATE: &str = "
+CREATE SCHEMA IF NOT EXISTS {schema};
+CREATE TABLE IF NOT EXISTS {schema}.cluster_nodes (
+    node_id text PRIMARY KEY,
+    advertise text NOT NULL,
+    incarnation bigint NOT NULL CHECK (incarnation >= 1),
+    heartbeat timestamptz NOT NULL,
+    state text NOT NULL CHECK (state IN ('alive', 'dead'))
+);
+CREATE SEQUENCE IF NOT EXISTS {schema}.cluster_placement_version;
+CREATE TABLE IF NOT EXISTS {schema}.cluster_placements (
+    owner text PRIMARY KEY,
+    node_id text NOT NULL REFERENCES {schema}.cluster_nodes (node_id),
+    epoch bigint NOT NULL CHECK (epoch >= 1),
+    version bigint NOT NULL UNIQUE
+);
+CREATE TABLE IF NOT EXISTS {schema}.cluster_exchanges (
+    name text PRIMARY KEY,
+    kind text NOT NULL,
+    owner text NOT NULL,
+    declared timestamptz NOT NULL
+);
+";
+
+/// The advisory-lock key (hashed by the server with `hashtext`) that
+/// serialises `what` in `schema`.
+pub(crate) fn lock_key(schema: &str, what: &str) -> String {
+    format!("{LOCK_PREFIX}{what}:{schema}")
+}
+
+/// Creates what is missing. `schema` must have passed
+/// [`check_schema`](crate::PgCoordinatorConfig::check_schema).
+pub(crate) async fn ensure(client: &mut Client, schema: &str) -> Result<(), tokio_postgres::Error> {
+    let tx = client.transaction().await?;
+    tx.execute(
+        "SELECT pg_advisory_xact_lock(hashtext($1))",
+        &[&lock_key(schema, "schema")],
+    )
+    .await?;
+    tx.batch_execute(&CREATE.replace("{schema}", schema))
+        .await?;
+    tx.commit().await
+}
