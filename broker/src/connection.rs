@@ -436,13 +436,20 @@ impl Connection {
             // Sends what rustls encrypted, straight from its buffers while the
             // socket takes it; the rest waits in `outgoing` (which the
             // high-water mark counts).
-            if let Poll::Ready(Err(e)) = self.tls.poll_flush(&mut self.stream, cx) {
+            let flushed = self.tls.poll_flush(&mut self.stream, cx);
+            if let Poll::Ready(Err(e)) = flushed {
                 return Err(e.to_string());
             }
             if input_blocked && self.tls.outgoing_len() < OUTPUT_HIGH_WATER {
                 progress = true;
             }
+            // Records rustls holds while the socket is full are not in
+            // `outgoing`, so the high-water mark does not see them: render
+            // no more until they leave, or a client that never reads would
+            // have every reply and delivery encrypted and kept.
+            let socket_full = flushed.is_pending() && self.tls.holds_records();
             if self.tls.outgoing_len() >= OUTPUT_HIGH_WATER
+                || socket_full
                 || !self.session.replies.head_ready()
                 || *render_budget == 0
             {

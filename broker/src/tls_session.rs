@@ -95,6 +95,12 @@ impl TlsSession {
         (self.tls, leftover)
     }
 
+    /// Whether rustls holds encrypted records not yet handed to the socket
+    /// or to `outgoing` (those rendered while the socket was full).
+    pub fn holds_records(&self) -> bool {
+        self.tls.wants_write()
+    }
+
     /// Whether ciphertext waits to be handed to rustls.
     pub fn has_incoming(&self) -> bool {
         !self.incoming.is_empty()
@@ -216,18 +222,8 @@ impl TlsSession {
                 if !self.tls.wants_write() {
                     return Poll::Ready(Ok(()));
                 }
-            }
-            // ...and what it cannot take now waits here for glommio's
-            // readiness poll, behind what waits already: so `outgoing_len`
-            // counts every byte encrypted and not sent, which the
-            // connection's high-water mark bounds. (Left in rustls, records
-            // rendered while the socket was full went uncounted: a consumer
-            // that never read had its every delivery encrypted and kept.)
-            if self.tls.wants_write() {
-                if self.outgoing_pos >= self.outgoing.len() / 2 {
-                    self.outgoing.drain(..self.outgoing_pos);
-                    self.outgoing_pos = 0;
-                }
+                // ...and what it cannot take now waits here for glommio's
+                // readiness poll.
                 while self.tls.wants_write() {
                     self.tls.write_tls(&mut self.outgoing)?;
                 }
