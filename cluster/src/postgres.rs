@@ -11,7 +11,8 @@ use crate::coordinator::{Coordinator, Exchange, NodeInfo, Placement, PlacementCh
 use crate::error::ClusterError;
 use crate::input;
 use crate::schema::lock_key;
-use crate::worker::{describe, LocalFuture, Worker};
+use crate::worker::{LocalFuture, Worker};
+use ciphermq_pgbridge::postgres::describe;
 
 /// Takes the transaction-scoped lock whose key is `$1`.
 const LOCK: &str = "SELECT pg_advisory_xact_lock(hashtext($1))";

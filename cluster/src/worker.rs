@@ -10,6 +10,8 @@ use std::thread::JoinHandle;
 use tokio::sync::mpsc;
 use tokio_postgres::{Client, NoTls};
 
+use ciphermq_pgbridge::postgres::describe;
+
 use crate::config::PgCoordinatorConfig;
 use crate::error::ClusterError;
 use crate::schema;
@@ -65,22 +67,6 @@ async fn open(config: &PgCoordinatorConfig) -> Result<Client, ClusterError> {
         }
     });
     Ok(client)
-}
-
-/// An error and its causes on one line (the driver's top-level message
-/// alone is often just "db error").
-pub(crate) fn describe(err: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = err.to_string();
-    let mut cause = err.source();
-    while let Some(e) = cause {
-        let next = e.to_string();
-        if !text.contains(&next) {
-            text.push_str(": ");
-            text.push_str(&next);
-        }
-        cause = e.source();
-    }
-    text
 }
 
 /// The running thread, and the queue of calls to it.

@@ -54,8 +54,9 @@ impl Backoff {
 }
 
 /// An error and its causes on one line (the driver's `Display` alone says
-/// only "db error" or "error connecting to server").
-pub(crate) fn describe(err: &(dyn std::error::Error + 'static)) -> String {
+/// only "db error" or "error connecting to server"): what every PostgreSQL
+/// link of the broker (this bridge, the cluster coordinator) reports.
+pub fn describe(err: &(dyn std::error::Error + 'static)) -> String {
     let mut text = err.to_string();
     let mut cause = err.source();
     while let Some(e) = cause {

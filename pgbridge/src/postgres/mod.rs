@@ -40,6 +40,7 @@ use tokio::sync::{mpsc, watch};
 
 pub use config::PgConfig;
 pub use error::BridgeError;
+pub use link::describe;
 pub use status::BridgeStatus;
 pub use tls::{SslMode, UnknownSslMode};
 
