@@ -130,6 +130,20 @@ async fn wait_for(
     }
 }
 
+/// A connection of receiver_1 that sends `consume {Q1} 10000` and never
+/// reads a byte after its greeting.
+async fn consume_never_reading(
+    broker: &BrokerProcess,
+) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
+    let mut hostile = never_reading(&broker.addr, "receiver_1").await;
+    hostile
+        .write_all(format!("consume {Q1} 10000\n").as_bytes())
+        .await
+        .unwrap();
+    hostile.flush().await.unwrap();
+    hostile
+}
+
 /// Fetches `queue` until empty, acking as it goes; returns the ids in order.
 async fn drain(r: &mut Connection, queue: &str) -> Vec<String> {
     let mut all = Vec::new();
@@ -163,12 +177,7 @@ async fn a_consumer_that_never_reads_holds_at_most_its_prefetch_in_bytes() {
     queue_metric(&broker, "unacked", Q1).await;
     let before = rss(broker.pid());
 
-    let mut hostile = never_reading(&broker.addr, "receiver_1").await;
-    hostile
-        .write_all(format!("consume {Q1} 10000\n").as_bytes())
-        .await
-        .unwrap();
-    hostile.flush().await.unwrap();
+    let hostile = consume_never_reading(&broker).await;
     // The consume is served in one go: whatever it takes shows at once.
     let (unacked, _) = wait_for(&broker, Q1, "the consume", |u, _| u > 0).await;
     let expected = CAP.div_ceil(body_len());
@@ -221,12 +230,7 @@ async fn a_consumer_that_never_reads_cannot_pull_a_disk_backlog_past_the_memory_
     queue_metric(&broker, "unacked", Q1).await;
     let before = rss(broker.pid());
 
-    let mut hostile = never_reading(&broker.addr, "receiver_1").await;
-    hostile
-        .write_all(format!("consume {Q1} 10000\n").as_bytes())
-        .await
-        .unwrap();
-    hostile.flush().await.unwrap();
+    let hostile = consume_never_reading(&broker).await;
     // The fact: its deliveries fill the budget (reads stop there).
     wait_for(&broker, Q1, "the budget to fill", |_, m| m >= BUDGET).await;
     // One read of about 1 MiB may have been in flight as it filled.
