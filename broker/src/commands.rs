@@ -3,7 +3,6 @@
 //! command finishing on another shard never reorders them. No I/O here: the
 //! connection feeds lines in and writes the replies out.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use base64::Engine;
@@ -17,10 +16,13 @@ use ciphermq_shard::{
     ChangeResult, Message, Origin, PublishStatus, QueueInfo, Route, TopologyChange, TopologyError,
 };
 
+mod placement;
+
 use crate::acl::{Op, Role};
 use crate::session::{PendingReply, Session};
 use ciphermq_shard::log_throttle::LogThrottle;
 use ciphermq_shard::log_throttled;
+use placement::PublishHome;
 
 // What a client can make the broker log at will is logged at most once a
 // second per shard and kind (denials: 20 a second, so a few in a row show
@@ -84,13 +86,28 @@ impl Session {
             }
         };
         let now = Instant::now();
+        self.dispatch(request, now);
+        if let Some(owner) = self.park_for.take() {
+            self.park(line.as_bytes(), &owner);
+        }
+    }
+
+    fn dispatch(&mut self, request: Request<'_>, now: Instant) {
         match request {
             Request::Publish {
                 exchange,
                 routing_key,
                 body,
             } => {
-                self.publish(exchange, routing_key, body, now);
+                self.publish(exchange, routing_key, body, None, now);
+            }
+            Request::PublishFor {
+                owner,
+                exchange,
+                routing_key,
+                body,
+            } => {
+                self.publish(exchange, routing_key, body, Some(owner), now);
             }
             Request::PublishBatch {
                 exchange,
@@ -139,7 +156,7 @@ impl Session {
     fn command(&mut self, request: Request<'_>, now: Instant) {
         match request {
             Request::DeclareQueue { queue } => {
-                if !self.check(Op::DeclareQueue { queue }) {
+                if !self.check(Op::DeclareQueue { queue }) || !self.queue_at_home(queue) {
                     return;
                 }
                 let owner = self.policy.acl.queue_owner(queue).map(str::to_owned);
@@ -153,6 +170,10 @@ impl Session {
             }
             Request::DeclareExchange { exchange, kind } => {
                 if !self.check(Op::DeclareExchange { exchange }) {
+                    return;
+                }
+                if self.local.shared.cluster.is_some() {
+                    self.declare_exchange_in_cluster(exchange, kind);
                     return;
                 }
                 // The first receiver to declare it owns it; an admin's
@@ -172,7 +193,7 @@ impl Session {
                 exchange,
                 routing_key,
             } => {
-                if !self.check(Op::Bind { queue, routing_key }) {
+                if !self.check(Op::Bind { queue, routing_key }) || !self.queue_at_home(queue) {
                     return;
                 }
                 let change = TopologyChange::Bind {
@@ -188,7 +209,7 @@ impl Session {
                 exchange,
                 routing_key,
             } => {
-                if !self.check(Op::Unbind { queue, routing_key }) {
+                if !self.check(Op::Unbind { queue, routing_key }) || !self.queue_at_home(queue) {
                     return;
                 }
                 let change = TopologyChange::Unbind {
@@ -213,12 +234,12 @@ impl Session {
                 self.change_topology(change, format!("OK delete_exchange {exchange}"));
             }
             Request::PurgeQueue { queue } => {
-                if self.check(Op::PurgeQueue { queue }) {
+                if self.check(Op::PurgeQueue { queue }) && self.queue_at_home(queue) {
                     self.purge(queue, now);
                 }
             }
             Request::DeleteQueue { queue } => {
-                if self.check(Op::DeleteQueue { queue }) {
+                if self.check(Op::DeleteQueue { queue }) && self.queue_at_home(queue) {
                     self.delete_queue(queue);
                 }
             }
@@ -228,7 +249,7 @@ impl Session {
                 }
             }
             Request::Consume { queue, prefetch } => {
-                if !self.check(Op::Consume { queue }) {
+                if !self.check(Op::Consume { queue }) || !self.queue_at_home(queue) {
                     return;
                 }
                 let prefetch = prefetch.unwrap_or(self.local.shared.settings.default_prefetch);
@@ -237,7 +258,7 @@ impl Session {
                 self.consume(queue, prefetch, now);
             }
             Request::Fetch { queue, max } => {
-                if !self.check(Op::Fetch { queue }) {
+                if !self.check(Op::Fetch { queue }) || !self.queue_at_home(queue) {
                     return;
                 }
                 let held = self.tracker.len();
@@ -266,7 +287,8 @@ impl Session {
                 }
             }
             Request::Nack { message_id, queue } => {
-                if self.check(Op::Nack { queue }) {
+                let home = |s: &mut Session| queue.is_none_or(|q| s.queue_at_home(q));
+                if self.check(Op::Nack { queue }) && home(self) {
                     self.settle(message_id, queue, false, now);
                 }
             }
@@ -316,7 +338,10 @@ impl Session {
                     self.closing = true;
                 }
             }
-            Request::Publish { .. } | Request::PublishBatch { .. } => {
+            // Open to every role: they say where things are, nothing more.
+            Request::Nodes => self.nodes(),
+            Request::Locate { owner } => self.locate(owner),
+            Request::Publish { .. } | Request::PublishBatch { .. } | Request::PublishFor { .. } => {
                 unreachable_publish(self);
             }
         }
@@ -689,7 +714,14 @@ impl Session {
             "publish refused: invalid message: {}", ciphermq_proto::message::explain_refusal(body));
     }
 
-    fn publish(&mut self, exchange: &str, routing_key: &str, body: &str, now: Instant) {
+    fn publish(
+        &mut self,
+        exchange: &str,
+        routing_key: &str,
+        body: &str,
+        owner: Option<&str>,
+        now: Instant,
+    ) {
         let info = match inspect_message(body) {
             Ok(info) => info,
             Err(MessageError::Unreadable) => {
@@ -703,20 +735,31 @@ impl Session {
                 return;
             }
         };
-        self.publish_one(exchange, routing_key, &info, body, now);
+        self.publish_one(exchange, routing_key, &info, body, owner, false, now);
     }
 
+    /// One message of a `publish`, `publish_for` (`owner`: only that
+    /// owner's queues) or `publish_batch` (`in_batch`).
+    #[allow(clippy::too_many_arguments)]
     fn publish_one(
         &mut self,
         exchange: &str,
         routing_key: &str,
         info: &MessageInfo<'_>,
         body: &str,
+        owner: Option<&str>,
+        in_batch: bool,
         now: Instant,
     ) {
         let message_id: &str = &info.message_id;
         if let Err(reason) = self.admit(exchange, routing_key, info, body, now) {
             self.replies.nack(message_id, reason);
+            return;
+        }
+        let home_owner = owner.unwrap_or(&info.receiver_client_id);
+        if let PublishHome::Settled =
+            self.publish_home(home_owner, message_id, owner.is_some(), in_batch)
+        {
             return;
         }
         let route = Route {
@@ -729,15 +772,18 @@ impl Session {
             conn: self.conn,
             seq: self.replies.next_seq(),
         };
-        let status = self.local.with_shard(|shard| {
-            shard.publish(
+        let receiver: &str = &info.receiver_client_id;
+        let status = self.local.with_shard(|shard| match owner {
+            None => shard.publish(origin, exchange, routing_key, receiver, msg.clone(), now),
+            Some(owner) => shard.publish_for(
                 origin,
                 exchange,
                 routing_key,
-                &info.receiver_client_id,
-                Arc::clone(&msg),
+                receiver,
+                owner,
+                msg.clone(),
                 now,
-            )
+            ),
         });
         match status {
             PublishStatus::Done(outcome) => self.replies.publish(msg, outcome, 0, now),
@@ -774,7 +820,7 @@ impl Session {
         for element in elements {
             let text = element.get();
             match inspect_message(text) {
-                Ok(info) => self.publish_one(exchange, routing_key, &info, text, now),
+                Ok(info) => self.publish_one(exchange, routing_key, &info, text, None, true, now),
                 Err(MessageError::Unreadable) => {
                     self.log_refused_body(text, now);
                     self.replies.nack("-", NackReason::Invalid);

@@ -351,6 +351,7 @@ impl Connection {
         while !self.session.closing
             && *budget > 0
             && self.session.pending_replies.is_empty()
+            && self.session.parked.is_none()
             && self.session.replies.len() < max_pending
             && self.session.replies.held_bytes() < max_pending_bytes
             && self.tls.outgoing_len() < OUTPUT_HIGH_WATER

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use ciphermq_pgbridge::PublicKeyStore;
 use ciphermq_shard::{Quotas, Shard, TopologyStore};
 
+use crate::cluster::{ClusterNode, Placements, Residence};
 use crate::config::Config;
 use crate::identity::IdentityRule;
 use crate::policy::{Policy, PolicyStore};
@@ -140,6 +141,8 @@ pub struct Shared {
     /// Each shard's heartbeat and, once stopping, what its drain waits for:
     /// read by the systemd watchdog and `ciphermq-broker`'s shutdown.
     pub pulses: Arc<Pulses>,
+    /// This broker's part in a cluster, with `cluster.enabled`.
+    pub cluster: Option<Arc<ClusterNode>>,
 }
 
 /// One shard's state, owned by its executor thread.
@@ -163,6 +166,9 @@ pub struct ShardLocal {
     pub serving: Serving,
     /// The `[tls]` this shard's handshakes last used, and its version.
     tls: RefCell<(u64, Arc<TlsMaterial>)>,
+    /// The cluster's placement snapshot this shard last read, and its
+    /// version (empty outside a cluster).
+    placements: RefCell<(u64, Arc<Placements>)>,
 }
 
 impl ShardLocal {
@@ -170,8 +176,13 @@ impl ShardLocal {
     /// no rate-limit buckets yet, an empty staging buffer.
     pub fn new(shard: Shard, shared: Arc<Shared>, stats: Arc<ShardStats>) -> ShardLocal {
         let tls = RefCell::new(shared.tls.current());
+        let placements = match &shared.cluster {
+            Some(cluster) => cluster.view().current(),
+            None => (0, Arc::default()),
+        };
         ShardLocal {
             tls,
+            placements: RefCell::new(placements),
             shard: RefCell::new(shard),
             limiters: RefCell::new((0, HashMap::new())),
             shared,
@@ -192,6 +203,22 @@ impl ShardLocal {
             *cached = self.shared.tls.current();
         }
         (cached.1.server.clone(), cached.1.identity.clone())
+    }
+
+    /// Where `owner` lives, from this node's point of view: always here
+    /// outside a cluster. One atomic load, and the snapshot's lock only
+    /// after a placement changed.
+    #[inline]
+    pub fn residence(&self, owner: &str) -> Residence {
+        let Some(cluster) = &self.shared.cluster else {
+            return Residence::Here;
+        };
+        let version = cluster.view().version();
+        let mut cached = self.placements.borrow_mut();
+        if cached.0 != version {
+            *cached = cluster.view().current();
+        }
+        cached.1.residence(owner, cluster.node_id())
     }
 
     /// Waits until `has_work(shard)`, registering the calling task with

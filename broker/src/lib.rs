@@ -63,6 +63,7 @@ mod admin_view;
 pub mod backlog_reader;
 pub mod chores;
 pub mod closures;
+pub mod cluster;
 mod commands;
 pub mod committer;
 pub mod config;

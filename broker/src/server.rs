@@ -94,6 +94,9 @@ pub enum StartError {
     /// The admin endpoint could not start (names `admin.address`).
     #[error(transparent)]
     Admin(#[from] AdminError),
+    /// The node could not join its cluster.
+    #[error(transparent)]
+    Cluster(#[from] crate::cluster::ClusterStartError),
 }
 
 impl From<StorageError> for StartError {
@@ -164,6 +167,9 @@ impl BrokerHandle {
         self.shared.stats.set_lifecycle(Lifecycle::Stopping);
         if let Some(admin) = self.admin {
             admin.shutdown();
+        }
+        if let Some(cluster) = &self.shared.cluster {
+            cluster.stop();
         }
         // The admin thread is gone, so this is the last handle (were it not,
         // dropping the last one would stop the bridge the same way).
@@ -362,6 +368,15 @@ pub fn start(config: &Config) -> Result<BrokerHandle, StartError> {
     if let Err(e) = crate::nudge::spawn(&shared.pulses, shared.stats.shards().to_vec()) {
         tracing::warn!(error = %e, "no thread for waking sleeping shards; a shard may sleep up to a second with work waiting");
     }
+    if let Some(cluster) = &shared.cluster {
+        if let Err(e) = cluster.start(addr, &shared) {
+            shutdown.trigger();
+            for t in threads {
+                let _ = t.join();
+            }
+            return Err(e.into());
+        }
+    }
     tracing::info!(%addr, shards, "CipherMQ broker listening");
     let bridge = storage.bridge.map(Arc::new);
     let admin = match admin_listener {
@@ -425,6 +440,7 @@ pub(crate) fn shared_state(
         config_file: OnceLock::new(),
         reloading: Mutex::new(()),
         pulses: Arc::new(Pulses::new(shards)),
+        cluster: crate::cluster::ClusterNode::from_config(config),
     });
     // Bindings follow the ACL: those it does not allow go now, and on reload.
     shared.policy.guard_bindings(&shared.topology);

@@ -56,6 +56,23 @@ pub(crate) struct Session {
     /// What the command executed last weighs, in messages it may move
     /// (see [`Session::execute`]).
     pub(crate) weight: usize,
+    /// A command waiting for its owner to be placed in the cluster: no
+    /// later command runs before it runs again.
+    pub(crate) parked: Option<Parked>,
+    /// The command running is a parked one's second run: an owner still
+    /// unplaced is answered, not parked again.
+    pub(crate) rerun: bool,
+    /// Set by a command that must wait for this owner's placement.
+    pub(crate) park_for: Option<String>,
+}
+
+/// A command line set aside until `ready` (its owner placed, or the wait
+/// given up), then executed again.
+pub(crate) struct Parked {
+    /// The request line, without its newline.
+    pub(crate) line: Box<[u8]>,
+    /// Resolves when it may run again.
+    pub(crate) ready: Pin<Box<dyn Future<Output = ()>>>,
 }
 
 /// Why a session must end at once.
@@ -101,6 +118,9 @@ impl Session {
             ticket,
             seen_closures,
             weight: 1,
+            parked: None,
+            rerun: false,
+            park_for: None,
         };
         (session, mailbox)
     }
@@ -171,9 +191,24 @@ impl Session {
         }
     }
 
-    /// Fills the reply slots whose off-shard work has finished; true when
-    /// any was.
+    /// Fills the reply slots whose off-shard work has finished, and runs a
+    /// parked command again once it may; true when any was.
     pub(crate) fn poll_pending_replies(&mut self, cx: &mut Context<'_>) -> bool {
+        let mut progress = false;
+        if let Some(parked) = self.parked.as_mut() {
+            if parked.ready.as_mut().poll(cx).is_ready() {
+                if let Some(parked) = self.parked.take() {
+                    self.rerun = true;
+                    self.execute(&parked.line);
+                    self.rerun = false;
+                    progress = true;
+                }
+            }
+        }
+        progress | self.poll_replies(cx)
+    }
+
+    fn poll_replies(&mut self, cx: &mut Context<'_>) -> bool {
         let before = self.pending_replies.len();
         let replies = &mut self.replies;
         self.pending_replies

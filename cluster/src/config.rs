@@ -71,7 +71,7 @@ impl PgCoordinatorConfig {
     }
 
     /// Refuses a schema name that is not a plain lowercase identifier.
-    pub(crate) fn check_schema(&self) -> Result<(), ClusterError> {
+    pub fn check_schema(&self) -> Result<(), ClusterError> {
         let name = &self.schema;
         let bad = |why| {
             Err(ClusterError::BadSchemaName {

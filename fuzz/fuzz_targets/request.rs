@@ -77,6 +77,12 @@ fn check(line: &str) {
         }
         Request::RegisterPublicKey { key_b64 } => assert!(!key_b64.is_empty()),
         Request::GetPublicKey { client_id } => assert!(is_valid_name(client_id)),
-        Request::Resend | Request::Heartbeat | Request::Quit => {}
+        Request::Locate { owner } => assert!(is_valid_name(owner)),
+        Request::PublishFor { owner, body, .. } => {
+            assert!(is_valid_name(owner));
+            assert!(!body.is_empty());
+            let _ = inspect_message(body);
+        }
+        Request::Resend | Request::Heartbeat | Request::Quit | Request::Nodes => {}
     }
 }

@@ -175,6 +175,27 @@ pub enum Request<'a> {
     Heartbeat,
     /// `quit`
     Quit,
+    /// `nodes`: the live nodes of the cluster.
+    Nodes,
+    /// `locate <owner>`: the node an owner lives on (placing it if it has
+    /// none yet).
+    Locate {
+        /// The owner (a client id).
+        owner: &'a str,
+    },
+    /// `publish_for <owner> <e> <key> <json>`: a publish that stores only
+    /// into `owner`'s queues, for bindings that reach owners on several
+    /// nodes.
+    PublishFor {
+        /// The owner whose queues alone may take it (checked here).
+        owner: &'a str,
+        /// Exchange name, unchecked.
+        exchange: &'a str,
+        /// Routing key, unchecked.
+        routing_key: &'a str,
+        /// The JSON body, unchecked.
+        body: &'a str,
+    },
 }
 
 impl Request<'_> {
@@ -201,6 +222,9 @@ impl Request<'_> {
             Request::GetPublicKey { .. } => "get_public_key",
             Request::Heartbeat => "heartbeat",
             Request::Quit => "quit",
+            Request::Nodes => "nodes",
+            Request::Locate { .. } => "locate",
+            Request::PublishFor { .. } => "publish_for",
         }
     }
 }
@@ -260,6 +284,9 @@ const USAGE_REGISTER: &str = "register_public_key <base64>";
 const USAGE_GET_KEY: &str = "get_public_key <client_id>";
 const USAGE_HEARTBEAT: &str = "heartbeat";
 const USAGE_QUIT: &str = "quit";
+const USAGE_NODES: &str = "nodes";
+const USAGE_LOCATE: &str = "locate <owner>";
+const USAGE_PUBLISH_FOR: &str = "publish_for <owner> <exchange> <routing_key> <json>";
 
 /// Splits off the next argument at a single space (several spaces count as one).
 fn next_arg(rest: &str) -> (&str, &str) {
@@ -394,6 +421,27 @@ impl<'a> Request<'a> {
             "heartbeat" => {
                 no_args(rest, USAGE_HEARTBEAT)?;
                 Request::Heartbeat
+            }
+            "publish_for" => {
+                let (owner, rest) = next_arg(rest);
+                let owner = name(owner, "client id", USAGE_PUBLISH_FOR)?;
+                let (exchange, routing_key, body) = publish_parts(rest)?;
+                Request::PublishFor {
+                    owner,
+                    exchange,
+                    routing_key,
+                    body,
+                }
+            }
+            "nodes" => {
+                no_args(rest, USAGE_NODES)?;
+                Request::Nodes
+            }
+            "locate" => {
+                let [owner] = args::<1>(rest, USAGE_LOCATE)?;
+                Request::Locate {
+                    owner: name(owner, "client id", USAGE_LOCATE)?,
+                }
             }
             "consume" => {
                 let [queue, prefetch] = args::<2>(rest, USAGE_CONSUME)?;
@@ -670,6 +718,39 @@ mod tests {
         );
         assert_eq!(Request::parse("heartbeat"), Ok(Request::Heartbeat));
         assert_eq!(Request::parse("quit\r"), Ok(Request::Quit));
+        assert_eq!(Request::parse("nodes"), Ok(Request::Nodes));
+        assert_eq!(
+            Request::parse("locate receiver_1"),
+            Ok(Request::Locate {
+                owner: "receiver_1"
+            })
+        );
+        assert_eq!(
+            Request::parse(r#"publish_for receiver_1 ex receiver_1 {"a": 1}"#),
+            Ok(Request::PublishFor {
+                owner: "receiver_1",
+                exchange: "ex",
+                routing_key: "receiver_1",
+                body: r#"{"a": 1}"#,
+            })
+        );
+        assert_eq!(Request::parse("nodes x"), Err(ParseError::Usage("nodes")));
+        assert_eq!(
+            Request::parse("locate"),
+            Err(ParseError::Usage("locate <owner>"))
+        );
+        assert_eq!(
+            Request::parse("locate a b"),
+            Err(ParseError::Usage("locate <owner>"))
+        );
+        assert_eq!(
+            Request::parse("publish_for bad/name ex k {}"),
+            Err(ParseError::InvalidName { what: "client id" })
+        );
+        assert_eq!(
+            Request::parse("publish_for r ex k"),
+            Err(ParseError::InvalidMessage)
+        );
     }
 
     #[test]

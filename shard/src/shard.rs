@@ -761,13 +761,55 @@ impl Shard {
         msg: Arc<Message>,
         now: Instant,
     ) -> PublishStatus {
+        self.publish_scoped(origin, exchange, routing_key, receiver, None, msg, now)
+    }
+
+    /// [`Shard::publish`] into the queues of one owner only (`publish_for`
+    /// in a cluster: bindings that reach owners on several nodes are
+    /// served one owner at a time, each on its node); no such queue
+    /// matching is `no_route`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn publish_for(
+        &mut self,
+        origin: Origin,
+        exchange: &str,
+        routing_key: &str,
+        receiver: &str,
+        owner: &str,
+        msg: Arc<Message>,
+        now: Instant,
+    ) -> PublishStatus {
+        self.publish_scoped(
+            origin,
+            exchange,
+            routing_key,
+            receiver,
+            Some(owner),
+            msg,
+            now,
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    fn publish_scoped(
+        &mut self,
+        origin: Origin,
+        exchange: &str,
+        routing_key: &str,
+        receiver: &str,
+        owner: Option<&str>,
+        msg: Arc<Message>,
+        now: Instant,
+    ) -> PublishStatus {
         let mut targets = std::mem::take(&mut self.targets);
         targets.clear();
-        let exists = self
-            .topology
-            .current()
-            .route(exchange, routing_key, &mut targets);
+        let topology = self.topology.current();
+        let exists = topology.route(exchange, routing_key, &mut targets);
         targets.retain(|t| t.admits(receiver));
+        if let Some(owner) = owner {
+            targets.retain(|t| topology.queue(&t.queue).is_some_and(|q| &*q.owner == owner));
+        }
         if !exists || targets.is_empty() {
             self.targets = targets;
             return PublishStatus::Done(Err(NackReason::NoRoute));

@@ -1,0 +1,266 @@
+//! This broker as one node of a cluster (`[cluster] enabled = true`):
+//! owners (a receiver with its queues, bindings and dedup state) live on
+//! one node each, placed through the coordinator in PostgreSQL, and a
+//! client that reaches the wrong node is told where to go.
+//!
+//! - [`ClusterNode`]: what sessions ask of the cluster. Where an owner
+//!   lives is read from the placement snapshot ([`view`]) with one atomic
+//!   load, so a publish never waits on PostgreSQL; only the first command
+//!   for an owner no node holds yet waits for its placement.
+//! - `link`: the coordinator thread. It registers the node, heartbeats,
+//!   polls placement changes, nodes and the exchange catalogue into the
+//!   snapshot and the topology, and runs the sessions' requests (place an
+//!   owner, declare an exchange) one at a time.
+//!
+//! If PostgreSQL is unreachable the node keeps serving what its snapshot
+//! says; placements do not change until it is back, and its return changes
+//! nothing by itself (docs/CLUSTER.md).
+
+mod link;
+pub mod view;
+
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::time::Duration;
+
+use ciphermq_cluster::{ClusterError, PgCoordinatorConfig};
+use ciphermq_proto::ExchangeKind;
+use tokio::sync::oneshot;
+
+use crate::config::Config;
+use crate::context::Shared;
+pub use view::{Home, PlacementView, Placements, Residence};
+
+/// How long a session waits for the coordinator (a placement, an exchange
+/// declaration) before it answers that the cluster is unavailable.
+pub const COORDINATOR_WAIT: Duration = Duration::from_secs(5);
+
+/// Why a cluster node could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterStartError {
+    /// PostgreSQL could not be reached, or refused the cluster tables.
+    #[error("{0} (cluster.enabled needs the PostgreSQL of [database])")]
+    Coordinator(#[from] ClusterError),
+    /// `cluster.advertise` is empty and the bound address is no place to
+    /// send clients.
+    #[error("cluster.advertise: empty, and the listener bound {0}, which clients elsewhere cannot reach: set advertise to the address clients use for this node")]
+    NoAdvertise(String),
+    /// The coordinator thread could not be started, or stopped at once.
+    #[error("cluster coordinator thread: {0}")]
+    Thread(String),
+}
+
+/// What the coordinator thread tells the rest of the broker, for the admin
+/// endpoint and metrics.
+#[derive(Debug, Default)]
+pub struct LinkStatus {
+    /// Its last call to PostgreSQL succeeded.
+    pub connected: AtomicBool,
+    /// Calls made to the coordinator, ever.
+    pub calls: AtomicU64,
+    /// Calls that failed, ever.
+    pub failures: AtomicU64,
+    /// The node's registration was taken over by another process (a
+    /// heartbeat was fenced): this process no longer speaks for the node.
+    pub fenced: AtomicBool,
+    /// This start's incarnation (0 until registered).
+    pub incarnation: AtomicU64,
+}
+
+/// One request a session hands the coordinator thread.
+pub(crate) enum Job {
+    /// Place `owner` here unless a node holds it; answered once the
+    /// snapshot has the placement.
+    Place {
+        owner: String,
+        reply: oneshot::Sender<Result<(), String>>,
+    },
+    /// Declare an exchange in the cluster's catalogue; answers the stored
+    /// row (the first declaration's).
+    DeclareExchange {
+        name: String,
+        kind: ExchangeKind,
+        declarer: String,
+        reply: oneshot::Sender<Result<ciphermq_cluster::Exchange, String>>,
+    },
+    /// End the thread.
+    Stop,
+}
+
+/// This node's part in the cluster, shared by every shard.
+pub struct ClusterNode {
+    node_id: Arc<str>,
+    advertise: OnceLock<Arc<str>>,
+    view: PlacementView,
+    status: LinkStatus,
+    jobs: crossbeam_channel::Sender<Job>,
+    receiver: Mutex<Option<crossbeam_channel::Receiver<Job>>>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    coordinator: PgCoordinatorConfig,
+    lease: Duration,
+    connect_timeout: Duration,
+}
+
+impl std::fmt::Debug for ClusterNode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterNode")
+            .field("node_id", &self.node_id)
+            .field("advertise", &self.advertise.get())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ClusterNode {
+    /// The node `config` describes, when `cluster.enabled`; not yet linked
+    /// to the coordinator (see [`ClusterNode::start`]).
+    pub fn from_config(config: &Config) -> Option<Arc<ClusterNode>> {
+        let c = &config.cluster;
+        if !c.enabled {
+            return None;
+        }
+        let d = &config.database;
+        let coordinator = PgCoordinatorConfig {
+            host: d.host.clone(),
+            port: d.port,
+            user: d.user.clone(),
+            password: config.resolve_db_password().ok().flatten(),
+            dbname: d.dbname.clone(),
+            schema: c.schema.clone(),
+            connect_timeout: Duration::from_secs(d.connect_timeout_secs.clamp(1, 10)),
+        };
+        // Bounded: a session waits at most COORDINATOR_WAIT for an answer,
+        // and a full queue is answered as the coordinator being busy.
+        let (jobs, receiver) = crossbeam_channel::bounded(4096);
+        let advertise = OnceLock::new();
+        if !c.advertise.is_empty() {
+            let _ = advertise.set(Arc::from(c.advertise.as_str()));
+        }
+        Some(Arc::new(ClusterNode {
+            node_id: Arc::from(c.node_id.as_str()),
+            advertise,
+            view: PlacementView::default(),
+            status: LinkStatus::default(),
+            jobs,
+            receiver: Mutex::new(Some(receiver)),
+            thread: Mutex::new(None),
+            coordinator,
+            lease: Duration::from_secs(c.lease_secs),
+            connect_timeout: Duration::from_secs(d.connect_timeout_secs),
+        }))
+    }
+
+    /// This node's id.
+    pub fn node_id(&self) -> &Arc<str> {
+        &self.node_id
+    }
+
+    /// Where clients are sent for this node (known once started).
+    pub fn advertise(&self) -> Option<&str> {
+        self.advertise.get().map(|a| &**a)
+    }
+
+    /// The placement snapshot.
+    pub fn view(&self) -> &PlacementView {
+        &self.view
+    }
+
+    /// The coordinator thread's state.
+    pub fn status(&self) -> &LinkStatus {
+        &self.status
+    }
+
+    /// Joins the cluster: connects to PostgreSQL (trying for
+    /// `database.connect_timeout_secs`), registers this node at its
+    /// advertised address (`bound` when `cluster.advertise` is empty),
+    /// loads the placements and starts the coordinator thread. Returns once
+    /// the snapshot is loaded, so no owner this node holds is answered as
+    /// unplaced.
+    pub fn start(
+        self: &Arc<Self>,
+        bound: std::net::SocketAddr,
+        shared: &Arc<Shared>,
+    ) -> Result<(), ClusterStartError> {
+        if self.advertise.get().is_none() {
+            if bound.ip().is_unspecified() {
+                return Err(ClusterStartError::NoAdvertise(bound.to_string()));
+            }
+            let _ = self.advertise.set(Arc::from(bound.to_string()));
+        }
+        let receiver = self
+            .receiver
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+            .ok_or_else(|| ClusterStartError::Thread("started twice".to_owned()))?;
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let node = self.clone();
+        let shared = Arc::downgrade(shared);
+        let handle = std::thread::Builder::new()
+            .name("cluster-link".to_owned())
+            .spawn(move || link::run(node, shared, receiver, ready_tx))
+            .map_err(|e| ClusterStartError::Thread(e.to_string()))?;
+        *self.thread.lock().unwrap_or_else(PoisonError::into_inner) = Some(handle);
+        match ready_rx.recv() {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => {
+                self.stop();
+                Err(e)
+            }
+            Err(_) => {
+                self.stop();
+                Err(ClusterStartError::Thread("ended before joining".to_owned()))
+            }
+        }
+    }
+
+    /// Stops the coordinator thread (the node stays registered: a restart
+    /// within `cluster.lease_secs` keeps its owners).
+    pub fn stop(&self) {
+        let _ = self.jobs.try_send(Job::Stop);
+        let handle = self
+            .thread
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(handle) = handle {
+            let _ = handle.join();
+        }
+    }
+
+    /// Asks for `owner` to be placed (here unless a node holds it); the
+    /// answer comes once the snapshot has it.
+    pub(crate) fn place(&self, owner: &str) -> oneshot::Receiver<Result<(), String>> {
+        let (reply, answer) = oneshot::channel();
+        let job = Job::Place {
+            owner: owner.to_owned(),
+            reply,
+        };
+        self.send(job);
+        answer
+    }
+
+    /// Declares an exchange in the catalogue; answers the stored row.
+    pub(crate) fn declare_exchange(
+        &self,
+        name: &str,
+        kind: ExchangeKind,
+        declarer: &str,
+    ) -> oneshot::Receiver<Result<ciphermq_cluster::Exchange, String>> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Job::DeclareExchange {
+            name: name.to_owned(),
+            kind,
+            declarer: declarer.to_owned(),
+            reply,
+        });
+        answer
+    }
+
+    /// Hands a job to the thread; one that cannot be queued is dropped,
+    /// which its asker sees as the coordinator being unavailable.
+    fn send(&self, job: Job) {
+        if self.jobs.try_send(job).is_err() {
+            tracing::warn!("cluster coordinator busy: a request was refused");
+        }
+    }
+}

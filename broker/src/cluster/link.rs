@@ -1,0 +1,285 @@
+//! The coordinator thread: the node's only link to PostgreSQL. It joins the
+//! cluster, then loops: sessions' requests as they come, and every
+//! [`POLL`] a tick that heartbeats (every third of the lease), reads
+//! placement changes newer than the last version seen, and, every
+//! [`REFRESH`], the live nodes and the exchange catalogue.
+//!
+//! The statements it runs do not depend on the publish rate: a tick is at
+//! most four statements, whatever the traffic. A failed call is logged (at
+//! most once per outage) and the snapshot kept; the next tick tries again.
+
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::Sender;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use ciphermq_cluster::{ClusterError, Coordinator, PgCoordinator};
+use ciphermq_proto::ExchangeKind;
+use ciphermq_shard::topology::TopologyChange;
+use crossbeam_channel::{Receiver, RecvTimeoutError};
+
+use super::{ClusterNode, ClusterStartError, Job};
+use crate::acl::Role;
+use crate::context::Shared;
+
+/// How often placement changes are polled.
+const POLL: Duration = Duration::from_millis(200);
+
+/// How often the node list and the exchange catalogue are read again: an
+/// exchange declared on one node is usable on every node within it.
+const REFRESH: Duration = Duration::from_millis(500);
+
+/// Pause between connection attempts while joining.
+const RETRY: Duration = Duration::from_millis(250);
+
+/// The thread's state.
+struct Link {
+    node: Arc<ClusterNode>,
+    shared: Weak<Shared>,
+    coordinator: PgCoordinator,
+    incarnation: u64,
+    /// The highest placement version applied.
+    version: u64,
+    last_heartbeat: Instant,
+    last_refresh: Instant,
+    /// Whether the last call failed, so an outage is logged once.
+    failing: bool,
+}
+
+/// Joins the cluster, reports on `ready`, then serves until [`Job::Stop`]
+/// or until every sender is gone.
+pub(super) fn run(
+    node: Arc<ClusterNode>,
+    shared: Weak<Shared>,
+    jobs: Receiver<Job>,
+    ready: Sender<Result<(), ClusterStartError>>,
+) {
+    let mut link = match Link::join(node, shared) {
+        Ok(link) => link,
+        Err(e) => {
+            let _ = ready.send(Err(e));
+            return;
+        }
+    };
+    let _ = ready.send(Ok(()));
+    let mut next_tick = Instant::now() + POLL;
+    loop {
+        let wait = next_tick.saturating_duration_since(Instant::now());
+        match jobs.recv_timeout(wait) {
+            Ok(Job::Stop) | Err(RecvTimeoutError::Disconnected) => break,
+            Ok(job) => link.serve(job),
+            Err(RecvTimeoutError::Timeout) => {}
+        }
+        if Instant::now() >= next_tick {
+            link.tick();
+            next_tick = Instant::now() + POLL;
+        }
+    }
+    tracing::info!(node_id = %link.node.node_id, "cluster coordinator link stopped");
+}
+
+impl Link {
+    /// Connects (retrying until `database.connect_timeout_secs`), registers
+    /// and loads the snapshot; claims the owners whose queues this node's
+    /// disk holds.
+    fn join(node: Arc<ClusterNode>, shared: Weak<Shared>) -> Result<Link, ClusterStartError> {
+        let deadline = Instant::now() + node.connect_timeout;
+        let coordinator = loop {
+            match PgCoordinator::connect(node.coordinator.clone()) {
+                Ok(c) => break c,
+                Err(e @ ClusterError::Connect { .. }) if Instant::now() < deadline => {
+                    tracing::debug!(error = %e, "cluster coordinator: retrying");
+                    std::thread::sleep(RETRY);
+                }
+                Err(e) => return Err(e.into()),
+            }
+        };
+        let advertise = node.advertise().unwrap_or_default().to_owned();
+        let incarnation = coordinator.register(&node.node_id, &advertise)?;
+        node.status
+            .incarnation
+            .store(incarnation, Ordering::Relaxed);
+        node.status.connected.store(true, Ordering::Relaxed);
+        let now = Instant::now();
+        let mut link = Link {
+            node,
+            shared,
+            coordinator,
+            incarnation,
+            version: 0,
+            last_heartbeat: now,
+            last_refresh: now,
+            failing: false,
+        };
+        let changes = link.coordinator.placements_since(0)?;
+        link.node.view.apply(&changes.placements);
+        link.version = changes.version;
+        let nodes = link.coordinator.nodes()?;
+        link.node.view.set_nodes(&nodes);
+        link.sync_exchanges()?;
+        link.claim_local_owners();
+        tracing::info!(
+            node_id = %link.node.node_id,
+            advertise = %advertise,
+            incarnation,
+            placements = link.node.view.current().1.len(),
+            nodes = nodes.len(),
+            "joined the cluster"
+        );
+        Ok(link)
+    }
+
+    /// Counts a call and logs the first failure of an outage (and its end).
+    fn note<T>(&mut self, what: &str, result: Result<T, ClusterError>) -> Option<T> {
+        let status = &self.node.status;
+        status.calls.fetch_add(1, Ordering::Relaxed);
+        match result {
+            Ok(value) => {
+                if self.failing {
+                    tracing::info!(node_id = %self.node.node_id, "cluster coordinator reachable again");
+                    self.failing = false;
+                }
+                status.connected.store(true, Ordering::Relaxed);
+                Some(value)
+            }
+            Err(e) => {
+                status.failures.fetch_add(1, Ordering::Relaxed);
+                if matches!(e, ClusterError::Connect { .. } | ClusterError::Query { .. }) {
+                    status.connected.store(false, Ordering::Relaxed);
+                }
+                if !self.failing {
+                    tracing::warn!(node_id = %self.node.node_id, error = %e,
+                        "cluster coordinator: cannot {what}; serving the owners this node holds, placements unchanged until it is back");
+                    self.failing = true;
+                }
+                None
+            }
+        }
+    }
+
+    fn serve(&mut self, job: Job) {
+        match job {
+            Job::Place { owner, reply } => {
+                let placed = self.coordinator.place(&owner, &self.node.node_id);
+                let answer = match &placed {
+                    Ok(p) => {
+                        self.node.view.apply(std::slice::from_ref(p));
+                        if *p.node_id == *self.node.node_id && p.epoch == 1 {
+                            tracing::info!(owner = %p.owner, node_id = %p.node_id, "owner placed on this node");
+                        }
+                        Ok(())
+                    }
+                    Err(e) => Err(e.to_string()),
+                };
+                self.note("place an owner", placed);
+                let _ = reply.send(answer);
+            }
+            Job::DeclareExchange {
+                name,
+                kind,
+                declarer,
+                reply,
+            } => {
+                let declared = self
+                    .coordinator
+                    .declare_exchange(&name, kind.as_str(), &declarer);
+                let answer = match &declared {
+                    // Worded as on a broker of its own.
+                    Err(ClusterError::ExchangeKindConflict {
+                        name, stored_kind, ..
+                    }) => Err(format!("exchange {name} exists with type {stored_kind}")),
+                    other => other.clone().map_err(|e| e.to_string()),
+                };
+                self.note("declare an exchange", declared);
+                let _ = reply.send(answer);
+            }
+            Job::Stop => {}
+        }
+    }
+
+    fn tick(&mut self) {
+        let now = Instant::now();
+        if now.duration_since(self.last_heartbeat) >= self.node.lease / 3 {
+            let beat = self
+                .coordinator
+                .heartbeat(&self.node.node_id, self.incarnation);
+            if let Err(e @ ClusterError::Fenced { .. }) = &beat {
+                if !self.node.status.fenced.swap(true, Ordering::Relaxed) {
+                    tracing::error!(node_id = %self.node.node_id, error = %e,
+                        "this node's id was registered by another process: stop this broker, or give one of them another cluster.node_id");
+                }
+            }
+            if self.note("record a heartbeat", beat).is_some() {
+                self.last_heartbeat = now;
+            }
+        }
+        let changes = self.coordinator.placements_since(self.version);
+        if let Some(changes) = self.note("read placement changes", changes) {
+            self.node.view.apply(&changes.placements);
+            self.version = changes.version.max(self.version);
+        }
+        if now.duration_since(self.last_refresh) >= REFRESH {
+            self.last_refresh = now;
+            let nodes = self.coordinator.nodes();
+            if let Some(nodes) = self.note("list the nodes", nodes) {
+                self.node.view.set_nodes(&nodes);
+            }
+            let synced = self.sync_exchanges();
+            self.note("read the exchange catalogue", synced);
+        }
+    }
+
+    /// Declares here every catalogued exchange this node's topology lacks,
+    /// owned by its declarer when that is a receiver.
+    fn sync_exchanges(&mut self) -> Result<(), ClusterError> {
+        let catalogue = self.coordinator.exchanges()?;
+        let Some(shared) = self.shared.upgrade() else {
+            return Ok(());
+        };
+        let topology = shared.topology.snapshot();
+        let policy = shared.policy.current();
+        for exchange in catalogue {
+            if topology.exchange(&exchange.name).is_some() {
+                continue;
+            }
+            let Some(kind) = ExchangeKind::parse(&exchange.kind) else {
+                continue;
+            };
+            let owner = (policy.acl.role_of(&exchange.owner) == Role::Receiver)
+                .then(|| exchange.owner.clone());
+            let change = TopologyChange::DeclareExchange {
+                name: exchange.name.clone(),
+                kind,
+                owner,
+            };
+            if let Err(e) = futures_lite::future::block_on(shared.topology.submit(change)) {
+                tracing::warn!(exchange = %exchange.name, error = %e,
+                    "cluster: exchange from the catalogue not declared on this node");
+            }
+        }
+        Ok(())
+    }
+
+    /// Places here the owners of queues this node's disk holds that no node
+    /// holds yet (a broker joining a cluster with data), and warns about
+    /// those another node holds.
+    fn claim_local_owners(&mut self) {
+        let Some(shared) = self.shared.upgrade() else {
+            return;
+        };
+        let topology = shared.topology.snapshot();
+        let mut owners: Vec<String> = topology.queues().map(|q| q.owner.to_string()).collect();
+        owners.sort_unstable();
+        owners.dedup();
+        for owner in owners {
+            let placed = self.coordinator.place(&owner, &self.node.node_id);
+            if let Some(p) = self.note("place an owner", placed) {
+                if *p.node_id != *self.node.node_id {
+                    tracing::warn!(owner = %owner, node_id = %p.node_id,
+                        "this node's disk holds queues of an owner placed on another node: they are not served here");
+                }
+                self.node.view.apply(std::slice::from_ref(&p));
+            }
+        }
+    }
+}

@@ -1,0 +1,281 @@
+//! A cluster of three real brokers on loopback, coordinated by the real
+//! PostgreSQL: owners live on the node of their first command, every other
+//! node redirects to it with the exact lines of the protocol, nothing is
+//! stored on a node that does not hold the owner, and an exchange declared
+//! on one node is usable on every node.
+
+mod common;
+
+use std::time::Duration;
+
+use common::pg::TestDb;
+use common::{ask, body, check, connect_as, expect, next_delivery, setup_receiver, TestBroker};
+
+const AES_KEY: &str = "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=";
+
+/// A node of the cluster kept in `db`, with `shards` shards.
+fn node(db: &TestDb, node_id: &str, shards: usize) -> TestBroker {
+    // The coordinator's link does not speak TLS yet, and a node refuses a
+    // config that asks for it: this test pins the plaintext link.
+    let extra = format!(
+        "{}\n[cluster]\nenabled = true\nnode_id = \"{node_id}\"\nlease_secs = 5\n",
+        db.config_with_tls(AES_KEY, "disable", None)
+    );
+    TestBroker::start_with(shards, &extra)
+}
+
+/// Asks `cmd` until the reply is `want` (the nodes' snapshots catch up
+/// with the coordinator within a second), failing after 20 s.
+async fn ask_until(conn: &mut ciphermq_clients::connection::Connection, cmd: &str, want: &str) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let got = ask(conn, cmd).await;
+        if got == want {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{cmd}: still {got:?}, want {want:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn owners_live_where_they_first_connected_and_other_nodes_redirect_there() {
+    let db = TestDb::create().await;
+    let a = node(&db, "node-a", 1);
+    let b = node(&db, "node-b", 2);
+    let c = node(&db, "node-c", 1);
+    let all = format!(
+        "OK nodes node-a@{} node-b@{} node-c@{}",
+        a.addr, b.addr, c.addr
+    );
+
+    // Every node lists every live node, sorted by id, whoever asks.
+    for (broker, cn) in [(&a, "sender_1"), (&b, "receiver_2"), (&c, "admin")] {
+        let mut conn = connect_as(broker, cn).await;
+        ask_until(&mut conn, "nodes", &all).await;
+    }
+
+    // receiver_1 starts on node-a, receiver_2 on node-b: their first
+    // commands place them there (epoch 1).
+    let mut r1 = connect_as(&a, "receiver_1").await;
+    setup_receiver(&mut r1, "receiver_1").await;
+    let mut r2 = connect_as(&b, "receiver_2").await;
+    setup_receiver(&mut r2, "receiver_2").await;
+    let at_a = format!("receiver_1 node-a {} 1", a.addr);
+    let at_b = format!("receiver_2 node-b {} 1", b.addr);
+
+    // Any node says where they are.
+    let mut sender_c = connect_as(&c, "sender_1").await;
+    check(
+        &mut sender_c,
+        "locate receiver_1",
+        &format!("OK locate {at_a}"),
+    )
+    .await;
+    check(
+        &mut sender_c,
+        "locate receiver_2",
+        &format!("OK locate {at_b}"),
+    )
+    .await;
+    check(&mut r1, "locate receiver_1", &format!("OK locate {at_a}")).await;
+
+    // A receiver on the wrong node is sent to its own, whatever it asks
+    // about its resources.
+    let mut r1_on_b = connect_as(&b, "receiver_1").await;
+    let moved = format!("Error: moved {at_a}");
+    for cmd in [
+        "declare_queue receiver_1_queue",
+        "declare_queue receiver_1_other",
+        "bind receiver_1_queue ex receiver_1",
+        "unbind receiver_1_queue ex receiver_1",
+        "consume receiver_1_queue",
+        "fetch receiver_1_queue 5",
+        "purge_queue receiver_1_queue",
+        "delete_queue receiver_1_queue",
+        "nack some-id receiver_1_queue",
+    ] {
+        check(&mut r1_on_b, cmd, &moved).await;
+    }
+    // The ACL still comes first: another receiver's queue is denied, not
+    // redirected.
+    let denied = ask(&mut r1_on_b, "consume receiver_2_queue").await;
+    assert!(denied.starts_with("Access denied"), "{denied}");
+
+    // A publish for an owner on another node is refused with its place and
+    // stores nothing; the same id sent to the right node is stored once.
+    let nack = format!("NACK m1 moved {at_a}");
+    check(
+        &mut sender_c,
+        &format!("publish ex receiver_1 {}", body("m1", "receiver_1")),
+        &nack,
+    )
+    .await;
+    let mut sender_b = connect_as(&b, "sender_1").await;
+    check(
+        &mut sender_b,
+        &format!("publish ex receiver_1 {}", body("m1", "receiver_1")),
+        &nack,
+    )
+    .await;
+    let mut sender_a = connect_as(&a, "sender_1").await;
+    check(
+        &mut sender_a,
+        &format!("publish ex receiver_1 {}", body("m1", "receiver_1")),
+        "ACK m1",
+    )
+    .await;
+    check(
+        &mut sender_a,
+        &format!("publish ex receiver_1 {}", body("m1", "receiver_1")),
+        "ACK m1",
+    )
+    .await;
+    check(
+        &mut r1,
+        "consume receiver_1_queue",
+        "OK consume receiver_1_queue",
+    )
+    .await;
+    let got = next_delivery(&mut r1).await;
+    assert_eq!(
+        (got.id.as_str(), got.queue.as_str(), got.count),
+        ("m1", "receiver_1_queue", 1)
+    );
+    check(&mut r1, "ack m1", "ACK_CONFIRMED m1").await;
+    check(
+        &mut r1,
+        "purge_queue receiver_1_queue",
+        "OK purge_queue receiver_1_queue 0",
+    )
+    .await;
+
+    // A batch: each element is judged by its own envelope.
+    let batch = format!(
+        "publish_batch ex receiver_2 [{},{}]",
+        body("b1", "receiver_2"),
+        body("b2", "receiver_1")
+    );
+    check(&mut sender_b, &batch, "ACK b1").await;
+    let second = common::next(&mut sender_b).await;
+    assert_eq!(second, format!("NACK b2 moved {at_a}"));
+
+    // publish_for stores only into the named owner's queues, on its node.
+    let for_r2 = format!(
+        "publish_for receiver_2 ex receiver_2 {}",
+        body("f1", "receiver_2")
+    );
+    check(&mut sender_a, &for_r2, &format!("NACK f1 moved {at_b}")).await;
+    check(&mut sender_b, &for_r2, "ACK f1").await;
+    let fetched = common::fetch(&mut r2, "receiver_2_queue", 10).await;
+    assert_eq!(common::ids(&fetched), ["b1", "f1"]);
+
+    // An owner no node holds yet is placed by `locate`, on the node asked.
+    check(
+        &mut sender_c,
+        "locate receiver_1_2",
+        &format!("OK locate receiver_1_2 node-c {} 1", c.addr),
+    )
+    .await;
+    let mut r12_on_a = connect_as(&a, "receiver_1_2").await;
+    check(
+        &mut r12_on_a,
+        "declare_queue receiver_1_2_queue",
+        &format!("Error: moved receiver_1_2 node-c {} 1", c.addr),
+    )
+    .await;
+
+    // An exchange declared on one node exists on every node: its type is
+    // the catalogue's, and a node that never saw it binds to it.
+    let mut admin_a = connect_as(&a, "admin").await;
+    check(
+        &mut admin_a,
+        "declare_exchange events topic",
+        "OK declare_exchange events",
+    )
+    .await;
+    let mut admin_c = connect_as(&c, "admin").await;
+    check(
+        &mut admin_c,
+        "declare_exchange events direct",
+        "Error: exchange events exists with type topic",
+    )
+    .await;
+    ask_until(
+        &mut r2,
+        "bind receiver_2_queue events receiver_2.#",
+        "OK bind receiver_2_queue events receiver_2.#",
+    )
+    .await;
+    check(
+        &mut sender_b,
+        &format!("publish events receiver_2.x {}", body("e1", "receiver_2")),
+        "ACK e1",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_on_its_own_says_it_is_no_cluster_node() {
+    let broker = TestBroker::start(1);
+    let mut conn = connect_as(&broker, "sender_1").await;
+    let not = "Error: this broker is not a cluster node (cluster.enabled = false)";
+    check(&mut conn, "nodes", not).await;
+    check(&mut conn, "locate receiver_1", not).await;
+    // publish_for is a publish for one owner's queues: on one broker, every
+    // owner is here.
+    let mut r1 = connect_as(&broker, "receiver_1").await;
+    setup_receiver(&mut r1, "receiver_1").await;
+    let mut admin = connect_as(&broker, "admin").await;
+    expect(&mut admin, "declare_queue audit", "OK declare_queue audit").await;
+    expect(
+        &mut admin,
+        "bind audit ex receiver_1",
+        "OK bind audit ex receiver_1",
+    )
+    .await;
+    check(
+        &mut conn,
+        &format!(
+            "publish_for receiver_1 ex receiver_1 {}",
+            body("p1", "receiver_1")
+        ),
+        "ACK p1",
+    )
+    .await;
+    check(&mut admin, "purge_queue audit", "OK purge_queue audit 0").await;
+    check(
+        &mut r1,
+        "purge_queue receiver_1_queue",
+        "OK purge_queue receiver_1_queue 1",
+    )
+    .await;
+    check(
+        &mut conn,
+        &format!(
+            "publish_for admin ex receiver_1 {}",
+            body("p2", "receiver_1")
+        ),
+        "ACK p2",
+    )
+    .await;
+    check(
+        &mut r1,
+        "purge_queue receiver_1_queue",
+        "OK purge_queue receiver_1_queue 0",
+    )
+    .await;
+    check(&mut admin, "purge_queue audit", "OK purge_queue audit 1").await;
+    check(
+        &mut conn,
+        &format!(
+            "publish_for receiver_2 ex receiver_1 {}",
+            body("p3", "receiver_1")
+        ),
+        "NACK p3 no_route",
+    )
+    .await;
+}
