@@ -2523,6 +2523,61 @@ mod tests {
     }
 
     #[test]
+    fn cluster_settings_are_checked_only_when_enabled_and_say_what_to_change() {
+        let pg = "[database]\nbackend = \"postgres\"\nsslmode = \"disable\"\n";
+        // Off: nothing in [cluster] is looked at beyond its types.
+        let c = parse("[cluster]\nnode_id = \"bad id\"").unwrap();
+        assert!(!c.cluster.enabled);
+        let c = parse(&format!(
+            "{pg}[cluster]\nenabled = true\nnode_id = \"node-2\"\nadvertise = \"10.0.0.2:5700\""
+        ))
+        .unwrap();
+        assert_eq!(c.cluster.node_id, "node-2");
+        assert_eq!(c.cluster.lease_secs, 5);
+        assert_eq!(c.cluster.schema, "ciphermq_cluster");
+        let e = err("[cluster]\nenabled = true");
+        assert!(
+            e.starts_with("cluster.enabled:") && e.contains("backend = \"postgres\""),
+            "{e}"
+        );
+        for (keys, key, why) in [
+            ("node_id = \"a b\"", "cluster.node_id:", "is not a node id"),
+            ("node_id = \"\"", "cluster.node_id:", "is not a node id"),
+            (
+                "advertise = \"nowhere\"",
+                "cluster.advertise:",
+                "is not host:port",
+            ),
+            ("advertise = \"10.0.0.1:0\"", "cluster.advertise:", "port 0"),
+            ("lease_secs = 0", "cluster.lease_secs:", "from 1 to 3600"),
+            ("lease_secs = 3601", "cluster.lease_secs:", "from 1 to 3600"),
+            ("schema = \"Bad-Name\"", "cluster.schema:", "lowercase"),
+            (
+                "shared_dir = \"/mnt/x\"",
+                "cluster.shared_dir:",
+                "does not use it",
+            ),
+            (
+                "storage = \"shared\"\nshared_dir = \"/mnt/x\"",
+                "cluster.storage:",
+                "not supported",
+            ),
+        ] {
+            let e = err(&format!("{pg}[cluster]\nenabled = true\n{keys}"));
+            assert!(e.starts_with(key) && e.contains(why), "{keys}: {e}");
+        }
+        let e = err("[cluster]\nstorage = \"nfs\"");
+        assert!(e.starts_with("cluster.storage:"), "{e}");
+        let e = err(
+            "[database]\nbackend = \"postgres\"\nsslmode = \"require\"\n[cluster]\nenabled = true",
+        );
+        assert!(
+            e.starts_with("database.sslmode:") && e.contains("does not speak TLS"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn semantic_errors_name_the_key() {
         let e = err("[server]\naddress = \"x\"\n");
         assert!(

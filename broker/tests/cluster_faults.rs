@@ -1,0 +1,212 @@
+//! The cluster under faults, with the real PostgreSQL and real brokers: a
+//! node killed with SIGKILL under load and restarted keeps its owners (same
+//! node, same epoch, no placement change) and loses nothing it acknowledged;
+//! the coordinator's PostgreSQL connections cut ten times under load change
+//! no placement and refuse no publish.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::pg::TestDb;
+use common::process::{assert_none_lost, drain_counting, load_through_crashes, BrokerProcess};
+use common::{ask, body, config_text, connect_as, pki, setup_receiver, TestBroker};
+
+const AES_KEY: &str = "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=";
+
+/// The `[database]`, `[encryption]` and `[cluster]` sections of a node.
+fn cluster_sections(db: &TestDb, node_id: &str) -> String {
+    format!(
+        "{}\n[cluster]\nenabled = true\nnode_id = \"{node_id}\"\nlease_secs = 5\n",
+        db.config_with_tls(AES_KEY, "disable", None)
+    )
+}
+
+/// owner → (node_id, epoch, version) of every placement.
+async fn placements(db: &TestDb) -> Vec<(String, String, i64, i64)> {
+    let client = db.client().await;
+    client
+        .query(
+            "SELECT owner, node_id, epoch, version FROM ciphermq_cluster.cluster_placements \
+             ORDER BY owner",
+            &[],
+        )
+        .await
+        .expect("read placements")
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_killed_under_load_and_restarted_keeps_its_owners_and_every_acked_message() {
+    const CRASHES: usize = 5;
+    let db = TestDb::create().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = durable_node(dir.path(), &db, "node-a").await;
+    // A second node, which must keep sending receiver_1's publishers to
+    // node-a through every crash.
+    let b = TestBroker::start_with(1, &cluster_sections(&db, "node-b"));
+    let before = placements(&db).await;
+    assert_eq!(
+        before
+            .iter()
+            .map(|p| (p.0.as_str(), p.1.as_str(), p.2))
+            .collect::<Vec<_>>(),
+        [("receiver_1", "node-a", 1)]
+    );
+
+    let (acked, broker) = load_through_crashes(&config, CRASHES, 3000, BrokerProcess::kill).await;
+
+    // No placement changed: same node, same epoch, same version.
+    assert_eq!(placements(&db).await, before);
+    let mut sender_b = connect_as(&b, "sender_1").await;
+    let reply = ask(
+        &mut sender_b,
+        &format!("publish ex receiver_1 {}", body("late", "receiver_1")),
+    )
+    .await;
+    assert!(
+        reply.starts_with("NACK late moved receiver_1 node-a ") && reply.ends_with(" 1"),
+        "{reply}"
+    );
+    let delivered = drain_counting(&broker).await;
+    assert_none_lost(
+        &format!("cluster node: {CRASHES} SIGKILLs"),
+        &acked,
+        &delivered,
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cutting_the_coordinators_postgres_connections_changes_no_placement_and_refuses_no_publish()
+{
+    const CUTS: usize = 10;
+    let db = TestDb::create().await;
+    let a = TestBroker::start_with(1, &cluster_sections(&db, "node-a"));
+    let b = TestBroker::start_with(1, &cluster_sections(&db, "node-b"));
+    let mut r1 = connect_as(&a, "receiver_1").await;
+    setup_receiver(&mut r1, "receiver_1").await;
+    let mut r2 = connect_as(&b, "receiver_2").await;
+    setup_receiver(&mut r2, "receiver_2").await;
+    let before = placements(&db).await;
+    assert_eq!(before.len(), 2);
+
+    // A publisher on each node, to the owner that node holds, the whole
+    // time the connections are being cut.
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut publishers = Vec::new();
+    for (broker, receiver) in [(&a, "receiver_1"), (&b, "receiver_2")] {
+        let addr = broker.addr.clone();
+        let stop = stop.clone();
+        publishers.push(tokio::spawn(async move {
+            publish_until(&addr, receiver, stop).await
+        }));
+    }
+
+    // Meanwhile the coordinators' connections are cut, each time once the
+    // nodes have connected again.
+    let admin = db.client().await;
+    let mut cut = 0;
+    while cut < CUTS {
+        let rows = admin
+            .query(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                 WHERE datname = $1 AND application_name LIKE 'ciphermq-cluster %'",
+                &[&db.name],
+            )
+            .await
+            .expect("terminate");
+        if !rows.is_empty() {
+            cut += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    stop.store(true, Ordering::Relaxed);
+    for publisher in publishers {
+        let (sent, acked, refused) = publisher.await.expect("publisher");
+        println!("{sent} published while the connections were cut, {acked} acked");
+        assert_eq!(refused, Vec::<String>::new(), "no publish may be refused");
+        assert_eq!(acked, sent);
+        assert!(sent > 0);
+    }
+    assert_eq!(placements(&db).await, before, "no placement changed");
+    // Both nodes still redirect exactly as before.
+    let mut s = connect_as(&a, "sender_2").await;
+    let reply = ask(
+        &mut s,
+        &format!("publish ex receiver_2 {}", body("x", "receiver_2")),
+    )
+    .await;
+    assert_eq!(
+        reply,
+        format!("NACK x moved receiver_2 node-b {} 1", b.addr)
+    );
+}
+
+/// Publishes to `receiver` pipelined (200 in flight) as sender_1 until
+/// `stop` is set: how many were sent, how many acked, and every other
+/// reply.
+async fn publish_until(
+    addr: &str,
+    receiver: &str,
+    stop: Arc<AtomicBool>,
+) -> (usize, usize, Vec<String>) {
+    let opts = ciphermq_clients::connection::TlsClientOptions::for_cn(&pki().certs, "sender_1");
+    let conn = ciphermq_clients::connection::Connection::connect(addr, &opts)
+        .await
+        .expect("connect");
+    let (mut rd, mut wr) = conn.into_split();
+    let (mut sent, mut answered, mut acked) = (0, 0, 0);
+    let mut refused = Vec::new();
+    loop {
+        let stopping = stop.load(Ordering::Relaxed);
+        if stopping && answered == sent {
+            return (sent, acked, refused);
+        }
+        while !stopping && sent - answered < 200 {
+            wr.queue_line(&format!(
+                "publish ex {receiver} {}",
+                body(&format!("{receiver}-{sent}"), receiver)
+            ));
+            sent += 1;
+        }
+        wr.flush().await.expect("flush");
+        let line = tokio::time::timeout(common::TIMEOUT, rd.read_line())
+            .await
+            .expect("a reply in time")
+            .expect("read")
+            .expect("a reply before EOF")
+            .to_owned();
+        if line == format!("ACK {receiver}-{answered}") {
+            acked += 1;
+        } else {
+            refused.push(line);
+        }
+        answered += 1;
+    }
+}
+
+/// Writes `dir/broker.toml` (a durable node of the cluster in `db`) and
+/// places receiver_1 on it with its queue: the config's path.
+async fn durable_node(dir: &Path, db: &TestDb, node_id: &str) -> PathBuf {
+    let config = dir.join("broker.toml");
+    let text = config_text(
+        &pki().certs,
+        &dir.join("data"),
+        1,
+        &cluster_sections(db, node_id),
+    )
+    .replace(r#"mode = "memory""#, r#"mode = "durable""#)
+    .replace("console = false", "console = true\nlevel = \"warn\"");
+    std::fs::write(&config, text).unwrap();
+    let broker = BrokerProcess::start(&config);
+    let mut r = broker.connect("receiver_1").await;
+    setup_receiver(&mut r, "receiver_1").await;
+    assert!(broker.stop().success());
+    config
+}
