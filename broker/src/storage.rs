@@ -426,6 +426,12 @@ fn start_bridge(
         flush_interval: Duration::from_millis(d.flush_interval_ms),
         max_unmirrored_bytes: d.mirror_disk_budget_mb.saturating_mul(1 << 20),
         connect_timeout: Duration::from_secs(d.connect_timeout_secs),
+        // A cluster's nodes share the database: a key registered on one is
+        // usable on every node within this.
+        key_refresh: config
+            .cluster
+            .enabled
+            .then_some(Duration::from_millis(500)),
     };
     let bridge =
         PgBridge::start(pg, aes_key, logs).map_err(|e| StorageError(format!("database: {e}")))?;

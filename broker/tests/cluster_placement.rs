@@ -188,6 +188,21 @@ async fn owners_live_where_they_first_connected_and_other_nodes_redirect_there()
     )
     .await;
 
+    // A public key registered on one node is served by every node.
+    let key = "AQIDBAUGBwgJCgsMDQ4PEBESExQVFhcYGRobHB0eHyA=";
+    check(
+        &mut r1,
+        &format!("register_public_key {key}"),
+        "Public key registered",
+    )
+    .await;
+    ask_until(
+        &mut sender_c,
+        "get_public_key receiver_1",
+        &format!("PUBLIC_KEY receiver_1 {key}"),
+    )
+    .await;
+
     // An exchange declared on one node exists on every node: its type is
     // the catalogue's, and a node that never saw it binds to it.
     let mut admin_a = connect_as(&a, "admin").await;

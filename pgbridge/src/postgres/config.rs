@@ -39,6 +39,10 @@ pub struct PgConfig {
     /// How long [`PgBridge::start`](super::PgBridge::start) keeps retrying
     /// the first connection before giving up.
     pub connect_timeout: Duration,
+    /// How often keys registered by other brokers on the same database are
+    /// read into memory; `None` (the default): never, the broker is the
+    /// only writer. A cluster's nodes share one `public_keys` table.
+    pub key_refresh: Option<Duration>,
 }
 
 impl Default for PgConfig {
@@ -57,6 +61,7 @@ impl Default for PgConfig {
             flush_interval: Duration::from_millis(200),
             max_unmirrored_bytes: 1 << 30,
             connect_timeout: Duration::from_secs(30),
+            key_refresh: None,
         }
     }
 }

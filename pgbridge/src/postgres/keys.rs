@@ -121,24 +121,47 @@ fn decode_field(
     Ok(bytes)
 }
 
+/// Rows changed at or after `$1` (microseconds since the Unix epoch), with
+/// their change time in the same unit.
+const CHANGED_SINCE: &str = "
+SELECT client_id, public_key_ciphertext, nonce, tag,
+       (extract(epoch FROM updated_time) * 1000000)::bigint
+FROM public_keys WHERE updated_time >= to_timestamp($1::bigint / 1000000.0)";
+
+/// How far back a refresh reads before the newest change it saw: a
+/// registration's time is its transaction's start, and one that began
+/// earlier may commit later.
+const REFRESH_OVERLAP_US: i64 = 10_000_000;
+
 /// Loads and opens every stored key into `memory`.
 pub(crate) async fn load_keys(
     client: &Client,
     cipher: &Aes256Gcm,
     target: &str,
     memory: &MemoryKeyStore,
-) -> Result<(), BridgeError> {
+) -> Result<i64, BridgeError> {
+    load_keys_since(client, cipher, target, memory, 0).await
+}
+
+/// Loads and opens the keys changed at or after `since` (microseconds since
+/// the Unix epoch) into `memory`; returns the newest change time read (or
+/// `since`).
+async fn load_keys_since(
+    client: &Client,
+    cipher: &Aes256Gcm,
+    target: &str,
+    memory: &MemoryKeyStore,
+    since: i64,
+) -> Result<i64, BridgeError> {
     let rows = client
-        .query(
-            "SELECT client_id, public_key_ciphertext, nonce, tag FROM public_keys",
-            &[],
-        )
+        .query(CHANGED_SINCE, &[&since])
         .await
         .map_err(|e| BridgeError::Load {
             target: target.to_owned(),
             what: "public_keys",
             cause: describe(&e),
         })?;
+    let mut newest = since;
     for row in rows {
         let field = |i: usize| {
             row.try_get::<_, String>(i).map_err(|e| BridgeError::Load {
@@ -156,9 +179,11 @@ pub(crate) async fn load_keys(
                 client_id: client_id.clone(),
             }
         })?;
+        let changed = row.try_get::<_, i64>(4).unwrap_or(since);
+        newest = newest.max(changed);
         memory.insert(&client_id, key);
     }
-    Ok(())
+    Ok(newest)
 }
 
 /// The bridge thread's side of key registration.
@@ -168,6 +193,20 @@ pub(crate) struct KeyTask {
     memory: Arc<MemoryKeyStore>,
     commands: mpsc::Receiver<KeyCommand>,
     status: Arc<StatusCell>,
+    /// Reading other brokers' registrations (a cluster's nodes).
+    refresh: Option<KeyRefresh>,
+}
+
+/// How a cluster node learns the keys other nodes registered.
+pub(crate) struct KeyRefresh {
+    /// How often it reads them.
+    pub(crate) period: Duration,
+    /// The newest change time read so far (microseconds since the epoch).
+    pub(crate) newest: i64,
+    /// `host:port/dbname`, for errors.
+    pub(crate) target: String,
+    /// The last read failed (an outage is logged once).
+    pub(crate) failing: bool,
 }
 
 impl KeyTask {
@@ -178,6 +217,7 @@ impl KeyTask {
         memory: Arc<MemoryKeyStore>,
         commands: mpsc::Receiver<KeyCommand>,
         status: Arc<StatusCell>,
+        refresh: Option<KeyRefresh>,
     ) -> KeyTask {
         KeyTask {
             link,
@@ -185,12 +225,19 @@ impl KeyTask {
             memory,
             commands,
             status,
+            refresh,
         }
     }
 
     /// Serves registrations until `stop` turns true; those still queued then
     /// are answered `Unavailable`.
     pub(crate) async fn run(mut self, mut stop: watch::Receiver<bool>) {
+        let period = self
+            .refresh
+            .as_ref()
+            .map_or(Duration::from_secs(3600), |r| r.period);
+        let mut refresh = tokio::time::interval(period);
+        refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         while !*stop.borrow() {
             tokio::select! {
                 biased;
@@ -208,6 +255,7 @@ impl KeyTask {
                     None => break,
                 },
                 () = self.link.event() => {}
+                _ = refresh.tick(), if self.refresh.is_some() => self.refresh_keys().await,
             }
         }
         self.commands.close();
@@ -215,6 +263,32 @@ impl KeyTask {
             let _ = command.reply.send(Err(KeyStoreError::Unavailable(
                 "database bridge shutting down".to_owned(),
             )));
+        }
+    }
+
+    /// Reads the keys other brokers registered since the last refresh. A
+    /// failure is logged once per outage and tried again next period.
+    async fn refresh_keys(&mut self) {
+        let Some(refresh) = self.refresh.as_mut() else {
+            return;
+        };
+        let Some(conn) = self.link.conn() else {
+            return;
+        };
+        let since = refresh.newest.saturating_sub(REFRESH_OVERLAP_US).max(0);
+        match load_keys_since(&conn.client, &self.cipher, &refresh.target, &self.memory, since)
+            .await
+        {
+            Ok(newest) => {
+                refresh.newest = newest;
+                refresh.failing = false;
+            }
+            Err(e) => {
+                if !refresh.failing {
+                    tracing::warn!(error = %e, "reading public keys registered by other nodes failed; retrying");
+                }
+                refresh.failing = true;
+            }
         }
     }
 

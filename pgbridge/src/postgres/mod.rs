@@ -45,7 +45,7 @@ pub use status::BridgeStatus;
 pub use tls::{SslMode, UnknownSslMode};
 
 use crate::keys::{MemoryKeyStore, PublicKeyStore};
-use keys::{KeyCommand, KeyTask, PgKeyStore, COMMAND_QUEUE};
+use keys::{KeyCommand, KeyRefresh, KeyTask, PgKeyStore, COMMAND_QUEUE};
 use link::Link;
 use mirror::{LogSource, Mirror};
 use status::{LinkKind, StatusCell};
@@ -216,12 +216,19 @@ impl BridgeThread {
             self.status.clone(),
             Some(started.keys),
         );
+        let refresh = self.config.key_refresh.map(|period| KeyRefresh {
+            period,
+            newest: 0,
+            target: self.config.target(),
+            failing: false,
+        });
         let keys = KeyTask::new(
             key_link,
             self.cipher,
             self.memory,
             self.commands,
             self.status.clone(),
+            refresh,
         );
         let mirror = match (self.logs, started.mirror) {
             (Some((data_dir, watermarks)), Some(start)) => {
