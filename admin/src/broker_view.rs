@@ -75,6 +75,11 @@ pub trait BrokerView: Send + Sync + 'static {
     /// Reloads the reloadable settings from the broker's config file, as
     /// SIGHUP does; `Err` says why nothing changed.
     fn reload(&self) -> Result<(), String>;
+
+    /// The node's cluster, when it is one's node (`cluster.enabled`).
+    fn cluster(&self) -> Option<crate::cluster_status::ClusterStatus> {
+        None
+    }
 }
 
 /// When the broker's TLS material expires (Unix seconds), for `/metrics`.

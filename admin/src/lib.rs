@@ -31,6 +31,7 @@
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod broker_view;
+pub mod cluster_status;
 pub mod command_line;
 pub mod config;
 pub mod dashboard;

@@ -107,6 +107,11 @@ enum Command {
     ///
     /// Reads `GET /api/connections` from the admin endpoint (--endpoint).
     Connections,
+    /// The cluster's live nodes: address, heartbeat age, owners (admin
+    /// endpoint of any node).
+    ///
+    /// Reads `GET /api/cluster` from the admin endpoint (--endpoint).
+    Nodes,
     /// Exchanges and their bindings (admin endpoint).
     ///
     /// Reads `GET /api/status` from the admin endpoint (--endpoint).
@@ -240,6 +245,7 @@ impl Command {
             Command::Queues => Plan::Show("/api/queues", cli::queues),
             Command::Connections => Plan::Show("/api/connections", cli::connections),
             Command::Exchanges => Plan::Show("/api/status", cli::exchanges),
+            Command::Nodes => Plan::Show("/api/cluster", cli::nodes),
             Command::Purge { queue } => Plan::Change(CommandLine::purge_queue(queue)?),
             Command::Delete {
                 what: Deletable::Queue { name },

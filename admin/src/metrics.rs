@@ -815,6 +815,9 @@ pub(crate) fn render(ctx: &AdminContext, admin: &SlotStats, queue_series: QueueS
     if let Some(b) = &bridge {
         bridge_metrics(&mut e, b);
     }
+    if let Some(cluster) = ctx.broker.cluster() {
+        crate::cluster_status::metrics(&mut e, &cluster);
+    }
     admin_metrics(&mut e, admin);
     e.finish()
 }

@@ -28,6 +28,7 @@ enum Route {
     Status,
     Queues,
     Connections,
+    Cluster,
     Metrics,
     Dashboard,
     Reload,
@@ -41,6 +42,7 @@ impl Route {
             "/api/status" => Route::Status,
             "/api/queues" => Route::Queues,
             "/api/connections" => Route::Connections,
+            "/api/cluster" => Route::Cluster,
             "/metrics" => Route::Metrics,
             "/" | "/dashboard" => Route::Dashboard,
             "/api/reload" => Route::Reload,
@@ -148,6 +150,13 @@ pub(crate) fn respond(
         Route::Status => json_response(StatusCode::OK, &status::status(ctx)),
         Route::Queues => json_response(StatusCode::OK, &status::queues_document(ctx)),
         Route::Connections => json_response(StatusCode::OK, &status::connections_document(ctx)),
+        Route::Cluster => {
+            let doc = match ctx.broker.cluster() {
+                Some(cluster) => json!({ "enabled": true, "cluster": cluster }),
+                None => json!({ "enabled": false }),
+            };
+            json_response(StatusCode::OK, &doc)
+        }
         Route::Dashboard => dashboard::page_response(),
         Route::Reload => match ctx.broker.reload() {
             Ok(()) => {

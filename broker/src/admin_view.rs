@@ -8,12 +8,14 @@
 use std::sync::Arc;
 
 use ciphermq_admin::broker_view::ConnectionCounts;
+use ciphermq_admin::cluster_status::ClusterStatus;
 use ciphermq_admin::stats::BrokerStats;
 use ciphermq_admin::{Access, BrokerView, Limits, TlsExpiries};
 use ciphermq_shard::topology::TopologyStore;
 use rustls_pki_types::CertificateDer;
 
 use crate::acl::Role;
+use crate::cluster::ClusterNode;
 use crate::context::Shared;
 use crate::identity::identify;
 
@@ -106,5 +108,12 @@ impl BrokerView for AdminView {
 
     fn reload(&self) -> Result<(), String> {
         self.shared.reload_file().map_err(|e| e.to_string())
+    }
+
+    fn cluster(&self) -> Option<ClusterStatus> {
+        self.shared
+            .cluster
+            .as_deref()
+            .map(ClusterNode::admin_status)
     }
 }

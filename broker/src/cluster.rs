@@ -23,6 +23,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
+use ciphermq_admin::cluster_status::{ClusterNodeRow, ClusterStatus, OwnerRow, MAX_OWNER_ROWS};
 use ciphermq_cluster::{ClusterError, PgCoordinatorConfig};
 use ciphermq_proto::ExchangeKind;
 use tokio::sync::oneshot;
@@ -96,6 +97,8 @@ pub struct ClusterNode {
     jobs: crossbeam_channel::Sender<Job>,
     receiver: Mutex<Option<crossbeam_channel::Receiver<Job>>>,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// The live nodes as last read, for the admin endpoint.
+    nodes: Mutex<Vec<ciphermq_cluster::NodeInfo>>,
     coordinator: PgCoordinatorConfig,
     lease: Duration,
     connect_timeout: Duration,
@@ -143,6 +146,7 @@ impl ClusterNode {
             jobs,
             receiver: Mutex::new(Some(receiver)),
             thread: Mutex::new(None),
+            nodes: Mutex::new(Vec::new()),
             coordinator,
             lease: Duration::from_secs(c.lease_secs),
             connect_timeout: Duration::from_secs(d.connect_timeout_secs),
@@ -254,6 +258,55 @@ impl ClusterNode {
             reply,
         });
         answer
+    }
+
+    /// Records the live nodes as last read (the link does).
+    fn set_nodes(&self, nodes: Vec<ciphermq_cluster::NodeInfo>) {
+        self.view.set_nodes(&nodes);
+        *self.nodes.lock().unwrap_or_else(PoisonError::into_inner) = nodes;
+    }
+
+    /// What the admin endpoint shows of the cluster (`/api/cluster`,
+    /// `/metrics`, `ciphermq-admin nodes`).
+    pub fn admin_status(&self) -> ClusterStatus {
+        use std::sync::atomic::Ordering::Relaxed;
+        let (_, placements) = self.view.current();
+        let per_node = placements.owners_per_node();
+        let nodes = self
+            .nodes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .map(|n| ClusterNodeRow {
+                node_id: n.node_id.clone(),
+                advertise: n.advertise.clone(),
+                heartbeat_age_ms: u64::try_from(n.heartbeat_age.as_millis()).unwrap_or(u64::MAX),
+                owners: per_node.get(n.node_id.as_str()).copied().unwrap_or(0),
+                this_node: *n.node_id == *self.node_id,
+            })
+            .collect();
+        let mut owners: Vec<OwnerRow> = placements
+            .owners()
+            .take(MAX_OWNER_ROWS)
+            .map(|(owner, home)| OwnerRow {
+                owner: owner.to_string(),
+                node_id: home.node_id.to_string(),
+                epoch: home.epoch,
+            })
+            .collect();
+        owners.sort_unstable_by(|a, b| a.owner.cmp(&b.owner));
+        ClusterStatus {
+            node_id: self.node_id.to_string(),
+            advertise: self.advertise().unwrap_or_default().to_owned(),
+            incarnation: self.status.incarnation.load(Relaxed),
+            coordinator_connected: self.status.connected.load(Relaxed),
+            fenced: self.status.fenced.load(Relaxed),
+            coordinator_calls: self.status.calls.load(Relaxed),
+            coordinator_failures: self.status.failures.load(Relaxed),
+            nodes,
+            owners_total: placements.len(),
+            owners,
+        }
     }
 
     /// Hands a job to the thread; one that cannot be queued is dropped,

@@ -428,10 +428,7 @@ fn start_bridge(
         connect_timeout: Duration::from_secs(d.connect_timeout_secs),
         // A cluster's nodes share the database: a key registered on one is
         // usable on every node within this.
-        key_refresh: config
-            .cluster
-            .enabled
-            .then_some(Duration::from_millis(500)),
+        key_refresh: config.cluster.enabled.then_some(Duration::from_millis(500)),
     };
     let bridge =
         PgBridge::start(pg, aes_key, logs).map_err(|e| StorageError(format!("database: {e}")))?;

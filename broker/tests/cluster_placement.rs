@@ -13,15 +13,27 @@ use common::{ask, body, check, connect_as, expect, next_delivery, setup_receiver
 
 const AES_KEY: &str = "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=";
 
-/// A node of the cluster kept in `db`, with `shards` shards.
+/// A node of the cluster kept in `db`, with `shards` shards and its admin
+/// endpoint.
 fn node(db: &TestDb, node_id: &str, shards: usize) -> TestBroker {
     // The coordinator's link does not speak TLS yet, and a node refuses a
     // config that asks for it: this test pins the plaintext link.
     let extra = format!(
-        "{}\n[cluster]\nenabled = true\nnode_id = \"{node_id}\"\nlease_secs = 5\n",
+        "{}\n[cluster]\nenabled = true\nnode_id = \"{node_id}\"\nlease_secs = 5\n\
+         [admin]\nenabled = true\naddress = \"127.0.0.1:0\"\n",
         db.config_with_tls(AES_KEY, "disable", None)
     );
     TestBroker::start_with(shards, &extra)
+}
+
+/// `GET path` on `broker`'s admin endpoint as admin: the JSON body.
+async fn admin_json(broker: &TestBroker, path: &str) -> serde_json::Value {
+    let addr = broker.admin_addr().expect("admin endpoint");
+    let reply = common::admin_http::request(addr, Some("admin"), "GET", path)
+        .await
+        .expect("admin request");
+    assert_eq!(reply.status, 200, "{path}: {}", reply.body);
+    serde_json::from_str(&reply.body).expect("JSON")
 }
 
 /// Asks `cmd` until the reply is `want` (the nodes' snapshots catch up
@@ -293,4 +305,91 @@ async fn a_broker_on_its_own_says_it_is_no_cluster_node() {
         "NACK p3 no_route",
     )
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_endpoint_shows_the_nodes_and_where_each_owner_lives() {
+    let db = TestDb::create().await;
+    let a = node(&db, "node-a", 1);
+    let b = node(&db, "node-b", 1);
+    let mut r1 = connect_as(&a, "receiver_1").await;
+    setup_receiver(&mut r1, "receiver_1").await;
+    let mut r2 = connect_as(&b, "receiver_2").await;
+    setup_receiver(&mut r2, "receiver_2").await;
+
+    // node-b learns both nodes and both owners within a second or so.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let doc = loop {
+        let doc = admin_json(&b, "/api/cluster").await;
+        let c = &doc["cluster"];
+        if c["nodes"].as_array().map(Vec::len) == Some(2) && c["owners_total"] == 2 {
+            break doc;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{doc}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(doc["enabled"], true);
+    let c = &doc["cluster"];
+    assert_eq!(c["node_id"], "node-b");
+    assert_eq!(c["advertise"], b.addr.as_str());
+    assert_eq!(c["coordinator_connected"], true);
+    assert_eq!(c["fenced"], false);
+    assert_eq!(c["incarnation"], 1);
+    let nodes: Vec<(String, String, u64, bool)> = c["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| {
+            (
+                n["node_id"].as_str().unwrap().to_owned(),
+                n["advertise"].as_str().unwrap().to_owned(),
+                n["owners"].as_u64().unwrap(),
+                n["this_node"].as_bool().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        nodes,
+        [
+            ("node-a".to_owned(), a.addr.clone(), 1, false),
+            ("node-b".to_owned(), b.addr.clone(), 1, true)
+        ]
+    );
+    let owners = c["owners"].to_string();
+    assert_eq!(
+        owners,
+        r#"[{"epoch":1,"node_id":"node-a","owner":"receiver_1"},{"epoch":1,"node_id":"node-b","owner":"receiver_2"}]"#
+    );
+
+    // The same in /metrics.
+    let addr = b.admin_addr().unwrap();
+    let metrics = common::admin_http::request(addr, Some("admin"), "GET", "/metrics")
+        .await
+        .unwrap()
+        .body;
+    for line in [
+        "ciphermq_cluster_nodes 2",
+        "ciphermq_cluster_owners{node=\"node-a\"} 1",
+        "ciphermq_cluster_owners{node=\"node-b\"} 1",
+        "ciphermq_cluster_coordinator_connected 1",
+        "ciphermq_cluster_fenced 0",
+    ] {
+        assert!(
+            metrics.lines().any(|l| l == line),
+            "no {line:?} in:\n{metrics}"
+        );
+    }
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("ciphermq_cluster_coordinator_calls_total ")),
+        "{metrics}"
+    );
+
+    // A broker on its own says it is none.
+    let lone = TestBroker::start_with(1, "[admin]\nenabled = true\naddress = \"127.0.0.1:0\"\n");
+    assert_eq!(
+        admin_json(&lone, "/api/cluster").await,
+        serde_json::json!({"enabled": false})
+    );
 }

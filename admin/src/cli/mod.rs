@@ -165,6 +165,48 @@ pub(crate) fn connections(doc: &Value) -> String {
     out
 }
 
+/// `/api/cluster` as a line about the answering node and a table of the
+/// live nodes; a broker on its own says so.
+pub(crate) fn nodes(doc: &Value) -> String {
+    if doc["enabled"] != Value::Bool(true) {
+        return "this broker is not a cluster node (cluster.enabled = false)\n".to_owned();
+    }
+    let c = &doc["cluster"];
+    let mut out = format!(
+        "asked node {} at {}: coordinator {}{}, {} owners placed\n\n",
+        text(&c["node_id"]),
+        text(&c["advertise"]),
+        if c["coordinator_connected"] == Value::Bool(true) {
+            "connected"
+        } else {
+            "UNREACHABLE"
+        },
+        if c["fenced"] == Value::Bool(true) {
+            ", FENCED (another process registered this node id)"
+        } else {
+            ""
+        },
+        n(&c["owners_total"])
+    );
+    let mut t = Table::new(&["node", "address", "state", ">owners", ">heartbeat age"]);
+    for node in c["nodes"].as_array().into_iter().flatten() {
+        let age = n(&node["heartbeat_age_ms"]);
+        t.row(vec![
+            text(&node["node_id"]),
+            text(&node["advertise"]),
+            if node["this_node"] == Value::Bool(true) {
+                "alive (this node)".to_owned()
+            } else {
+                "alive".to_owned()
+            },
+            n(&node["owners"]).to_string(),
+            format!("{}.{:01}s", age / 1000, (age % 1000) / 100),
+        ]);
+    }
+    out.push_str(&t.render("no live nodes"));
+    out
+}
+
 /// The exchanges and bindings of `/api/status` as two tables.
 pub(crate) fn exchanges(doc: &Value) -> String {
     let mut t = Table::new(&["exchange", "type", ">bindings"]);
@@ -243,5 +285,29 @@ mod tests {
         // A section with nothing in it is named, never a bare "none".
         assert!(text.ends_with("\nno connections by IP\n"), "{text}");
         assert!(!text.lines().any(|l| l.trim() == "none"), "{text}");
+    }
+
+    #[test]
+    fn nodes_show_each_live_node_and_the_asked_nodes_link() {
+        assert_eq!(
+            nodes(&json!({"enabled": false})),
+            "this broker is not a cluster node (cluster.enabled = false)\n"
+        );
+        let doc = json!({"enabled": true, "cluster": {
+            "node_id": "node-b", "advertise": "10.0.0.2:5700", "coordinator_connected": true,
+            "fenced": false, "owners_total": 3,
+            "nodes": [
+                {"node_id": "node-a", "advertise": "10.0.0.1:5700", "heartbeat_age_ms": 1234,
+                 "owners": 2, "this_node": false},
+                {"node_id": "node-b", "advertise": "10.0.0.2:5700", "heartbeat_age_ms": 56,
+                 "owners": 1, "this_node": true}
+            ]}});
+        assert_eq!(
+            nodes(&doc),
+            "asked node node-b at 10.0.0.2:5700: coordinator connected, 3 owners placed\n\n\
+             NODE    ADDRESS        STATE              OWNERS  HEARTBEAT AGE\n\
+             node-a  10.0.0.1:5700  alive                   2           1.2s\n\
+             node-b  10.0.0.2:5700  alive (this node)       1           0.0s\n"
+        );
     }
 }

@@ -115,7 +115,8 @@ impl Link {
         link.node.view.apply(&changes.placements);
         link.version = changes.version;
         let nodes = link.coordinator.nodes()?;
-        link.node.view.set_nodes(&nodes);
+        let live = nodes.len();
+        link.node.set_nodes(nodes);
         link.sync_exchanges()?;
         link.claim_local_owners();
         tracing::info!(
@@ -123,7 +124,7 @@ impl Link {
             advertise = %advertise,
             incarnation,
             placements = link.node.view.current().1.len(),
-            nodes = nodes.len(),
+            nodes = live,
             "joined the cluster"
         );
         Ok(link)
@@ -222,7 +223,7 @@ impl Link {
             self.last_refresh = now;
             let nodes = self.coordinator.nodes();
             if let Some(nodes) = self.note("list the nodes", nodes) {
-                self.node.view.set_nodes(&nodes);
+                self.node.set_nodes(nodes);
             }
             let synced = self.sync_exchanges();
             self.note("read the exchange catalogue", synced);

@@ -82,6 +82,11 @@ impl Placements {
         counts
     }
 
+    /// Every placed owner with its home, in no order.
+    pub fn owners(&self) -> impl Iterator<Item = (&Arc<str>, &Home)> {
+        self.owners.iter()
+    }
+
     /// How many owners are placed.
     pub fn len(&self) -> usize {
         self.owners.len()

@@ -276,8 +276,14 @@ impl KeyTask {
             return;
         };
         let since = refresh.newest.saturating_sub(REFRESH_OVERLAP_US).max(0);
-        match load_keys_since(&conn.client, &self.cipher, &refresh.target, &self.memory, since)
-            .await
+        match load_keys_since(
+            &conn.client,
+            &self.cipher,
+            &refresh.target,
+            &self.memory,
+            since,
+        )
+        .await
         {
             Ok(newest) => {
                 refresh.newest = newest;
