@@ -18,6 +18,7 @@
 pub mod delivery;
 pub mod message;
 pub mod name;
+pub mod redirect;
 pub mod reply;
 pub mod request;
 
@@ -27,6 +28,7 @@ pub use message::{
     MessageInfo,
 };
 pub use name::{is_valid_name, is_valid_routing_pattern};
+pub use redirect::Redirect;
 pub use reply::{NackReason, Reply};
 pub use request::{ExchangeKind, ParseError, Request};
 

@@ -294,14 +294,14 @@ mod tests {
             "this broker is not a cluster node (cluster.enabled = false)\n"
         );
         let doc = json!({"enabled": true, "cluster": {
-            "node_id": "node-b", "advertise": "10.0.0.2:5700", "coordinator_connected": true,
-            "fenced": false, "owners_total": 3,
-            "nodes": [
-                {"node_id": "node-a", "advertise": "10.0.0.1:5700", "heartbeat_age_ms": 1234,
-                 "owners": 2, "this_node": false},
-                {"node_id": "node-b", "advertise": "10.0.0.2:5700", "heartbeat_age_ms": 56,
-                 "owners": 1, "this_node": true}
-            ]}});
+        "node_id": "node-b", "advertise": "10.0.0.2:5700", "coordinator_connected": true,
+        "fenced": false, "owners_total": 3,
+        "nodes": [
+            {"node_id": "node-a", "advertise": "10.0.0.1:5700", "heartbeat_age_ms": 1234,
+             "owners": 2, "this_node": false},
+            {"node_id": "node-b", "advertise": "10.0.0.2:5700", "heartbeat_age_ms": 56,
+             "owners": 1, "this_node": true}
+        ]}});
         assert_eq!(
             nodes(&doc),
             "asked node node-b at 10.0.0.2:5700: coordinator connected, 3 owners placed\n\n\

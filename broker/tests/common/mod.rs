@@ -28,6 +28,11 @@ pub const CNS: &[&str] = &[
     "receiver_1",
     "receiver_2",
     "receiver_1_2",
+    // More receivers for the cluster tests (not in the default ACL).
+    "receiver_3",
+    "receiver_4",
+    "receiver_5",
+    "receiver_6",
     "monitor_1",
     "stranger",
 ];

@@ -175,6 +175,15 @@ impl ClientConfig {
         )
     }
 
+    /// The same settings for the broker at `address`: another node of a
+    /// cluster.
+    pub fn for_address(&self, address: impl Into<String>) -> ClientConfig {
+        ClientConfig {
+            address: address.into(),
+            ..self.clone()
+        }
+    }
+
     /// The defaults around a TLS source.
     fn with_source(address: String, tls: TlsSource) -> ClientConfig {
         ClientConfig {

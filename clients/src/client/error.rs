@@ -39,6 +39,9 @@ pub enum ConnectError {
     /// `connection limit reached`: retry later); the text after `Error: `.
     #[error("the broker refused the connection: {0}")]
     Refused(String),
+    /// A cluster client was given no seed address.
+    #[error("no seed address given: name at least one node of the cluster")]
+    NoSeeds,
 }
 
 impl ConnectError {
@@ -52,7 +55,7 @@ impl ConnectError {
                 ClientError::Connect { .. } | ClientError::Io(_) | ClientError::Closed
             ),
             ConnectError::Refused(text) => text.contains("connection limit"),
-            ConnectError::Config(_) | ConnectError::Denied(_) => false,
+            ConnectError::Config(_) | ConnectError::Denied(_) | ConnectError::NoSeeds => false,
         }
     }
 }
@@ -144,6 +147,17 @@ pub enum RequestError {
     /// be sent).
     #[error("connection lost: {0}")]
     ConnectionLost(Arc<Disconnected>),
+    /// In a cluster, the node the command had to go to could not be
+    /// connected to.
+    #[error("cannot connect to the node: {0}")]
+    Connect(Arc<ConnectError>),
+}
+
+impl RequestError {
+    /// A failed connection to a cluster's node.
+    pub fn from_connect(e: ConnectError) -> RequestError {
+        RequestError::Connect(Arc::new(e))
+    }
 }
 
 impl RequestError {
@@ -246,6 +260,22 @@ pub enum PublishError {
         reason: NackReason,
         /// Publishes made, the first included.
         attempts: u32,
+    },
+    /// `NACK <id> moved <owner> <node_id> <host:port> <epoch>`: in a
+    /// cluster, the receiver lives on another node; nothing was stored.
+    /// [`ClusterClient`](crate::client::cluster::ClusterClient) follows it.
+    #[error("{message_id} not stored: owner {owner} lives on node {node_id} at {address} (epoch {epoch})")]
+    Moved {
+        /// The message.
+        message_id: String,
+        /// The owner the publish was for.
+        owner: String,
+        /// The node holding it.
+        node_id: String,
+        /// That node's address.
+        address: String,
+        /// The placement's epoch.
+        epoch: u64,
     },
     /// `NACK <id> <word>` with a reason this library does not know (a newer
     /// broker); not retried.

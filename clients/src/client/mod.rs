@@ -53,6 +53,7 @@
 //! ```
 
 mod batches;
+pub mod cluster;
 pub mod config;
 pub mod consumer;
 mod driver;

@@ -202,6 +202,9 @@ impl Publisher {
                         attempts,
                     })
                 }
+                Reply::Nack { reason, .. } if reason.starts_with("moved ") => {
+                    return Err(moved(&prepared.message_id, reason))
+                }
                 Reply::Nack { reason, .. } => match NackReason::parse(reason) {
                     Some(reason) if reason.is_retriable() && attempts < policy.max_attempts => {
                         reason.as_str()
@@ -616,5 +619,22 @@ mod tests {
         ));
         assert!(matches!(outcomes.next_ready(), Some(Err(e)) if e.is_connection_lost()));
         assert!(outcomes.next_ready().is_none());
+    }
+}
+
+/// The error of a `NACK <id> moved …` (its reason given).
+fn moved(message_id: &str, reason: &str) -> PublishError {
+    match ciphermq_proto::Redirect::parse(reason) {
+        Some(r) => PublishError::Moved {
+            message_id: message_id.to_owned(),
+            owner: r.owner.to_owned(),
+            node_id: r.node_id.to_owned(),
+            address: r.address.to_owned(),
+            epoch: r.epoch,
+        },
+        None => PublishError::UnknownNack {
+            message_id: message_id.to_owned(),
+            reason: reason.to_owned(),
+        },
     }
 }
