@@ -576,6 +576,23 @@ impl Stream for PublishOutcomes {
     }
 }
 
+/// The error of a `NACK <id> moved …` (its reason given).
+fn moved(message_id: &str, reason: &str) -> PublishError {
+    match ciphermq_proto::Redirect::parse(reason) {
+        Some(r) => PublishError::Moved {
+            message_id: message_id.to_owned(),
+            owner: r.owner.to_owned(),
+            node_id: r.node_id.to_owned(),
+            address: r.address.to_owned(),
+            epoch: r.epoch,
+        },
+        None => PublishError::UnknownNack {
+            message_id: message_id.to_owned(),
+            reason: reason.to_owned(),
+        },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -619,22 +636,5 @@ mod tests {
         ));
         assert!(matches!(outcomes.next_ready(), Some(Err(e)) if e.is_connection_lost()));
         assert!(outcomes.next_ready().is_none());
-    }
-}
-
-/// The error of a `NACK <id> moved …` (its reason given).
-fn moved(message_id: &str, reason: &str) -> PublishError {
-    match ciphermq_proto::Redirect::parse(reason) {
-        Some(r) => PublishError::Moved {
-            message_id: message_id.to_owned(),
-            owner: r.owner.to_owned(),
-            node_id: r.node_id.to_owned(),
-            address: r.address.to_owned(),
-            epoch: r.epoch,
-        },
-        None => PublishError::UnknownNack {
-            message_id: message_id.to_owned(),
-            reason: reason.to_owned(),
-        },
     }
 }
