@@ -393,3 +393,73 @@ async fn the_admin_endpoint_shows_the_nodes_and_where_each_owner_lives() {
         serde_json::json!({"enabled": false})
     );
 }
+
+/// `ciphermq_cluster_coordinator_calls_total` of `broker`'s /metrics.
+async fn coordinator_calls(broker: &TestBroker) -> u64 {
+    let addr = broker.admin_addr().expect("admin endpoint");
+    let body = common::admin_http::request(addr, Some("admin"), "GET", "/metrics")
+        .await
+        .expect("metrics")
+        .body;
+    body.lines()
+        .find_map(|l| l.strip_prefix("ciphermq_cluster_coordinator_calls_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("the coordinator call counter")
+}
+
+/// The calls a node makes to PostgreSQL do not grow with the publish rate:
+/// a publish costs none, so calls per second idle and under a full
+/// pipelined load are the poll's, whatever the rate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn coordinator_calls_per_second_do_not_grow_with_the_publish_rate() {
+    let db = TestDb::create().await;
+    let a = node(&db, "node-a", 1);
+    let mut r1 = connect_as(&a, "receiver_1").await;
+    setup_receiver(&mut r1, "receiver_1").await;
+
+    // Idle: at least 2 s of calls.
+    let (calls0, t0) = (coordinator_calls(&a).await, std::time::Instant::now());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (calls1, t1) = (coordinator_calls(&a).await, std::time::Instant::now());
+    let idle_rate = (calls1 - calls0) as f64 / (t1 - t0).as_secs_f64();
+
+    // Under load: pipelined publishes for at least 2 s.
+    let mut s = connect_as(&a, "sender_1").await;
+    let mut published = 0u64;
+    while t1.elapsed() < Duration::from_secs(2) {
+        for i in 0..500 {
+            common::send(
+                &mut s,
+                &format!(
+                    "publish ex receiver_1 {}",
+                    body(&format!("m{published}-{i}"), "receiver_1")
+                ),
+            )
+            .await;
+        }
+        for i in 0..500 {
+            assert_eq!(common::line(&mut s).await, format!("ACK m{published}-{i}"));
+        }
+        published += 500;
+        check(
+            &mut r1,
+            "purge_queue receiver_1_queue",
+            "OK purge_queue receiver_1_queue 500",
+        )
+        .await;
+    }
+    let (calls2, t2) = (coordinator_calls(&a).await, std::time::Instant::now());
+    let busy_rate = (calls2 - calls1) as f64 / (t2 - t1).as_secs_f64();
+    println!(
+        "coordinator calls: {idle_rate:.1}/s idle, {busy_rate:.1}/s while {published} messages were published ({:.0}/s)",
+        published as f64 / (t2 - t1).as_secs_f64()
+    );
+    assert!(published >= 500);
+    // The poll's pace, not the publishes': a tick is at most 4 calls every
+    // 200 ms (20/s), whatever the load.
+    assert!(
+        busy_rate <= idle_rate * 1.5 + 1.0,
+        "{busy_rate} calls/s under load, {idle_rate} idle"
+    );
+    assert!(busy_rate <= 21.0, "{busy_rate} calls/s");
+}
