@@ -84,6 +84,9 @@ pub(crate) enum Job {
         declarer: String,
         reply: oneshot::Sender<Result<ciphermq_cluster::Exchange, String>>,
     },
+    /// Remove an exchange from the catalogue (this node deleted it; the
+    /// others follow when it is gone from there).
+    DeleteExchange { name: String },
     /// End the thread.
     Stop,
 }
@@ -307,6 +310,14 @@ impl ClusterNode {
             owners_total: placements.len(),
             owners,
         }
+    }
+
+    /// Removes a deleted exchange from the catalogue, so every node drops
+    /// it (fire and forget: a failure is logged).
+    pub(crate) fn exchange_deleted(&self, name: &str) {
+        self.send(Job::DeleteExchange {
+            name: name.to_owned(),
+        });
     }
 
     /// Hands a job to the thread; one that cannot be queued is dropped,

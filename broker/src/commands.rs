@@ -231,7 +231,19 @@ impl Session {
                     name: exchange.to_owned(),
                     by: self.actor(),
                 };
-                self.change_topology(change, format!("OK delete_exchange {exchange}"));
+                // In a cluster, once deleted here it leaves the catalogue,
+                // and every node follows.
+                let cluster = self.local.shared.cluster.clone();
+                let name = exchange.to_owned();
+                self.change_topology_then(
+                    change,
+                    format!("OK delete_exchange {exchange}"),
+                    move || {
+                        if let Some(cluster) = cluster {
+                            cluster.exchange_deleted(&name);
+                        }
+                    },
+                );
             }
             Request::PurgeQueue { queue } => {
                 if self.check(Op::PurgeQueue { queue }) && self.queue_at_home(queue) {
@@ -580,6 +592,17 @@ impl Session {
     /// ownership refusal, decided where the change is applied, is answered
     /// like the ACL's.
     fn change_topology(&mut self, change: TopologyChange, ok: String) {
+        self.change_topology_then(change, ok, || {});
+    }
+
+    /// [`Session::change_topology`], running `then` once the change is
+    /// applied (not when it is refused).
+    fn change_topology_then(
+        &mut self,
+        change: TopologyChange,
+        ok: String,
+        then: impl FnOnce() + 'static,
+    ) {
         let (command, kind) = topology_command(&change);
         let mut pending = self.local.shared.topology.submit(change);
         let (cn, role, peer) = (
@@ -589,6 +612,7 @@ impl Session {
         );
         let line = move |result: ChangeResult| match result {
             Ok(()) => {
+                then();
                 // The reply names what changed: `OK bind <q> <e> <key>`.
                 log_throttled!(info, CHANGED.with(|t| t[kind].admit(Instant::now())), "lines of this command",
                     { %cn, %peer, %role, command, },

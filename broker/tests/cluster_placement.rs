@@ -463,3 +463,72 @@ async fn coordinator_calls_per_second_do_not_grow_with_the_publish_rate() {
     );
     assert!(busy_rate <= 21.0, "{busy_rate} calls/s");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exchange_deleted_on_one_node_goes_from_every_node() {
+    let db = TestDb::create().await;
+    let a = node(&db, "node-a", 1);
+    let b = node(&db, "node-b", 1);
+    let mut admin_a = connect_as(&a, "admin").await;
+    check(
+        &mut admin_a,
+        "declare_exchange events topic",
+        "OK declare_exchange events",
+    )
+    .await;
+    let mut r2 = connect_as(&b, "receiver_2").await;
+    expect(
+        &mut r2,
+        "declare_queue receiver_2_queue",
+        "OK declare_queue receiver_2_queue",
+    )
+    .await;
+    ask_until(
+        &mut r2,
+        "bind receiver_2_queue events receiver_2.#",
+        "OK bind receiver_2_queue events receiver_2.#",
+    )
+    .await;
+    let mut s = connect_as(&b, "sender_1").await;
+    let publish = |id: &str| format!("publish events receiver_2.x {}", body(id, "receiver_2"));
+    check(&mut s, &publish("e1"), "ACK e1").await;
+
+    // Deleted on node-a (which holds no binding on it): node-b drops it,
+    // its bindings with it, and does not bring it back.
+    check(
+        &mut admin_a,
+        "delete_exchange events",
+        "OK delete_exchange events",
+    )
+    .await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let mut n = 0;
+    loop {
+        n += 1;
+        let id = format!("e{n}x");
+        let reply = ask(&mut s, &publish(&id)).await;
+        if reply == format!("NACK {id} no_route") {
+            break;
+        }
+        assert_eq!(reply, format!("ACK {id}"));
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "node-b still routes through events"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Gone for good on both nodes: another type may take the name.
+    let mut admin_b = connect_as(&b, "admin").await;
+    check(
+        &mut admin_b,
+        "declare_exchange events direct",
+        "OK declare_exchange events",
+    )
+    .await;
+    check(
+        &mut admin_a,
+        "declare_exchange events topic",
+        "Error: exchange events exists with type direct",
+    )
+    .await;
+}

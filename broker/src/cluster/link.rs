@@ -8,6 +8,7 @@
 //! most four statements, whatever the traffic. A failed call is logged (at
 //! most once per outage) and the snapshot kept; the next tick tries again.
 
+use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Weak};
@@ -44,6 +45,9 @@ struct Link {
     last_refresh: Instant,
     /// Whether the last call failed, so an outage is logged once.
     failing: bool,
+    /// The exchanges the catalogue held at the last read: one that appears
+    /// is declared here, one that disappears is deleted here.
+    catalogue: HashSet<String>,
 }
 
 /// Joins the cluster, reports on `ready`, then serves until [`Job::Stop`]
@@ -110,6 +114,7 @@ impl Link {
             last_heartbeat: now,
             last_refresh: now,
             failing: false,
+            catalogue: HashSet::new(),
         };
         let changes = link.coordinator.placements_since(0)?;
         link.node.view.apply(&changes.placements);
@@ -194,6 +199,10 @@ impl Link {
                 self.note("declare an exchange", declared);
                 let _ = reply.send(answer);
             }
+            Job::DeleteExchange { name } => {
+                let deleted = self.delete_from_catalogue(&name);
+                self.note("delete an exchange from the catalogue", deleted);
+            }
             Job::Stop => {}
         }
     }
@@ -230,17 +239,44 @@ impl Link {
         }
     }
 
-    /// Declares here every catalogued exchange this node's topology lacks,
-    /// owned by its declarer when that is a receiver.
+    /// Removes `name` from the catalogue, whoever declared it: the node's
+    /// topology already judged the deletion.
+    fn delete_from_catalogue(&mut self, name: &str) -> Result<(), ClusterError> {
+        let stored = self.coordinator.exchanges()?;
+        match stored.iter().find(|e| e.name == name) {
+            Some(row) => match self.coordinator.delete_exchange(name, &row.owner) {
+                Ok(()) | Err(ClusterError::NoSuchExchange { .. }) => Ok(()),
+                Err(e) => Err(e),
+            },
+            None => Ok(()),
+        }
+    }
+
+    /// Follows the catalogue: an exchange that appeared in it since the
+    /// last read is declared here (owned by its declarer when that is a
+    /// receiver) unless this node has it; one that disappeared is deleted
+    /// here. Exchanges this node had before it joined, never catalogued,
+    /// are left alone.
     fn sync_exchanges(&mut self) -> Result<(), ClusterError> {
         let catalogue = self.coordinator.exchanges()?;
         let Some(shared) = self.shared.upgrade() else {
             return Ok(());
         };
+        let names: HashSet<String> = catalogue.iter().map(|e| e.name.clone()).collect();
+        for gone in self.catalogue.difference(&names) {
+            let change = TopologyChange::DeleteExchange {
+                name: gone.clone(),
+                by: ciphermq_shard::topology::Actor::Admin,
+            };
+            if let Err(e) = futures_lite::future::block_on(shared.topology.submit(change)) {
+                tracing::debug!(exchange = %gone, error = %e, "cluster: exchange deleted elsewhere not deleted here");
+            }
+        }
+        let known = std::mem::replace(&mut self.catalogue, names);
         let topology = shared.topology.snapshot();
         let policy = shared.policy.current();
         for exchange in catalogue {
-            if topology.exchange(&exchange.name).is_some() {
+            if known.contains(&exchange.name) || topology.exchange(&exchange.name).is_some() {
                 continue;
             }
             let Some(kind) = ExchangeKind::parse(&exchange.kind) else {
