@@ -20,11 +20,15 @@
 #   PUBLISHERS  publisher connections      ("1 4 16")
 #   WINDOW      publish window             (1000)
 #   PORT        CipherMQ port              (5917; must be free)
-#   SECTIONS    any of: throughput latency durability rss idle pgbridge ab
+#   SECTIONS    any of: throughput latency durability rss idle pgbridge cluster ab
 #               restart backlog tail mixed load soak (default: the first six)
 #               durability: the price of durability as adjacent pairs
 #               (durable run, then in-memory run, RUNS times), 1 KiB, 1 shard,
 #               each PUBLISHERS count; the ratio is taken within each pair
+#               cluster: a broker on its own, then a 1-node cluster, as
+#               adjacent pairs, both durable with the Postgres backend
+#               (PGDB), 1 KiB, 1 shard, 1 consumer, RUNS pairs per
+#               PUBLISHERS count; the ratio is taken within each pair
 #               ab: before/after as adjacent pairs: BASE_BIN's broker, then
 #               this tree's, durable, AB_SIZE bytes (1024), 1 shard,
 #               1 consumer, RUNS pairs per PUBLISHERS count; the ratio is
@@ -150,13 +154,18 @@ write_config() { # mode
 max_queue_size = $QUEUE_CAP"
   [[ -n "${QUEUE_CAP:-}" && -n "${DEDUP_WINDOW:-}" ]] && performance="$performance
 dedup_window_secs = $DEDUP_WINDOW"
-  if [[ $mode == postgres ]]; then
-    mode=durable
+  if [[ $mode == postgres || $mode == cluster ]]; then
     database="[database]
 backend = \"postgres\"
 dbname = \"$PGDB\"
 [encryption]
 aes_key = \"$(head -c 32 /dev/urandom | base64)\""
+    [[ $mode == cluster ]] && database="$database
+[cluster]
+enabled = true
+node_id = \"bench-1\"
+schema = \"ciphermq_bench_cluster\""
+    mode=durable
   fi
   cat >"$WORK/config-$1.toml" <<EOF
 # Written by bench/run-compare.sh. Everything not set here has its default.
@@ -348,6 +357,26 @@ if has ab; then
         RUNS=1 bench "ab-$side-p$pubs-r$run" "$side, durable, $ab_size B, 1 shard, $AB_EXCHANGE" \
           --target ciphermq --duration "$DURATION" --size "$ab_size" --publishers "$pubs" --consumers 1 \
           --exchange "$AB_EXCHANGE" ${AB_ARGS:-}
+      done
+    done
+  done
+fi
+
+if has cluster; then
+  # A 1-node cluster against a broker on its own, both with the Postgres
+  # backend (a cluster needs it), so the pair differs by the cluster alone:
+  # the coordinator thread and the placement check on every publish.
+  echo "== cluster: a broker on its own, then a 1-node cluster; adjacent pairs, durable + Postgres, 1 KiB, 1 shard, 1 consumer"
+  for pubs in $PUBLISHERS; do
+    for run in $(seq "$RUNS"); do
+      for side in alone node; do
+        psql_q postgres "DROP DATABASE IF EXISTS $PGDB WITH (FORCE)" >/dev/null
+        psql_q postgres "CREATE DATABASE $PGDB" >/dev/null
+        mode=postgres
+        [[ $side == node ]] && mode=cluster
+        start_broker "$mode" 1
+        RUNS=1 bench "cluster-$side-p$pubs-r$run" "$side, durable + Postgres, 1 KiB, 1 shard" \
+          --target ciphermq --duration "$DURATION" --size 1024 --publishers "$pubs" --consumers 1
       done
     done
   done

@@ -424,6 +424,45 @@ def ab(out, lines):
     lines.append("")
 
 
+def cluster(out, lines):
+    """A 1-node cluster ÷ a broker on its own within each adjacent pair."""
+    pairs = paired_runs(out, "cluster", ("alone", "node"))
+    if not pairs:
+        return
+    lines.append(
+        "### A 1-node cluster vs a broker on its own (durable + Postgres backend, 1 KiB, 1 shard, "
+        "1 consumer; alone, then node)\n"
+    )
+    lines.append(
+        "| publishers | pairs | publish node ÷ alone, median (range) | consume node ÷ alone, median (range) "
+        "| broker CPU per message node ÷ alone | alone / node publish/s | alone / node ACK p99 ms "
+        "| alone / node ACK max ms | all complete |"
+    )
+    lines.append("|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    for pubs in sorted({k[0] for k in pairs}):
+        runs = [v for k, v in sorted(pairs.items()) if k[0] == pubs and len(v) == 2]
+        if not runs:
+            continue
+
+        def spread(key):
+            rs = [r["node"][key] / r["alone"][key] for r in runs if r["alone"].get(key) and r["node"].get(key)]
+            return f"**{med(rs):.0%}** ({min(rs):.0%}–{max(rs):.0%})" if rs else "-"
+
+        def both(f):
+            return f"{ms(med([f(r['alone']) for r in runs]))} / {ms(med([f(r['node']) for r in runs]))}"
+
+        complete = all(r[side]["complete"] for r in runs for side in ("alone", "node"))
+        lines.append(
+            f"| {pubs} | {len(runs)} | {spread('publish_msgs_per_sec')} | {spread('consume_msgs_per_sec')} "
+            f"| {spread('broker_cpu_us_per_msg')} "
+            f"| {n(med([r['alone']['publish_msgs_per_sec'] for r in runs]))} / "
+            f"{n(med([r['node']['publish_msgs_per_sec'] for r in runs]))} "
+            f"| {both(lambda s: s['publish_to_ack']['p99_ms'])} "
+            f"| {both(lambda s: s['publish_to_ack']['max_ms'])} | {'yes' if complete else 'NO'} |"
+        )
+    lines.append("")
+
+
 def mixed(out, lines):
     """Publish-only ÷ one publisher + one consumer within each adjacent pair,
     then one consumer behind 4 and 16 publishers."""
@@ -489,6 +528,7 @@ def main():
     latency(out, lines)
     durability(out, lines)
     ab(out, lines)
+    cluster(out, lines)
     mixed(out, lines)
     tail(out, lines)
     load_levels(out, lines)
