@@ -147,3 +147,94 @@ async fn senders_on_one_seed_reach_receivers_on_every_node_with_at_most_one_redi
         assert!(got.values().all(|&n| n == 1), "{cn}: duplicates {got:?}");
     }
 }
+
+/// The shipped receiver, given any node's address, finds the node holding
+/// it and consumes there; the shipped sender, pointed at that node, reaches
+/// it end to end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_receiver_tool_pointed_at_another_node_consumes_on_its_own() {
+    use ciphermq_clients::receiver::{run_receiver, ReceiverLimits, ReceiverStats};
+    use ciphermq_clients::receiver_config::ReceiverConfig;
+    use ciphermq_clients::sender::{run_sender, SendJob, SenderStats};
+    use ciphermq_clients::sender_config::SenderConfig;
+    use ciphermq_clients::TlsConfig;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    let db = TestDb::create().await;
+    let a = node(&db, "node-a");
+    let b = node(&db, "node-b");
+    // receiver_1 is placed on node-a.
+    let mut r1 = common::connect_as(&a, "receiver_1").await;
+    common::check(
+        &mut r1,
+        "locate receiver_1",
+        &format!("OK locate receiver_1 node-a {} 1", a.addr),
+    )
+    .await;
+    drop(r1);
+
+    let dir = tempfile::tempdir().unwrap();
+    let keys = dir.path().join("keys");
+    let secret = ciphermq_clients::crypto::generate_secret_key();
+    ciphermq_clients::key_file::write_secret_key(
+        &ciphermq_clients::key_file::private_key_path(&keys, "receiver_1"),
+        &secret,
+    )
+    .unwrap();
+    let mut rc = ReceiverConfig::new(
+        b.addr.clone(),
+        TlsConfig::for_cn(&pki().certs, "receiver_1"),
+    );
+    rc.private_key_path = keys.join("{cn}_private.key");
+    rc.output_dir = dir.path().join("out");
+    rc.reconnect_backoff_ms = 50;
+    let limits = ReceiverLimits {
+        until_total: Some(20),
+        ..Default::default()
+    };
+    let receiver = tokio::spawn(async move {
+        tokio::time::timeout(
+            Duration::from_secs(120),
+            run_receiver(
+                &rc,
+                limits,
+                Arc::new(ReceiverStats::default()),
+                std::future::pending(),
+            ),
+        )
+        .await
+        .expect("receiver finished in time")
+        .expect("receiver succeeded")
+    });
+
+    let mut sc = SenderConfig::new(a.addr.clone(), TlsConfig::for_cn(&pki().certs, "sender_1"));
+    sc.receivers = vec!["receiver_1".into()];
+    sc.keys_dir = dir.path().join("sender-keys");
+    sc.content_template = serde_json::json!("hello {seq}");
+    sc.sender.key_wait_secs = 30;
+    let job = SendJob {
+        contents: ciphermq_clients::message_source::Contents::Template {
+            template: sc.content_template.clone(),
+            count: 20,
+            pad_to: 0,
+        },
+        run_id: None,
+    };
+    let sent = tokio::time::timeout(
+        Duration::from_secs(120),
+        run_sender(
+            &sc,
+            job,
+            Arc::new(SenderStats::default()),
+            std::future::pending(),
+        ),
+    )
+    .await
+    .expect("sender finished in time")
+    .expect("sender succeeded");
+    assert_eq!(sent.acked, 20);
+    let report = receiver.await.unwrap();
+    assert_eq!(report.total_records, 20);
+    assert_eq!(report.written, 20);
+}

@@ -292,7 +292,7 @@ where
     let tls = config.tls.options();
     // Acks and nacks are this client's only commands besides the setup; the
     // connection task sends a heartbeat after `heartbeat_secs` without one.
-    let client_config = ClientConfig::with_connector(
+    let mut client_config = ClientConfig::with_connector(
         config.server_address.clone(),
         tls.connector()?,
         tls.server_name()?,
@@ -321,7 +321,7 @@ where
             .await?
         };
         let client = match dialed {
-            DialedClient::Connected(client) => client,
+            DialedClient::Connected(client) => home_node(client, &mut client_config).await,
             DialedClient::Stopped => break StopReason::Shutdown,
         };
         let s = match &mut session {
@@ -981,5 +981,41 @@ mod tests {
         assert_eq!(per_second(0, Duration::ZERO), 0.0);
         assert_eq!(per_second(5, Duration::ZERO), 0.0);
         assert_eq!(per_second(5, Duration::from_millis(500)), 10.0);
+    }
+}
+
+/// In a cluster, the connection to the node holding this receiver: asks
+/// the connected node (`locate <cn>`, which places the receiver there if no
+/// node holds it yet) and, when another node holds it, connects there and
+/// makes it the address of later reconnects. A broker on its own (it
+/// answers `locate` with an error), or a home that cannot be reached,
+/// leaves the connection as it is: the setup then says what the broker
+/// answered.
+async fn home_node(client: Client, config: &mut ClientConfig) -> Client {
+    let line = format!("locate {}", client.client_id());
+    let Ok(reply) = client.request(&line).await else {
+        return client;
+    };
+    let Some(home) = reply.strip_prefix("OK locate ").and_then(|rest| {
+        ciphermq_proto::Redirect::parse(&format!("moved {rest}"))
+            .map(|r| (r.node_id.to_owned(), r.address.to_owned(), r.epoch))
+    }) else {
+        return client;
+    };
+    let (node_id, address, epoch) = home;
+    if address == config.address() {
+        return client;
+    }
+    let there = config.for_address(address.clone());
+    match Client::connect(there.clone()).await {
+        Ok(home) => {
+            tracing::info!(node_id = %node_id, address = %address, epoch, "this receiver lives on another node of the cluster; connected there");
+            *config = there;
+            home
+        }
+        Err(e) => {
+            tracing::warn!(node_id = %node_id, address = %address, error = %e, "cannot reach the node holding this receiver");
+            client
+        }
     }
 }
