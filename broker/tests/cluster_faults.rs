@@ -210,3 +210,66 @@ async fn durable_node(dir: &Path, db: &TestDb, node_id: &str) -> PathBuf {
     assert!(broker.stop().success());
     config
 }
+
+/// A second process registered under the same node id takes the node over:
+/// the first one's next heartbeat is refused, and from then on it stores
+/// nothing and serves no owner, so two processes never serve one owner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_id_another_process_registers_stops_serving() {
+    let db = TestDb::create().await;
+    let sections =
+        |node_id: &str| cluster_sections(&db, node_id).replace("lease_secs = 5", "lease_secs = 3");
+    let old = TestBroker::start_with(1, &sections("node-a"));
+    let mut r1 = connect_as(&old, "receiver_1").await;
+    setup_receiver(&mut r1, "receiver_1").await;
+    let mut s = connect_as(&old, "sender_1").await;
+    assert_eq!(
+        ask(
+            &mut s,
+            &format!("publish ex receiver_1 {}", body("m1", "receiver_1"))
+        )
+        .await,
+        "ACK m1"
+    );
+
+    let new = TestBroker::start_with(1, &sections("node-a"));
+    let fenced = "Error: cluster: node node-a was registered again by another process and \
+                  serves no owner here any more; connect to another node";
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let reply = ask(&mut r1, "declare_queue receiver_1_queue").await;
+        if reply == fenced {
+            break;
+        }
+        assert_eq!(reply, "OK declare_queue receiver_1_queue");
+        assert!(tokio::time::Instant::now() < deadline, "never fenced");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        ask(
+            &mut s,
+            &format!("publish ex receiver_1 {}", body("m2", "receiver_1"))
+        )
+        .await,
+        "NACK m2 storage"
+    );
+    assert_eq!(ask(&mut r1, "locate receiver_1").await, fenced);
+
+    // The new process serves receiver_1 (same node, same epoch: its data
+    // directory is its own, so the old queue is not there).
+    let mut r1_new = connect_as(&new, "receiver_1").await;
+    setup_receiver(&mut r1_new, "receiver_1").await;
+    let mut s_new = connect_as(&new, "sender_1").await;
+    assert_eq!(
+        ask(
+            &mut s_new,
+            &format!("publish ex receiver_1 {}", body("m3", "receiver_1"))
+        )
+        .await,
+        "ACK m3"
+    );
+    assert_eq!(
+        ask(&mut s_new, "locate receiver_1").await,
+        format!("OK locate receiver_1 node-a {} 1", new.addr)
+    );
+}

@@ -215,8 +215,9 @@ impl Link {
                 .heartbeat(&self.node.node_id, self.incarnation);
             if let Err(e @ ClusterError::Fenced { .. }) = &beat {
                 if !self.node.status.fenced.swap(true, Ordering::Relaxed) {
+                    self.node.view.fence();
                     tracing::error!(node_id = %self.node.node_id, error = %e,
-                        "this node's id was registered by another process: stop this broker, or give one of them another cluster.node_id");
+                        "this node's id was registered by another process: this broker serves no owner any more; stop it, or give one of them another cluster.node_id");
                 }
             }
             if self.note("record a heartbeat", beat).is_some() {

@@ -40,12 +40,17 @@ pub enum Residence {
     Elsewhere(String),
     /// No node holds it yet (as far as this node has heard).
     Unplaced,
+    /// This node was fenced (another process registered its node id): it
+    /// serves no owner any more.
+    Fenced,
 }
 
 /// One immutable state of the snapshot.
 #[derive(Debug, Default)]
 pub struct Placements {
     owners: HashMap<Arc<str>, Home>,
+    /// This node no longer speaks for its node id.
+    fenced: bool,
     /// The `nodes` reply, rendered when the node list changes.
     nodes_line: String,
 }
@@ -53,6 +58,9 @@ pub struct Placements {
 impl Placements {
     /// Where `owner` lives, judged from `node_id`'s point of view.
     pub fn residence(&self, owner: &str, node_id: &str) -> Residence {
+        if self.fenced {
+            return Residence::Fenced;
+        }
         match self.owners.get(owner) {
             None => Residence::Unplaced,
             Some(home) if &*home.node_id == node_id => Residence::Here,
@@ -111,6 +119,7 @@ impl Default for PlacementView {
             version: AtomicU64::new(1),
             current: RwLock::new(Arc::new(Placements {
                 owners: HashMap::new(),
+                fenced: false,
                 nodes_line: "OK nodes".to_owned(),
             })),
         }
@@ -151,6 +160,11 @@ impl PlacementView {
         })
     }
 
+    /// Marks this node fenced: from now on it serves no owner.
+    pub fn fence(&self) {
+        self.update(|state| usize::from(!std::mem::replace(&mut state.fenced, true)));
+    }
+
     /// Replaces the live node list (for `nodes`); a node's new address also
     /// becomes its owners' address.
     pub fn set_nodes(&self, nodes: &[NodeInfo]) -> bool {
@@ -185,6 +199,7 @@ impl PlacementView {
         let mut guard = self.current.write().unwrap_or_else(PoisonError::into_inner);
         let mut next = Placements {
             owners: guard.owners.clone(),
+            fenced: guard.fenced,
             nodes_line: guard.nodes_line.clone(),
         };
         let changed = change(&mut next);
@@ -221,6 +236,10 @@ mod tests {
             Residence::Elsewhere("r2 b b.example:5700 3".to_owned())
         );
         assert_eq!(p.residence("r3", "a"), Residence::Unplaced);
+        view.fence();
+        let (_, p) = view.current();
+        assert_eq!(p.residence("r1", "a"), Residence::Fenced);
+        assert_eq!(p.residence("r3", "a"), Residence::Fenced);
     }
 
     #[test]

@@ -59,6 +59,10 @@ impl Session {
                 self.replies.line(format!("Error: moved {tail}"));
                 false
             }
+            Residence::Fenced => {
+                self.replies.line(fenced_line(&self.local));
+                false
+            }
             Residence::Unplaced if self.rerun => {
                 self.replies.line(format!(
                     "Error: cluster: no node could be given to owner {owner}: the cluster \
@@ -87,11 +91,19 @@ impl Session {
         let Some(cluster) = &self.local.shared.cluster else {
             return PublishHome::Here;
         };
+        let residence = self.local.residence(owner);
+        if residence == Residence::Fenced {
+            // A fenced node stores nothing, whoever the message is for.
+            self.replies
+                .nack(message_id, ciphermq_proto::NackReason::Storage);
+            return PublishHome::Settled;
+        }
         if !named && self.policy.acl.role_of(owner) != Role::Receiver {
             return PublishHome::Here;
         }
-        match self.local.residence(owner) {
+        match residence {
             Residence::Here => PublishHome::Here,
+            Residence::Fenced => PublishHome::Settled,
             Residence::Elsewhere(tail) => {
                 self.replies.line(format!("NACK {message_id} moved {tail}"));
                 PublishHome::Settled
@@ -154,6 +166,9 @@ impl Session {
         match self.local.residence(owner) {
             Residence::Elsewhere(tail) => {
                 self.replies.line(format!("OK locate {tail}"));
+            }
+            Residence::Fenced => {
+                self.replies.line(fenced_line(&self.local));
             }
             Residence::Here => {
                 let (_, placements) = cluster.view().current();
@@ -220,3 +235,16 @@ impl Session {
 
 /// The answer to `nodes` and `locate` on a broker that is no cluster node.
 const NOT_A_CLUSTER: &str = "Error: this broker is not a cluster node (cluster.enabled = false)";
+
+/// The answer of a fenced node to every command about an owner.
+fn fenced_line(local: &crate::context::ShardLocal) -> String {
+    let node = local
+        .shared
+        .cluster
+        .as_ref()
+        .map_or("?", |c| &**c.node_id());
+    format!(
+        "Error: cluster: node {node} was registered again by another process and serves no \
+         owner here any more; connect to another node"
+    )
+}
