@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs every check CI runs: formatting, clippy (warnings are errors), the
 # fuzz targets' build, the dependency audit, all tests, and the README's "Operate" commands
-# (scripts/operate-check.sh) and the demo with its port taken
-# (scripts/demo-check.sh).
+# (scripts/operate-check.sh), the demo with its port taken
+# (scripts/demo-check.sh) and the cluster demo (scripts/cluster-demo.sh).
 # Works on a fresh machine: it installs what the tests need first. Ends with
 # one line, the totals of every test result (exit 1 if any failed or none ran).
 set -euo pipefail
@@ -100,13 +100,17 @@ operate=$?
 echo "== scripts/demo-check.sh"
 ./scripts/demo-check.sh
 demo=$?
+# The cluster demo: three nodes on the local PostgreSQL (debug binaries).
+echo "== scripts/cluster-demo.sh"
+PROFILE=debug COUNT=200 ./scripts/cluster-demo.sh
+cluster_demo=$?
 set -e
 
 # One line to end on: every `test result:` line summed (unit, integration
 # and doc tests), the test binaries run and those that failed (a failed test,
 # or no result line at all: the binary crashed or was killed), and a non-zero
 # exit if any failed or none ran.
-awk -v status="$status" -v operate="$operate" -v demo="$demo" -v pg_tls="$pg_tls" '
+awk -v status="$status" -v operate="$operate" -v demo="$demo" -v cluster_demo="$cluster_demo" -v pg_tls="$pg_tls" '
   /^ +(Running|Doc-tests) / {
     if (open) crashed++
     started++
@@ -132,6 +136,8 @@ awk -v status="$status" -v operate="$operate" -v demo="$demo" -v pg_tls="$pg_tls
     else line = line "; scripts/operate-check.sh passed"
     if (demo != 0) line = line "; scripts/demo-check.sh FAILED"
     else line = line "; scripts/demo-check.sh passed"
+    if (cluster_demo != 0) line = line "; scripts/cluster-demo.sh FAILED"
+    else line = line "; scripts/cluster-demo.sh passed"
     print line
-    exit (results == 0 || failed > 0 || crashed > 0 || status != 0 || operate != 0 || demo != 0 || pg_tls != 0) ? 1 : 0
+    exit (results == 0 || failed > 0 || crashed > 0 || status != 0 || operate != 0 || demo != 0 || cluster_demo != 0 || pg_tls != 0) ? 1 : 0
   }' target/test-output.log

@@ -19,7 +19,7 @@
 use std::path::PathBuf;
 
 use ciphermq_clients::client::cluster::ClusterClient;
-use ciphermq_clients::{ClientConfig, TlsClientOptions};
+use ciphermq_clients::{ClientConfig, PublishError, TlsClientOptions};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -45,20 +45,34 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let config = ClientConfig::new(&seeds[0], TlsClientOptions::for_cn(&certs, &sender))
         .known_receivers_file(keys.join("known_receivers"))?;
     let cluster = ClusterClient::connect(config, seeds).await?;
-    for receiver in &receivers {
-        let home = cluster.locate(receiver).await?;
-        println!(
-            "{receiver} lives on {} at {} (epoch {})",
-            home.node_id, home.address, home.epoch
-        );
-    }
     for n in 0..count {
         for receiver in &receivers {
             let text = format!("message {n} for {receiver}");
-            let ack = cluster
-                .publish_to(receiver, "ex", receiver, text.as_bytes())
-                .await?;
+            let mut waited = 0;
+            let ack = loop {
+                match cluster
+                    .publish_to(receiver, "ex", receiver, text.as_bytes())
+                    .await
+                {
+                    // A key registered on another node reaches this one
+                    // within a second.
+                    Err(PublishError::NoPublicKey { .. }) if waited < 100 => {
+                        waited += 1;
+                        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    }
+                    other => break other?,
+                }
+            };
             println!("{receiver}: {} stored", ack.message_id);
+        }
+    }
+    // What the redirects taught the client.
+    for receiver in &receivers {
+        if let Some(home) = cluster.cached_home(receiver) {
+            println!(
+                "{receiver} lives on {} at {} (epoch {})",
+                home.node_id, home.address, home.epoch
+            );
         }
     }
     println!("{} redirects followed", cluster.redirects());
