@@ -1,6 +1,6 @@
 //! The web dashboard: one self-contained page (`admin/dashboard/index.html`,
 //! inline CSS and JavaScript, no other asset) embedded in the binary. It
-//! polls `api/status`, `api/queues`, `api/connections` and `metrics` once a
+//! polls `api/status`, `api/queues`, `api/connections`, `api/cluster` and `metrics` once a
 //! second with relative URLs, so the same page works from the admin
 //! endpoint (`GET /` over mTLS) and behind `ciphermq-admin dashboard`.
 

@@ -31,6 +31,7 @@ const FORWARDED: &[&str] = &[
     "/api/status",
     "/api/queues",
     "/api/connections",
+    "/api/cluster",
     "/metrics",
     "/health",
     "/ready",
