@@ -45,10 +45,12 @@ pub enum Residence {
     Fenced,
 }
 
-/// One immutable state of the snapshot.
+/// One immutable state of the snapshot. The owners are a persistent map:
+/// a change copies it in O(1) and inserts in O(log n), so placing many
+/// owners one by one does not copy the whole map each time.
 #[derive(Debug, Default)]
 pub struct Placements {
-    owners: HashMap<Arc<str>, Home>,
+    owners: imbl::HashMap<Arc<str>, Home>,
     /// This node no longer speaks for its node id.
     fenced: bool,
     /// The `nodes` reply, rendered when the node list changes.
@@ -118,7 +120,7 @@ impl Default for PlacementView {
         PlacementView {
             version: AtomicU64::new(1),
             current: RwLock::new(Arc::new(Placements {
-                owners: HashMap::new(),
+                owners: imbl::HashMap::new(),
                 fenced: false,
                 nodes_line: "OK nodes".to_owned(),
             })),
@@ -177,7 +179,7 @@ impl PlacementView {
         }
         self.update(|state| {
             let mut changed = state.nodes_line != line;
-            for home in state.owners.values_mut() {
+            for (_, home) in state.owners.iter_mut() {
                 let moved = nodes
                     .iter()
                     .find(|n| *n.node_id == *home.node_id)
