@@ -888,6 +888,42 @@ fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
+/// In a cluster, the connection to the node holding this receiver: asks
+/// the connected node (`locate <cn>`, which places the receiver there if no
+/// node holds it yet) and, when another node holds it, connects there and
+/// makes it the address of later reconnects. A broker on its own (it
+/// answers `locate` with an error), or a home that cannot be reached,
+/// leaves the connection as it is: the setup then says what the broker
+/// answered.
+async fn home_node(client: Client, config: &mut ClientConfig) -> Client {
+    let line = format!("locate {}", client.client_id());
+    let Ok(reply) = client.request(&line).await else {
+        return client;
+    };
+    let Some(home) = reply.strip_prefix("OK locate ").and_then(|rest| {
+        ciphermq_proto::Redirect::parse(&format!("moved {rest}"))
+            .map(|r| (r.node_id.to_owned(), r.address.to_owned(), r.epoch))
+    }) else {
+        return client;
+    };
+    let (node_id, address, epoch) = home;
+    if address == config.address() {
+        return client;
+    }
+    let there = config.for_address(address.clone());
+    match Client::connect(there.clone()).await {
+        Ok(home) => {
+            tracing::info!(node_id = %node_id, address = %address, epoch, "this receiver lives on another node of the cluster; connected there");
+            *config = there;
+            home
+        }
+        Err(e) => {
+            tracing::warn!(node_id = %node_id, address = %address, error = %e, "cannot reach the node holding this receiver");
+            client
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -981,41 +1017,5 @@ mod tests {
         assert_eq!(per_second(0, Duration::ZERO), 0.0);
         assert_eq!(per_second(5, Duration::ZERO), 0.0);
         assert_eq!(per_second(5, Duration::from_millis(500)), 10.0);
-    }
-}
-
-/// In a cluster, the connection to the node holding this receiver: asks
-/// the connected node (`locate <cn>`, which places the receiver there if no
-/// node holds it yet) and, when another node holds it, connects there and
-/// makes it the address of later reconnects. A broker on its own (it
-/// answers `locate` with an error), or a home that cannot be reached,
-/// leaves the connection as it is: the setup then says what the broker
-/// answered.
-async fn home_node(client: Client, config: &mut ClientConfig) -> Client {
-    let line = format!("locate {}", client.client_id());
-    let Ok(reply) = client.request(&line).await else {
-        return client;
-    };
-    let Some(home) = reply.strip_prefix("OK locate ").and_then(|rest| {
-        ciphermq_proto::Redirect::parse(&format!("moved {rest}"))
-            .map(|r| (r.node_id.to_owned(), r.address.to_owned(), r.epoch))
-    }) else {
-        return client;
-    };
-    let (node_id, address, epoch) = home;
-    if address == config.address() {
-        return client;
-    }
-    let there = config.for_address(address.clone());
-    match Client::connect(there.clone()).await {
-        Ok(home) => {
-            tracing::info!(node_id = %node_id, address = %address, epoch, "this receiver lives on another node of the cluster; connected there");
-            *config = there;
-            home
-        }
-        Err(e) => {
-            tracing::warn!(node_id = %node_id, address = %address, error = %e, "cannot reach the node holding this receiver");
-            client
-        }
     }
 }

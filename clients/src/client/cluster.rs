@@ -222,24 +222,20 @@ impl ClusterClient {
                 .await
                 .map_err(RequestError::from_connect)?;
             match client.publisher().publish_prepared(prepared).await {
-                Err(PublishError::Moved {
-                    owner: moved,
-                    node_id,
-                    address: to,
-                    epoch,
-                    ..
-                }) if hops < MAX_REDIRECTS => {
+                Err(PublishError::Moved(moved)) if hops < MAX_REDIRECTS => {
                     hops += 1;
                     self.redirects.fetch_add(1, Relaxed);
                     let redirect = Redirect {
-                        owner: &moved,
-                        node_id: &node_id,
-                        address: &to,
-                        epoch,
+                        owner: &moved.owner,
+                        node_id: &moved.node_id,
+                        address: &moved.address,
+                        epoch: moved.epoch,
                     };
                     self.learn(&redirect);
                     // A lower epoch than one already known is not followed.
-                    address = self.cached_home(&moved).map_or(to, |h| h.address);
+                    address = self
+                        .cached_home(&moved.owner)
+                        .map_or_else(|| moved.address.clone(), |h| h.address);
                 }
                 other => return other,
             }

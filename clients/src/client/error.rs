@@ -264,19 +264,8 @@ pub enum PublishError {
     /// `NACK <id> moved <owner> <node_id> <host:port> <epoch>`: in a
     /// cluster, the receiver lives on another node; nothing was stored.
     /// [`ClusterClient`](crate::client::cluster::ClusterClient) follows it.
-    #[error("{message_id} not stored: owner {owner} lives on node {node_id} at {address} (epoch {epoch})")]
-    Moved {
-        /// The message.
-        message_id: String,
-        /// The owner the publish was for.
-        owner: String,
-        /// The node holding it.
-        node_id: String,
-        /// That node's address.
-        address: String,
-        /// The placement's epoch.
-        epoch: u64,
-    },
+    #[error("{} not stored: owner {} lives on node {} at {} (epoch {})", .0.message_id, .0.owner, .0.node_id, .0.address, .0.epoch)]
+    Moved(Box<Moved>),
     /// `NACK <id> <word>` with a reason this library does not know (a newer
     /// broker); not retried.
     #[error("the broker refused {message_id}: {reason}")]
@@ -337,6 +326,21 @@ pub enum PublishError {
     /// sender and message id).
     #[error(transparent)]
     Request(#[from] RequestError),
+}
+
+/// Where a `NACK <id> moved …` sends a publish ([`PublishError::Moved`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Moved {
+    /// The message.
+    pub message_id: String,
+    /// The owner the publish was for.
+    pub owner: String,
+    /// The node holding it.
+    pub node_id: String,
+    /// That node's address.
+    pub address: String,
+    /// The placement's epoch.
+    pub epoch: u64,
 }
 
 // The cause is part of the message, not its `source()`: a report that prints

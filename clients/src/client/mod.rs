@@ -73,7 +73,7 @@ pub use ciphermq_proto::{ExchangeKind, NackReason};
 pub use config::{ClientConfig, RetryPolicy, MAX_PUBLISH_WINDOW};
 pub use consumer::{Consumer, Delivery, ReceiverKey, Settlement, Settler};
 pub use error::{
-    ConnectError, ConsumerError, DecryptError, Disconnected, PinStoreError, PublishError,
+    ConnectError, ConsumerError, DecryptError, Disconnected, Moved, PinStoreError, PublishError,
     RequestError,
 };
 pub use pins::{FilePins, KeyPins, MemoryPins};

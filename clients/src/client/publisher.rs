@@ -579,13 +579,13 @@ impl Stream for PublishOutcomes {
 /// The error of a `NACK <id> moved …` (its reason given).
 fn moved(message_id: &str, reason: &str) -> PublishError {
     match ciphermq_proto::Redirect::parse(reason) {
-        Some(r) => PublishError::Moved {
+        Some(r) => PublishError::Moved(Box::new(super::error::Moved {
             message_id: message_id.to_owned(),
             owner: r.owner.to_owned(),
             node_id: r.node_id.to_owned(),
             address: r.address.to_owned(),
             epoch: r.epoch,
-        },
+        })),
         None => PublishError::UnknownNack {
             message_id: message_id.to_owned(),
             reason: reason.to_owned(),
