@@ -20,7 +20,7 @@
 #   PUBLISHERS  publisher connections      ("1 4 16")
 #   WINDOW      publish window             (1000)
 #   PORT        CipherMQ port              (5917; must be free)
-#   SECTIONS    any of: throughput latency durability rss idle pgbridge cluster ab
+#   SECTIONS    any of: throughput latency durability rss idle pgbridge cluster scaleout ab
 #               restart backlog tail mixed load soak (default: the first six)
 #               durability: the price of durability as adjacent pairs
 #               (durable run, then in-memory run, RUNS times), 1 KiB, 1 shard,
@@ -29,6 +29,11 @@
 #               adjacent pairs, both durable with the Postgres backend
 #               (PGDB), 1 KiB, 1 shard, 1 consumer, RUNS pairs per
 #               PUBLISHERS count; the ratio is taken within each pair
+#               scaleout: two streams (sender_1 → receiver_1, sender_2 →
+#               receiver_2, 1 KiB, 1 publisher + 1 consumer each, two bench
+#               processes at once) against 1 node × 2 shards, then a 2-node
+#               cluster × 1 shard, as adjacent pairs, RUNS pairs; both
+#               durable with the Postgres backend; the figure is the sum
 #               ab: before/after as adjacent pairs: BASE_BIN's broker, then
 #               this tree's, durable, AB_SIZE bytes (1024), 1 shard,
 #               1 consumer, RUNS pairs per PUBLISHERS count; the ratio is
@@ -380,6 +385,55 @@ if has cluster; then
       done
     done
   done
+fi
+
+if has scaleout; then
+  # The same load, two independent streams (sender_1 → receiver_1, sender_2
+  # → receiver_2), against one node with 2 shards (the two pairs land on
+  # different shards), then against a 2-node cluster with 1 shard each (one
+  # pair per node). Two bench processes run at once, one per stream; the
+  # figure is their sum. Both sides durable with the Postgres backend.
+  echo "== scale-out: 1 node x 2 shards, then 2 nodes x 1 shard; adjacent pairs, durable + Postgres, 1 KiB, 1 publisher + 1 consumer per stream"
+  ADDR2="127.0.0.1:$((PORT + 2))"
+  for run in $(seq "$RUNS"); do
+    for side in one two; do
+      stop_broker
+      psql_q postgres "DROP DATABASE IF EXISTS $PGDB WITH (FORCE)" >/dev/null
+      psql_q postgres "CREATE DATABASE $PGDB" >/dev/null
+      if [[ $side == one ]]; then
+        start_broker postgres 2
+        addrs=("$ADDR" "$ADDR") pids=("$BROKER" "$BROKER")
+      else
+        start_broker cluster 1
+        sed -e 's/^node_id = .*/node_id = "bench-2"/' -e 's/^data_dir = .*/data_dir = "data-cluster-2"/' \
+            -e "s/^address = \"127.0.0.1:$((PORT + 1))\"/address = \"127.0.0.1:$((PORT + 3))\"/" \
+            "$WORK/config-cluster.toml" >"$WORK/config-cluster-2.toml"
+        rm -rf "$WORK/data-cluster-2"
+        "${BROKER_BIN:-$BIN/ciphermq-broker}" --config "$WORK/config-cluster-2.toml" --address "$ADDR2" --shards 1 \
+          >"$WORK/broker-cluster-2.log" 2>&1 &
+        SECOND=$!
+        for _ in $(seq 100); do grep -q "listening" "$WORK/broker-cluster-2.log" 2>/dev/null && break; sleep 0.1; done
+        grep -q "listening" "$WORK/broker-cluster-2.log" || { cat "$WORK/broker-cluster-2.log"; echo "node 2 did not start"; exit 1; }
+        addrs=("$ADDR" "$ADDR2") pids=("$BROKER" "$SECOND")
+      fi
+      streams=()
+      for i in 0 1; do
+        n=$((i + 1))
+        echo "-- scaleout-$side-s$n-r$run"
+        "$BIN/ciphermq-bench" --addr "${addrs[$i]}" --certs "$WORK/certs" --keys "$WORK/keys" \
+          --window "$WINDOW" --runs 1 --label "$side, stream $n" --broker-pid "${pids[$i]}" \
+          --json "$OUT/scaleout-$side-s$n-r$run.json" --target ciphermq --duration "$DURATION" --size 1024 \
+          --publishers 1 --consumers 1 --senders "sender_$n" --receiver "receiver_$n" &
+        streams+=($!)
+      done
+      wait "${streams[@]}"
+      if [[ $side == two ]]; then
+        kill "$SECOND" 2>/dev/null || true
+        wait "$SECOND" 2>/dev/null || true
+      fi
+    done
+  done
+  stop_broker
 fi
 
 if has tail; then

@@ -463,6 +463,45 @@ def cluster(out, lines):
     lines.append("")
 
 
+def scaleout(out, lines):
+    """Two streams' summed rates: a 2-node cluster ÷ one node with 2 shards."""
+    pattern = re.compile(r"scaleout-(one|two)-s([12])-r(\d+)\.json")
+    runs = {}
+    for p in sorted(out.glob("scaleout-*.json")):
+        m = pattern.fullmatch(p.name)
+        if m:
+            s = load(p)["summary"].get("ciphermq")
+            if s:
+                runs.setdefault(int(m.group(3)), {}).setdefault(m.group(1), {})[m.group(2)] = s
+    pairs = [r for _, r in sorted(runs.items()) if all(len(r.get(side, {})) == 2 for side in ("one", "two"))]
+    if not pairs:
+        return
+    lines.append(
+        "### 2 nodes × 1 shard vs 1 node × 2 shards (two streams at once, durable + Postgres, 1 KiB; "
+        "one node, then the cluster)\n"
+    )
+    lines.append(
+        "| pairs | publish two nodes ÷ one node, median (range) | consume, median (range) "
+        "| one node publish/s (sum) | two nodes publish/s (sum) | all complete |"
+    )
+    lines.append("|---:|---:|---:|---:|---:|---|")
+
+    def total(side, r, key):
+        return sum(r[side][s][key] for s in ("1", "2"))
+
+    def spread(key):
+        rs = [total("two", r, key) / total("one", r, key) for r in pairs if total("one", r, key)]
+        return f"**{med(rs):.0%}** ({min(rs):.0%}–{max(rs):.0%})" if rs else "-"
+
+    complete = all(r[side][s]["complete"] for r in pairs for side in ("one", "two") for s in ("1", "2"))
+    lines.append(
+        f"| {len(pairs)} | {spread('publish_msgs_per_sec')} | {spread('consume_msgs_per_sec')} "
+        f"| {n(med([total('one', r, 'publish_msgs_per_sec') for r in pairs]))} "
+        f"| {n(med([total('two', r, 'publish_msgs_per_sec') for r in pairs]))} | {'yes' if complete else 'NO'} |"
+    )
+    lines.append("")
+
+
 def mixed(out, lines):
     """Publish-only ÷ one publisher + one consumer within each adjacent pair,
     then one consumer behind 4 and 16 publishers."""
@@ -529,6 +568,7 @@ def main():
     durability(out, lines)
     ab(out, lines)
     cluster(out, lines)
+    scaleout(out, lines)
     mixed(out, lines)
     tail(out, lines)
     load_levels(out, lines)
