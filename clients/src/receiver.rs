@@ -896,29 +896,23 @@ fn unix_now() -> u64 {
 /// leaves the connection as it is: the setup then says what the broker
 /// answered.
 async fn home_node(client: Client, config: &mut ClientConfig) -> Client {
-    let line = format!("locate {}", client.client_id());
-    let Ok(reply) = client.request(&line).await else {
+    let Ok(home) = client.locate(client.client_id()).await else {
         return client;
     };
-    let Some(home) = reply.strip_prefix("OK locate ").and_then(|rest| {
-        ciphermq_proto::Redirect::parse(&format!("moved {rest}"))
-            .map(|r| (r.node_id.to_owned(), r.address.to_owned(), r.epoch))
-    }) else {
-        return client;
-    };
-    let (node_id, address, epoch) = home;
-    if address == config.address() {
+    if home.address == config.address() {
         return client;
     }
-    let there = config.for_address(address.clone());
+    let there = config.for_address(home.address.clone());
     match Client::connect(there.clone()).await {
-        Ok(home) => {
-            tracing::info!(node_id = %node_id, address = %address, epoch, "this receiver lives on another node of the cluster; connected there");
+        Ok(connected) => {
+            tracing::info!(node_id = %home.node_id, address = %home.address, epoch = home.epoch,
+                "this receiver lives on another node of the cluster; connected there");
             *config = there;
-            home
+            connected
         }
         Err(e) => {
-            tracing::warn!(node_id = %node_id, address = %address, error = %e, "cannot reach the node holding this receiver");
+            tracing::warn!(node_id = %home.node_id, address = %home.address, error = %e,
+                "cannot reach the node holding this receiver");
             client
         }
     }

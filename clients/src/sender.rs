@@ -305,6 +305,9 @@ where
             role: client.role().to_string(),
         });
     }
+    let mut client_config = client_config;
+    let client_first = home_of_receivers(client, &config.receivers, &mut client_config).await?;
+    client = client_first;
     let sender_id = client.client_id().to_owned();
     report.sender_id = sender_id.clone();
     let longest = config.receivers.iter().map(String::len).max().unwrap_or(0);
@@ -726,6 +729,50 @@ fn encrypt_chunk(
 /// Eight random lowercase hex digits: distinct runs get distinct message ids.
 pub fn random_run_id() -> String {
     format!("{:08x}", rand::random::<u32>())
+}
+
+/// In a cluster, the connection to the node holding the receivers: each is
+/// located (`locate`, which places one no node holds yet on the connected
+/// node), and when they all live on another node the sender connects there
+/// and reconnects there later. Receivers spread over several nodes are an
+/// error naming where each lives: this sender publishes through one node
+/// (the client library's `ClusterClient` follows redirects per message). A
+/// broker on its own leaves the connection as it is.
+async fn home_of_receivers(
+    client: Client,
+    receivers: &[String],
+    config: &mut ClientConfig,
+) -> Result<Client, SenderError> {
+    let mut homes = Vec::with_capacity(receivers.len());
+    for receiver in receivers {
+        match client.locate(receiver).await {
+            Ok(home) => homes.push((receiver, home)),
+            Err(_) => return Ok(client),
+        }
+    }
+    let Some((_, first)) = homes.first() else {
+        return Ok(client);
+    };
+    if homes.iter().any(|(_, h)| h.node_id != first.node_id) {
+        let spread: Vec<String> = homes
+            .iter()
+            .map(|(r, h)| format!("{r} on {} ({})", h.node_id, h.address))
+            .collect();
+        return Err(SenderError::Protocol(format!(
+            "the receivers live on several nodes of the cluster: {}; run one sender per node, \
+             or publish with the client library's ClusterClient",
+            spread.join(", ")
+        )));
+    }
+    if first.address == config.address() {
+        return Ok(client);
+    }
+    let there = config.for_address(first.address.clone());
+    let connected = Client::connect(there.clone()).await?;
+    tracing::info!(node_id = %first.node_id, address = %first.address,
+        "the receivers live on another node of the cluster; connected there");
+    *config = there;
+    Ok(connected)
 }
 
 #[cfg(test)]

@@ -153,18 +153,10 @@ impl ClusterClient {
     /// Asks a node where `owner` lives (`locate`, which places it on that
     /// node if no node holds it yet) and remembers the answer.
     pub async fn locate(&self, owner: &str) -> Result<Home, RequestError> {
-        reply::check_name("client id", owner)?;
         let client = self.seed().await.map_err(RequestError::from_connect)?;
-        let line = client.request(&format!("locate {owner}")).await?;
-        let located = match Reply::parse(&line) {
-            Reply::Ok(rest) => rest
-                .strip_prefix("locate ")
-                .and_then(|r| Redirect::parse(&format!("moved {r}")).map(|r| owned(&r))),
-            _ => None,
-        };
-        let (owner_seen, home) = located.ok_or_else(|| reply::refusal(line))?;
+        let home = client.locate(owner).await?;
         let redirect = Redirect {
-            owner: &owner_seen,
+            owner,
             node_id: &home.node_id,
             address: &home.address,
             epoch: home.epoch,
@@ -248,14 +240,24 @@ impl ClusterClient {
     }
 }
 
-/// A redirect's owner and home, owned.
-fn owned(r: &Redirect<'_>) -> (String, Home) {
-    (
-        r.owner.to_owned(),
-        Home {
-            node_id: r.node_id.to_owned(),
-            address: r.address.to_owned(),
-            epoch: r.epoch,
-        },
-    )
+impl Client {
+    /// `locate <owner>`: where a cluster places `owner` (on this node, if no
+    /// node holds it yet). A broker on its own answers with an error
+    /// ([`RequestError::Broker`], `this broker is not a cluster node …`).
+    pub async fn locate(&self, owner: &str) -> Result<Home, RequestError> {
+        reply::check_name("client id", owner)?;
+        let line = self.request(&format!("locate {owner}")).await?;
+        let home = match Reply::parse(&line) {
+            Reply::Ok(rest) => rest.strip_prefix("locate ").and_then(|r| {
+                let moved = format!("moved {r}");
+                Redirect::parse(&moved).map(|r| Home {
+                    node_id: r.node_id.to_owned(),
+                    address: r.address.to_owned(),
+                    epoch: r.epoch,
+                })
+            }),
+            _ => None,
+        };
+        home.ok_or_else(|| reply::refusal(line))
+    }
 }
