@@ -267,6 +267,16 @@ async fn the_dashboard_shows_the_live_figures_in_a_real_browser() {
     std::fs::write(&shot, &png).expect("save the screenshot");
     println!("dashboard screenshot: {}", shot.display());
 
+    // A broker on its own shows no cluster card.
+    let hidden = tokio::task::block_in_place(|| {
+        page.evaluate("document.getElementById('cluster-card').hidden")
+    });
+    assert_eq!(
+        hidden,
+        json!(true),
+        "the cluster card shows on a broker on its own"
+    );
+
     let problems = page.console_problems();
     assert!(
         problems.is_empty(),
@@ -274,6 +284,73 @@ async fn the_dashboard_shows_the_live_figures_in_a_real_browser() {
     );
     chromium.close();
     drop((sender, receiver, idle));
+}
+
+/// On a cluster node the page shows the live nodes and where each owner
+/// lives, as `/api/cluster` says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_of_a_cluster_node_shows_the_nodes_and_the_owners() {
+    let db = common::pg::TestDb::create().await;
+    let sections = |node_id: &str| {
+        format!(
+            "{}\n[cluster]\nenabled = true\nnode_id = \"{node_id}\"\n{ADMIN}",
+            db.config_with_tls(
+                "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=",
+                "disable",
+                None
+            )
+        )
+    };
+    let a = TestBroker::start_with(1, &sections("node-a"));
+    let b = TestBroker::start_with(1, &sections("node-b"));
+    let mut r1 = connect_as(&a, "receiver_1").await;
+    check(
+        &mut r1,
+        "locate receiver_1",
+        &format!("OK locate receiver_1 node-a {} 1", a.addr),
+    )
+    .await;
+    let mut r2 = connect_as(&b, "receiver_2").await;
+    check(
+        &mut r2,
+        "locate receiver_2",
+        &format!("OK locate receiver_2 node-b {} 1", b.addr),
+    )
+    .await;
+
+    let proxy = start_proxy(b.admin_addr().expect("admin endpoint")).await;
+    let url = format!("http://{proxy}/");
+    let (a_addr, b_addr) = (a.addr.clone(), b.addr.clone());
+    tokio::task::spawn_blocking(move || {
+        let mut chromium = Chromium::launch();
+        let mut page = chromium.open(&url);
+        const SHOWN: &str = "JSON.stringify({hidden: document.getElementById('cluster-card').hidden, \
+            nodes: [...document.querySelectorAll('#cluster-nodes tbody tr[data-node]')].map((tr) => [...tr.children].map((td) => td.textContent).slice(0, 3)), \
+            owners: [...document.querySelectorAll('#cluster-owners tbody tr[data-owner]')].map((tr) => [...tr.children].map((td) => td.textContent))})";
+        let want = json!({
+            "hidden": false,
+            "nodes": [["node-a", a_addr, "1"], ["node-b (this node)", b_addr, "1"]],
+            "owners": [["receiver_1", "node-a", "1"], ["receiver_2", "node-b", "1"]],
+        });
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let shown: Value = page
+                .evaluate(SHOWN)
+                .as_str()
+                .and_then(|s| serde_json::from_str(s).ok())
+                .unwrap_or_default();
+            if shown == want {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the page shows {shown}, not {want}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        let problems = page.console_problems();
+        assert!(problems.is_empty(), "the page logged or threw: {problems:#?}");
+        chromium.close();
+    })
+    .await
+    .expect("the browser thread");
 }
 
 /// What the page showed while messages flowed.
