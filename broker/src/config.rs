@@ -1492,6 +1492,22 @@ impl Config {
                 ),
             ));
         }
+        let listens_everywhere = self
+            .server
+            .address
+            .parse::<SocketAddr>()
+            .is_ok_and(|a| a.ip().is_unspecified());
+        if c.advertise.is_empty() && listens_everywhere {
+            return Err(ConfigError::invalid(
+                "cluster.advertise",
+                format!(
+                    "required: server.address {} listens on every address, which is no \
+                     address to send clients to; set advertise to this node's address as \
+                     clients reach it (e.g. \"10.0.0.1:5700\")",
+                    self.server.address
+                ),
+            ));
+        }
         if !c.advertise.is_empty() {
             check_host_port("cluster.advertise", &c.advertise)?;
             let port = c.advertise.rsplit_once(':').map(|(_, port)| port);
@@ -2566,6 +2582,17 @@ mod tests {
             let e = err(&format!("{pg}[cluster]\nenabled = true\n{keys}"));
             assert!(e.starts_with(key) && e.contains(why), "{keys}: {e}");
         }
+        let e = err(&format!(
+            "[server]\naddress = \"0.0.0.0:5700\"\n{pg}[cluster]\nenabled = true"
+        ));
+        assert!(
+            e.starts_with("cluster.advertise: required") && e.contains("0.0.0.0:5700"),
+            "{e}"
+        );
+        assert!(parse(&format!(
+            "[server]\naddress = \"0.0.0.0:5700\"\n{pg}[cluster]\nenabled = true\nadvertise = \"10.0.0.1:5700\""
+        ))
+        .is_ok());
         let e = err("[cluster]\nstorage = \"nfs\"");
         assert!(e.starts_with("cluster.storage:"), "{e}");
         let e = err(
