@@ -273,3 +273,76 @@ async fn a_node_whose_id_another_process_registers_stops_serving() {
         format!("OK locate receiver_1 node-a {} 1", new.addr)
     );
 }
+
+/// Seconds since `node_id`'s last heartbeat, on the server's clock.
+async fn heartbeat_age(db: &TestDb, node_id: &str) -> f64 {
+    db.client()
+        .await
+        .query_one(
+            "SELECT extract(epoch FROM now() - heartbeat)::float8 \
+             FROM ciphermq_cluster.cluster_nodes WHERE node_id = $1",
+            &[&node_id],
+        )
+        .await
+        .expect("heartbeat age")
+        .get(0)
+}
+
+/// A node paused (SIGSTOP) for longer than its lease, then resumed: with no
+/// failover yet nothing moves, and it serves its owners again with
+/// nothing acknowledged lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_paused_past_its_lease_resumes_its_owners_and_keeps_every_acked_message() {
+    let db = TestDb::create().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = durable_node(dir.path(), &db, "node-a").await;
+    let text = std::fs::read_to_string(&config)
+        .unwrap()
+        .replace("lease_secs = 5", "lease_secs = 2");
+    std::fs::write(&config, text).unwrap();
+    let broker = BrokerProcess::start(&config);
+    let before = placements(&db).await;
+
+    let ids: Vec<String> = (0..2000).map(|i| format!("before-{i}")).collect();
+    let answers = common::process::publish_pipelined(&broker.addr, "sender_1", &ids, 200).await;
+    let mut acked: std::collections::BTreeSet<String> = answers
+        .iter()
+        .filter(|(id, line)| *line == format!("ACK {id}"))
+        .map(|(id, _)| id.clone())
+        .collect();
+    assert_eq!(acked.len(), ids.len());
+
+    // Paused until its heartbeat is older than the lease (a fact read from
+    // PostgreSQL), then resumed.
+    broker.signal("STOP");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while heartbeat_age(&db, "node-a").await <= 3.0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the heartbeat never aged"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    broker.signal("CONT");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while heartbeat_age(&db, "node-a").await > 2.0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the node never heartbeat again"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(placements(&db).await, before, "no placement changed");
+
+    let ids: Vec<String> = (0..2000).map(|i| format!("after-{i}")).collect();
+    let answers = common::process::publish_pipelined(&broker.addr, "sender_1", &ids, 200).await;
+    let after: Vec<&String> = answers
+        .iter()
+        .filter(|(id, line)| *line == format!("ACK {id}"))
+        .map(|(id, _)| id)
+        .collect();
+    assert_eq!(after.len(), ids.len());
+    acked.extend(after.into_iter().cloned());
+    let delivered = drain_counting(&broker).await;
+    assert_none_lost("cluster node: paused past its lease", &acked, &delivered);
+}
