@@ -404,12 +404,16 @@ if has scaleout; then
         start_broker postgres 2
         addrs=("$ADDR" "$ADDR") pids=("$BROKER" "$BROKER")
       else
+        # One CPU per node, as two hosts would have: node 1 (its shard
+        # pinned to CPU 0) is confined to CPU 0, node 2 starts on CPU 1 and
+        # pins its shard there. The bench processes float.
         start_broker cluster 1
+        taskset -a -cp 0 "$BROKER" >/dev/null
         sed -e 's/^node_id = .*/node_id = "bench-2"/' -e 's/^data_dir = .*/data_dir = "data-cluster-2"/' \
             -e "s/^address = \"127.0.0.1:$((PORT + 1))\"/address = \"127.0.0.1:$((PORT + 3))\"/" \
             "$WORK/config-cluster.toml" >"$WORK/config-cluster-2.toml"
         rm -rf "$WORK/data-cluster-2"
-        "${BROKER_BIN:-$BIN/ciphermq-broker}" --config "$WORK/config-cluster-2.toml" --address "$ADDR2" --shards 1 \
+        taskset -c 1 "${BROKER_BIN:-$BIN/ciphermq-broker}" --config "$WORK/config-cluster-2.toml" --address "$ADDR2" --shards 1 \
           >"$WORK/broker-cluster-2.log" 2>&1 &
         SECOND=$!
         for _ in $(seq 100); do grep -q "listening" "$WORK/broker-cluster-2.log" 2>/dev/null && break; sleep 0.1; done

@@ -429,6 +429,12 @@ def cluster(out, lines):
     pairs = paired_runs(out, "cluster", ("alone", "node"))
     if not pairs:
         return
+    # Broker CPU per message is kept per run, not in the summaries.
+    for (pubs, run), sides in pairs.items():
+        for side, s in sides.items():
+            f = out / f"cluster-{side}-p{pubs}-r{run}.json"
+            cpu = [r.get("broker_cpu_us_per_msg") for r in load(f)["runs"] if r.get("target") == "ciphermq"]
+            s["broker_cpu_us_per_msg"] = cpu[0] if cpu and cpu[0] else None
     lines.append(
         "### A 1-node cluster vs a broker on its own (durable + Postgres backend, 1 KiB, 1 shard, "
         "1 consumer; alone, then node)\n"

@@ -245,9 +245,9 @@ pub fn start(config: &Config) -> Result<BrokerHandle, StartError> {
             "low locked-memory limit; raise `ulimit -l` if shards fail to start"
         );
     }
-    let cores = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1);
+    // Shard i runs on the i-th CPU this process may use (wrapping), not on
+    // CPU i: under `taskset` or a container's cpuset the two differ.
+    let cpus = sys::allowed_cpus();
     let tls = crate::tls::load(&config.tls)?;
     let storage = Storage::open(config, shards)?;
     let shared = shared_state(config, shards, &storage, tls);
@@ -315,7 +315,7 @@ pub fn start(config: &Config) -> Result<BrokerHandle, StartError> {
         };
         let first_poll = crate::nudge::FirstPoll::default();
         let marked = first_poll.clone();
-        let handle = LocalExecutorBuilder::new(Placement::Fixed(shard % cores))
+        let handle = LocalExecutorBuilder::new(Placement::Fixed(cpus[shard % cpus.len()]))
             .name(&format!("shard-{shard}"))
             .io_memory(IO_MEMORY)
             // Turns short enough that a finished commit is answered soon:

@@ -64,6 +64,9 @@ pub(crate) struct Session {
     pub(crate) rerun: bool,
     /// Set by a command that must wait for this owner's placement.
     pub(crate) park_for: Option<String>,
+    /// In a cluster, the owner the last publish found here, with the
+    /// placement and ACL versions it was judged under.
+    pub(crate) publish_home_cache: Option<(Box<str>, (u64, u64))>,
 }
 
 /// A command line set aside until `ready` (its owner placed, or the wait
@@ -121,6 +124,7 @@ impl Session {
             parked: None,
             rerun: false,
             park_for: None,
+            publish_home_cache: None,
         };
         (session, mailbox)
     }

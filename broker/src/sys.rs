@@ -1,7 +1,7 @@
 //! The crate's only `unsafe` code: moving a socket between executors, a
 //! read that does not wait for glommio's reactor, a write straight from
 //! rustls' buffers, two start-up probes of
-//! the kernel, the free-space query of the disk watcher, the
+//! the kernel, the process's CPU affinity mask (where shards are pinned), the free-space query of the disk watcher, the
 //! write-permission query of `--check-config`, two `sysconf` values the
 //! process metrics need, handing freed heap memory back to the kernel, and
 //! interrupting a shard's thread asleep before its executor's first poll.
@@ -132,6 +132,33 @@ pub fn probe_io_uring() -> Result<(), String> {
     // SAFETY: `fd` was just returned to us by the kernel and is not used elsewhere.
     drop(unsafe { OwnedFd::from_raw_fd(fd as i32) });
     Ok(())
+}
+
+/// The CPUs this process may run on (its affinity mask: `taskset`, a
+/// container's cpuset), lowest first; every CPU the machine has when the
+/// mask cannot be read. Shards are pinned to these, so a broker confined
+/// to some CPUs stays on them, and two brokers on one host confined to
+/// different CPUs do not share one.
+pub fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: `set` is a plain bitmask owned here; sched_getaffinity
+    // writes at most `size_of::<cpu_set_t>()` bytes into it, and CPU_ISSET
+    // only reads it.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    let read =
+        unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+    let cpus: Vec<usize> = if read == 0 {
+        (0..libc::CPU_SETSIZE as usize)
+            .filter(|&cpu| unsafe { libc::CPU_ISSET(cpu, &set) })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    if cpus.is_empty() {
+        let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+        (0..n).collect()
+    } else {
+        cpus
+    }
 }
 
 /// Raises the soft locked-memory limit to the hard one; returns the soft limit

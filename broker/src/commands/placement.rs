@@ -91,19 +91,34 @@ impl Session {
         let Some(cluster) = &self.local.shared.cluster else {
             return PublishHome::Here;
         };
-        let residence = self.local.residence(owner);
-        if residence == Residence::Fenced {
-            // A fenced node stores nothing, whoever the message is for.
-            self.replies
-                .nack(message_id, ciphermq_proto::NackReason::Storage);
-            return PublishHome::Settled;
+        // A publisher usually writes to one owner: the last owner found
+        // here, under the same placements and ACL, is here still.
+        let versions = (cluster.view().version(), self.policy.version);
+        if let Some((cached, at)) = &self.publish_home_cache {
+            if *at == versions && **cached == *owner {
+                return PublishHome::Here;
+            }
         }
-        if !named && self.policy.acl.role_of(owner) != Role::Receiver {
+        let residence = self.local.residence(owner);
+        let here = match residence {
+            Residence::Here => true,
+            Residence::Fenced => {
+                // A fenced node stores nothing, whoever the message is for.
+                self.replies
+                    .nack(message_id, ciphermq_proto::NackReason::Storage);
+                return PublishHome::Settled;
+            }
+            // Only receivers are placed by a publish: an envelope naming
+            // anyone else can only reach queues no receiver owns, routed
+            // here.
+            _ => !named && self.policy.acl.role_of(owner) != Role::Receiver,
+        };
+        if here {
+            self.publish_home_cache = Some((Box::from(owner), versions));
             return PublishHome::Here;
         }
         match residence {
-            Residence::Here => PublishHome::Here,
-            Residence::Fenced => PublishHome::Settled,
+            Residence::Here | Residence::Fenced => PublishHome::Here,
             Residence::Elsewhere(tail) => {
                 self.replies.line(format!("NACK {message_id} moved {tail}"));
                 PublishHome::Settled
