@@ -456,12 +456,14 @@ async fn coordinator_calls_per_second_do_not_grow_with_the_publish_rate() {
     );
     assert!(published >= 500);
     // The poll's pace, not the publishes': a tick is at most 4 calls every
-    // 200 ms (20/s), whatever the load.
+    // 200 ms (20/s) whatever the load, where one call per publish would be
+    // thousands a second. (A ceiling, not a comparison with the idle rate:
+    // a busy host slows ticks, never adds to them.)
     assert!(
-        busy_rate <= idle_rate * 1.5 + 1.0,
-        "{busy_rate} calls/s under load, {idle_rate} idle"
+        busy_rate <= 21.0,
+        "{busy_rate} calls/s under load ({idle_rate} idle)"
     );
-    assert!(busy_rate <= 21.0, "{busy_rate} calls/s");
+    assert!(idle_rate <= 21.0, "{idle_rate} calls/s idle");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
