@@ -346,3 +346,161 @@ async fn a_node_paused_past_its_lease_resumes_its_owners_and_keeps_every_acked_m
     let delivered = drain_counting(&broker).await;
     assert_none_lost("cluster node: paused past its lease", &acked, &delivered);
 }
+
+/// A relay to the local PostgreSQL that can be cut like a network that
+/// drops packets: while cut it forwards nothing either way (what was read
+/// waits) and holds new connections unconnected; no connection is closed.
+struct Blackhole {
+    addr: std::net::SocketAddr,
+    cut: Arc<AtomicBool>,
+}
+
+impl Blackhole {
+    async fn start() -> Blackhole {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let cut = Arc::new(AtomicBool::new(false));
+        let relay_cut = cut.clone();
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let cut = relay_cut.clone();
+                tokio::spawn(async move {
+                    while cut.load(Ordering::Relaxed) {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                    let Ok(server) = tokio::net::TcpStream::connect("127.0.0.1:5432").await else {
+                        return;
+                    };
+                    let (client_rd, client_wr) = client.into_split();
+                    let (server_rd, server_wr) = server.into_split();
+                    tokio::spawn(pump(client_rd, server_wr, cut.clone()));
+                    pump(server_rd, client_wr, cut).await;
+                });
+            }
+        });
+        Blackhole { addr, cut }
+    }
+}
+
+/// Copies `from` to `to`, holding what it read while `cut` is set.
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    cut: Arc<AtomicBool>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        while cut.load(Ordering::Relaxed) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// One gauge or counter of `broker`'s /metrics.
+async fn metric(broker: &TestBroker, name: &str) -> Option<f64> {
+    let addr = broker.admin_addr().expect("admin endpoint");
+    let body = common::admin_http::request(addr, Some("admin"), "GET", "/metrics")
+        .await
+        .ok()?
+        .body;
+    body.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// A node cut off from PostgreSQL (packets dropped, nothing closed) keeps
+/// serving the owners it holds at full rate; what needs the coordinator is
+/// answered, within a bound, that it must be retried; once the network is
+/// back, the node reconnects by itself and nothing has moved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_cut_off_from_postgres_keeps_serving_and_recovers_by_itself() {
+    let db = TestDb::create().await;
+    let hole = Blackhole::start().await;
+    let sections = cluster_sections(&db, "node-a")
+        .replace("port = 5432", &format!("port = {}", hole.addr.port()))
+        + "\n[admin]\nenabled = true\naddress = \"127.0.0.1:0\"\n";
+    let a = TestBroker::start_with(1, &sections);
+    let mut r1 = connect_as(&a, "receiver_1").await;
+    setup_receiver(&mut r1, "receiver_1").await;
+    let before = placements(&db).await;
+
+    hole.cut.store(true, Ordering::Relaxed);
+    // Publishing never waits on PostgreSQL.
+    let ids: Vec<String> = (0..2000).map(|i| format!("cut-{i}")).collect();
+    let answers = common::process::publish_pipelined(&a.addr, "sender_1", &ids, 200).await;
+    let acked = answers
+        .iter()
+        .filter(|(id, line)| *line == format!("ACK {id}"))
+        .count();
+    assert_eq!(
+        acked,
+        ids.len(),
+        "{:?}",
+        answers.iter().find(|(id, l)| *l != format!("ACK {id}"))
+    );
+    // Placing a new owner needs the coordinator: a bounded wait, then why.
+    let mut s = connect_as(&a, "sender_2").await;
+    assert_eq!(
+        ask(&mut s, "locate receiver_2").await,
+        "Error: cluster: no node could be given to owner receiver_2: the cluster coordinator did \
+         not answer; retry"
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while metric(&a, "ciphermq_cluster_coordinator_connected").await != Some(0.0) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the link never noticed"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    hole.cut.store(false, Ordering::Relaxed);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while metric(&a, "ciphermq_cluster_coordinator_connected").await != Some(1.0) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the link never came back"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        ask(&mut s, "locate receiver_2").await,
+        format!("OK locate receiver_2 node-a {} 1", a.addr)
+    );
+    let after = placements(&db).await;
+    assert_eq!(
+        after.iter().find(|p| p.0 == "receiver_1"),
+        before.iter().find(|p| p.0 == "receiver_1"),
+        "receiver_1 did not move"
+    );
+    check_all_delivered(&mut r1, &ids).await;
+}
+
+/// Fetches `receiver_1_queue` until every id of `ids` came, once each.
+async fn check_all_delivered(r1: &mut ciphermq_clients::connection::Connection, ids: &[String]) {
+    let mut got = std::collections::BTreeSet::new();
+    while got.len() < ids.len() {
+        let batch = common::fetch(r1, "receiver_1_queue", 1000).await;
+        assert!(
+            !batch.is_empty(),
+            "only {} of {} delivered",
+            got.len(),
+            ids.len()
+        );
+        for d in batch {
+            assert!(got.insert(d.id.clone()), "{} delivered twice", d.id);
+            assert_eq!(
+                ask(r1, &format!("ack {}", d.id)).await,
+                format!("ACK_CONFIRMED {}", d.id)
+            );
+        }
+    }
+}

@@ -141,4 +141,14 @@ pub enum ClusterError {
     /// The coordinator's thread has stopped; no call can be answered.
     #[error("the cluster coordinator thread has stopped")]
     Stopped,
+    /// PostgreSQL did not answer a call in time (a server that hangs, or a
+    /// network that drops packets); the connection is dropped and the next
+    /// call opens a new one.
+    #[error("cluster coordinator: PostgreSQL at {target} did not answer within {secs} s; the connection was dropped and the next call opens a new one")]
+    NoAnswer {
+        /// `host:port/dbname`.
+        target: String,
+        /// The wait, in seconds.
+        secs: u64,
+    },
 }

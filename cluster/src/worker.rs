@@ -6,6 +6,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use tokio::sync::mpsc;
 use tokio_postgres::{Client, NoTls};
@@ -15,6 +16,11 @@ use ciphermq_pgbridge::postgres::describe;
 use crate::config::PgCoordinatorConfig;
 use crate::error::ClusterError;
 use crate::schema;
+
+/// Longest one call (connecting included) may take: a server that hangs,
+/// or a network that silently drops packets, fails the call instead of
+/// holding the thread, and so every later call, for good.
+pub(crate) const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A future borrowing the connection, run on the worker thread.
 pub(crate) type LocalFuture<'c, T> = Pin<Box<dyn Future<Output = T> + 'c>>;
@@ -153,10 +159,22 @@ impl Worker {
         let (answer, answered) = std::sync::mpsc::sync_channel(1);
         let run = job(move |session: &mut Session| {
             Box::pin(async move {
-                let result = match session.client().await {
-                    Ok(client) => f(client).await,
-                    Err(e) => Err(e),
-                };
+                let attempt = tokio::time::timeout(CALL_TIMEOUT, async {
+                    match session.client().await {
+                        Ok(client) => f(client).await,
+                        Err(e) => Err(e),
+                    }
+                })
+                .await;
+                let result = attempt.unwrap_or_else(|_| {
+                    // A connection that stopped answering is not trusted
+                    // again: the next call opens a new one.
+                    session.client = None;
+                    Err(ClusterError::NoAnswer {
+                        target: session.config.target(),
+                        secs: CALL_TIMEOUT.as_secs(),
+                    })
+                });
                 let _ = answer.send(result);
             })
         });

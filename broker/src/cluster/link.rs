@@ -150,7 +150,12 @@ impl Link {
             }
             Err(e) => {
                 status.failures.fetch_add(1, Ordering::Relaxed);
-                if matches!(e, ClusterError::Connect { .. } | ClusterError::Query { .. }) {
+                if matches!(
+                    e,
+                    ClusterError::Connect { .. }
+                        | ClusterError::Query { .. }
+                        | ClusterError::NoAnswer { .. }
+                ) {
                     status.connected.store(false, Ordering::Relaxed);
                 }
                 if !self.failing {
