@@ -7,6 +7,9 @@
 //! - no queue a receiver owns holds an envelope naming another receiver
 //!   (after each publish the admin fetches every queue and reads each
 //!   delivery's `receiver_client_id`, then acks it);
+//! - a `publish_for <owner>` (a quarter of the sender's publishes, naming
+//!   any receiver or the admin, whatever the envelope says) stores only into
+//!   queues `<owner>` owns;
 //! - no receiver's command removes a binding or a queue of another owner
 //!   (the topology before and after each receiver command is compared).
 //!
@@ -110,10 +113,18 @@ fn command(rng: &mut Rng, who: &str, queues: &[String], keys: &[String], n: usiz
         let publishable: Vec<&String> = keys.iter().filter(|k| !k.contains(['*', '#'])).collect();
         let key = publishable[rng.below(publishable.len())];
         let receiver = rng.pick(RECEIVERS);
-        return format!(
-            "publish {exchange} {key} {}",
-            body(&format!("m{n}"), receiver)
-        );
+        let body = body(&format!("m{n}"), receiver);
+        // `publish_for` names an owner whose queues alone may take it:
+        // another receiver, an admin, or the envelope's own.
+        if rng.below(4) == 0 {
+            let owner = if rng.below(5) == 0 {
+                "admin"
+            } else {
+                rng.pick(RECEIVERS)
+            };
+            return format!("publish_for {owner} {exchange} {key} {body}");
+        }
+        return format!("publish {exchange} {key} {body}");
     }
     let own = |name: &&String| owner_of(name) == Some(who) || key_owner(name) == Some(who);
     let pick = |rng: &mut Rng, names: &[String]| -> String {
@@ -172,9 +183,14 @@ fn queue_owners(broker: &Broker) -> BTreeSet<(String, String)> {
 }
 
 /// Drains every queue as the admin: `Err` names a queue a receiver owns
-/// that held another receiver's envelope.
-fn drain_and_check(broker: &Broker, admin: &mut Client) -> Result<(), String> {
-    for (queue, _) in queue_owners(broker) {
+/// that held another receiver's envelope, or, after `publish_for
+/// <for_owner>`, a queue of another owner that took the message.
+fn drain_and_check(
+    broker: &Broker,
+    admin: &mut Client,
+    for_owner: Option<&str>,
+) -> Result<(), String> {
+    for (queue, recorded_owner) in queue_owners(broker) {
         let lines = admin.send(format!("fetch {queue} 1000").as_bytes());
         for line in lines.iter().filter(|l| l.starts_with("Message: ")) {
             // `Message: <id> <queue> <count> <body>`
@@ -189,6 +205,11 @@ fn drain_and_check(broker: &Broker, admin: &mut Client) -> Result<(), String> {
                         "{owner}'s queue {queue} holds {id}, an envelope for {receiver}"
                     ));
                 }
+            }
+            if for_owner.is_some_and(|o| o != recorded_owner) {
+                return Err(format!(
+                    "publish_for {for_owner:?} stored {id} in {recorded_owner}'s queue {queue}"
+                ));
             }
             admin.send(format!("ack {id} {queue}").as_bytes());
         }
@@ -242,7 +263,10 @@ fn run(seed: u64) -> Result<(), String> {
             }
         }
         if line.starts_with("publish ") {
-            drain_and_check(&broker, &mut checker).map_err(fail)?;
+            drain_and_check(&broker, &mut checker, None).map_err(fail)?;
+        } else if let Some(rest) = line.strip_prefix("publish_for ") {
+            let owner = rest.split(' ').next();
+            drain_and_check(&broker, &mut checker, owner).map_err(fail)?;
         }
     }
     Ok(())
