@@ -105,6 +105,8 @@ pub enum Op<'a> {
     },
     /// `close_connection <cn>`: admins only.
     CloseConnection,
+    /// `move <owner> <node>` (a cluster's owners): admins only.
+    MoveOwner,
     /// `publish` and `publish_batch`.
     Publish,
     /// `consume <queue> [prefetch]`.
@@ -148,6 +150,7 @@ impl Op<'_> {
             Op::PurgeQueue { .. } => "purge_queue",
             Op::DeleteQueue { .. } => "delete_queue",
             Op::CloseConnection => "close_connection",
+            Op::MoveOwner => "move",
             Op::Publish => "publish",
             Op::Consume { .. } => "consume",
             Op::Fetch { .. } => "fetch",
@@ -333,6 +336,7 @@ impl Acl {
             },
             Op::Publish => Denied::new("receivers may not publish"),
             Op::CloseConnection => Denied::new("only admins may close connections"),
+            Op::MoveOwner => Denied::new("only admins may move owners"),
             Op::GetPublicKey => Denied::new("receivers may not get public keys"),
             Op::DeleteExchange { .. }
             | Op::Nack { queue: None }
@@ -474,6 +478,7 @@ fn check_sender(op: Op<'_>) -> Result<(), Denied> {
         Op::PurgeQueue { .. } => Denied::new("senders may not purge queues"),
         Op::DeleteQueue { .. } => Denied::new("senders may not delete queues"),
         Op::CloseConnection => Denied::new("only admins may close connections"),
+        Op::MoveOwner => Denied::new("only admins may move owners"),
         Op::Consume { .. } => Denied::new("senders may not consume"),
         Op::Fetch { .. } => Denied::new("senders may not fetch"),
         Op::Nack { .. } => Denied::new("senders may not nack"),

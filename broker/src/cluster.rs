@@ -17,6 +17,7 @@
 //! nothing by itself (docs/CLUSTER.md).
 
 mod link;
+mod moves;
 pub mod view;
 
 use std::sync::atomic::{AtomicBool, AtomicU64};
@@ -30,11 +31,17 @@ use tokio::sync::oneshot;
 
 use crate::config::Config;
 use crate::context::Shared;
+pub(crate) use moves::Handover;
 pub use view::{Home, PlacementView, Placements, Residence};
 
 /// How long a session waits for the coordinator (a placement, an exchange
 /// declaration) before it answers that the cluster is unavailable.
 pub const COORDINATOR_WAIT: Duration = Duration::from_secs(5);
+
+/// How long a command about an owner being moved away waits for the move
+/// to end before it is answered that the owner is still moving. A move
+/// gives up well before ([`moves::MOVE_DEADLINE`] is shorter).
+pub const MOVE_WAIT: Duration = Duration::from_secs(30);
 
 /// Why a cluster node could not start.
 #[derive(Debug, thiserror::Error)]
@@ -87,6 +94,13 @@ pub(crate) enum Job {
     /// Remove an exchange from the catalogue (this node deleted it; the
     /// others follow when it is gone from there).
     DeleteExchange { name: String },
+    /// Move an owner to another node; answered with the tail of
+    /// `OK move` once the move is done.
+    Move {
+        owner: String,
+        to_node: String,
+        reply: oneshot::Sender<Result<String, String>>,
+    },
     /// End the thread.
     Stop,
 }
@@ -182,10 +196,11 @@ impl ClusterNode {
     /// loads the placements and starts the coordinator thread. Returns once
     /// the snapshot is loaded, so no owner this node holds is answered as
     /// unplaced.
-    pub fn start(
+    pub(crate) fn start(
         self: &Arc<Self>,
         bound: std::net::SocketAddr,
         shared: &Arc<Shared>,
+        handover: Handover,
     ) -> Result<(), ClusterStartError> {
         if self.advertise.get().is_none() {
             if bound.ip().is_unspecified() {
@@ -204,7 +219,7 @@ impl ClusterNode {
         let shared = Arc::downgrade(shared);
         let handle = std::thread::Builder::new()
             .name("cluster-link".to_owned())
-            .spawn(move || link::run(node, shared, receiver, ready_tx))
+            .spawn(move || link::run(node, shared, handover, receiver, ready_tx))
             .map_err(|e| ClusterStartError::Thread(e.to_string()))?;
         *self.thread.lock().unwrap_or_else(PoisonError::into_inner) = Some(handle);
         match ready_rx.recv() {
@@ -258,6 +273,22 @@ impl ClusterNode {
             name: name.to_owned(),
             kind,
             declarer: declarer.to_owned(),
+            reply,
+        });
+        answer
+    }
+
+    /// Asks for `owner` to move to `to_node`; the answer comes once the
+    /// move ended (`<owner> <node_id> <host:port> <epoch>`), or why not.
+    pub(crate) fn move_owner(
+        &self,
+        owner: &str,
+        to_node: &str,
+    ) -> oneshot::Receiver<Result<String, String>> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Job::Move {
+            owner: owner.to_owned(),
+            to_node: to_node.to_owned(),
             reply,
         });
         answer

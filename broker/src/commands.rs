@@ -353,6 +353,11 @@ impl Session {
             // Open to every role: they say where things are, nothing more.
             Request::Nodes => self.nodes(),
             Request::Locate { owner } => self.locate(owner),
+            Request::Move { owner, node } => {
+                if self.check(Op::MoveOwner) {
+                    self.move_owner(owner, node);
+                }
+            }
             Request::Publish { .. } | Request::PublishBatch { .. } | Request::PublishFor { .. } => {
                 unreachable_publish(self);
             }

@@ -445,14 +445,23 @@ async fn remove_queue_dirs(stages: &Stages, files: &RefCell<Files>, removals: Ve
             .open
             .retain(|path, _| !path.starts_with(&removal.dir));
         let dir = removal.dir.clone();
+        let keep = removal.keep.clone();
         let moved = blocking(move || {
-            let aside = deleted_dir(&dir, next_removal());
+            // A moving owner's queue goes whole to where its move keeps it;
+            // a deleted one's aside, to be freed.
+            let aside = keep
+                .clone()
+                .unwrap_or_else(|| deleted_dir(&dir, next_removal()));
             match std::fs::rename(&dir, &aside) {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
                 Err(e) => return Err(e),
             }
             sync_parent(&dir)?;
+            if keep.is_some() {
+                sync_parent(&aside)?;
+                return Ok(None);
+            }
             Ok(Some(aside))
         })
         .await;

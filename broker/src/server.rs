@@ -270,6 +270,15 @@ pub fn start(config: &Config) -> Result<BrokerHandle, StartError> {
     let mut recovered = storage.recovered;
 
     let mut mesh = Mesh::build(shards);
+    let injector = mesh
+        .first()
+        .map(|endpoint| endpoint.outbound.injector())
+        .ok_or_else(|| StartError::Shard {
+            shard: 0,
+            reason: "no mesh endpoint".into(),
+        })?;
+    let handover_dir = storage.durable.as_ref().map(|(dir, _)| dir.clone());
+    let dedup_hasher = storage.dedup_hasher;
     let (doorbells, inboxes) = handoff_channels(shards);
     let shutdown = Arc::new(ShutdownSignal::new(shards));
 
@@ -369,7 +378,13 @@ pub fn start(config: &Config) -> Result<BrokerHandle, StartError> {
         tracing::warn!(error = %e, "no thread for waking sleeping shards; a shard may sleep up to a second with work waiting");
     }
     if let Some(cluster) = &shared.cluster {
-        if let Err(e) = cluster.start(addr, &shared) {
+        let handover = crate::cluster::Handover {
+            data_dir: handover_dir,
+            dedup_hasher,
+            window_ms: config.performance.dedup_window_secs.saturating_mul(1000),
+            injector,
+        };
+        if let Err(e) = cluster.start(addr, &shared, handover) {
             shutdown.trigger();
             for t in threads {
                 let _ = t.join();

@@ -63,6 +63,59 @@ pub struct Exchange {
     pub owner: String,
 }
 
+/// Where a move of an owner stands ([`Coordinator::request_move`] and
+/// after).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MoveState {
+    /// Asked for: the owner's node is to stop serving it and export it.
+    Requested,
+    /// Its data is in the coordinator: the new node is to import it.
+    Exported,
+    /// The placement moved (epoch + 1): the old node deletes its copy.
+    Done,
+    /// Given up: the old node serves the owner again, the new one drops
+    /// what it imported.
+    Aborted,
+}
+
+impl MoveState {
+    /// The word stored.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MoveState::Requested => "requested",
+            MoveState::Exported => "exported",
+            MoveState::Done => "done",
+            MoveState::Aborted => "aborted",
+        }
+    }
+
+    /// The state a stored word names.
+    pub fn parse(word: &str) -> Option<MoveState> {
+        Some(match word {
+            "requested" => MoveState::Requested,
+            "exported" => MoveState::Exported,
+            "done" => MoveState::Done,
+            "aborted" => MoveState::Aborted,
+            _ => return None,
+        })
+    }
+}
+
+/// One move of an owner from the node holding it at `epoch` to another.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Move {
+    /// The owner moved.
+    pub owner: String,
+    /// The epoch it leaves (the new node gets `epoch + 1`).
+    pub epoch: u64,
+    /// The node it leaves.
+    pub from_node: String,
+    /// The node it goes to.
+    pub to_node: String,
+    /// Where the move stands.
+    pub state: MoveState,
+}
+
 /// The coordinator's operations, independent of what stores them.
 ///
 /// Calls block until the coordinator answers: they are made from a node's
@@ -109,6 +162,49 @@ pub trait Coordinator: Send + Sync {
         to_node: &str,
         expected_epoch: u64,
     ) -> Result<Placement, ClusterError>;
+
+    /// Asks for `owner` to move to `to_node`: records a move of its current
+    /// epoch in state [`MoveState::Requested`] (a move of that epoch that
+    /// was aborted is asked again). Fails with [`ClusterError::NotPlaced`],
+    /// [`ClusterError::AlreadyThere`], [`ClusterError::UnknownNode`] (not
+    /// a live node), or [`ClusterError::MoveUnderWay`].
+    fn request_move(&self, owner: &str, to_node: &str) -> Result<Move, ClusterError>;
+
+    /// The moves `node_id` has work in: those leaving it still
+    /// [`MoveState::Requested`], and those coming to it
+    /// [`MoveState::Exported`]. One statement, cheap enough to poll.
+    fn pending_moves(&self, node_id: &str) -> Result<Vec<Move>, ClusterError>;
+
+    /// The move of `owner` leaving `epoch`, if one was recorded.
+    fn move_of(&self, owner: &str, epoch: u64) -> Result<Option<Move>, ClusterError>;
+
+    /// Stores part `part` (from 0) of a requested move's data.
+    fn put_handoff(
+        &self,
+        owner: &str,
+        epoch: u64,
+        part: u32,
+        data: Vec<u8>,
+    ) -> Result<(), ClusterError>;
+
+    /// Marks a requested move [`MoveState::Exported`] once its `parts`
+    /// parts are stored; fails with [`ClusterError::MoveEnded`] when it
+    /// was aborted meanwhile.
+    fn exported(&self, owner: &str, epoch: u64, parts: u32) -> Result<(), ClusterError>;
+
+    /// Part `part` of an exported move's data (`None` past the last).
+    fn handoff(&self, owner: &str, epoch: u64, part: u32) -> Result<Option<Vec<u8>>, ClusterError>;
+
+    /// Finishes an exported move in one transaction: the move becomes
+    /// [`MoveState::Done`], the placement goes to its new node at epoch
+    /// `epoch + 1`, and its data leaves the coordinator. Fails with
+    /// [`ClusterError::MoveEnded`] when it was aborted first.
+    fn finish_move(&self, owner: &str, epoch: u64) -> Result<Placement, ClusterError>;
+
+    /// Aborts a move not finished yet and drops its data. Returns the
+    /// state it ends in: [`MoveState::Aborted`], or [`MoveState::Done`]
+    /// when it was finished first (the caller then acts on that).
+    fn abort_move(&self, owner: &str, epoch: u64) -> Result<MoveState, ClusterError>;
 
     /// Declares an exchange cluster-wide. The first declaration wins and is
     /// returned; a later one of the same kind gets that stored row (whoever

@@ -135,6 +135,36 @@ pub enum ClusterError {
         /// The exchange.
         name: String,
     },
+    /// The owner is already being moved (a move row of its current epoch
+    /// is neither finished nor aborted).
+    #[error("owner {owner:?} is being moved to node {to_node:?} (table cluster_moves, epoch {epoch}); wait for that move to end")]
+    MoveUnderWay {
+        /// The owner.
+        owner: String,
+        /// Where the move under way goes.
+        to_node: String,
+        /// The epoch it leaves.
+        epoch: u64,
+    },
+    /// The owner already lives on the node a move names.
+    #[error("owner {owner:?} already lives on node {node_id:?}")]
+    AlreadyThere {
+        /// The owner.
+        owner: String,
+        /// Its node.
+        node_id: String,
+    },
+    /// The move is no longer in the state the call needs: the other side
+    /// aborted or finished it first (the row's state is given).
+    #[error("the move of owner {owner:?} from epoch {epoch} is {state} in table cluster_moves")]
+    MoveEnded {
+        /// The owner.
+        owner: String,
+        /// The epoch the move leaves.
+        epoch: u64,
+        /// The stored state (`aborted`, `done`, or `missing`).
+        state: String,
+    },
     /// The coordinator's thread could not be started.
     #[error("cannot start the cluster coordinator thread: {0}")]
     Thread(String),

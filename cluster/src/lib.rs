@@ -27,8 +27,12 @@
 //!   become visible in `version` order, so a node can mirror placements by
 //!   asking only for what is newer than the last version it saw.
 //!
-//! Not here yet: the broker's use of it (no redirects, no coordinator
-//! thread in the broker), failure detection, and moving an owner's data.
+//! - A move is a row of `cluster_moves` that goes `requested` →
+//!   `exported` → `done` (the placement changes in that same transaction)
+//!   or `aborted`; either end is a compare-and-set, so an old node that
+//!   gives up and a new node that finishes cannot both win.
+//!
+//! Not here yet: failure detection.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]
@@ -42,6 +46,8 @@ mod schema;
 mod worker;
 
 pub use config::PgCoordinatorConfig;
-pub use coordinator::{Coordinator, Exchange, NodeInfo, Placement, PlacementChanges};
+pub use coordinator::{
+    Coordinator, Exchange, Move, MoveState, NodeInfo, Placement, PlacementChanges,
+};
 pub use error::ClusterError;
 pub use postgres::PgCoordinator;

@@ -7,7 +7,9 @@ use std::time::Duration;
 use tokio_postgres::{Client, Row};
 
 use crate::config::PgCoordinatorConfig;
-use crate::coordinator::{Coordinator, Exchange, NodeInfo, Placement, PlacementChanges};
+use crate::coordinator::{
+    Coordinator, Exchange, Move, MoveState, NodeInfo, Placement, PlacementChanges,
+};
 use crate::error::ClusterError;
 use crate::input;
 use crate::schema::lock_key;
@@ -73,6 +75,35 @@ const EXCHANGES: &str =
     "SELECT name, kind, owner FROM cluster_exchanges ORDER BY name COLLATE \"C\"";
 
 const DELETE_EXCHANGE: &str = "DELETE FROM cluster_exchanges WHERE name = $1 AND owner = $2";
+
+/// A move's columns; a `WHERE` clause follows.
+const MOVES: &str = "SELECT owner, epoch, from_node, to_node, state FROM cluster_moves";
+
+/// Records (or asks again, after an abort) the move of `$1` leaving epoch
+/// `$2` from `$3` to `$4`.
+const REQUEST_MOVE: &str = "
+INSERT INTO cluster_moves (owner, epoch, from_node, to_node, state, changed)
+VALUES ($1, $2, $3, $4, 'requested', now())
+ON CONFLICT (owner, epoch) DO UPDATE SET
+    from_node = EXCLUDED.from_node,
+    to_node = EXCLUDED.to_node,
+    state = 'requested',
+    changed = now()
+WHERE cluster_moves.state = 'aborted'";
+
+const PUT_HANDOFF: &str = "
+INSERT INTO cluster_handoff (owner, epoch, part, data) VALUES ($1, $2, $3, $4)
+ON CONFLICT (owner, epoch, part) DO UPDATE SET data = EXCLUDED.data";
+
+const HANDOFF: &str =
+    "SELECT data FROM cluster_handoff WHERE owner = $1 AND epoch = $2 AND part = $3";
+
+const DROP_HANDOFF: &str = "DELETE FROM cluster_handoff WHERE owner = $1 AND epoch = $2";
+
+/// Moves the state of `$1`'s move leaving `$2` from `$4` to `$3`.
+const SET_MOVE_STATE: &str = "
+UPDATE cluster_moves SET state = $3, changed = now()
+WHERE owner = $1 AND epoch = $2 AND state = $4";
 
 /// How many times a declaration is retried when the row it lost to was
 /// deleted before it could be read.
@@ -207,6 +238,53 @@ fn exchange(row: &Row) -> Result<Exchange, ClusterError> {
         kind: column(row, 1, TABLE)?,
         owner: column(row, 2, TABLE)?,
     })
+}
+
+/// A row of [`MOVES`].
+fn move_row(row: &Row) -> Result<Move, ClusterError> {
+    const TABLE: &str = "cluster_moves";
+    let owner: String = column(row, 0, TABLE)?;
+    let epoch = unsigned(TABLE, &owner, "epoch", column(row, 1, TABLE)?)?;
+    let word: String = column(row, 4, TABLE)?;
+    let state = MoveState::parse(&word).ok_or_else(|| ClusterError::BadRow {
+        table: TABLE,
+        why: format!("{owner:?} has state {word:?}"),
+    })?;
+    Ok(Move {
+        from_node: column(row, 2, TABLE)?,
+        to_node: column(row, 3, TABLE)?,
+        owner,
+        epoch,
+        state,
+    })
+}
+
+/// The move of `owner` leaving `epoch`, if recorded.
+async fn find_move<C: tokio_postgres::GenericClient>(
+    client: &C,
+    owner: &str,
+    epoch: i64,
+) -> Result<Option<Move>, Failure> {
+    let sql = format!("{MOVES} WHERE owner = $1 AND epoch = $2");
+    match client.query_opt(&sql, &[&owner, &epoch]).await? {
+        Some(row) => Ok(Some(move_row(&row)?)),
+        None => Ok(None),
+    }
+}
+
+/// [`ClusterError::MoveEnded`] for the move as it is stored now.
+async fn move_ended(client: &Client, owner: String, epoch: i64) -> Failure {
+    let state = match find_move(client, &owner, epoch).await {
+        Ok(Some(m)) => m.state.as_str().to_owned(),
+        Ok(None) => "missing".to_owned(),
+        Err(e) => return e,
+    };
+    ClusterError::MoveEnded {
+        owner,
+        epoch: epoch as u64,
+        state,
+    }
+    .into()
 }
 
 /// The placement of `owner`, if any.
@@ -393,6 +471,227 @@ impl Coordinator for PgCoordinator {
                 } else {
                     Err(ClusterError::UnknownNode { node_id }.into())
                 }
+            })
+        })
+    }
+
+    fn request_move(&self, owner: &str, to_node: &str) -> Result<Move, ClusterError> {
+        input::name("owner", owner)?;
+        input::name("node id", to_node)?;
+        let (owner, to_node) = (owner.to_owned(), to_node.to_owned());
+        let lock = self.placement_lock.clone();
+        let action = format!("ask for owner {owner:?} to move to node {to_node:?}");
+        self.call(action, "cluster_moves", move |client| {
+            Box::pin(async move {
+                let tx = client.transaction().await?;
+                tx.execute(LOCK, &[&lock]).await?;
+                let sql = format!("{PLACEMENTS} WHERE p.owner = $1");
+                let Some(row) = tx.query_opt(&sql, &[&owner]).await? else {
+                    return Err(ClusterError::NotPlaced { owner }.into());
+                };
+                let at = placement(&row)?;
+                if at.node_id == to_node {
+                    return Err(ClusterError::AlreadyThere {
+                        owner,
+                        node_id: to_node,
+                    }
+                    .into());
+                }
+                let alive = tx
+                    .query_opt(
+                        "SELECT 1 FROM cluster_nodes WHERE node_id = $1 AND state = 'alive'",
+                        &[&to_node],
+                    )
+                    .await?;
+                if alive.is_none() {
+                    return Err(ClusterError::UnknownNode { node_id: to_node }.into());
+                }
+                let epoch = input::bigint("epoch", at.epoch)?;
+                let recorded = tx
+                    .execute(REQUEST_MOVE, &[&owner, &epoch, &at.node_id, &to_node])
+                    .await?;
+                if recorded == 0 {
+                    let under_way = find_move(&tx, &owner, epoch).await?;
+                    return Err(ClusterError::MoveUnderWay {
+                        owner,
+                        to_node: under_way.map(|m| m.to_node).unwrap_or_default(),
+                        epoch: at.epoch,
+                    }
+                    .into());
+                }
+                tx.commit().await?;
+                Ok(Move {
+                    owner,
+                    epoch: at.epoch,
+                    from_node: at.node_id,
+                    to_node,
+                    state: MoveState::Requested,
+                })
+            })
+        })
+    }
+
+    fn pending_moves(&self, node_id: &str) -> Result<Vec<Move>, ClusterError> {
+        input::name("node id", node_id)?;
+        let node_id = node_id.to_owned();
+        let action = format!("read the moves of node {node_id:?}");
+        self.call(action, "cluster_moves", move |client| {
+            Box::pin(async move {
+                let sql = format!(
+                    "{MOVES} WHERE (from_node = $1 AND state = 'requested') \
+                     OR (to_node = $1 AND state = 'exported') ORDER BY changed"
+                );
+                let rows = client.query(&sql, &[&node_id]).await?;
+                Ok(rows.iter().map(move_row).collect::<Result<Vec<_>, _>>()?)
+            })
+        })
+    }
+
+    fn move_of(&self, owner: &str, epoch: u64) -> Result<Option<Move>, ClusterError> {
+        input::name("owner", owner)?;
+        let epoch = input::bigint("epoch", epoch)?;
+        let owner = owner.to_owned();
+        let action = format!("read the move of owner {owner:?}");
+        self.call(action, "cluster_moves", move |client| {
+            Box::pin(async move { find_move(client, &owner, epoch).await })
+        })
+    }
+
+    fn put_handoff(
+        &self,
+        owner: &str,
+        epoch: u64,
+        part: u32,
+        data: Vec<u8>,
+    ) -> Result<(), ClusterError> {
+        input::name("owner", owner)?;
+        let epoch = input::bigint("epoch", epoch)?;
+        let part = i32::try_from(part).map_err(|_| ClusterError::BadInput {
+            what: "part",
+            value: part.to_string(),
+            why: "above 2^31 - 1",
+        })?;
+        let owner = owner.to_owned();
+        let action = format!("store part {part} of the move of owner {owner:?}");
+        self.call(action, "cluster_handoff", move |client| {
+            Box::pin(async move {
+                client
+                    .execute(PUT_HANDOFF, &[&owner, &epoch, &part, &data])
+                    .await?;
+                Ok(())
+            })
+        })
+    }
+
+    fn exported(&self, owner: &str, epoch: u64, parts: u32) -> Result<(), ClusterError> {
+        input::name("owner", owner)?;
+        let epoch = input::bigint("epoch", epoch)?;
+        let parts = i32::try_from(parts).unwrap_or(i32::MAX);
+        let owner = owner.to_owned();
+        let action = format!("mark the move of owner {owner:?} exported");
+        self.call(action, "cluster_moves", move |client| {
+            Box::pin(async move {
+                let tx = client.transaction().await?;
+                // Parts of an earlier, longer attempt are not this one's.
+                tx.execute(
+                    "DELETE FROM cluster_handoff WHERE owner = $1 AND epoch = $2 AND part >= $3",
+                    &[&owner, &epoch, &parts],
+                )
+                .await?;
+                let changed = tx
+                    .execute(SET_MOVE_STATE, &[&owner, &epoch, &"exported", &"requested"])
+                    .await?;
+                if changed == 0 {
+                    drop(tx);
+                    return Err(move_ended(client, owner, epoch).await);
+                }
+                tx.commit().await?;
+                Ok(())
+            })
+        })
+    }
+
+    fn handoff(&self, owner: &str, epoch: u64, part: u32) -> Result<Option<Vec<u8>>, ClusterError> {
+        input::name("owner", owner)?;
+        let epoch = input::bigint("epoch", epoch)?;
+        let part = i32::try_from(part).unwrap_or(i32::MAX);
+        let owner = owner.to_owned();
+        let action = format!("read part {part} of the move of owner {owner:?}");
+        self.call(action, "cluster_handoff", move |client| {
+            Box::pin(async move {
+                match client.query_opt(HANDOFF, &[&owner, &epoch, &part]).await? {
+                    Some(row) => Ok(Some(column(&row, 0, "cluster_handoff")?)),
+                    None => Ok(None),
+                }
+            })
+        })
+    }
+
+    fn finish_move(&self, owner: &str, epoch: u64) -> Result<Placement, ClusterError> {
+        input::name("owner", owner)?;
+        let epoch = input::bigint("epoch", epoch)?;
+        let owner = owner.to_owned();
+        let lock = self.placement_lock.clone();
+        let action = format!("finish the move of owner {owner:?}");
+        self.call(action, "cluster_moves", move |client| {
+            Box::pin(async move {
+                let tx = client.transaction().await?;
+                tx.execute(LOCK, &[&lock]).await?;
+                let Some(m) = find_move(&tx, &owner, epoch).await? else {
+                    drop(tx);
+                    return Err(move_ended(client, owner, epoch).await);
+                };
+                let changed = tx
+                    .execute(SET_MOVE_STATE, &[&owner, &epoch, &"done", &"exported"])
+                    .await?;
+                if changed == 0 {
+                    drop(tx);
+                    return Err(move_ended(client, owner, epoch).await);
+                }
+                let Some(row) = tx.query_opt(MOVE, &[&owner, &m.to_node, &epoch]).await? else {
+                    // The placement is not at the move's epoch any more, or
+                    // its node died: nothing changes.
+                    return Err(ClusterError::StaleEpoch {
+                        owner,
+                        expected: m.epoch,
+                        current: 0,
+                    }
+                    .into());
+                };
+                let moved = placement(&row)?;
+                tx.execute(DROP_HANDOFF, &[&owner, &epoch]).await?;
+                tx.commit().await?;
+                Ok(moved)
+            })
+        })
+    }
+
+    fn abort_move(&self, owner: &str, epoch: u64) -> Result<MoveState, ClusterError> {
+        input::name("owner", owner)?;
+        let epoch = input::bigint("epoch", epoch)?;
+        let owner = owner.to_owned();
+        let lock = self.placement_lock.clone();
+        let action = format!("abort the move of owner {owner:?}");
+        self.call(action, "cluster_moves", move |client| {
+            Box::pin(async move {
+                let tx = client.transaction().await?;
+                tx.execute(LOCK, &[&lock]).await?;
+                let Some(m) = find_move(&tx, &owner, epoch).await? else {
+                    return Ok(MoveState::Aborted);
+                };
+                if matches!(m.state, MoveState::Requested | MoveState::Exported) {
+                    tx.execute(
+                        SET_MOVE_STATE,
+                        &[&owner, &epoch, &"aborted", &m.state.as_str()],
+                    )
+                    .await?;
+                }
+                tx.execute(DROP_HANDOFF, &[&owner, &epoch]).await?;
+                tx.commit().await?;
+                Ok(match m.state {
+                    MoveState::Done => MoveState::Done,
+                    _ => MoveState::Aborted,
+                })
             })
         })
     }

@@ -5,6 +5,10 @@
 //! - `cluster_placements`: owner → node and epoch; `version` is taken from
 //!   the sequence `cluster_placement_version` on every change.
 //! - `cluster_exchanges`: the exchange catalogue.
+//! - `cluster_moves`: one row per move of an owner, keyed by the epoch it
+//!   leaves: `requested` → `exported` (its data is in `cluster_handoff`) →
+//!   `done` (the placement moved in the same transaction), or `aborted`.
+//! - `cluster_handoff`: a move's data in parts, until the move ends.
 //!
 //! Creation runs in one transaction under an advisory lock (keyed by the
 //! schema name), because `CREATE ... IF NOT EXISTS` is not safe when
@@ -31,6 +35,22 @@ CREATE TABLE IF NOT EXISTS {schema}.cluster_placements (
     node_id text NOT NULL REFERENCES {schema}.cluster_nodes (node_id),
     epoch bigint NOT NULL CHECK (epoch >= 1),
     version bigint NOT NULL UNIQUE
+);
+CREATE TABLE IF NOT EXISTS {schema}.cluster_moves (
+    owner text NOT NULL,
+    epoch bigint NOT NULL CHECK (epoch >= 1),
+    from_node text NOT NULL,
+    to_node text NOT NULL,
+    state text NOT NULL CHECK (state IN ('requested', 'exported', 'done', 'aborted')),
+    changed timestamptz NOT NULL,
+    PRIMARY KEY (owner, epoch)
+);
+CREATE TABLE IF NOT EXISTS {schema}.cluster_handoff (
+    owner text NOT NULL,
+    epoch bigint NOT NULL,
+    part integer NOT NULL CHECK (part >= 0),
+    data bytea NOT NULL,
+    PRIMARY KEY (owner, epoch, part)
 );
 CREATE TABLE IF NOT EXISTS {schema}.cluster_exchanges (
     name text PRIMARY KEY,

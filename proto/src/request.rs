@@ -183,6 +183,14 @@ pub enum Request<'a> {
         /// The owner (a client id).
         owner: &'a str,
     },
+    /// `move <owner> <node_id>`: moves an owner to another node of the
+    /// cluster, drain-first (admins only); answered when the move ended.
+    Move {
+        /// The owner (a client id).
+        owner: &'a str,
+        /// The node it goes to.
+        node: &'a str,
+    },
     /// `publish_for <owner> <e> <key> <json>`: a publish that stores only
     /// into `owner`'s queues, for bindings that reach owners on several
     /// nodes.
@@ -224,6 +232,7 @@ impl Request<'_> {
             Request::Quit => "quit",
             Request::Nodes => "nodes",
             Request::Locate { .. } => "locate",
+            Request::Move { .. } => "move",
             Request::PublishFor { .. } => "publish_for",
         }
     }
@@ -286,6 +295,7 @@ const USAGE_HEARTBEAT: &str = "heartbeat";
 const USAGE_QUIT: &str = "quit";
 const USAGE_NODES: &str = "nodes";
 const USAGE_LOCATE: &str = "locate <owner>";
+const USAGE_MOVE: &str = "move <owner> <node_id>";
 const USAGE_PUBLISH_FOR: &str = "publish_for <owner> <exchange> <routing_key> <json>";
 
 /// Splits off the next argument at a single space (several spaces count as one).
@@ -441,6 +451,13 @@ impl<'a> Request<'a> {
                 let [owner] = args::<1>(rest, USAGE_LOCATE)?;
                 Request::Locate {
                     owner: name(owner, "client id", USAGE_LOCATE)?,
+                }
+            }
+            "move" => {
+                let [owner, node] = args::<2>(rest, USAGE_MOVE)?;
+                Request::Move {
+                    owner: name(owner, "client id", USAGE_MOVE)?,
+                    node: name(node, "node id", USAGE_MOVE)?,
                 }
             }
             "consume" => {
@@ -723,6 +740,13 @@ mod tests {
             Request::parse("locate receiver_1"),
             Ok(Request::Locate {
                 owner: "receiver_1"
+            })
+        );
+        assert_eq!(
+            Request::parse("move receiver_1 node-2"),
+            Ok(Request::Move {
+                owner: "receiver_1",
+                node: "node-2"
             })
         );
         assert_eq!(

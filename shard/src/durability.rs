@@ -41,6 +41,10 @@ pub struct QueueRemoval {
     pub dir: PathBuf,
     /// Told once the directory is moved away durably (or why not).
     pub done: Resolver<Result<(), String>>,
+    /// Where the directory goes instead of being freed: the queue of an
+    /// owner moving to another node waits there, whole, until the move
+    /// ends (`None`: a deleted queue's, freed).
+    pub keep: Option<PathBuf>,
 }
 
 /// Marks a directory under `queues/` as a deleted queue's: `~` is no
@@ -197,9 +201,32 @@ impl Durability {
             queue: queue.clone(),
             dir: self.dir_of(queue),
             done,
+            keep: None,
         });
         if let Some(waker) = self.committer.take() {
             waker.wake();
+        }
+        waiters
+    }
+
+    /// Whether `queue`'s log files stand still (see
+    /// [`QueueLog::is_quiet`]); a queue with no log is.
+    pub(crate) fn is_quiet(&self, queue: &str) -> bool {
+        self.logs.get(queue).is_none_or(QueueLog::is_quiet)
+    }
+
+    /// A quiet queue's log leaves the shard whole: nothing more is
+    /// appended, and the committer moves its directory to `keep` (see
+    /// [`QueueRemoval::keep`]).
+    pub(crate) fn detach(
+        &mut self,
+        queue: &Arc<str>,
+        keep: PathBuf,
+        done: Resolver<Result<(), String>>,
+    ) -> Vec<u64> {
+        let waiters = self.retire(queue, done);
+        if let Some(removal) = self.removals.last_mut() {
+            removal.keep = Some(keep);
         }
         waiters
     }

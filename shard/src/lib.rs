@@ -62,7 +62,9 @@ pub mod tracker;
 pub use durability::{Durability, QueueRemoval};
 pub use log::{CommitJob, RecoveredQueue};
 pub use mailbox::{Completion, ConnEvent, Mailbox};
-pub use mesh::{Mesh, MeshEndpoint, MeshInbound, MeshOutbound, Origin, ShardMsg};
+pub use mesh::{
+    Mesh, MeshEndpoint, MeshInbound, MeshInjector, MeshOutbound, Origin, ShardMsg, ShardTask,
+};
 pub use message::{DedupHasher, DedupKey, Message, Route};
 pub use placement::{shard_of, ConnRef, ShardId};
 pub use queue::{Delivery, QueueSettings};

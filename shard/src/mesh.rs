@@ -113,6 +113,17 @@ pub enum ShardMsg {
         /// (`Err`: why it could not be moved away).
         done: Resolver<Result<(), String>>,
     },
+    /// Work handed in from outside the shard threads (a cluster move's
+    /// steps), run with the shard's state at its next turn.
+    Run(ShardTask),
+    /// Answered with the receiving shard's id on `done`: every message the
+    /// sender sent before it has been handled. A move waits for one from
+    /// every shard, so that no publish routed before its owner stopped
+    /// being served here is still on its way.
+    Barrier {
+        /// Told once handled.
+        done: Sender<ShardId>,
+    },
     /// A queue the connection consumed from, or holds deliveries of, was
     /// deleted.
     QueueDeleted {
@@ -124,6 +135,53 @@ pub enum ShardMsg {
         /// deliveries of it (which it forgets).
         consumer: bool,
     },
+}
+
+/// A step run on a shard's thread with its state and the time of its
+/// turn ([`ShardMsg::Run`]).
+pub struct ShardTask(pub Box<ShardStep>);
+
+/// What a [`ShardTask`] runs.
+pub type ShardStep = dyn FnOnce(&mut crate::Shard, std::time::Instant) + Send;
+
+impl std::fmt::Debug for ShardTask {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ShardTask")
+    }
+}
+
+/// Sends into any shard from any thread, one message at a time: for the
+/// few messages that start outside the shards (a cluster move's steps).
+#[derive(Debug, Clone)]
+pub struct MeshInjector {
+    peers: Vec<Peer>,
+}
+
+impl MeshInjector {
+    /// Hands `msg` to shard `to` and wakes it; false when the shard has
+    /// stopped.
+    pub fn send(&self, to: ShardId, msg: ShardMsg) -> bool {
+        let Some(peer) = self.peers.get(to as usize) else {
+            return false;
+        };
+        let sent = peer.tx.send(vec![msg]).is_ok();
+        peer.waker.wake();
+        sent
+    }
+
+    /// Runs `task` on shard `to`.
+    pub fn run(
+        &self,
+        to: ShardId,
+        task: impl FnOnce(&mut crate::Shard, std::time::Instant) + Send + 'static,
+    ) -> bool {
+        self.send(to, ShardMsg::Run(ShardTask(Box::new(task))))
+    }
+
+    /// How many shards it reaches.
+    pub fn shards(&self) -> usize {
+        self.peers.len()
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -204,6 +262,13 @@ impl MeshOutbound {
     /// How many shards the mesh joins.
     pub fn shards(&self) -> usize {
         self.peers.len()
+    }
+
+    /// A sender into every shard usable from any thread.
+    pub fn injector(&self) -> MeshInjector {
+        MeshInjector {
+            peers: self.peers.clone(),
+        }
     }
 
     /// Buffers `msg` for shard `to`; it leaves on the next [`MeshOutbound::flush`].

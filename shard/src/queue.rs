@@ -310,6 +310,9 @@ pub struct Queue {
     uncarried: VecDeque<Uncarried>,
     /// Delivery deadlines in delivery order (stale entries skipped lazily).
     deadlines: VecDeque<(Instant, u64)>,
+    /// Its owner is moving to another node: it delivers nothing and takes
+    /// nothing until the move ends ([`Queue::set_frozen`]).
+    frozen: bool,
 }
 
 impl Queue {
@@ -340,6 +343,7 @@ impl Queue {
             disk: DiskBacklog::default(),
             purged_disk: DiskBacklog::default(),
             storage_error: None,
+            frozen: false,
             purged_mem: VecDeque::new(),
             tail: VecDeque::new(),
             requeued: BTreeMap::new(),
@@ -368,6 +372,19 @@ impl Queue {
         let changed = self.storage_error.is_some() != error.is_some();
         self.storage_error = error;
         changed
+    }
+
+    /// Stops (or restarts) deliveries and fetches: while its owner moves to
+    /// another node, its log must stop changing so that it can be handed
+    /// over as it stands.
+    pub fn set_frozen(&mut self, frozen: bool) {
+        self.frozen = frozen;
+    }
+
+    /// Whether it is frozen for a move (it then takes no publish).
+    #[inline]
+    pub fn is_frozen(&self) -> bool {
+        self.frozen
     }
 
     /// Messages waiting for delivery.
@@ -866,6 +883,9 @@ impl Queue {
         dead: &mut Vec<Entry>,
         now: Instant,
     ) -> Option<Entry> {
+        if self.frozen {
+            return None;
+        }
         loop {
             let entry = match self.requeued.pop_first() {
                 Some((_, e)) => e,

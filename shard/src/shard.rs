@@ -5,8 +5,10 @@
 //! buffered in the outbound mesh; the driver calls [`Shard::flush`] after each
 //! piece of work.
 
+mod moving;
+
 use std::collections::hash_map::Entry as MapEntry;
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Instant;
@@ -206,6 +208,9 @@ pub struct Shard {
     /// Messages moved to a dead-letter queue since start.
     dead_lettered: u64,
     last_spill_search: Option<Instant>,
+    /// Queues of owners being moved to another node (see `moving`): not
+    /// created again by a publish or a consume while they are.
+    frozen: HashSet<Arc<str>>,
 }
 
 impl Shard {
@@ -240,6 +245,7 @@ impl Shard {
             backlog: BacklogReads::default(),
             dead_lettered: 0,
             last_spill_search: None,
+            frozen: HashSet::new(),
         }
     }
 
@@ -860,6 +866,9 @@ impl Shard {
 
     fn queue_mut(&mut self, name: &str) -> Option<&mut Queue> {
         if !self.queues.contains_key(name) {
+            if self.frozen.contains(name) {
+                return None;
+            }
             let info = self.topology.current().queue(name)?;
             if info.shard != self.id {
                 return None;
@@ -898,6 +907,12 @@ impl Shard {
                 self.queues.get_mut(queue).ok_or(NackReason::NoRoute)?
             }
         };
+        if q.is_frozen() {
+            // Its owner is moving away: a publish that reaches it was routed
+            // before the move stopped routing to it (cannot happen once the
+            // move's barrier passed); it is refused, never lost.
+            return Err(NackReason::Timeout);
+        }
         let enqueued = match q.enqueue(msg.clone(), now, &self.settings) {
             Ok(e) => e,
             Err(QueueFull) => return Err(NackReason::QueueFull),
@@ -1611,6 +1626,10 @@ impl Shard {
             ShardMsg::Requeue { conn, queue, seq } => self.requeue_local(conn, &queue, seq, now),
             ShardMsg::ConnClosed { conn } => self.conn_closed(conn),
             ShardMsg::DeleteQueue { queue, done } => self.delete_local(&queue, done),
+            ShardMsg::Run(task) => (task.0)(self, now),
+            ShardMsg::Barrier { done } => {
+                let _ = done.send(self.id);
+            }
             ShardMsg::QueueDeleted {
                 conn,
                 queue,

@@ -19,6 +19,7 @@ use ciphermq_proto::ExchangeKind;
 use ciphermq_shard::topology::TopologyChange;
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 
+use super::moves::{Handover, Moves};
 use super::{ClusterNode, ClusterStartError, Job};
 use crate::acl::Role;
 use crate::context::Shared;
@@ -48,6 +49,9 @@ struct Link {
     /// The exchanges the catalogue held at the last read: one that appears
     /// is declared here, one that disappears is deleted here.
     catalogue: HashSet<String>,
+    /// Moves this node takes part in.
+    moves: Moves,
+    handover: Handover,
 }
 
 /// Joins the cluster, reports on `ready`, then serves until [`Job::Stop`]
@@ -55,10 +59,11 @@ struct Link {
 pub(super) fn run(
     node: Arc<ClusterNode>,
     shared: Weak<Shared>,
+    handover: Handover,
     jobs: Receiver<Job>,
     ready: Sender<Result<(), ClusterStartError>>,
 ) {
-    let mut link = match Link::join(node, shared) {
+    let mut link = match Link::join(node, shared, handover) {
         Ok(link) => link,
         Err(e) => {
             let _ = ready.send(Err(e));
@@ -86,7 +91,11 @@ impl Link {
     /// Connects (retrying until `database.connect_timeout_secs`), registers
     /// and loads the snapshot; claims the owners whose queues this node's
     /// disk holds.
-    fn join(node: Arc<ClusterNode>, shared: Weak<Shared>) -> Result<Link, ClusterStartError> {
+    fn join(
+        node: Arc<ClusterNode>,
+        shared: Weak<Shared>,
+        handover: Handover,
+    ) -> Result<Link, ClusterStartError> {
         let deadline = Instant::now() + node.connect_timeout;
         let coordinator = loop {
             match PgCoordinator::connect(node.coordinator.clone()) {
@@ -115,6 +124,8 @@ impl Link {
             last_refresh: now,
             failing: false,
             catalogue: HashSet::new(),
+            moves: Moves::default(),
+            handover,
         };
         let changes = link.coordinator.placements_since(0)?;
         link.node.view.apply(&changes.placements);
@@ -124,6 +135,10 @@ impl Link {
         link.node.set_nodes(nodes);
         link.sync_exchanges()?;
         link.claim_local_owners();
+        if let Some(shared) = link.shared.upgrade() {
+            link.moves
+                .recover(&link.node, &shared, &link.coordinator, &link.handover);
+        }
         tracing::info!(
             node_id = %link.node.node_id,
             advertise = %advertise,
@@ -208,6 +223,25 @@ impl Link {
                 let deleted = self.delete_from_catalogue(&name);
                 self.note("delete an exchange from the catalogue", deleted);
             }
+            Job::Move {
+                owner,
+                to_node,
+                reply,
+            } => {
+                let asked = self
+                    .moves
+                    .request(&self.coordinator, &owner, &to_node, reply);
+                // A refusal (unknown node, a move under way) is the
+                // asker's answer, not an outage.
+                if let Err(
+                    e @ (ClusterError::Connect { .. }
+                    | ClusterError::Query { .. }
+                    | ClusterError::NoAnswer { .. }),
+                ) = asked
+                {
+                    self.note("ask for a move", Err::<(), _>(e));
+                }
+            }
             Job::Stop => {}
         }
     }
@@ -233,6 +267,12 @@ impl Link {
         if let Some(changes) = self.note("read placement changes", changes) {
             self.node.view.apply(&changes.placements);
             self.version = changes.version.max(self.version);
+        }
+        if let Some(shared) = self.shared.upgrade() {
+            let moved = self
+                .moves
+                .tick(&self.node, &shared, &self.coordinator, &self.handover);
+            self.note("read the moves", moved);
         }
         if now.duration_since(self.last_refresh) >= REFRESH {
             self.last_refresh = now;

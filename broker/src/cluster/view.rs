@@ -40,6 +40,10 @@ pub enum Residence {
     Elsewhere(String),
     /// No node holds it yet (as far as this node has heard).
     Unplaced,
+    /// It lives here but is being moved to another node: commands about
+    /// it wait for the move to end (then they are told where it went, or
+    /// served here again if the move was given up).
+    Moving,
     /// This node was fenced (another process registered its node id): it
     /// serves no owner any more.
     Fenced,
@@ -51,6 +55,8 @@ pub enum Residence {
 #[derive(Debug, Default)]
 pub struct Placements {
     owners: imbl::HashMap<Arc<str>, Home>,
+    /// Owners held here that are being moved away.
+    leaving: imbl::HashSet<Arc<str>>,
     /// This node no longer speaks for its node id.
     fenced: bool,
     /// The `nodes` reply, rendered when the node list changes.
@@ -65,7 +71,13 @@ impl Placements {
         }
         match self.owners.get(owner) {
             None => Residence::Unplaced,
-            Some(home) if &*home.node_id == node_id => Residence::Here,
+            Some(home) if &*home.node_id == node_id => {
+                if !self.leaving.is_empty() && self.leaving.contains(owner) {
+                    Residence::Moving
+                } else {
+                    Residence::Here
+                }
+            }
             Some(home) => Residence::Elsewhere(format!(
                 "{owner} {} {} {}",
                 home.node_id, home.advertise, home.epoch
@@ -121,6 +133,7 @@ impl Default for PlacementView {
             version: AtomicU64::new(1),
             current: RwLock::new(Arc::new(Placements {
                 owners: imbl::HashMap::new(),
+                leaving: imbl::HashSet::new(),
                 fenced: false,
                 nodes_line: "OK nodes".to_owned(),
             })),
@@ -162,6 +175,18 @@ impl PlacementView {
         })
     }
 
+    /// Marks `owner` as being moved away (`true`), or no longer (`false`):
+    /// while it is, commands about it wait ([`Residence::Moving`]).
+    pub fn set_leaving(&self, owner: &str, leaving: bool) {
+        self.update(|state| {
+            if leaving {
+                usize::from(state.leaving.insert(Arc::from(owner)).is_none())
+            } else {
+                usize::from(state.leaving.remove(owner).is_some())
+            }
+        });
+    }
+
     /// Marks this node fenced: from now on it serves no owner.
     pub fn fence(&self) {
         self.update(|state| usize::from(!std::mem::replace(&mut state.fenced, true)));
@@ -201,6 +226,7 @@ impl PlacementView {
         let mut guard = self.current.write().unwrap_or_else(PoisonError::into_inner);
         let mut next = Placements {
             owners: guard.owners.clone(),
+            leaving: guard.leaving.clone(),
             fenced: guard.fenced,
             nodes_line: guard.nodes_line.clone(),
         };

@@ -11,7 +11,10 @@ use ciphermq_proto::ExchangeKind;
 use ciphermq_shard::topology::TopologyChange;
 
 use crate::acl::Role;
-use crate::cluster::{Residence, COORDINATOR_WAIT};
+use crate::cluster::{Residence, COORDINATOR_WAIT, MOVE_WAIT};
+
+/// How often a command parked behind a move looks whether it ended.
+const MOVE_LOOK: std::time::Duration = std::time::Duration::from_millis(5);
 use crate::session::{Parked, Session};
 
 /// What a publish may do about the owner its envelope names.
@@ -70,7 +73,13 @@ impl Session {
                 ));
                 false
             }
-            Residence::Unplaced => {
+            Residence::Moving if self.rerun => {
+                self.replies.line(format!(
+                    "Error: cluster: owner {owner} is still being moved to another node; retry"
+                ));
+                false
+            }
+            Residence::Unplaced | Residence::Moving => {
                 self.park_for = Some(owner.to_owned());
                 false
             }
@@ -131,12 +140,20 @@ impl Session {
                 drop(cluster.place(owner));
                 PublishHome::Here
             }
-            Residence::Unplaced if self.rerun => {
+            Residence::Unplaced | Residence::Moving if self.rerun => {
                 self.replies
                     .nack(message_id, ciphermq_proto::NackReason::Timeout);
                 PublishHome::Settled
             }
-            Residence::Unplaced => {
+            Residence::Moving if in_batch => {
+                // A batch is not parked for one element: the owner is back
+                // (here or elsewhere) within a move, and this element may
+                // be sent again then, with its id.
+                self.replies
+                    .nack(message_id, ciphermq_proto::NackReason::Timeout);
+                PublishHome::Settled
+            }
+            Residence::Unplaced | Residence::Moving => {
                 self.park_for = Some(owner.to_owned());
                 PublishHome::Settled
             }
@@ -144,21 +161,49 @@ impl Session {
     }
 
     /// Parks the command on `line` until the coordinator placed `owner`
-    /// (or [`COORDINATOR_WAIT`] passed); it then runs again, from the start.
+    /// (or [`COORDINATOR_WAIT`] passed), or, for an owner being moved
+    /// away, until its move ended (or [`MOVE_WAIT`] passed); it then runs
+    /// again, from the start.
     pub(super) fn park(&mut self, line: &[u8], owner: &str) {
-        let Some(cluster) = &self.local.shared.cluster else {
+        let Some(cluster) = self.local.shared.cluster.clone() else {
             return;
         };
-        let answer = cluster.place(owner);
-        let ready = async move {
-            let placed = async {
-                let _ = answer.await;
+        let ready: std::pin::Pin<Box<dyn std::future::Future<Output = ()>>> =
+            if self.local.residence(owner) == Residence::Moving {
+                let owner = owner.to_owned();
+                Box::pin(async move {
+                    let moved = async {
+                        // Moves are rare and short: a parked command looks
+                        // again every few milliseconds, one atomic load.
+                        let mut seen = 0;
+                        loop {
+                            let version = cluster.view().version();
+                            if version != seen {
+                                seen = version;
+                                let (_, placements) = cluster.view().current();
+                                if placements.residence(&owner, cluster.node_id())
+                                    != Residence::Moving
+                                {
+                                    return;
+                                }
+                            }
+                            glommio::timer::sleep(MOVE_LOOK).await;
+                        }
+                    };
+                    futures_lite::future::or(moved, glommio::timer::sleep(MOVE_WAIT)).await;
+                })
+            } else {
+                let answer = cluster.place(owner);
+                Box::pin(async move {
+                    let placed = async {
+                        let _ = answer.await;
+                    };
+                    futures_lite::future::or(placed, glommio::timer::sleep(COORDINATOR_WAIT)).await;
+                })
             };
-            futures_lite::future::or(placed, glommio::timer::sleep(COORDINATOR_WAIT)).await;
-        };
         self.parked = Some(Parked {
             line: line.into(),
-            ready: Box::pin(ready),
+            ready,
         });
     }
 
@@ -195,10 +240,36 @@ impl Session {
                 );
                 self.replies.line(line);
             }
-            Residence::Unplaced => {
+            Residence::Unplaced | Residence::Moving => {
                 self.owner_at_home(owner);
             }
         }
+    }
+
+    /// `move <owner> <node_id>`: asks the coordinator for the move and
+    /// answers `OK move <owner> <node_id> <host:port> <epoch>` once it is
+    /// done, or why it was refused or given up.
+    pub(super) fn move_owner(&mut self, owner: &str, node: &str) {
+        let Some(cluster) = self.local.shared.cluster.clone() else {
+            self.replies.line(NOT_A_CLUSTER);
+            return;
+        };
+        tracing::info!(admin = %self.identity.cn, owner, node, "move");
+        let answer = cluster.move_owner(owner, node);
+        let owner = owner.to_owned();
+        self.reply_later(async move {
+            let timeout = async {
+                glommio::timer::sleep(MOVE_WAIT + COORDINATOR_WAIT).await;
+                None
+            };
+            match futures_lite::future::or(async { answer.await.ok() }, timeout).await {
+                Some(Ok(tail)) => format!("OK move {tail}"),
+                Some(Err(e)) => format!("Error: cluster: {e}"),
+                None => format!(
+                    "Error: cluster: the move of owner {owner} did not end in time; see ciphermq-admin nodes"
+                ),
+            }
+        });
     }
 
     /// `declare_exchange` in a cluster: the catalogue in PostgreSQL decides

@@ -409,6 +409,18 @@ impl QueueLog {
         self.pending.len()
     }
 
+    /// Whether its files stand still: no job being written, nothing
+    /// appended and waiting for one, nobody waiting for a commit. Spent
+    /// segments not deleted yet do not count: a copy of the directory
+    /// taken now holds everything acknowledged, and those segments are
+    /// only read as already acked.
+    pub fn is_quiet(&self) -> bool {
+        !self.writing
+            && self.pending.is_empty()
+            && self.waiters.is_empty()
+            && !self.dedup.has_pending()
+    }
+
     /// Whether there is something to commit, even if a job is being written.
     pub fn is_dirty_or_waiting(&self) -> bool {
         !self.pending.is_empty()

@@ -1,0 +1,265 @@
+//! Moving an owner between two real durable brokers coordinated by the real
+//! PostgreSQL (`move <owner> <node>`): its ready and unacked messages arrive
+//! on the new node in order with their delivery counts, the ids its dedup
+//! window remembers come along, its old copy is deleted, every client is
+//! sent to the new node, and a move that cannot finish leaves the owner
+//! served where it was with nothing lost.
+
+mod common;
+
+use std::path::Path;
+
+use common::pg::TestDb;
+use common::{ask, body, check, connect_as, fetch, ids, line, send, setup_receiver, TestBroker};
+
+const AES_KEY: &str = "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=";
+
+/// A durable node of the cluster kept in `db`, over the data directory
+/// `data`.
+fn node(db: &TestDb, node_id: &str, shards: usize, data: &Path) -> TestBroker {
+    let extra = format!(
+        "{}\n[cluster]\nenabled = true\nnode_id = \"{node_id}\"\nlease_secs = 5\n",
+        db.config_with_tls(AES_KEY, "disable", None)
+    );
+    TestBroker::start_durable_with(shards, data, "127.0.0.1:0", &extra)
+}
+
+/// Publishes `ids` for receiver_1 through `conn` in batches, asserting
+/// every one is acknowledged.
+async fn publish_all(conn: &mut ciphermq_clients::connection::Connection, ids: &[String]) {
+    for chunk in ids.chunks(200) {
+        let bodies: Vec<String> = chunk.iter().map(|id| body(id, "receiver_1")).collect();
+        send(
+            conn,
+            &format!("publish_batch ex receiver_1 [{}]", bodies.join(",")),
+        )
+        .await;
+        for id in chunk {
+            assert_eq!(line(conn).await, format!("ACK {id}"));
+        }
+    }
+}
+
+/// Every message of `queue` through `fetch`, until one comes back empty.
+async fn fetch_all(
+    conn: &mut ciphermq_clients::connection::Connection,
+    queue: &str,
+) -> Vec<common::Got> {
+    let mut all = Vec::new();
+    loop {
+        let got = fetch(conn, queue, 1000).await;
+        if got.is_empty() {
+            return all;
+        }
+        for g in &got {
+            check(
+                conn,
+                &format!("ack {}", g.id),
+                &format!("ACK_CONFIRMED {}", g.id),
+            )
+            .await;
+        }
+        all.extend(got);
+    }
+}
+
+/// The rows of `table` in the cluster's schema.
+async fn count(db: &TestDb, table: &str) -> i64 {
+    db.client()
+        .await
+        .query_one(
+            &format!("SELECT count(*) FROM ciphermq_cluster.{table}"),
+            &[],
+        )
+        .await
+        .expect("count")
+        .get(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_moves_with_its_messages_in_order_and_every_client_follows_it() {
+    let db = TestDb::create().await;
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let a = node(&db, "node-a", 2, dir_a.path());
+    let b = node(&db, "node-b", 1, dir_b.path());
+
+    // receiver_1 lives on node-a with 3,000 messages, the first 10 of them
+    // delivered and not acked.
+    let mut r1 = connect_as(&a, "receiver_1").await;
+    setup_receiver(&mut r1, "receiver_1").await;
+    let mut sender_a = connect_as(&a, "sender_1").await;
+    let sent: Vec<String> = (0..3000).map(|i| format!("m{i:05}")).collect();
+    publish_all(&mut sender_a, &sent).await;
+    let unacked = fetch(&mut r1, "receiver_1_queue", 10).await;
+    assert_eq!(ids(&unacked), sent[..10]);
+
+    // An admin on node-b moves it there; the answer comes once it is done.
+    let mut admin_b = connect_as(&b, "admin").await;
+    let at_b = format!("receiver_1 node-b {} 2", b.addr);
+    check(
+        &mut admin_b,
+        "move receiver_1 node-b",
+        &format!("OK move {at_b}"),
+    )
+    .await;
+
+    // The receiver's connection to node-a was closed, and node-a now sends
+    // everyone to node-b with the new epoch.
+    assert_eq!(
+        common::read_opt(&mut r1).await,
+        None,
+        "old connection closed"
+    );
+    check(
+        &mut sender_a,
+        &format!("publish ex receiver_1 {}", body("late", "receiver_1")),
+        &format!("NACK late moved {at_b}"),
+    )
+    .await;
+    let mut r1_on_a = connect_as(&a, "receiver_1").await;
+    check(
+        &mut r1_on_a,
+        "consume receiver_1_queue",
+        &format!("Error: moved {at_b}"),
+    )
+    .await;
+    check(
+        &mut r1_on_a,
+        "locate receiver_1",
+        &format!("OK locate {at_b}"),
+    )
+    .await;
+
+    // On node-b: the same ids sent again are remembered (dedup) and
+    // stored once; a new one is stored after them.
+    let mut sender_b = connect_as(&b, "sender_1").await;
+    publish_all(&mut sender_b, &sent[..50]).await;
+    publish_all(&mut sender_b, &["late".to_owned()]).await;
+    let mut r1_b = connect_as(&b, "receiver_1").await;
+    let got = fetch_all(&mut r1_b, "receiver_1_queue").await;
+    let mut want = sent.clone();
+    want.push("late".to_owned());
+    assert_eq!(ids(&got), want, "every message once, in order");
+    // The 10 delivered before the move come again, counted.
+    assert!(got[..10].iter().all(|g| g.count == 2), "{:?}", &got[..10]);
+    assert!(got[10..].iter().all(|g| g.count == 1));
+
+    // The binding came along: a publish through the exchange on node-b
+    // reaches the queue.
+    check(
+        &mut sender_b,
+        &format!("publish ex receiver_1 {}", body("after", "receiver_1")),
+        "ACK after",
+    )
+    .await;
+    assert_eq!(
+        ids(&fetch(&mut r1_b, "receiver_1_queue", 10).await),
+        ["after"]
+    );
+
+    // The coordinator holds the finished move and no data; node-a kept no
+    // copy.
+    let client = db.client().await;
+    let row = client
+        .query_one(
+            "SELECT state, from_node, to_node FROM ciphermq_cluster.cluster_moves \
+             WHERE owner = 'receiver_1' AND epoch = 1",
+            &[],
+        )
+        .await
+        .expect("move row");
+    assert_eq!(
+        (
+            row.get::<_, String>(0),
+            row.get::<_, String>(1),
+            row.get::<_, String>(2)
+        ),
+        ("done".to_owned(), "node-a".to_owned(), "node-b".to_owned())
+    );
+    assert_eq!(count(&db, "cluster_handoff").await, 0);
+    let gone = dir_a.path().join("queues").join("receiver_1_queue");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while dir_a
+        .path()
+        .join("moving")
+        .read_dir()
+        .map_or(0, |d| d.count())
+        > 0
+    {
+        assert!(std::time::Instant::now() < deadline, "old copy still kept");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(!gone.exists(), "{} still exists", gone.display());
+
+    // A second move is refused while nothing is to move, and an unknown
+    // node is named.
+    let again = ask(&mut admin_b, "move receiver_1 node-b").await;
+    assert_eq!(
+        again,
+        "Error: cluster: owner \"receiver_1\" already lives on node \"node-b\""
+    );
+    let unknown = ask(&mut admin_b, "move receiver_1 node-z").await;
+    assert!(unknown.contains("node-z"), "{unknown}");
+    // Only admins move owners.
+    let mut s = connect_as(&b, "sender_1").await;
+    check(
+        &mut s,
+        "move receiver_1 node-a",
+        "Access denied: only admins may move owners (role=sender)",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_move_the_new_node_cannot_take_is_given_up_and_nothing_is_lost() {
+    let db = TestDb::create().await;
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let a = node(&db, "node-a", 1, dir_a.path());
+    let b = node(&db, "node-b", 1, dir_b.path());
+    let mut r1 = connect_as(&a, "receiver_1").await;
+    setup_receiver(&mut r1, "receiver_1").await;
+    let mut sender_a = connect_as(&a, "sender_1").await;
+    let sent: Vec<String> = (0..500).map(|i| format!("k{i:04}")).collect();
+    publish_all(&mut sender_a, &sent).await;
+
+    // node-b's disk already holds a log directory of that name (left from
+    // an earlier life): it refuses to take the owner.
+    std::fs::create_dir_all(dir_b.path().join("queues").join("receiver_1_queue")).unwrap();
+    let mut admin_b = connect_as(&b, "admin").await;
+    let reply = ask(&mut admin_b, "move receiver_1 node-b").await;
+    assert_eq!(
+        reply,
+        "Error: cluster: the move of owner receiver_1 was given up (the log of its nodes says why); it stays where it was"
+    );
+
+    // Still on node-a at epoch 1, every message there, served again.
+    let mut r1 = connect_as(&a, "receiver_1").await;
+    check(
+        &mut r1,
+        "locate receiver_1",
+        &format!("OK locate receiver_1 node-a {} 1", a.addr),
+    )
+    .await;
+    let got = fetch_all(&mut r1, "receiver_1_queue").await;
+    assert_eq!(ids(&got), sent);
+    check(
+        &mut sender_a,
+        &format!("publish ex receiver_1 {}", body("again", "receiver_1")),
+        "ACK again",
+    )
+    .await;
+    assert_eq!(
+        ids(&fetch(&mut r1, "receiver_1_queue", 10).await),
+        ["again"]
+    );
+    assert_eq!(count(&db, "cluster_handoff").await, 0);
+    assert!(
+        dir_a
+            .path()
+            .join("moving")
+            .read_dir()
+            .map_or(0, |d| d.count())
+            == 0,
+        "nothing left aside"
+    );
+}
