@@ -5,13 +5,22 @@
 //! an argument holding either would end the command early and start
 //! another: `purge $'x\ndelete_queue q'` would also delete `q`. Every
 //! argument is therefore checked before anything is sent, against the rule
-//! of what it is (a queue, exchange or client id: [`is_valid_name`]; a
-//! binding key: [`check_routing_pattern`]), and a refusal names the
-//! argument and why.
+//! of what it is (a queue, exchange, client id, owner or node id:
+//! [`is_valid_name`]; a binding key: [`check_routing_pattern`]), and a
+//! refusal names the argument and why.
 
 use std::fmt;
+use std::time::Duration;
 
 use ciphermq_proto::name::{check_routing_pattern, is_valid_name, RoutingKeyError, MAX_NAME_LEN};
+
+use crate::remote::REQUEST_TIMEOUT;
+
+/// How long a `move` may take to be answered: the broker answers once the
+/// move has ended or been given up, which can take about 35 s, so the
+/// default [`REQUEST_TIMEOUT`] would stop waiting for a move still under
+/// way.
+pub const MOVE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Longest piece of a refused argument quoted back: the message goes to a
 /// terminal, and the argument may be anything.
@@ -65,7 +74,8 @@ impl fmt::Display for ArgumentProblem {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid {what} {}: {problem}; {rule}", quote(value))]
 pub struct ArgumentError {
-    /// What the argument is (`queue`, `exchange`, `binding key`, `client id`).
+    /// What the argument is (`queue`, `exchange`, `binding key`, `client id`,
+    /// `owner`, `node id`).
     pub what: &'static str,
     /// The argument as given.
     pub value: String,
@@ -113,7 +123,7 @@ fn common_problem(value: &str, extra: &[char]) -> Option<ArgumentProblem> {
         .map(ArgumentProblem::Character)
 }
 
-/// Checks a queue, exchange or client id argument.
+/// Checks a queue, exchange, client id, owner or node id argument.
 fn name(what: &'static str, value: &str) -> Result<(), ArgumentError> {
     if is_valid_name(value) {
         return Ok(());
@@ -144,29 +154,49 @@ fn binding_key(what: &'static str, value: &str) -> Result<(), ArgumentError> {
     })
 }
 
+/// Checks a node id given to a command that sends its lines later
+/// (`drain <node_id>` reads the cluster first), by the rule `move` applies
+/// to it, so that a bad one is refused before anything is read.
+pub fn check_node_id(node_id: &str) -> Result<(), ArgumentError> {
+    name("node id", node_id)
+}
+
 /// One `ciphermq/1` command line, without its newline, whose every
 /// argument passed its rule: it is exactly one command, whatever the
-/// arguments were.
+/// arguments were. It also knows how long its reply may take.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CommandLine(String);
+pub struct CommandLine {
+    /// The line.
+    line: String,
+    /// How long the broker may take to answer it.
+    within: Duration,
+}
 
 impl CommandLine {
+    /// A line answered within [`REQUEST_TIMEOUT`], as most are.
+    fn quick(line: String) -> CommandLine {
+        CommandLine {
+            line,
+            within: REQUEST_TIMEOUT,
+        }
+    }
+
     /// `purge_queue <queue>`.
     pub fn purge_queue(queue: &str) -> Result<CommandLine, ArgumentError> {
         name("queue", queue)?;
-        Ok(CommandLine(format!("purge_queue {queue}")))
+        Ok(CommandLine::quick(format!("purge_queue {queue}")))
     }
 
     /// `delete_queue <queue>`.
     pub fn delete_queue(queue: &str) -> Result<CommandLine, ArgumentError> {
         name("queue", queue)?;
-        Ok(CommandLine(format!("delete_queue {queue}")))
+        Ok(CommandLine::quick(format!("delete_queue {queue}")))
     }
 
     /// `delete_exchange <exchange>`.
     pub fn delete_exchange(exchange: &str) -> Result<CommandLine, ArgumentError> {
         name("exchange", exchange)?;
-        Ok(CommandLine(format!("delete_exchange {exchange}")))
+        Ok(CommandLine::quick(format!("delete_exchange {exchange}")))
     }
 
     /// `unbind <queue> <exchange> <binding key>`.
@@ -174,24 +204,42 @@ impl CommandLine {
         name("queue", queue)?;
         name("exchange", exchange)?;
         binding_key("binding key", key)?;
-        Ok(CommandLine(format!("unbind {queue} {exchange} {key}")))
+        Ok(CommandLine::quick(format!("unbind {queue} {exchange} {key}")))
     }
 
     /// `close_connection <client id>`.
     pub fn close_connection(client_id: &str) -> Result<CommandLine, ArgumentError> {
         name("client id", client_id)?;
-        Ok(CommandLine(format!("close_connection {client_id}")))
+        Ok(CommandLine::quick(format!("close_connection {client_id}")))
+    }
+
+    /// `move <owner> <node id>`: moves an owner (a receiver CN, or the CN
+    /// that declared an admin queue) with its queues to another node of the
+    /// cluster. Answered once the move ended, so within [`MOVE_TIMEOUT`].
+    pub fn move_owner(owner: &str, node_id: &str) -> Result<CommandLine, ArgumentError> {
+        name("owner", owner)?;
+        name("node id", node_id)?;
+        Ok(CommandLine {
+            line: format!("move {owner} {node_id}"),
+            within: MOVE_TIMEOUT,
+        })
     }
 
     /// The line, without its newline.
     pub fn as_str(&self) -> &str {
-        &self.0
+        &self.line
+    }
+
+    /// How long to wait for its reply, connection included: longer than
+    /// [`REQUEST_TIMEOUT`] for a command answered once its work is done.
+    pub fn reply_within(&self) -> Duration {
+        self.within
     }
 }
 
 impl fmt::Display for CommandLine {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.line)
     }
 }
 
@@ -217,6 +265,41 @@ mod tests {
             CommandLine::close_connection("sender_1").unwrap().as_str(),
             "close_connection sender_1"
         );
+        assert_eq!(
+            CommandLine::close_connection("sender_1")
+                .unwrap()
+                .reply_within(),
+            REQUEST_TIMEOUT
+        );
+    }
+
+    #[test]
+    fn a_move_names_owner_and_node_and_waits_longer_for_its_reply() {
+        let line = CommandLine::move_owner("receiver_1", "node-b").unwrap();
+        assert_eq!(line.as_str(), "move receiver_1 node-b");
+        assert_eq!(line.to_string(), "move receiver_1 node-b");
+        // The broker may take about 35 s to answer a move.
+        assert_eq!(line.reply_within(), MOVE_TIMEOUT);
+        assert!(MOVE_TIMEOUT > REQUEST_TIMEOUT && MOVE_TIMEOUT >= Duration::from_secs(40));
+
+        let e = CommandLine::move_owner("receiver_1 node-a", "node-b").unwrap_err();
+        assert_eq!((e.what, e.problem), ("owner", ArgumentProblem::Whitespace));
+        let e = CommandLine::move_owner("receiver_1", "node-b\nclose_connection x").unwrap_err();
+        assert_eq!((e.what, e.problem), ("node id", ArgumentProblem::Control));
+        assert!(!e.to_string().contains('\n'), "{e}");
+        let e = CommandLine::move_owner("", "node-b").unwrap_err();
+        assert_eq!((e.what, e.problem), ("owner", ArgumentProblem::Empty));
+        let e = CommandLine::move_owner("receiver_1", "..").unwrap_err();
+        assert_eq!((e.what, e.problem), ("node id", ArgumentProblem::DotName));
+        let e = CommandLine::move_owner("receiver/1", "node-b").unwrap_err();
+        assert_eq!(e.problem, ArgumentProblem::Character('/'));
+        assert!(e.to_string().starts_with(r#"invalid owner "receiver/1": "#), "{e}");
+
+        // `drain` checks its node id by the same rule, before reading.
+        assert_eq!(check_node_id("node-a"), Ok(()));
+        let e = check_node_id("node a").unwrap_err();
+        assert_eq!((e.what, e.problem), ("node id", ArgumentProblem::Whitespace));
+        assert_eq!(check_node_id("").unwrap_err().problem, ArgumentProblem::Empty);
     }
 
     #[test]

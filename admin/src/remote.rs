@@ -21,7 +21,8 @@ use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
 
-/// How long one request may take, connection and handshake included.
+/// How long one request may take, connection and handshake included,
+/// unless its caller allows more ([`BrokerPort::command_within`]).
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Largest answer read (a `/metrics` text of many queues stays far below).
@@ -87,13 +88,16 @@ pub enum RemoteError {
         /// What failed.
         reason: String,
     },
-    /// No answer within [`REQUEST_TIMEOUT`].
-    #[error("{side} {address}: no answer within {} s", REQUEST_TIMEOUT.as_secs())]
+    /// No answer within the time allowed ([`REQUEST_TIMEOUT`] unless the
+    /// caller allowed more).
+    #[error("{side} {address}: no answer within {} s", after.as_secs())]
     Timeout {
         /// `admin endpoint` or `broker`.
         side: &'static str,
         /// The address connected to.
         address: String,
+        /// How long it waited.
+        after: Duration,
     },
 }
 
@@ -103,6 +107,12 @@ impl RemoteError {
     pub fn is_refused(&self) -> bool {
         matches!(self, RemoteError::Connect { source, .. }
             if source.kind() == std::io::ErrorKind::ConnectionRefused)
+    }
+
+    /// Whether no answer came in time: the request may still have been
+    /// carried out (a `move` that ends after the tool stopped waiting).
+    pub fn is_timeout(&self) -> bool {
+        matches!(self, RemoteError::Timeout { .. })
     }
 }
 
@@ -120,14 +130,14 @@ impl From<String> for Failure {
     }
 }
 
-/// Runs `exchange` under [`REQUEST_TIMEOUT`]; errors name `side` and
-/// `address`.
+/// Runs `exchange` for at most `within`; errors name `side` and `address`.
 async fn timed<T>(
     side: &'static str,
     address: &str,
+    within: Duration,
     exchange: impl std::future::Future<Output = Result<T, Failure>>,
 ) -> Result<T, RemoteError> {
-    match tokio::time::timeout(REQUEST_TIMEOUT, exchange).await {
+    match tokio::time::timeout(within, exchange).await {
         Ok(Ok(answer)) => Ok(answer),
         Ok(Err(Failure::Connect(source))) => Err(RemoteError::Connect {
             side,
@@ -142,6 +152,7 @@ async fn timed<T>(
         Err(_) => Err(RemoteError::Timeout {
             side,
             address: address.to_owned(),
+            after: within,
         }),
     }
 }
@@ -258,7 +269,13 @@ impl AdminEndpoint {
         method: Method,
         path: &str,
     ) -> Result<Response<Full<Bytes>>, RemoteError> {
-        timed("admin endpoint", &self.address, self.exchange(method, path)).await
+        timed(
+            "admin endpoint",
+            &self.address,
+            REQUEST_TIMEOUT,
+            self.exchange(method, path),
+        )
+        .await
     }
 
     async fn exchange(&self, method: Method, path: &str) -> Result<Response<Full<Bytes>>, Failure> {
@@ -333,8 +350,21 @@ impl BrokerPort {
     /// broker refused the connection: its one line says why), and, without
     /// connecting, when `line` holds a line break: that would be two
     /// commands. [`crate::command_line::CommandLine`] builds lines whose
-    /// arguments are checked.
+    /// arguments are checked. The reply must come within
+    /// [`REQUEST_TIMEOUT`].
     pub async fn command(&self, line: &str) -> Result<String, RemoteError> {
+        self.command_within(line, REQUEST_TIMEOUT).await
+    }
+
+    /// [`BrokerPort::command`] for a command the broker answers only once
+    /// its work is done (`move`, up to about 35 s), allowed `within`
+    /// instead of [`REQUEST_TIMEOUT`]
+    /// ([`crate::command_line::CommandLine::reply_within`]).
+    pub async fn command_within(
+        &self,
+        line: &str,
+        within: Duration,
+    ) -> Result<String, RemoteError> {
         if line.contains(['\n', '\r']) {
             return Err(RemoteError::Exchange {
                 side: "broker",
@@ -345,7 +375,7 @@ impl BrokerPort {
                 ),
             });
         }
-        timed("broker", &self.address, self.exchange(line)).await
+        timed("broker", &self.address, within, self.exchange(line)).await
     }
 
     async fn exchange(&self, line: &str) -> Result<String, Failure> {

@@ -263,3 +263,196 @@ async fn a_move_the_new_node_cannot_take_is_given_up_and_nothing_is_lost() {
         "nothing left aside"
     );
 }
+
+/// Every message of `queue`, fetched and acked 1,000 at a time (acks
+/// pipelined).
+async fn drain_all(
+    conn: &mut ciphermq_clients::connection::Connection,
+    queue: &str,
+) -> Vec<common::Got> {
+    let mut all = Vec::new();
+    loop {
+        let got = fetch(conn, queue, 1000).await;
+        if got.is_empty() {
+            return all;
+        }
+        for g in &got {
+            conn.queue_line(&format!("ack {}", g.id));
+        }
+        common::flush_t(conn).await;
+        for g in &got {
+            assert_eq!(line(conn).await, format!("ACK_CONFIRMED {}", g.id));
+        }
+        all.extend(got);
+    }
+}
+
+/// Publishes `live-<n>` for receiver_1 one at a time until `stop`, from
+/// `start` on; on `NACK <id> moved … <host:port> …` it goes to that node and
+/// sends the same id again. Returns the acked ids in order, and the
+/// longest time between two acks.
+async fn publish_following(
+    start: String,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> (Vec<String>, std::time::Duration) {
+    let opts = ciphermq_clients::connection::TlsClientOptions::for_cn(&common::pki().certs, "sender_1");
+    let mut conn = ciphermq_clients::connection::Connection::connect(&start, &opts)
+        .await
+        .expect("connect");
+    let mut acked = Vec::new();
+    let mut longest = std::time::Duration::ZERO;
+    let mut last = std::time::Instant::now();
+    let mut n = 0u64;
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        let id = format!("live-{n:06}");
+        let reply = ask(
+            &mut conn,
+            &format!("publish ex receiver_1 {}", body(&id, "receiver_1")),
+        )
+        .await;
+        if reply == format!("ACK {id}") {
+            acked.push(id);
+            longest = longest.max(last.elapsed());
+            last = std::time::Instant::now();
+            n += 1;
+        } else if let Some(tail) = reply.strip_prefix(&format!("NACK {id} moved ")) {
+            let addr = tail.split(' ').nth(2).expect("address in the redirect");
+            conn = ciphermq_clients::connection::Connection::connect(addr, &opts)
+                .await
+                .expect("connect to the new node");
+        } else {
+            panic!("publish {id}: {reply}");
+        }
+    }
+    (acked, longest)
+}
+
+/// DESIGN's figure: a move of an owner with 100,000 queued while a
+/// publisher keeps publishing to it loses nothing, duplicates nothing and
+/// keeps its order; the publisher waits about as long as the move takes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_with_100k_queued_moves_under_load_losing_and_reordering_nothing() {
+    const QUEUED: usize = 100_000;
+    let db = TestDb::create().await;
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let a = node(&db, "node-a", 2, dir_a.path());
+    let b = node(&db, "node-b", 2, dir_b.path());
+    let mut r1 = connect_as(&a, "receiver_1").await;
+    setup_receiver(&mut r1, "receiver_1").await;
+    let mut sender = connect_as(&a, "sender_2").await;
+    let queued: Vec<String> = (0..QUEUED).map(|i| format!("q{i:06}")).collect();
+    publish_all(&mut sender, &queued).await;
+
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let live = tokio::spawn(publish_following(a.addr.clone(), stop.clone()));
+    // Some traffic before the move, and after it.
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let mut admin = connect_as(&a, "admin").await;
+    let started = std::time::Instant::now();
+    let reply = tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        admin.request("move receiver_1 node-b"),
+    )
+    .await
+    .expect("move answered")
+    .expect("move reply");
+    let took = started.elapsed();
+    assert_eq!(reply, format!("OK move receiver_1 node-b {} 2", b.addr));
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (acked, longest_gap) = live.await.expect("publisher");
+    assert!(!acked.is_empty());
+
+    let mut r1_b = connect_as(&b, "receiver_1").await;
+    let got = drain_all(&mut r1_b, "receiver_1_queue").await;
+    let mut want = queued.clone();
+    want.extend(acked.iter().cloned());
+    let got_ids = ids(&got);
+    assert_eq!(got_ids.len(), want.len(), "count");
+    assert!(got_ids == want, "order or content differs");
+    eprintln!(
+        "moved {QUEUED} queued in {:?}; the live publisher's longest wait between two acks: {:?} ({} live messages)",
+        took,
+        longest_gap,
+        acked.len()
+    );
+}
+
+/// The old node killed (SIGKILL) in the middle of handing an owner over,
+/// and started again: the move either finishes or is given up, never
+/// both, and the owner's 100,000 messages are served, once and in order,
+/// by exactly one node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_old_node_killed_in_the_middle_of_a_move_loses_nothing() {
+    use common::process::BrokerProcess;
+    const QUEUED: usize = 100_000;
+    let db = TestDb::create().await;
+    let dir_a = tempfile::tempdir().unwrap();
+    let data_a = dir_a.path().join("data");
+    let config = dir_a.path().join("broker.toml");
+    let sections = format!(
+        "{}\n[cluster]\nenabled = true\nnode_id = \"node-a\"\nlease_secs = 5\n",
+        db.config_with_tls(AES_KEY, "disable", None)
+    );
+    let text = common::config_text(&common::pki().certs, &data_a, 2, &sections)
+        .replace(r#"mode = "memory""#, r#"mode = "durable""#);
+    std::fs::write(&config, text).unwrap();
+    let a = BrokerProcess::start(&config);
+    let dir_b = tempfile::tempdir().unwrap();
+    let b = node(&db, "node-b", 1, dir_b.path());
+
+    let mut r1 = a.connect("receiver_1").await;
+    setup_receiver(&mut r1, "receiver_1").await;
+    let mut sender = a.connect("sender_1").await;
+    let queued: Vec<String> = (0..QUEUED).map(|i| format!("q{i:06}")).collect();
+    publish_all(&mut sender, &queued).await;
+
+    let mut admin = connect_as(&b, "admin").await;
+    send(&mut admin, "move receiver_1 node-b").await;
+    // Killed once it has started setting the owner's queues aside.
+    let moving = data_a.join("moving");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while moving.read_dir().map_or(0, |d| d.count()) == 0 {
+        assert!(std::time::Instant::now() < deadline, "the move never started");
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+    a.kill();
+    let a = BrokerProcess::start(&config);
+    let reply = tokio::time::timeout(std::time::Duration::from_secs(60), admin.read_line())
+        .await
+        .expect("the move is answered")
+        .expect("read")
+        .expect("a line");
+    let home = if reply.starts_with("OK move receiver_1 node-b ") {
+        b.addr.clone()
+    } else {
+        assert_eq!(
+            reply,
+            "Error: cluster: the move of owner receiver_1 was given up (the log of its nodes says why); it stays where it was"
+        );
+        a.addr.clone()
+    };
+    eprintln!("after the kill: {reply}");
+    let opts = ciphermq_clients::connection::TlsClientOptions::for_cn(&common::pki().certs, "receiver_1");
+    let mut r = ciphermq_clients::connection::Connection::connect(&home, &opts)
+        .await
+        .expect("connect to the owner's node");
+    let got = drain_all(&mut r, "receiver_1_queue").await;
+    let got_ids = ids(&got);
+    assert_eq!(got_ids.len(), queued.len(), "count");
+    assert!(got_ids == queued, "order or content differs");
+    // No second copy anywhere.
+    let leftovers = |dir: &Path| dir.read_dir().map_or(0, |d| d.count());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while leftovers(&moving) > 0 {
+        assert!(std::time::Instant::now() < deadline, "a copy stays aside on node-a");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let other = if home == b.addr {
+        data_a.join("queues").join("receiver_1_queue")
+    } else {
+        dir_b.path().join("queues").join("receiver_1_queue")
+    };
+    assert!(!other.exists(), "{} still exists", other.display());
+    drop(a);
+}

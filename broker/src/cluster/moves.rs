@@ -967,7 +967,11 @@ fn serve(
             .map_err(|e| format!("queue {}: {}: {e}", q.name, dir.display()))?;
         let name: Arc<str> = Arc::from(q.name.as_str());
         on_shard(handover, home, move |s, now| {
-            s.restore_queue(name.clone(), recovered, now);
+            // A queue a restart already recovered (its move stopped before
+            // its directory left) is served as it is.
+            if !s.holds_queue(&name) {
+                s.restore_queue(name.clone(), recovered, now);
+            }
             s.thaw(&[name], now);
         })?;
     }

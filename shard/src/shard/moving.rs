@@ -34,6 +34,11 @@ impl Shard {
             .collect()
     }
 
+    /// Whether this shard holds a queue named `name` in memory.
+    pub fn holds_queue(&self, name: &str) -> bool {
+        self.queues.contains_key(name)
+    }
+
     /// Stops `names` delivering and taking publishes, and keeps them from
     /// being created again, until [`Shard::thaw`] or [`Shard::detach`].
     pub fn freeze(&mut self, names: &[Arc<str>]) {
