@@ -204,7 +204,9 @@ impl CommandLine {
         name("queue", queue)?;
         name("exchange", exchange)?;
         binding_key("binding key", key)?;
-        Ok(CommandLine::quick(format!("unbind {queue} {exchange} {key}")))
+        Ok(CommandLine::quick(format!(
+            "unbind {queue} {exchange} {key}"
+        )))
     }
 
     /// `close_connection <client id>`.
@@ -293,13 +295,22 @@ mod tests {
         assert_eq!((e.what, e.problem), ("node id", ArgumentProblem::DotName));
         let e = CommandLine::move_owner("receiver/1", "node-b").unwrap_err();
         assert_eq!(e.problem, ArgumentProblem::Character('/'));
-        assert!(e.to_string().starts_with(r#"invalid owner "receiver/1": "#), "{e}");
+        assert!(
+            e.to_string().starts_with(r#"invalid owner "receiver/1": "#),
+            "{e}"
+        );
 
         // `drain` checks its node id by the same rule, before reading.
         assert_eq!(check_node_id("node-a"), Ok(()));
         let e = check_node_id("node a").unwrap_err();
-        assert_eq!((e.what, e.problem), ("node id", ArgumentProblem::Whitespace));
-        assert_eq!(check_node_id("").unwrap_err().problem, ArgumentProblem::Empty);
+        assert_eq!(
+            (e.what, e.problem),
+            ("node id", ArgumentProblem::Whitespace)
+        );
+        assert_eq!(
+            check_node_id("").unwrap_err().problem,
+            ArgumentProblem::Empty
+        );
     }
 
     #[test]

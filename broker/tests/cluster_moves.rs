@@ -295,7 +295,8 @@ async fn publish_following(
     start: String,
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
 ) -> (Vec<String>, std::time::Duration) {
-    let opts = ciphermq_clients::connection::TlsClientOptions::for_cn(&common::pki().certs, "sender_1");
+    let opts =
+        ciphermq_clients::connection::TlsClientOptions::for_cn(&common::pki().certs, "sender_1");
     let mut conn = ciphermq_clients::connection::Connection::connect(&start, &opts)
         .await
         .expect("connect");
@@ -413,7 +414,10 @@ async fn the_old_node_killed_in_the_middle_of_a_move_loses_nothing() {
     let moving = data_a.join("moving");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     while moving.read_dir().map_or(0, |d| d.count()) == 0 {
-        assert!(std::time::Instant::now() < deadline, "the move never started");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the move never started"
+        );
         tokio::time::sleep(std::time::Duration::from_millis(1)).await;
     }
     a.kill();
@@ -433,7 +437,8 @@ async fn the_old_node_killed_in_the_middle_of_a_move_loses_nothing() {
         a.addr.clone()
     };
     eprintln!("after the kill: {reply}");
-    let opts = ciphermq_clients::connection::TlsClientOptions::for_cn(&common::pki().certs, "receiver_1");
+    let opts =
+        ciphermq_clients::connection::TlsClientOptions::for_cn(&common::pki().certs, "receiver_1");
     let mut r = ciphermq_clients::connection::Connection::connect(&home, &opts)
         .await
         .expect("connect to the owner's node");
@@ -445,7 +450,10 @@ async fn the_old_node_killed_in_the_middle_of_a_move_loses_nothing() {
     let leftovers = |dir: &Path| dir.read_dir().map_or(0, |d| d.count());
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     while leftovers(&moving) > 0 {
-        assert!(std::time::Instant::now() < deadline, "a copy stays aside on node-a");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a copy stays aside on node-a"
+        );
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
     let other = if home == b.addr {
@@ -455,4 +463,91 @@ async fn the_old_node_killed_in_the_middle_of_a_move_loses_nothing() {
     };
     assert!(!other.exists(), "{} still exists", other.display());
     drop(a);
+}
+
+/// The new node killed (SIGKILL) while taking an owner, and started
+/// again: what it took is dropped unless the move finished, the old node
+/// serves the owner again if it did not, and its messages are served,
+/// once and in order, by exactly one node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_new_node_killed_while_taking_an_owner_loses_nothing() {
+    use common::process::BrokerProcess;
+    const QUEUED: usize = 100_000;
+    let db = TestDb::create().await;
+    let dir_a = tempfile::tempdir().unwrap();
+    let a = node(&db, "node-a", 1, dir_a.path());
+    let dir_b = tempfile::tempdir().unwrap();
+    let data_b = dir_b.path().join("data");
+    let config = dir_b.path().join("broker.toml");
+    let sections = format!(
+        "{}\n[cluster]\nenabled = true\nnode_id = \"node-b\"\nlease_secs = 5\n",
+        db.config_with_tls(AES_KEY, "disable", None)
+    );
+    let text = common::config_text(&common::pki().certs, &data_b, 2, &sections)
+        .replace(r#"mode = "memory""#, r#"mode = "durable""#);
+    std::fs::write(&config, text).unwrap();
+    let b = BrokerProcess::start(&config);
+
+    let mut r1 = connect_as(&a, "receiver_1").await;
+    setup_receiver(&mut r1, "receiver_1").await;
+    let mut sender = connect_as(&a, "sender_1").await;
+    let queued: Vec<String> = (0..QUEUED).map(|i| format!("q{i:06}")).collect();
+    publish_all(&mut sender, &queued).await;
+
+    let mut admin = connect_as(&a, "admin").await;
+    send(&mut admin, "move receiver_1 node-b").await;
+    let incoming = data_b.join("incoming");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while incoming.read_dir().map_or(0, |d| d.count()) == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "node-b never started taking it"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+    b.kill();
+    let b = BrokerProcess::start(&config);
+    let reply = tokio::time::timeout(std::time::Duration::from_secs(60), admin.read_line())
+        .await
+        .expect("the move is answered")
+        .expect("read")
+        .expect("a line");
+    eprintln!("after the kill: {reply}");
+    let home = if reply.starts_with("OK move receiver_1 node-b ") {
+        b.addr.clone()
+    } else {
+        assert_eq!(
+            reply,
+            "Error: cluster: the move of owner receiver_1 was given up (the log of its nodes says why); it stays where it was"
+        );
+        a.addr.clone()
+    };
+    let opts =
+        ciphermq_clients::connection::TlsClientOptions::for_cn(&common::pki().certs, "receiver_1");
+    let mut r = ciphermq_clients::connection::Connection::connect(&home, &opts)
+        .await
+        .expect("connect to the owner's node");
+    check(&mut r, "locate receiver_1", &{
+        let node = if home == b.addr { "node-b" } else { "node-a" };
+        let epoch = if home == b.addr { 2 } else { 1 };
+        format!("OK locate receiver_1 {node} {home} {epoch}")
+    })
+    .await;
+    let got = drain_all(&mut r, "receiver_1_queue").await;
+    let got_ids = ids(&got);
+    assert_eq!(got_ids.len(), queued.len(), "count");
+    assert!(got_ids == queued, "order or content differs");
+    let leftovers = |dir: &Path| dir.read_dir().map_or(0, |d| d.count());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while leftovers(&incoming) > 0 || leftovers(&dir_a.path().join("moving")) > 0 {
+        assert!(std::time::Instant::now() < deadline, "a copy stays aside");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let other = if home == b.addr {
+        dir_a.path().join("queues").join("receiver_1_queue")
+    } else {
+        data_b.join("queues").join("receiver_1_queue")
+    };
+    assert!(!other.exists(), "{} still exists", other.display());
+    drop(b);
 }

@@ -170,9 +170,10 @@ pub trait Coordinator: Send + Sync {
     /// a live node), or [`ClusterError::MoveUnderWay`].
     fn request_move(&self, owner: &str, to_node: &str) -> Result<Move, ClusterError>;
 
-    /// The moves `node_id` has work in: those leaving it still
-    /// [`MoveState::Requested`], and those coming to it
-    /// [`MoveState::Exported`]. One statement, cheap enough to poll.
+    /// The moves `node_id` has work in, or soon will: those leaving it
+    /// still [`MoveState::Requested`], and those coming to it
+    /// [`MoveState::Requested`] or [`MoveState::Exported`]. One
+    /// statement, cheap enough to poll.
     fn pending_moves(&self, node_id: &str) -> Result<Vec<Move>, ClusterError>;
 
     /// The move of `owner` leaving `epoch`, if one was recorded.

@@ -539,7 +539,7 @@ impl Coordinator for PgCoordinator {
             Box::pin(async move {
                 let sql = format!(
                     "{MOVES} WHERE (from_node = $1 AND state = 'requested') \
-                     OR (to_node = $1 AND state = 'exported') ORDER BY changed"
+                     OR (to_node = $1 AND state IN ('requested', 'exported')) ORDER BY changed"
                 );
                 let rows = client.query(&sql, &[&node_id]).await?;
                 Ok(rows.iter().map(move_row).collect::<Result<Vec<_>, _>>()?)

@@ -81,7 +81,12 @@ pub(super) fn run(
         }
         if Instant::now() >= next_tick {
             link.tick();
-            next_tick = Instant::now() + POLL;
+            let pace = if link.moves.busy() {
+                super::moves::MOVE_POLL
+            } else {
+                POLL
+            };
+            next_tick = Instant::now() + pace;
         }
     }
     tracing::info!(node_id = %link.node.node_id, "cluster coordinator link stopped");

@@ -47,6 +47,9 @@ use crate::context::Shared;
 /// again.
 pub(crate) const MOVE_DEADLINE: Duration = Duration::from_secs(20);
 
+/// How often the coordinator thread looks while a move is under way.
+pub(crate) const MOVE_POLL: Duration = Duration::from_millis(20);
+
 /// How long the old node waits for the owner's logs to stand still.
 const QUIET_WAIT: Duration = Duration::from_secs(10);
 
@@ -127,6 +130,8 @@ pub(crate) struct Moves {
     /// when everything was taken (it may still finish), `false` when it is
     /// to be given up.
     unsettled: Vec<(Move, bool)>,
+    /// A move to this node was asked for and not handed over yet.
+    expecting: bool,
 }
 
 /// Why a step of a move failed, for the log.
@@ -159,6 +164,17 @@ impl Moves {
         }
     }
 
+    /// Whether a move this node takes part in is under way: the
+    /// coordinator thread then looks every [`MOVE_POLL`] instead of its
+    /// usual pace, so that a move keeps its owner waiting no longer than
+    /// its work takes.
+    pub(crate) fn busy(&self) -> bool {
+        self.expecting
+            || !self.outgoing.is_empty()
+            || !self.watched.is_empty()
+            || !self.unsettled.is_empty()
+    }
+
     /// One tick: the moves this node has work in, the owners it is
     /// handing over, and the moves asked here.
     pub(crate) fn tick(
@@ -171,7 +187,13 @@ impl Moves {
         self.settle_outgoing(node, shared, coordinator, handover);
         self.settle_unsettled(node, shared, coordinator, handover);
         self.answer_watched(coordinator);
+        self.expecting = false;
         for m in coordinator.pending_moves(node.node_id())? {
+            if *m.to_node == **node.node_id() && m.state == MoveState::Requested {
+                // Coming: look again soon, the hand-over may be ready.
+                self.expecting = true;
+                continue;
+            }
             if *m.from_node == **node.node_id() && m.state == MoveState::Requested {
                 if self.outgoing.contains_key(&m.owner) {
                     continue;
