@@ -3,10 +3,12 @@
 //! It reads through the admin endpoint (`status`, `queues`, `connections`,
 //! `exchanges`, the live web `dashboard`) and reloads the broker's config
 //! through it too (`reload`, `POST /api/reload`); it changes queues,
-//! bindings and connections through the broker port in `ciphermq/1`
-//! (`purge`, `delete`, `unbind`, `close`). Both over mutual TLS with an
-//! admin certificate (reading also works with a monitor's). `--config`
-//! takes the addresses and the CA from the broker's own config file.
+//! bindings and connections, and moves owners between cluster nodes,
+//! through the broker port in `ciphermq/1` (`purge`, `delete`, `unbind`,
+//! `close`, `move`; `drain` reads `/api/cluster` and sends a `move` per
+//! owner). Both over mutual TLS with an admin certificate (reading also
+//! works with a monitor's). `--config` takes the addresses and the CA from
+//! the broker's own config file.
 
 mod cli;
 
@@ -14,13 +16,14 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use ciphermq_admin::command_line::{ArgumentError, CommandLine};
+use ciphermq_admin::command_line::{check_node_id, ArgumentError, CommandLine};
 use ciphermq_admin::dashboard_proxy::DashboardProxy;
 use ciphermq_admin::remote::{host_of, AdminEndpoint, BrokerPort, Credentials, RemoteError};
 use clap::{Parser, Subcommand};
 use cli::broker_file::{
     BrokerFile, DEFAULT_BROKER, DEFAULT_CA, DEFAULT_CERT, DEFAULT_ENDPOINT, DEFAULT_KEY,
 };
+use cli::moves::Drain;
 use hyper::Method;
 use serde_json::Value;
 
@@ -32,11 +35,12 @@ const CONFIG_VAR: &str = "CIPHERMQ_ADMIN_CONFIG";
 const WHERE_COMMANDS_GO: &str = "\
 Where each command goes (both over mutual TLS, with --cert and --key):
   the admin endpoint (--endpoint, the broker's admin.address):
-      status, queues, connections, exchanges, reload, dashboard
+      status, queues, connections, nodes, exchanges, reload, dashboard
     The broker serves it only with `[admin] enabled = true` in its config file
     (off by default), from its start: a reload does not start it.
   the broker port (--broker, the broker's server.address), in ciphermq/1:
-      purge, delete, unbind, close
+      purge, delete, unbind, close, move
+  both: drain (reads /api/cluster, then sends one `move` per owner)
 
 --config (or CIPHERMQ_ADMIN_CONFIG) names the broker's config.toml, from which
 the addresses and the CA are read; flags given explicitly win over it.";
@@ -57,13 +61,14 @@ struct Cli {
     #[arg(long, global = true, value_name = "PATH")]
     config: Option<PathBuf>,
     /// The admin endpoint, `host:port` (the broker's `admin.address`), for
-    /// status, queues, connections, exchanges, reload and dashboard.
+    /// status, queues, connections, nodes, exchanges, reload, dashboard and
+    /// drain.
     /// Default: admin.address of --config, else 127.0.0.1:9091.
     #[arg(long, global = true, value_name = "HOST:PORT")]
     endpoint: Option<String>,
     /// The broker's client port, `host:port` (`server.address`), for purge,
-    /// delete, unbind and close. Default: server.address of --config, else
-    /// 127.0.0.1:5700.
+    /// delete, unbind, close, move and drain. Default: server.address of
+    /// --config, else 127.0.0.1:5700.
     #[arg(long, global = true, value_name = "HOST:PORT")]
     broker: Option<String>,
     /// The name the broker's certificate carries; default: the host of the
@@ -152,6 +157,33 @@ enum Command {
         /// The client's CN.
         client_id: String,
     },
+    /// Move an owner, with its queues and messages, to another cluster node
+    /// (broker port of any node).
+    ///
+    /// Sends `move <owner> <node_id>` to the broker port (--broker) and
+    /// waits up to 60 s for the broker's answer, which comes once the move
+    /// has ended (or was given up: the owner then stays where it was).
+    /// Prints `moved <owner> to <node_id> (<host:port>), epoch <n>`.
+    Move {
+        /// The owner: a receiver's CN, or the CN that declared an admin
+        /// queue (`ciphermq-admin nodes --json` lists where each lives).
+        owner: String,
+        /// The live node to move it to (`ciphermq-admin nodes`).
+        node_id: String,
+    },
+    /// Move every owner off a cluster node, to the other live nodes in turn
+    /// (admin endpoint and broker port).
+    ///
+    /// Reads `GET /api/cluster` from the admin endpoint (--endpoint) for the
+    /// node's owners and the live nodes, then sends one `move <owner>
+    /// <node>` at a time to the broker port (--broker), round robin over
+    /// the other live nodes in node-id order; reads the list again until
+    /// none of the node's owners is left to try. A failed move is reported
+    /// and the drain goes on; the exit status is non-zero if any failed.
+    Drain {
+        /// The live node to empty.
+        node_id: String,
+    },
     /// Reload `[acl]`, `[rate_limit]` and `[tls]` from the broker's config
     /// file, as SIGHUP does (admin endpoint).
     ///
@@ -230,6 +262,10 @@ enum Plan {
     Show(&'static str, fn(&Value) -> String),
     /// One command on the broker port.
     Change(CommandLine),
+    /// `move` on the broker port, its success said in words.
+    Move(CommandLine),
+    /// `drain` of this node.
+    Drain(String),
     /// `POST /api/reload`.
     Reload,
     /// The dashboard, served on this address.
@@ -259,6 +295,13 @@ impl Command {
                 routing_key,
             } => Plan::Change(CommandLine::unbind(queue, exchange, routing_key)?),
             Command::Close { client_id } => Plan::Change(CommandLine::close_connection(client_id)?),
+            Command::Move { owner, node_id } => {
+                Plan::Move(CommandLine::move_owner(owner, node_id)?)
+            }
+            Command::Drain { node_id } => {
+                check_node_id(node_id)?;
+                Plan::Drain(node_id.clone())
+            }
             Command::Reload => Plan::Reload,
             Command::Dashboard { listen } => Plan::Dashboard(*listen),
         })
@@ -270,7 +313,9 @@ async fn run(cli: &Cli, plan: Plan) -> Result<(), String> {
     let json = cli.json;
     match plan {
         Plan::Show(path, render) => show(&target, path, json, render).await,
-        Plan::Change(line) => change(&target, &line, json).await,
+        Plan::Change(line) => change(&target, &line, json, str::to_owned).await,
+        Plan::Move(line) => change(&target, &line, json, cli::moves::moved).await,
+        Plan::Drain(node) => drain(&target, &node, json).await,
         Plan::Reload => reload(&target, json).await,
         Plan::Dashboard(listen) => dashboard(&target, listen).await,
     }
@@ -462,25 +507,133 @@ async fn get_json(target: &Target, method: Method, path: &str) -> Result<Value, 
     Ok(doc)
 }
 
-/// Sends one `ciphermq/1` command; the broker's `OK …` reply is success,
-/// anything else (an `Error:` or `Access denied:` line) a failure.
-async fn change(target: &Target, line: &CommandLine, json: bool) -> Result<(), String> {
-    let reply = target
-        .broker()?
-        .command(line.as_str())
-        .await
-        .map_err(|e| target.broker_failed(&e))?;
+/// Sends one `ciphermq/1` command; the broker's `OK …` reply is success
+/// (printed through `render`), anything else (an `Error:` or `Access
+/// denied:` line) a failure.
+async fn change(
+    target: &Target,
+    line: &CommandLine,
+    json: bool,
+    render: fn(&str) -> String,
+) -> Result<(), String> {
+    let broker = target.broker()?;
+    let reply = send(target, &broker, line).await?;
     let ok = reply.starts_with("OK ");
     if json {
         let doc = serde_json::json!({ "command": line.as_str(), "ok": ok, "reply": reply });
         out(&format!("{doc}\n"))?;
     } else if ok {
-        out(&format!("{reply}\n"))?;
+        out(&format!("{}\n", render(&reply)))?;
     }
     if ok {
         Ok(())
     } else {
         Err(reply)
+    }
+}
+
+/// Sends `line` and returns the broker's reply line, waiting as long as
+/// the line's reply may take; `Err` when none came, saying why.
+async fn send(target: &Target, broker: &BrokerPort, line: &CommandLine) -> Result<String, String> {
+    broker
+        .command_within(line.as_str(), line.reply_within())
+        .await
+        .map_err(|e| {
+            let mut message = target.broker_failed(&e);
+            if e.is_timeout() && line.as_str().starts_with("move ") {
+                message.push_str(
+                    " (the move may still end: `ciphermq-admin nodes --json` shows where the \
+                     owner lives)",
+                );
+            }
+            message
+        })
+}
+
+/// Moves every owner off `node`: reads `/api/cluster`, moves the owners
+/// it lists there one at a time, and reads again until none is left to
+/// try or a pass moved none. Prints a line per owner moved and a summary;
+/// `Err` if any move failed or an owner was left.
+async fn drain(target: &Target, node: &str, json: bool) -> Result<(), String> {
+    let broker = target.broker()?;
+    let mut drain = Drain::new(node);
+    let passes = drain_passes(target, &broker, &mut drain, json).await;
+    if passes.is_err() && !drain.started() {
+        // Refused before any move (not a live node, nowhere to go, the
+        // endpoint unreachable): no summary of nothing.
+        return passes;
+    }
+    if json {
+        let doc = serde_json::json!({
+            "drained": drain.node(),
+            "moved": drain.moved_count(),
+            "failed": drain.failures(),
+        });
+        out(&format!("{doc}\n"))?;
+    } else {
+        out(&format!("{}\n", drain.summary()))?;
+    }
+    passes?;
+    drain.outcome().map_err(|e| e.to_string())
+}
+
+/// The passes of a drain: each reads `/api/cluster` and tries the owners
+/// it lists on the node that were not tried yet. Stops when a read lists
+/// none, when a pass moved none, or when the broker stops answering (the
+/// moves left would only wait for it in turn).
+async fn drain_passes(
+    target: &Target,
+    broker: &BrokerPort,
+    drain: &mut Drain,
+    json: bool,
+) -> Result<(), String> {
+    loop {
+        let doc = get_json(target, Method::GET, "/api/cluster").await?;
+        let moves = drain.pass(&doc).map_err(|e| e.to_string())?;
+        if moves.is_empty() {
+            return Ok(());
+        }
+        let mut moved = 0usize;
+        for m in moves {
+            let line = match CommandLine::move_owner(&m.owner, &m.to) {
+                Ok(line) => line,
+                Err(e) => {
+                    eprintln!("ciphermq-admin: {} not moved: {e}", m.owner);
+                    drain.failed(&m.owner);
+                    continue;
+                }
+            };
+            let reply = match send(target, broker, &line).await {
+                Ok(reply) => reply,
+                Err(e) => {
+                    drain.failed(&m.owner);
+                    return Err(format!(
+                        "{} not moved to {}: {e}; the drain stopped",
+                        m.owner, m.to
+                    ));
+                }
+            };
+            let ok = reply.starts_with("OK ");
+            if json {
+                let doc = serde_json::json!({ "command": line.as_str(), "ok": ok, "reply": reply });
+                out(&format!("{doc}\n"))?;
+            }
+            if ok {
+                moved += 1;
+                drain.moved();
+                if !json {
+                    out(&format!("{}\n", cli::moves::moved(&reply)))?;
+                }
+            } else {
+                drain.failed(&m.owner);
+                if !json {
+                    eprintln!("ciphermq-admin: {} not moved to {}: {reply}", m.owner, m.to);
+                }
+            }
+        }
+        if moved == 0 {
+            return Ok(());
+        }
     }
 }
 

@@ -3,6 +3,7 @@
 
 pub(crate) mod broker_file;
 pub(crate) mod hints;
+pub(crate) mod moves;
 pub(crate) mod table;
 
 use serde_json::Value;

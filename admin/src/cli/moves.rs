@@ -64,7 +64,9 @@ pub(crate) fn moved(reply: &str) -> String {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub(crate) enum DrainError {
     /// The broker asked is not in a cluster: there is nowhere to move to.
-    #[error("this broker is not a cluster node (cluster.enabled = false): there is nothing to drain")]
+    #[error(
+        "this broker is not a cluster node (cluster.enabled = false): there is nothing to drain"
+    )]
     NotACluster,
     /// The node is not among the live nodes (a typo, or a node down: a
     /// dead node's owners cannot be moved off it).
@@ -116,7 +118,10 @@ const NAMED_MAX: usize = 20;
 fn left(names: &[String], unlisted: usize) -> String {
     let mut text = owners(names.len() + unlisted);
     if !names.is_empty() {
-        text.push_str(&format!(": {}", names[..names.len().min(NAMED_MAX)].join(", ")));
+        text.push_str(&format!(
+            ": {}",
+            names[..names.len().min(NAMED_MAX)].join(", ")
+        ));
         if names.len() > NAMED_MAX {
             text.push_str(&format!(" and {} more", names.len() - NAMED_MAX));
         }
@@ -521,9 +526,8 @@ mod tests {
             }
         );
         assert!(
-            e.to_string().starts_with(
-                "node node-a still holds 2 owners: 2 that /api/cluster does not list"
-            ),
+            e.to_string()
+                .starts_with("node node-a still holds 2 owners: 2 that /api/cluster does not list"),
             "{e}"
         );
         // An uncapped list is complete: its count is not second-guessed.
