@@ -649,3 +649,77 @@ async fn reload(target: &Target, json: bool) -> Result<(), String> {
         ))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    /// The plan of `ciphermq-admin <args>`, or the refusal of its arguments.
+    fn plan(args: &[&str]) -> Result<Plan, ArgumentError> {
+        let cli =
+            Cli::try_parse_from(std::iter::once("ciphermq-admin").chain(args.iter().copied()))
+                .expect("clap accepts the arguments");
+        cli.command.plan()
+    }
+
+    #[test]
+    fn the_command_line_is_well_formed() {
+        Cli::command().debug_assert();
+        let help = Cli::command().render_long_help().to_string();
+        assert!(
+            help.contains("move") && help.contains("drain") && help.contains("close, move"),
+            "{help}"
+        );
+    }
+
+    #[test]
+    fn move_sends_one_checked_line_and_waits_for_the_moves_end() {
+        match plan(&["move", "receiver_1", "node-b"]) {
+            Ok(Plan::Move(line)) => {
+                assert_eq!(line.as_str(), "move receiver_1 node-b");
+                assert_eq!(
+                    line.reply_within(),
+                    ciphermq_admin::command_line::MOVE_TIMEOUT
+                );
+            }
+            _ => panic!("not a move"),
+        }
+        // Global flags may follow it, as with every subcommand.
+        assert!(matches!(
+            plan(&["move", "receiver_1", "node-b", "--json"]),
+            Ok(Plan::Move(_))
+        ));
+        let e = plan(&["move", "receiver_1 node-a", "node-b"])
+            .err()
+            .unwrap();
+        assert_eq!(e.what, "owner");
+        let e = plan(&["move", "receiver_1", "node-b\nclose_connection admin"])
+            .err()
+            .unwrap();
+        assert_eq!(e.what, "node id");
+        // Both arguments are required.
+        let missing = Cli::try_parse_from(["ciphermq-admin", "move", "receiver_1"]).unwrap_err();
+        assert_eq!(
+            missing.kind(),
+            clap::error::ErrorKind::MissingRequiredArgument
+        );
+    }
+
+    #[test]
+    fn drain_checks_its_node_id_before_reading_anything() {
+        match plan(&["drain", "node-a"]) {
+            Ok(Plan::Drain(node)) => assert_eq!(node, "node-a"),
+            _ => panic!("not a drain"),
+        }
+        for bad in ["", "node a", "node-a\nmove r node-b", ".."] {
+            let e = plan(&["drain", bad]).err().unwrap();
+            assert_eq!(e.what, "node id", "{bad:?}");
+        }
+        let missing = Cli::try_parse_from(["ciphermq-admin", "drain"]).unwrap_err();
+        assert_eq!(
+            missing.kind(),
+            clap::error::ErrorKind::MissingRequiredArgument
+        );
+    }
+}

@@ -270,6 +270,40 @@ async fn an_operator_reads_and_changes_a_running_broker() {
     );
 }
 
+/// `move` and `drain` on a broker that is not a cluster node: the broker's
+/// refusal (or the endpoint's `enabled: false`) is printed and the exit
+/// status is non-zero; nothing is moved. A monitor may not move.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn move_and_drain_outside_a_cluster_say_why_and_fail() {
+    let world = World::start();
+    let refused = failed(world.admin("admin", &["move", "receiver_1", "node-b"]));
+    assert!(
+        refused.contains("Error: this broker is not a cluster node (cluster.enabled = false)"),
+        "{refused}"
+    );
+    let json = world.admin("admin", &["move", "receiver_1", "node-b", "--json"]);
+    assert!(!json.status.success());
+    let reply: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(reply["command"], "move receiver_1 node-b");
+    assert_eq!(reply["ok"], false);
+    let denied = failed(world.admin("monitor_1", &["move", "receiver_1", "node-b"]));
+    assert!(denied.contains("Access denied"), "{denied}");
+
+    let out = world.admin("admin", &["drain", "node-a"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("not a cluster node") && stderr.contains("nothing to drain"),
+        "{stderr}"
+    );
+    // Refused before any move: no summary.
+    assert!(
+        out.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reload_rereads_the_config_file_and_a_bad_file_changes_nothing() {
     let world = World::start();
@@ -334,7 +368,7 @@ async fn an_argument_that_would_add_a_command_is_refused_and_nothing_is_sent() {
         assert!(reply.starts_with("OK "), "{line}: {reply}");
     }
     let hidden = "\ndelete_queue receiver_1_queue";
-    let cases: [(Vec<String>, &str); 6] = [
+    let cases: [(Vec<String>, &str); 9] = [
         (vec!["purge".into(), format!("x{hidden}")], "invalid queue"),
         (
             vec!["delete".into(), "queue".into(), format!("x{hidden}")],
@@ -365,6 +399,26 @@ async fn an_argument_that_would_add_a_command_is_refused_and_nothing_is_sent() {
         (
             vec!["close".into(), "sender_1 admin".into()],
             "invalid client id",
+        ),
+        (
+            vec![
+                "move".into(),
+                format!("receiver_1{hidden}"),
+                "node-b".into(),
+            ],
+            "invalid owner",
+        ),
+        (
+            vec![
+                "move".into(),
+                "receiver_1".into(),
+                format!("node-b{hidden}"),
+            ],
+            "invalid node id",
+        ),
+        (
+            vec!["drain".into(), format!("node-a{hidden}")],
+            "invalid node id",
         ),
     ];
     for (args, named) in cases {

@@ -13,7 +13,9 @@
 //!
 //! Environment: `CIPHERMQ_SEEDS` (comma-separated; 127.0.0.1:5700),
 //! `CIPHERMQ_CERTS` (certs), `CIPHERMQ_KEYS` (keys), `CIPHERMQ_SENDER`
-//! (sender_1), `CIPHERMQ_RECEIVERS` (comma-separated; receiver_1,receiver_2).
+//! (sender_1), `CIPHERMQ_RECEIVERS` (comma-separated; receiver_1,receiver_2),
+//! `CIPHERMQ_INTERVAL_MS` (a pause after each round of messages; 0), so
+//! that traffic still flows while an operator moves a receiver.
 //! Each receiver must have registered its key on its node once.
 
 use std::path::PathBuf;
@@ -41,6 +43,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let sender = std::env::var("CIPHERMQ_SENDER").unwrap_or_else(|_| "sender_1".to_owned());
     let certs = repo_path("CIPHERMQ_CERTS", "certs");
     let keys = repo_path("CIPHERMQ_KEYS", "keys");
+    let interval = std::time::Duration::from_millis(match std::env::var("CIPHERMQ_INTERVAL_MS") {
+        Ok(ms) => ms.parse()?,
+        Err(_) => 0,
+    });
 
     let config = ClientConfig::new(&seeds[0], TlsClientOptions::for_cn(&certs, &sender))
         .known_receivers_file(keys.join("known_receivers"))?;
@@ -64,6 +70,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 }
             };
             println!("{receiver}: {} stored", ack.message_id);
+        }
+        if !interval.is_zero() {
+            tokio::time::sleep(interval).await;
         }
     }
     // What the redirects taught the client.
