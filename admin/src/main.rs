@@ -46,8 +46,8 @@ Where each command goes (both over mutual TLS, with --cert and --key):
 the addresses and the CA are read; flags given explicitly win over it.";
 
 /// Operate a CipherMQ broker: read it (and reload its config) through its
-/// admin endpoint, change queues, bindings and connections through its
-/// client port.
+/// admin endpoint, change queues, bindings and connections, and move owners
+/// between cluster nodes, through its client port.
 #[derive(Debug, Parser)]
 #[command(name = "ciphermq-admin", version, after_help = WHERE_COMMANDS_GO)]
 struct Cli {
@@ -179,7 +179,9 @@ enum Command {
     /// <node>` at a time to the broker port (--broker), round robin over
     /// the other live nodes in node-id order; reads the list again until
     /// none of the node's owners is left to try. A failed move is reported
-    /// and the drain goes on; the exit status is non-zero if any failed.
+    /// and the drain goes on (it stops if the broker port stops answering);
+    /// the exit status is non-zero if any failed. Prints a line per owner
+    /// moved and `drained <node_id>: <n> owners moved`.
     Drain {
         /// The live node to empty.
         node_id: String,
@@ -517,7 +519,7 @@ async fn change(
     render: fn(&str) -> String,
 ) -> Result<(), String> {
     let broker = target.broker()?;
-    let reply = send(target, &broker, line).await?;
+    let reply = send(target, &broker, line).await.map_err(|e| e.message)?;
     let ok = reply.starts_with("OK ");
     if json {
         let doc = serde_json::json!({ "command": line.as_str(), "ok": ok, "reply": reply });
@@ -532,9 +534,19 @@ async fn change(
     }
 }
 
+/// A command that got no reply line: why, and whether the broker is gone
+/// (nothing listens, or it did not answer in time), so that a drain stops
+/// rather than wait for it once per owner.
+struct NoReply {
+    /// What failed, with the hint for a refused connection.
+    message: String,
+    /// Nothing listens, or no answer came in time.
+    gone: bool,
+}
+
 /// Sends `line` and returns the broker's reply line, waiting as long as
 /// the line's reply may take; `Err` when none came, saying why.
-async fn send(target: &Target, broker: &BrokerPort, line: &CommandLine) -> Result<String, String> {
+async fn send(target: &Target, broker: &BrokerPort, line: &CommandLine) -> Result<String, NoReply> {
     broker
         .command_within(line.as_str(), line.reply_within())
         .await
@@ -546,7 +558,10 @@ async fn send(target: &Target, broker: &BrokerPort, line: &CommandLine) -> Resul
                      owner lives)",
                 );
             }
-            message
+            NoReply {
+                message,
+                gone: e.is_refused() || e.is_timeout(),
+            }
         })
 }
 
@@ -579,7 +594,8 @@ async fn drain(target: &Target, node: &str, json: bool) -> Result<(), String> {
 
 /// The passes of a drain: each reads `/api/cluster` and tries the owners
 /// it lists on the node that were not tried yet. Stops when a read lists
-/// none, when a pass moved none, or when the broker stops answering (the
+/// none, when a pass moved none (after one more read, to tell a failed
+/// move from one whose reply was lost), or when the broker is gone (the
 /// moves left would only wait for it in turn).
 async fn drain_passes(
     target: &Target,
@@ -598,19 +614,27 @@ async fn drain_passes(
             let line = match CommandLine::move_owner(&m.owner, &m.to) {
                 Ok(line) => line,
                 Err(e) => {
-                    eprintln!("ciphermq-admin: {} not moved: {e}", m.owner);
+                    eprintln!("ciphermq-admin: {} not moved to {}: {e}", m.owner, m.to);
                     drain.failed(&m.owner);
                     continue;
                 }
             };
             let reply = match send(target, broker, &line).await {
                 Ok(reply) => reply,
-                Err(e) => {
+                Err(NoReply { message, gone }) => {
                     drain.failed(&m.owner);
-                    return Err(format!(
-                        "{} not moved to {}: {e}; the drain stopped",
-                        m.owner, m.to
-                    ));
+                    if gone {
+                        return Err(format!("{line}: no reply: {message}; the drain stopped"));
+                    }
+                    if json {
+                        let doc = serde_json::json!({
+                            "command": line.as_str(), "ok": false, "reply": null, "error": message,
+                        });
+                        out(&format!("{doc}\n"))?;
+                    } else {
+                        eprintln!("ciphermq-admin: {line}: no reply: {message}");
+                    }
+                    continue;
                 }
             };
             let ok = reply.starts_with("OK ");
@@ -627,11 +651,14 @@ async fn drain_passes(
             } else {
                 drain.failed(&m.owner);
                 if !json {
-                    eprintln!("ciphermq-admin: {} not moved to {}: {reply}", m.owner, m.to);
+                    eprintln!("ciphermq-admin: {line}: {reply}");
                 }
             }
         }
         if moved == 0 {
+            if let Ok(doc) = get_json(target, Method::GET, "/api/cluster").await {
+                drain.look(&doc);
+            }
             return Ok(());
         }
     }

@@ -165,10 +165,18 @@ pub trait Coordinator: Send + Sync {
 
     /// Asks for `owner` to move to `to_node`: records a move of its current
     /// epoch in state [`MoveState::Requested`] (a move of that epoch that
-    /// was aborted is asked again). Fails with [`ClusterError::NotPlaced`],
+    /// was aborted is asked again). `to_node` must have heartbeated within
+    /// `fresh_within` (a lease): a node that stopped is no place to move
+    /// to. Fails with [`ClusterError::NotPlaced`],
     /// [`ClusterError::AlreadyThere`], [`ClusterError::UnknownNode`] (not
-    /// a live node), or [`ClusterError::MoveUnderWay`].
-    fn request_move(&self, owner: &str, to_node: &str) -> Result<Move, ClusterError>;
+    /// a live node), [`ClusterError::StaleNode`] or
+    /// [`ClusterError::MoveUnderWay`].
+    fn request_move(
+        &self,
+        owner: &str,
+        to_node: &str,
+        fresh_within: Duration,
+    ) -> Result<Move, ClusterError>;
 
     /// The moves `node_id` has work in, or soon will: those leaving it
     /// still [`MoveState::Requested`], and those coming to it

@@ -146,6 +146,15 @@ pub enum ClusterError {
         /// The epoch it leaves.
         epoch: u64,
     },
+    /// The node a move names has not heartbeated within a lease: it may
+    /// have stopped.
+    #[error("node {node_id:?} has not heartbeated for {age_ms} ms (more than a lease): it is no place to move an owner to now")]
+    StaleNode {
+        /// The node.
+        node_id: String,
+        /// Its heartbeat's age on the coordinator's clock.
+        age_ms: u64,
+    },
     /// The owner already lives on the node a move names.
     #[error("owner {owner:?} already lives on node {node_id:?}")]
     AlreadyThere {

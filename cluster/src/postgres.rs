@@ -475,10 +475,16 @@ impl Coordinator for PgCoordinator {
         })
     }
 
-    fn request_move(&self, owner: &str, to_node: &str) -> Result<Move, ClusterError> {
+    fn request_move(
+        &self,
+        owner: &str,
+        to_node: &str,
+        fresh_within: Duration,
+    ) -> Result<Move, ClusterError> {
         input::name("owner", owner)?;
         input::name("node id", to_node)?;
         let (owner, to_node) = (owner.to_owned(), to_node.to_owned());
+        let fresh_ms = i64::try_from(fresh_within.as_millis()).unwrap_or(i64::MAX);
         let lock = self.placement_lock.clone();
         let action = format!("ask for owner {owner:?} to move to node {to_node:?}");
         self.call(action, "cluster_moves", move |client| {
@@ -499,12 +505,21 @@ impl Coordinator for PgCoordinator {
                 }
                 let alive = tx
                     .query_opt(
-                        "SELECT 1 FROM cluster_nodes WHERE node_id = $1 AND state = 'alive'",
+                        "SELECT GREATEST(0, floor(extract(epoch FROM now() - heartbeat) * 1000))::bigint \
+                         FROM cluster_nodes WHERE node_id = $1 AND state = 'alive'",
                         &[&to_node],
                     )
                     .await?;
-                if alive.is_none() {
+                let Some(alive) = alive else {
                     return Err(ClusterError::UnknownNode { node_id: to_node }.into());
+                };
+                let age_ms: i64 = column(&alive, 0, "cluster_nodes")?;
+                if age_ms > fresh_ms {
+                    return Err(ClusterError::StaleNode {
+                        node_id: to_node,
+                        age_ms: age_ms as u64,
+                    }
+                    .into());
                 }
                 let epoch = input::bigint("epoch", at.epoch)?;
                 let recorded = tx

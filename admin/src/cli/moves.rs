@@ -83,17 +83,39 @@ pub(crate) enum DrainError {
         /// The node to drain.
         node: String,
     },
-    /// Owners whose move failed (each reported as it failed), and how many
-    /// more the node holds that `/api/cluster` did not list.
+    /// Owners whose move failed (each reported as it failed) and that the
+    /// last read still lists on the node, and how many more the node holds
+    /// that `/api/cluster` did not list.
     #[error("node {node} still holds {}", left(owners, *unlisted))]
     Left {
         /// The node drained.
         node: String,
-        /// The owners whose move failed or was never tried.
+        /// The owners whose move failed, still on the node.
         owners: Vec<String>,
         /// Owners on the node that the capped owner list did not show.
         unlisted: usize,
     },
+    /// Moves that got no `OK` (the reply was lost: the connection closed,
+    /// as it does when the owner moved is the admin's own CN), although
+    /// the last read no longer lists those owners on the node.
+    #[error(
+        "{} without an OK reply ({}), though /api/cluster no longer lists {} on node {node}; \
+         `ciphermq-admin nodes --json` shows where each lives",
+        moves(owners.len()),
+        owners.join(", "),
+        if owners.len() == 1 { "it" } else { "them" }
+    )]
+    Unconfirmed {
+        /// The node drained.
+        node: String,
+        /// The owners whose move got no `OK`.
+        owners: Vec<String>,
+    },
+}
+
+/// `n move(s)` with the right plural.
+fn moves(n: usize) -> String {
+    format!("{n} move{}", if n == 1 { "" } else { "s" })
 }
 
 /// Names joined with `, `, or `none`.
@@ -163,8 +185,20 @@ pub(crate) struct Drain {
     moved: usize,
     /// Owners whose move failed, in the order tried.
     failed: Vec<String>,
+    /// Owners the last `/api/cluster` read listed on the node.
+    listed: BTreeSet<String>,
     /// Owners on the node that the last `/api/cluster` read did not list.
     unlisted: usize,
+}
+
+/// What one `/api/cluster` read says for a drain: the nodes the owners may
+/// go to (node-id order) and the owners listed on the drained node
+/// (sorted).
+struct Reading {
+    /// The other live nodes.
+    targets: Vec<String>,
+    /// The owners listed on the node.
+    here: Vec<String>,
 }
 
 impl Drain {
@@ -176,6 +210,7 @@ impl Drain {
             tried: BTreeSet::new(),
             moved: 0,
             failed: Vec::new(),
+            listed: BTreeSet::new(),
             unlisted: 0,
         }
     }
@@ -190,6 +225,28 @@ impl Drain {
     /// nodes in turn (node-id order). Empty when none is left to try. `Err`
     /// when the node is not live or no other node is.
     pub(crate) fn pass(&mut self, doc: &Value) -> Result<Vec<Move>, DrainError> {
+        let Reading { targets, here } = self.read(doc)?;
+        let mut moves = Vec::new();
+        for owner in here {
+            if self.tried.insert(owner.clone()) {
+                let to = targets[self.next % targets.len()].clone();
+                self.next = self.next.wrapping_add(1);
+                moves.push(Move { owner, to });
+            }
+        }
+        Ok(moves)
+    }
+
+    /// Takes a last `/api/cluster` read for [`Drain::outcome`] only,
+    /// without planning moves: after a pass that moved none, it tells a
+    /// failed move from one whose reply was lost. A read that cannot be
+    /// used leaves the previous one.
+    pub(crate) fn look(&mut self, doc: &Value) {
+        let _ = self.read(doc);
+    }
+
+    /// Reads `doc` and keeps what it lists on the node.
+    fn read(&mut self, doc: &Value) -> Result<Reading, DrainError> {
         if doc["enabled"] != Value::Bool(true) {
             return Err(DrainError::NotACluster);
         }
@@ -223,13 +280,12 @@ impl Drain {
             });
         }
         let rows = cluster["owners"].as_array().map_or(&[][..], Vec::as_slice);
-        let mut here: Vec<&str> = rows
+        let here: BTreeSet<String> = rows
             .iter()
             .filter(|row| row["node_id"].as_str() == Some(self.node.as_str()))
             .filter_map(|row| row["owner"].as_str())
+            .map(str::to_owned)
             .collect();
-        here.sort_unstable();
-        here.dedup();
         // Only a capped list leaves owners out; the counts come from the
         // same snapshot as the list.
         let total = cluster["owners_total"].as_u64().unwrap_or(0);
@@ -239,18 +295,11 @@ impl Drain {
         } else {
             0
         };
-        let mut moves = Vec::new();
-        for owner in here {
-            if self.tried.insert(owner.to_owned()) {
-                let to = targets[self.next % targets.len()].clone();
-                self.next = self.next.wrapping_add(1);
-                moves.push(Move {
-                    owner: owner.to_owned(),
-                    to,
-                });
-            }
-        }
-        Ok(moves)
+        self.listed = here.clone();
+        Ok(Reading {
+            targets,
+            here: here.into_iter().collect(),
+        })
     }
 
     /// Records a move the broker reported done.
@@ -287,16 +336,29 @@ impl Drain {
         line
     }
 
-    /// `Ok` when every owner the drain found moved; else what it left.
+    /// `Ok` when every owner the drain found moved; else what the last
+    /// read still shows on the node, or the moves that got no `OK`.
     pub(crate) fn outcome(&self) -> Result<(), DrainError> {
-        if self.failed.is_empty() && self.unlisted == 0 {
-            return Ok(());
+        let left: Vec<String> = self
+            .failed
+            .iter()
+            .filter(|owner| self.listed.contains(*owner))
+            .cloned()
+            .collect();
+        if !left.is_empty() || self.unlisted > 0 {
+            return Err(DrainError::Left {
+                node: self.node.clone(),
+                owners: left,
+                unlisted: self.unlisted,
+            });
         }
-        Err(DrainError::Left {
-            node: self.node.clone(),
-            owners: self.failed.clone(),
-            unlisted: self.unlisted,
-        })
+        if !self.failed.is_empty() {
+            return Err(DrainError::Unconfirmed {
+                node: self.node.clone(),
+                owners: self.failed.clone(),
+            });
+        }
+        Ok(())
     }
 }
 
@@ -497,6 +559,36 @@ mod tests {
                 && !e.contains("r20"),
             "{e}"
         );
+
+        // A move whose reply was lost, but which the next read shows done,
+        // still fails the drain, saying so.
+        let mut drain = Drain::new("node-a");
+        let doc = cluster(&[("node-a", 1), ("node-b", 0)], &[("admin", "node-a")], 1);
+        assert_eq!(drain.pass(&doc).unwrap(), [mv("admin", "node-b")]);
+        drain.failed("admin");
+        drain.look(&cluster(
+            &[("node-a", 0), ("node-b", 1)],
+            &[("admin", "node-b")],
+            1,
+        ));
+        let e = drain.outcome().unwrap_err();
+        assert_eq!(
+            e,
+            DrainError::Unconfirmed {
+                node: "node-a".to_owned(),
+                owners: vec!["admin".to_owned()]
+            }
+        );
+        assert!(
+            e.to_string().starts_with(
+                "1 move without an OK reply (admin), though /api/cluster no longer lists it \
+                 on node node-a;"
+            ),
+            "{e}"
+        );
+        // A useless last read changes nothing.
+        drain.look(&json!({"enabled": false}));
+        assert_eq!(drain.outcome().unwrap_err(), e);
 
         let mut one = Drain::new("node-a");
         assert!(!one.started());

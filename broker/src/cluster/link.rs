@@ -233,9 +233,9 @@ impl Link {
                 to_node,
                 reply,
             } => {
-                let asked = self
-                    .moves
-                    .request(&self.coordinator, &owner, &to_node, reply);
+                let asked =
+                    self.moves
+                        .request(&self.coordinator, &owner, &to_node, self.node.lease, reply);
                 // A refusal (unknown node, a move under way) is the
                 // asker's answer, not an outage.
                 if let Err(

@@ -144,9 +144,10 @@ impl Moves {
         coordinator: &PgCoordinator,
         owner: &str,
         to_node: &str,
+        lease: Duration,
         reply: tokio::sync::oneshot::Sender<Result<String, String>>,
     ) -> Result<(), ClusterError> {
-        match coordinator.request_move(owner, to_node) {
+        match coordinator.request_move(owner, to_node, lease) {
             Ok(m) => {
                 tracing::info!(owner, from = %m.from_node, to = %m.to_node, epoch = m.epoch, "move asked for");
                 self.watched.push(Watched {
@@ -671,7 +672,12 @@ fn stop_and_detach(
         s.freeze(&names);
         names
     })?;
-    shared.policy.close_connections_of(&m.owner);
+    // A receiver's connections end here (their unacked deliveries come
+    // again from the new node); an admin owning queues is not cut off,
+    // least of all the connection that asked for the move.
+    if shared.policy.current().acl.role_of(&m.owner) == crate::acl::Role::Receiver {
+        shared.policy.close_connections_of(&m.owner);
+    }
     let manifest = manifest_of(shared, m, &names);
     let dir = moving_dir(data_dir, &m.owner, m.epoch);
     remove_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
