@@ -130,8 +130,9 @@ pub(crate) struct Moves {
     /// when everything was taken (it may still finish), `false` when it is
     /// to be given up.
     unsettled: Vec<(Move, bool)>,
-    /// A move to this node was asked for and not handed over yet.
-    expecting: bool,
+    /// Moves to this node asked for and not handed over yet, with when
+    /// this node first saw each.
+    expected: HashMap<(String, u64), Instant>,
 }
 
 /// Why a step of a move failed, for the log.
@@ -170,7 +171,10 @@ impl Moves {
     /// usual pace, so that a move keeps its owner waiting no longer than
     /// its work takes.
     pub(crate) fn busy(&self) -> bool {
-        self.expecting
+        let now = Instant::now();
+        self.expected
+            .values()
+            .any(|since| now.duration_since(*since) < MOVE_DEADLINE)
             || !self.outgoing.is_empty()
             || !self.watched.is_empty()
             || !self.unsettled.is_empty()
@@ -188,11 +192,16 @@ impl Moves {
         self.settle_outgoing(node, shared, coordinator, handover);
         self.settle_unsettled(node, shared, coordinator, handover);
         self.answer_watched(coordinator);
-        self.expecting = false;
+        let now = Instant::now();
+        let mut expected = HashMap::new();
         for m in coordinator.pending_moves(node.node_id())? {
             if *m.to_node == **node.node_id() && m.state == MoveState::Requested {
-                // Coming: look again soon, the hand-over may be ready.
-                self.expecting = true;
+                // Coming: look again soon, the hand-over may be ready (for
+                // as long as a move may take: an old node that stopped
+                // must not keep this one looking fast).
+                let key = (m.owner.clone(), m.epoch);
+                let since = self.expected.get(&key).copied().unwrap_or(now);
+                expected.insert(key, since);
                 continue;
             }
             if *m.from_node == **node.node_id() && m.state == MoveState::Requested {
@@ -204,6 +213,7 @@ impl Moves {
                 self.import(node, shared, coordinator, handover, &m);
             }
         }
+        self.expected = expected;
         Ok(())
     }
 
