@@ -551,3 +551,106 @@ async fn the_new_node_killed_while_taking_an_owner_loses_nothing() {
     assert!(!other.exists(), "{} still exists", other.display());
     drop(b);
 }
+
+/// Moves back and forth while the coordinators' PostgreSQL connections
+/// are cut again and again: each move finishes or is given up, the
+/// placement and the data always agree, and at the end every message is
+/// served once and in order by the node the placement names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn moves_while_postgres_connections_are_cut_lose_nothing() {
+    const QUEUED: usize = 20_000;
+    const MOVES: usize = 6;
+    let db = TestDb::create().await;
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let a = node(&db, "node-a", 1, dir_a.path());
+    let b = node(&db, "node-b", 1, dir_b.path());
+    let mut r1 = connect_as(&a, "receiver_1").await;
+    setup_receiver(&mut r1, "receiver_1").await;
+    let mut sender = connect_as(&a, "sender_1").await;
+    let queued: Vec<String> = (0..QUEUED).map(|i| format!("c{i:05}")).collect();
+    publish_all(&mut sender, &queued).await;
+
+    // Cuts every coordinator connection every 150 ms until told to stop.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let cutter = {
+        let (stop, name) = (stop.clone(), db.name.clone());
+        let admin = db.client().await;
+        tokio::spawn(async move {
+            let mut cuts = 0u32;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let rows = admin
+                    .query(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                         WHERE datname = $1 AND application_name LIKE 'ciphermq-cluster %'",
+                        &[&name],
+                    )
+                    .await
+                    .expect("terminate");
+                cuts += u32::from(!rows.is_empty());
+                tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+            }
+            cuts
+        })
+    };
+
+    let nodes = [("node-a", a.addr.clone()), ("node-b", b.addr.clone())];
+    let mut finished = 0;
+    for i in 0..MOVES {
+        let (to, _) = &nodes[(i + 1) % 2];
+        // Ask whichever node answers; a request that meets a cut is asked
+        // again (the reply names the failed call).
+        let asker = if i % 2 == 0 { &b } else { &a };
+        let mut admin = connect_as(asker, "admin").await;
+        let reply = tokio::time::timeout(
+            std::time::Duration::from_secs(90),
+            admin.request(&format!("move receiver_1 {to}")),
+        )
+        .await
+        .expect("move answered")
+        .expect("move reply");
+        eprintln!("move {i} to {to}: {reply}");
+        if reply.starts_with("OK move ") {
+            finished += 1;
+        } else {
+            assert!(reply.starts_with("Error: cluster: "), "{reply}");
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let cuts = cutter.await.expect("cutter");
+    assert!(cuts > 0, "no connection was cut");
+
+    // Settled: wherever the placement says, every message, once, in order,
+    // and no copy left aside on either node.
+    let settle = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let home = loop {
+        let mut s = connect_as(&a, "sender_1").await;
+        let located = ask(&mut s, "locate receiver_1").await;
+        let mut t = connect_as(&b, "sender_1").await;
+        let again = ask(&mut t, "locate receiver_1").await;
+        let aside = |d: &Path| {
+            ["moving", "incoming"]
+                .iter()
+                .map(|x| d.join(x).read_dir().map_or(0, |r| r.count()))
+                .sum::<usize>()
+        };
+        if located == again && aside(dir_a.path()) == 0 && aside(dir_b.path()) == 0 {
+            let addr = located.split(' ').nth(4).expect("address").to_owned();
+            break addr;
+        }
+        assert!(
+            std::time::Instant::now() < settle,
+            "not settled: {located} / {again}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    let opts =
+        ciphermq_clients::connection::TlsClientOptions::for_cn(&common::pki().certs, "receiver_1");
+    let mut r = ciphermq_clients::connection::Connection::connect(&home, &opts)
+        .await
+        .expect("connect to the owner's node");
+    let got = drain_all(&mut r, "receiver_1_queue").await;
+    let got_ids = ids(&got);
+    assert_eq!(got_ids.len(), queued.len(), "count");
+    assert!(got_ids == queued, "order or content differs");
+    eprintln!("{finished} of {MOVES} moves finished, {cuts} cuts");
+}

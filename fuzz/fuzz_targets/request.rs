@@ -78,6 +78,7 @@ fn check(line: &str) {
         Request::RegisterPublicKey { key_b64 } => assert!(!key_b64.is_empty()),
         Request::GetPublicKey { client_id } => assert!(is_valid_name(client_id)),
         Request::Locate { owner } => assert!(is_valid_name(owner)),
+        Request::Move { owner, node } => assert!(is_valid_name(owner) && is_valid_name(node)),
         Request::PublishFor { owner, body, .. } => {
             assert!(is_valid_name(owner));
             assert!(!body.is_empty());

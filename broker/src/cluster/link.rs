@@ -1,11 +1,13 @@
 //! The coordinator thread: the node's only link to PostgreSQL. It joins the
 //! cluster, then loops: sessions' requests as they come, and every
 //! [`POLL`] a tick that heartbeats (every third of the lease), reads
-//! placement changes newer than the last version seen, and, every
-//! [`REFRESH`], the live nodes and the exchange catalogue.
+//! placement changes newer than the last version seen and the moves this
+//! node has work in (`moves`), and, every [`REFRESH`], the live nodes and
+//! the exchange catalogue.
 //!
 //! The statements it runs do not depend on the publish rate: a tick is at
-//! most four statements, whatever the traffic. A failed call is logged (at
+//! most five statements, whatever the traffic (and ticks come every
+//! 20 ms instead of [`POLL`] only while a move is under way). A failed call is logged (at
 //! most once per outage) and the snapshot kept; the next tick tries again.
 
 use std::collections::HashSet;
