@@ -19,7 +19,9 @@
 //!   `GET /`; [`dashboard_proxy`]: `ciphermq-admin dashboard`, which serves it
 //!   on loopback for a browser without a client certificate.
 //! - [`remote`]: the operator's connections to a running broker (the admin
-//!   endpoint over HTTPS, the client port in `ciphermq/1`), used by the
+//!   endpoint over HTTPS, the client port in `ciphermq/1`; each at one
+//!   address or at the first reachable of several, a request sent to one
+//!   never resent), used by the
 //!   `ciphermq-admin` tool (`src/main.rs`, `src/cli/`); [`command_line`]: the
 //!   `ciphermq/1` lines it sends, built only from arguments that pass the
 //!   protocol's name rules, so no argument can end a command and start

@@ -8,7 +8,9 @@
 //! `close`, `move`; `drain` reads `/api/cluster` and sends a `move` per
 //! owner). Both over mutual TLS with an admin certificate (reading also
 //! works with a monitor's). `--config` takes the addresses and the CA from
-//! the broker's own config file.
+//! the broker's own config file. `--endpoint` and `--broker` may list
+//! several addresses (a cluster's nodes): each request goes to the first
+//! that can be reached, and a request that reached one is never resent.
 
 mod cli;
 
@@ -18,7 +20,7 @@ use std::process::ExitCode;
 
 use ciphermq_admin::command_line::{check_node_id, ArgumentError, CommandLine};
 use ciphermq_admin::dashboard_proxy::DashboardProxy;
-use ciphermq_admin::remote::{host_of, AdminEndpoint, BrokerPort, Credentials, RemoteError};
+use ciphermq_admin::remote::{Addresses, AdminEndpoint, BrokerPort, Credentials, RemoteError};
 use clap::{Parser, Subcommand};
 use cli::broker_file::{
     BrokerFile, DEFAULT_BROKER, DEFAULT_CA, DEFAULT_CERT, DEFAULT_ENDPOINT, DEFAULT_KEY,
@@ -42,6 +44,12 @@ Where each command goes (both over mutual TLS, with --cert and --key):
       purge, delete, unbind, close, move
   both: drain (reads /api/cluster, then sends one `move` per owner)
 
+--endpoint and --broker take one HOST:PORT or several separated by commas, such
+as the nodes of a cluster (--broker 10.0.0.1:5700,10.0.0.2:5700). Each request
+goes to the first that accepts the connection (TCP and TLS handshake); one
+that cannot be reached is skipped. A request that reached a node is never sent
+to another, even when it failed there: a move or a purge runs at most once.
+
 --config (or CIPHERMQ_ADMIN_CONFIG) names the broker's config.toml, from which
 the addresses and the CA are read; flags given explicitly win over it.";
 
@@ -62,17 +70,21 @@ struct Cli {
     config: Option<PathBuf>,
     /// The admin endpoint, `host:port` (the broker's `admin.address`), for
     /// status, queues, connections, nodes, exchanges, reload, dashboard and
-    /// drain.
+    /// drain; or several, separated by commas (the nodes of a cluster), of
+    /// which each request goes to the first that can be reached (the
+    /// dashboard keeps the first that answered at its start).
     /// Default: admin.address of --config, else 127.0.0.1:9091.
-    #[arg(long, global = true, value_name = "HOST:PORT")]
-    endpoint: Option<String>,
+    #[arg(long, global = true, value_name = "HOST:PORT[,...]")]
+    endpoint: Option<Addresses>,
     /// The broker's client port, `host:port` (`server.address`), for purge,
-    /// delete, unbind, close, move and drain. Default: server.address of
-    /// --config, else 127.0.0.1:5700.
-    #[arg(long, global = true, value_name = "HOST:PORT")]
-    broker: Option<String>,
-    /// The name the broker's certificate carries; default: the host of the
-    /// address connected to.
+    /// delete, unbind, close, move and drain; or several, separated by
+    /// commas, of which each command goes to the first that can be reached,
+    /// and only to it. Default: server.address of --config, else
+    /// 127.0.0.1:5700.
+    #[arg(long, global = true, value_name = "HOST:PORT[,...]")]
+    broker: Option<Addresses>,
+    /// The name the broker's certificate carries, at every address;
+    /// default: the host of the address connected to.
     #[arg(long, global = true)]
     server_name: Option<String>,
     /// The CA that signed the broker's certificate. Default:
@@ -330,9 +342,9 @@ struct Target {
     /// The `--config` file, when one is named.
     file: Option<BrokerFile>,
     /// `--endpoint`, when given.
-    endpoint: Option<String>,
+    endpoint: Option<Addresses>,
     /// `--broker`, when given.
-    broker: Option<String>,
+    broker: Option<Addresses>,
     /// `--server-name`, when given.
     server_name: Option<String>,
     /// The certificate file presented, for messages.
@@ -379,36 +391,38 @@ impl Target {
         })
     }
 
-    /// The name the broker's certificate must carry at `address`.
-    fn name_for(&self, address: &str) -> String {
-        self.server_name
-            .clone()
-            .unwrap_or_else(|| host_of(address).to_owned())
-    }
-
-    /// The admin endpoint.
+    /// The admin endpoint: `--endpoint`'s addresses, else the file's one.
     fn endpoint(&self) -> Result<AdminEndpoint, String> {
-        let address = match (&self.endpoint, &self.file) {
-            (Some(address), _) => address.clone(),
-            (None, Some(file)) => file.endpoint().map_err(|e| e.to_string())?,
-            (None, None) => DEFAULT_ENDPOINT.to_owned(),
+        let addresses = match (&self.endpoint, &self.file) {
+            (Some(addresses), _) => addresses.clone(),
+            (None, Some(file)) => Addresses::one(&file.endpoint().map_err(|e| e.to_string())?),
+            (None, None) => Addresses::one(DEFAULT_ENDPOINT),
         };
-        AdminEndpoint::new(&address, &self.name_for(&address), self.credentials.clone())
-            .map_err(|e| e.to_string())
+        AdminEndpoint::any_of(
+            &addresses,
+            self.server_name.as_deref(),
+            self.credentials.clone(),
+        )
+        .map_err(|e| e.to_string())
     }
 
-    /// The broker port.
+    /// The broker port: `--broker`'s addresses, else the file's one.
     fn broker(&self) -> Result<BrokerPort, String> {
-        let address = match (&self.broker, &self.file) {
-            (Some(address), _) => address.clone(),
-            (None, Some(file)) => file.broker().map_err(|e| e.to_string())?,
-            (None, None) => DEFAULT_BROKER.to_owned(),
+        let addresses = match (&self.broker, &self.file) {
+            (Some(addresses), _) => addresses.clone(),
+            (None, Some(file)) => Addresses::one(&file.broker().map_err(|e| e.to_string())?),
+            (None, None) => Addresses::one(DEFAULT_BROKER),
         };
-        BrokerPort::new(&address, &self.name_for(&address), self.credentials.clone())
-            .map_err(|e| e.to_string())
+        BrokerPort::any_of(
+            &addresses,
+            self.server_name.as_deref(),
+            self.credentials.clone(),
+        )
+        .map_err(|e| e.to_string())
     }
 
-    /// `e` from the admin endpoint, with what to do when nothing listened.
+    /// `e` from the admin endpoint, with what to do when nothing listened
+    /// (at any of its addresses).
     fn endpoint_failed(&self, e: &RemoteError) -> String {
         if !e.is_refused() {
             return e.to_string();
@@ -417,7 +431,8 @@ impl Target {
         format!("{e}\n{}", cli::hints::endpoint_refused(file))
     }
 
-    /// `e` from the broker port, with what to do when nothing listened.
+    /// `e` from the broker port, with what to do when nothing listened (at
+    /// any of its addresses).
     fn broker_failed(&self, e: &RemoteError) -> String {
         if !e.is_refused() {
             return e.to_string();
@@ -427,15 +442,21 @@ impl Target {
     }
 }
 
-/// Serves the dashboard until Ctrl-C; says at once when the endpoint cannot
-/// be reached (the page would only show the error), and serves anyway: the
+/// Serves the dashboard until Ctrl-C, reading the first endpoint address
+/// that answers `/health` at the start, so the page shows one node
+/// throughout; says at once when none can be reached (the page would only
+/// show the error), and serves anyway, from every address in turn: the
 /// broker may come up later.
 async fn dashboard(target: &Target, listen: SocketAddr) -> Result<(), String> {
     let endpoint = target.endpoint()?;
+    let endpoint = match endpoint.reachable("/health").await {
+        Ok(reached) => reached,
+        Err(e) => {
+            eprintln!("ciphermq-admin: warning: {}", target.endpoint_failed(&e));
+            endpoint
+        }
+    };
     let address = endpoint.address().to_owned();
-    if let Err(e) = endpoint.request(Method::GET, "/health").await {
-        eprintln!("ciphermq-admin: warning: {}", target.endpoint_failed(&e));
-    }
     let proxy = DashboardProxy::bind(listen, endpoint)
         .await
         .map_err(|e| e.to_string())?;
@@ -535,8 +556,9 @@ async fn change(
 }
 
 /// A command that got no reply line: why, and whether the broker is gone
-/// (nothing listens, or it did not answer in time), so that a drain stops
-/// rather than wait for it once per owner.
+/// (nothing listens, it did not answer in time, or none of its addresses
+/// could be reached), so that a drain stops rather than wait for it once
+/// per owner.
 struct NoReply {
     /// What failed, with the hint for a refused connection.
     message: String,
@@ -560,7 +582,7 @@ async fn send(target: &Target, broker: &BrokerPort, line: &CommandLine) -> Resul
             }
             NoReply {
                 message,
-                gone: e.is_refused() || e.is_timeout(),
+                gone: e.is_refused() || e.is_timeout() || e.is_unreached(),
             }
         })
 }
@@ -731,6 +753,48 @@ mod tests {
             missing.kind(),
             clap::error::ErrorKind::MissingRequiredArgument
         );
+    }
+
+    #[test]
+    fn endpoint_and_broker_take_a_list_checked_before_anything_is_sent() {
+        let cli = Cli::try_parse_from([
+            "ciphermq-admin",
+            "--broker",
+            "127.0.0.1:5700, 127.0.0.1:5701",
+            "close",
+            "sender_1",
+            "--endpoint",
+            "127.0.0.1:9091",
+        ])
+        .unwrap();
+        let broker = cli.broker.unwrap();
+        assert_eq!(broker.as_slice(), ["127.0.0.1:5700", "127.0.0.1:5701"]);
+        assert_eq!(cli.endpoint.unwrap().as_slice(), ["127.0.0.1:9091"]);
+        for (flag, bad, why) in [
+            ("--broker", "", "no address given"),
+            (
+                "--broker",
+                "127.0.0.1:5700,,127.0.0.1:5701",
+                "address 2 of 3 is empty",
+            ),
+            ("--endpoint", "127.0.0.1:9091,", "address 2 of 2 is empty"),
+            ("--endpoint", " , ", "address 1 of 2 is empty"),
+            (
+                "--broker",
+                "127.0.0.1:5700 127.0.0.1:5701",
+                "holds whitespace",
+            ),
+        ] {
+            let e = Cli::try_parse_from(["ciphermq-admin", flag, bad, "status"]).unwrap_err();
+            assert_eq!(e.kind(), clap::error::ErrorKind::ValueValidation, "{bad:?}");
+            let message = e.to_string();
+            assert!(
+                message.contains(flag) && message.contains(why),
+                "{bad:?}: {message}"
+            );
+        }
+        let help = Cli::command().render_long_help().to_string();
+        assert!(help.contains("several separated by commas"), "{help}");
     }
 
     #[test]

@@ -3,13 +3,14 @@
 //! broker's reply and exit non-zero on a refusal, `reload` re-reads the
 //! config file through `POST /api/reload`, and a monitor certificate reads
 //! but changes nothing. `--config` finds a broker from its own config file,
-//! and a refused connection says how to turn the admin endpoint on.
+//! and a refused connection says how to turn the admin endpoint on. Several
+//! addresses are tried in order, and a command is sent to one only.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use ciphermq_admin::remote::{BrokerPort, Credentials};
+use ciphermq_admin::remote::{Addresses, AdminEndpoint, BrokerPort, Credentials};
 use ciphermq_broker::{BrokerHandle, Config};
 use ciphermq_clients::connection::{Connection, TlsClientOptions};
 use ciphermq_clients::pki::{self, PkiOptions};
@@ -106,12 +107,23 @@ impl World {
     /// `ciphermq-admin` as `cn` with `args`, to be run.
     fn admin_command(&self, cn: &str, args: &[&str]) -> Command {
         let broker = self.broker();
+        self.admin_via(
+            &broker.admin_addr().unwrap().to_string(),
+            &broker.local_addr().to_string(),
+            cn,
+            args,
+        )
+    }
+
+    /// `ciphermq-admin` as `cn` with `args`, given `--endpoint endpoint` and
+    /// `--broker broker`, to be run.
+    fn admin_via(&self, endpoint: &str, broker: &str, cn: &str, args: &[&str]) -> Command {
         let mut command = Command::new(env!("CARGO_BIN_EXE_ciphermq-admin"));
         command
             .arg("--endpoint")
-            .arg(broker.admin_addr().unwrap().to_string())
+            .arg(endpoint)
             .arg("--broker")
-            .arg(broker.local_addr().to_string())
+            .arg(broker)
             .arg("--server-name")
             .arg("localhost")
             .arg("--ca")
@@ -494,6 +506,157 @@ fn dead_address() -> String {
     let address = listener.local_addr().expect("address").to_string();
     drop(listener);
     address
+}
+
+/// A loopback address that accepts connections and closes them at once,
+/// so a TLS handshake there fails. The thread accepting them lives until
+/// the test process ends.
+fn hang_up_address() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let address = listener.local_addr().expect("address").to_string();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            drop(stream);
+        }
+    });
+    address
+}
+
+/// A loopback listener that never accepts, to tell whether anything
+/// connected to it: a connection the kernel completed waits to be accepted.
+struct Witness(std::net::TcpListener);
+
+impl Witness {
+    fn new() -> Witness {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        listener.set_nonblocking(true).expect("nonblocking");
+        Witness(listener)
+    }
+
+    fn address(&self) -> String {
+        self.0.local_addr().expect("address").to_string()
+    }
+
+    /// Whether a connection came since it was made.
+    fn connected(&self) -> bool {
+        match self.0.accept() {
+            Ok(_) => true,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => false,
+            Err(e) => panic!("accept: {e}"),
+        }
+    }
+}
+
+/// `--endpoint` and `--broker` given several addresses (a cluster's
+/// seeds): each request goes to the first that can be reached, past one
+/// where nothing listens and one whose TLS handshake fails; a command that
+/// reached a broker is never sent to the next address, even when it was
+/// refused there; and when none can be reached, the error names each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_addresses_are_tried_in_order_and_a_command_is_sent_once() {
+    let world = World::start();
+    let endpoint = world.broker().admin_addr().unwrap().to_string();
+    let port = world.broker().local_addr().to_string();
+    let dead = dead_address();
+    let hangs_up = hang_up_address();
+
+    let status = ok(world
+        .admin_via(
+            &format!("{dead},{hangs_up}, {endpoint}"),
+            &dead,
+            "admin",
+            &["status"],
+        )
+        .output()
+        .unwrap());
+    assert!(status.contains("health ok (ready)"), "{status}");
+    // The dashboard keeps reading the address that answered at its start.
+    let credentials = Credentials::from_files(
+        &world.certs.join("ca.crt"),
+        &world.certs.join("admin.crt"),
+        &world.certs.join("admin.key"),
+    )
+    .unwrap();
+    let seeds = Addresses::parse(&format!("{dead},{hangs_up},{endpoint}")).unwrap();
+    let reached = AdminEndpoint::any_of(&seeds, Some("localhost"), credentials)
+        .unwrap()
+        .reachable("/health")
+        .await
+        .unwrap();
+    assert_eq!(reached.address(), endpoint);
+
+    let reply = world
+        .command("receiver_1", "declare_queue receiver_1_queue")
+        .await
+        .unwrap();
+    assert_eq!(reply, "OK declare_queue receiver_1_queue", "{reply}");
+    let witness = Witness::new();
+    let purged = ok(world
+        .admin_via(
+            &dead,
+            &format!("{dead},{hangs_up},{port},{}", witness.address()),
+            "admin",
+            &["purge", "receiver_1_queue"],
+        )
+        .output()
+        .unwrap());
+    assert_eq!(purged.trim(), "OK purge_queue receiver_1_queue 0");
+    assert!(!witness.connected(), "the purge went on past the broker");
+
+    // Refused by the broker: final, the next address is not asked.
+    let refused = failed(
+        world
+            .admin_via(
+                &dead,
+                &format!("{port},{}", witness.address()),
+                "admin",
+                &["delete", "queue", "no_such_queue"],
+            )
+            .output()
+            .unwrap(),
+    );
+    assert!(
+        refused.contains("Error: unknown queue no_such_queue"),
+        "{refused}"
+    );
+    assert!(!witness.connected(), "a refused command was sent again");
+
+    // Nothing reachable: each address and why, in the order tried; no hint
+    // about a broker not running, since something answered at one.
+    let unreached = failed(
+        world
+            .admin_via(&format!("{dead},{hangs_up}"), &port, "admin", &["status"])
+            .output()
+            .unwrap(),
+    );
+    assert!(
+        unreached.contains("admin endpoint: none of the 2 addresses could be reached:")
+            && unreached.contains(&format!("\n  admin endpoint {dead}: cannot connect"))
+            && unreached.contains(&format!(
+                "\n  admin endpoint {hangs_up}: TLS handshake failed"
+            )),
+        "{unreached}"
+    );
+    assert!(!unreached.contains("hint:"), "{unreached}");
+    // Nothing listening anywhere: the hint of a refused connection.
+    let dead_too = dead_address();
+    let refused = failed(
+        world
+            .admin_via(
+                &endpoint,
+                &format!("{dead},{dead_too}"),
+                "admin",
+                &["close", "sender_1"],
+            )
+            .output()
+            .unwrap(),
+    );
+    assert!(
+        refused.contains(&format!("broker {dead}: cannot connect"))
+            && refused.contains(&format!("broker {dead_too}: cannot connect"))
+            && refused.contains("is the broker running?"),
+        "{refused}"
+    );
 }
 
 /// `ciphermq-admin` with `args`, run from `cwd`, no other flag.
