@@ -2,6 +2,7 @@
 //! of `docs/BENCHMARKS.md`'s main table, so a bare `ciphermq-bench` is a
 //! meaningful run against a local broker.
 
+use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -47,7 +48,8 @@ pub enum Command {
 /// Which broker a run drives.
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TargetArg {
-    /// CipherMQ over mutual TLS (`--addr`, `--certs`).
+    /// CipherMQ over mutual TLS (`--addr`, `--certs`), one broker or a
+    /// cluster.
     Ciphermq,
     /// RabbitMQ over AMQP 0-9-1 (`--amqp-url`): durable queues, persistent
     /// messages, publisher confirms, manual acks.
@@ -101,9 +103,13 @@ pub struct LoadArgs {
     /// Broker(s) to drive.
     #[arg(long, value_enum, default_value = "ciphermq")]
     pub target: TargetArg,
-    /// CipherMQ broker address.
-    #[arg(long, default_value = "127.0.0.1:5700")]
-    pub addr: String,
+    /// CipherMQ broker address, or the seed addresses of a cluster,
+    /// comma-separated (`127.0.0.1:5700,127.0.0.1:5701`): the first seed
+    /// that answers `locate <receiver>` names the node the receiver's
+    /// publishers and consumers connect to; a broker that is no cluster
+    /// node is used as it is.
+    #[arg(long, default_value = "127.0.0.1:5700", value_parser = parse_seeds)]
+    pub addr: Seeds,
     /// Directory with ca.crt and the client certificates (`ciphermq-pki --out`).
     #[arg(long, default_value = "certs")]
     pub certs: PathBuf,
@@ -355,6 +361,75 @@ pub struct DiskFloorArgs {
     pub json: Option<PathBuf>,
 }
 
+/// The CipherMQ addresses of a load run's `--addr`, in the order they are
+/// tried: one broker, or seeds of a cluster. Never empty, no item blank.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Seeds(Vec<String>);
+
+impl Seeds {
+    /// Every address, in order.
+    pub fn as_slice(&self) -> &[String] {
+        &self.0
+    }
+}
+
+impl fmt::Display for Seeds {
+    /// As given, without the blanks: `a:1,b:2`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0.join(","))
+    }
+}
+
+/// Why `--addr` is not a list of addresses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SeedsError {
+    /// Nothing but commas and blanks.
+    Empty,
+    /// An empty item (`a,,b`, or a comma at either end), 1-based: a
+    /// forgotten address is more likely than a wish to skip one.
+    EmptyItem(usize),
+    /// An item with a blank inside (`a:1 b:2`): addresses are separated
+    /// by commas, and no address holds a blank.
+    Blank(String),
+}
+
+impl fmt::Display for SeedsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SeedsError::Empty => f.write_str("no address given: expected host:port[,host:port…]"),
+            SeedsError::EmptyItem(n) => write!(
+                f,
+                "address {n} of the list is empty: expected host:port[,host:port…]"
+            ),
+            SeedsError::Blank(item) => {
+                write!(f, "{item:?} holds a blank: separate addresses with commas")
+            }
+        }
+    }
+}
+
+impl std::error::Error for SeedsError {}
+
+/// Parses `--addr`: addresses separated by commas, blanks around each
+/// ignored (`a:1, b:2`), none empty.
+pub fn parse_seeds(s: &str) -> Result<Seeds, SeedsError> {
+    if s.trim().is_empty() {
+        return Err(SeedsError::Empty);
+    }
+    let mut seeds = Vec::new();
+    for (i, item) in s.split(',').enumerate() {
+        let item = item.trim();
+        if item.is_empty() {
+            return Err(SeedsError::EmptyItem(i + 1));
+        }
+        if item.contains(char::is_whitespace) {
+            return Err(SeedsError::Blank(item.to_owned()));
+        }
+        seeds.push(item.to_owned());
+    }
+    Ok(Seeds(seeds))
+}
+
 /// Parses `250ms`, `30s`, `2m` or a bare number of seconds.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
@@ -402,6 +477,56 @@ mod tests {
         let cli = Cli::try_parse_from(["ciphermq-bench"]).unwrap();
         assert!(cli.command.is_none());
         cli.load.validate().unwrap();
+    }
+
+    #[test]
+    fn one_address_is_one_seed_and_the_default_is_unchanged() {
+        let one = |s: &str| parse_seeds(s).map(|s| s.as_slice().to_vec());
+        assert_eq!(one("127.0.0.1:5700"), Ok(vec!["127.0.0.1:5700".to_owned()]));
+        assert_eq!(one("localhost:5917"), Ok(vec!["localhost:5917".to_owned()]));
+        assert_eq!(one(" [::1]:5700 "), Ok(vec!["[::1]:5700".to_owned()]));
+        let cli = Cli::try_parse_from(["ciphermq-bench"]).unwrap();
+        assert_eq!(cli.load.addr.as_slice(), ["127.0.0.1:5700"]);
+        assert_eq!(cli.load.addr.to_string(), "127.0.0.1:5700");
+    }
+
+    #[test]
+    fn several_addresses_keep_their_order_without_blanks() {
+        let seeds = parse_seeds("127.0.0.1:5700, 127.0.0.1:5701 ,\t10.0.0.3:5700").unwrap();
+        assert_eq!(
+            seeds.as_slice(),
+            ["127.0.0.1:5700", "127.0.0.1:5701", "10.0.0.3:5700"]
+        );
+        assert_eq!(
+            seeds.to_string(),
+            "127.0.0.1:5700,127.0.0.1:5701,10.0.0.3:5700"
+        );
+        let cli =
+            Cli::try_parse_from(["ciphermq-bench", "--addr", "127.0.0.1:5700,127.0.0.1:5701"])
+                .unwrap();
+        assert_eq!(cli.load.addr.as_slice().len(), 2);
+    }
+
+    #[test]
+    fn empty_items_and_blanks_inside_are_refused() {
+        assert_eq!(parse_seeds(""), Err(SeedsError::Empty));
+        assert_eq!(parse_seeds("  "), Err(SeedsError::Empty));
+        assert_eq!(parse_seeds("a:1,,b:2"), Err(SeedsError::EmptyItem(2)));
+        assert_eq!(parse_seeds("a:1,"), Err(SeedsError::EmptyItem(2)));
+        assert_eq!(parse_seeds(",a:1"), Err(SeedsError::EmptyItem(1)));
+        assert_eq!(parse_seeds("a:1, ,b:2"), Err(SeedsError::EmptyItem(2)));
+        assert_eq!(parse_seeds(","), Err(SeedsError::EmptyItem(1)));
+        assert_eq!(
+            parse_seeds("a:1 b:2"),
+            Err(SeedsError::Blank("a:1 b:2".to_owned()))
+        );
+        // Clap says which option and why, instead of a connection failing later.
+        let err = Cli::try_parse_from(["ciphermq-bench", "--addr", "a:1,,b:2"]).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("--addr") && text.contains("address 2"),
+            "{text}"
+        );
     }
 
     #[test]

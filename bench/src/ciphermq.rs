@@ -10,6 +10,10 @@
 //! `Consumer` streams; whatever deliveries have arrived are settled together
 //! through a `Settler`: one `ack_batch` line (at most [`ACK_BATCH_IDS`] ids),
 //! or with `--single-acks` one `ack` line each.
+//!
+//! Before that, the seeds of `--addr` are asked where the receiver lives
+//! ([`placement`]): setup, publishers and consumers all connect to that
+//! node, so a cluster run measures stores, not `moved` refusals.
 
 use std::sync::Arc;
 
@@ -23,6 +27,7 @@ use tokio::sync::mpsc;
 
 use crate::args::{ExchangeArg, LoadArgs};
 use crate::payload::{Body, Opener};
+use crate::placement::{self, Answer, Stream};
 use crate::scenario::{self, ConsumerCtx, Outcome, PublisherCtx, PublisherReport, FLUSH_BYTES};
 use crate::timeline::Latencies;
 
@@ -61,16 +66,36 @@ impl Names {
     }
 }
 
-async fn connect(args: &LoadArgs, cn: &str) -> Result<Client> {
+async fn connect(args: &LoadArgs, address: &str, cn: &str) -> Result<Client> {
     let tls = TlsClientOptions::for_cn(&args.certs, cn);
-    Client::connect(ClientConfig::new(args.addr.clone(), tls))
+    Client::connect(ClientConfig::new(address, tls))
         .await
-        .with_context(|| format!("connecting to CipherMQ at {} as {cn}", args.addr))
+        .with_context(|| format!("connecting to CipherMQ at {address} as {cn}"))
+}
+
+/// Asks `seed`, as the receiver, `locate <receiver>`.
+async fn ask(args: &LoadArgs, seed: String) -> Answer {
+    let tls = TlsClientOptions::for_cn(&args.certs, &args.receiver);
+    let client = match Client::connect(ClientConfig::new(seed, tls)).await {
+        Ok(client) => client,
+        Err(e) => return Answer::Failed(format!("connecting as {}: {e}", args.receiver)),
+    };
+    let answer = Answer::of(client.locate(&args.receiver).await);
+    let _ = client.close().await;
+    answer
+}
+
+/// Where the receiver's stream goes: the node the first answering seed
+/// names, or that seed when it is a broker on its own.
+async fn locate(args: &LoadArgs) -> Result<Stream> {
+    let stream =
+        placement::place(&args.receiver, args.addr.as_slice(), |seed| ask(args, seed)).await?;
+    Ok(stream)
 }
 
 /// Declares the exchange, the queues and the bindings.
-async fn setup(args: &LoadArgs, names: &Names) -> Result<()> {
-    let client = connect(args, &args.receiver).await?;
+async fn setup(args: &LoadArgs, address: &str, names: &Names) -> Result<()> {
+    let client = connect(args, address, &args.receiver).await?;
     let kind = match args.exchange {
         ExchangeArg::Direct => ExchangeKind::Direct,
         ExchangeArg::Topic => ExchangeKind::Topic,
@@ -94,40 +119,47 @@ async fn setup(args: &LoadArgs, names: &Names) -> Result<()> {
     Ok(())
 }
 
-/// One run against CipherMQ.
+/// One run against CipherMQ, and where its receiver's stream went (also
+/// printed on stderr).
 pub async fn run(
     args: &LoadArgs,
     body: Arc<Body>,
     opener: Option<Opener>,
     title: &str,
-) -> Result<Outcome> {
+) -> Result<(Outcome, Stream)> {
+    let stream = locate(args).await?;
+    eprintln!("{title}: {stream}");
     let names = Arc::new(Names::new(args));
-    setup(args, &names).await?;
+    setup(args, &stream.address, &names).await?;
     let copies = match args.exchange {
         ExchangeArg::Fanout => args.queues as u64,
         _ => 1,
     };
     let shared = Arc::new(args.clone());
-    let (pa, pn, ca, cn) = (shared.clone(), names.clone(), shared, names);
-    scenario::execute(
+    let address: Arc<str> = Arc::from(stream.address.as_str());
+    let (pa, pn, pd) = (shared.clone(), names.clone(), address.clone());
+    let (ca, cn, cd) = (shared, names, address);
+    let outcome = scenario::execute(
         args,
         body,
         opener,
         copies,
         title,
-        move |ctx| publisher(pa.clone(), pn.clone(), ctx),
-        move |ctx| consumer(ca.clone(), cn.clone(), ctx),
+        move |ctx| publisher(pa.clone(), pn.clone(), pd.clone(), ctx),
+        move |ctx| consumer(ca.clone(), cn.clone(), cd.clone(), ctx),
     )
-    .await
+    .await?;
+    Ok((outcome, stream))
 }
 
 async fn publisher(
     args: Arc<LoadArgs>,
     names: Arc<Names>,
+    address: Arc<str>,
     mut ctx: PublisherCtx,
 ) -> Result<PublisherReport> {
     let cn = &args.senders[ctx.index % args.senders.len()];
-    let client = connect(&args, cn).await?;
+    let client = connect(&args, &address, cn).await?;
     let (mut pipeline, mut outcomes) = client.publisher().pipeline();
     let (stamps_tx, mut stamps_rx) = mpsc::unbounded_channel::<u64>();
     let mut acks = ctx.acks();
@@ -230,10 +262,11 @@ fn settle(
 async fn consumer(
     args: Arc<LoadArgs>,
     names: Arc<Names>,
+    address: Arc<str>,
     mut ctx: ConsumerCtx,
 ) -> Result<Latencies> {
     let queue = names.queues[ctx.queue].clone();
-    let client = connect(&args, &args.receiver).await?;
+    let client = connect(&args, &address, &args.receiver).await?;
     let mut deliveries: Consumer = client
         .consume(&queue, args.prefetch)
         .await

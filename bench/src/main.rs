@@ -8,6 +8,8 @@
 //! - [`scenario`]: the clock, the fixed-rate pacer, windows, counters and the
 //!   order of a run (subscribe, publish, drain, stop), shared by all targets.
 //! - [`ciphermq`], [`rabbitmq`], [`nats`]: a publisher and a consumer per broker.
+//! - [`placement`]: which node of a cluster (from the seeds of `--addr`)
+//!   a receiver's stream connects to.
 //! - [`progress`]: the progress bar on a terminal.
 //! - [`report`]: rates, quantiles, medians over runs, ratios, table and JSON.
 //! - [`timeline`]: the worst latency per 100 ms of a run, its stalls, and
@@ -25,7 +27,8 @@
 //! Invariants: every broker gets byte-identical bodies and the same window and
 //! prefetch; latency is measured from the scheduled send time when `--rate` is
 //! given (coordinated-omission safe), from the actual send otherwise; the bench
-//! only ever talks to the addresses it is given (loopback by default).
+//! only ever talks to the addresses it is given (loopback by default) and,
+//! in a CipherMQ cluster, to the nodes they name for `locate`.
 
 #![forbid(unsafe_code)]
 
@@ -37,6 +40,7 @@ mod drain;
 mod idle;
 mod nats;
 mod payload;
+mod placement;
 mod plot;
 mod progress;
 mod rabbitmq;
@@ -124,14 +128,21 @@ async fn load(args: LoadArgs) -> Result<()> {
                 .broker_pid
                 .filter(|_| target == TargetArg::Ciphermq)
                 .map(BrokerSampler::start);
-            let outcome = match target {
-                TargetArg::Ciphermq => ciphermq::run(&args, body, opener, &title).await,
-                TargetArg::Rabbitmq => rabbitmq::run(&args, body, opener, &title).await,
-                TargetArg::Nats => nats::run(&args, body, opener, &title).await,
+            let (outcome, stream) = match target {
+                TargetArg::Ciphermq => ciphermq::run(&args, body, opener, &title)
+                    .await
+                    .map(|(outcome, stream)| (outcome, Some(stream))),
+                TargetArg::Rabbitmq => rabbitmq::run(&args, body, opener, &title)
+                    .await
+                    .map(|outcome| (outcome, None)),
+                TargetArg::Nats => nats::run(&args, body, opener, &title)
+                    .await
+                    .map(|outcome| (outcome, None)),
                 TargetArg::Compare => unreachable!("expanded by targets()"),
             }
             .with_context(|| format!("{} run {run}", name(target)))?;
             let mut result = RunResult::new(name(target), run, args.size, &outcome);
+            result.stream = stream;
             if let Some(sampler) = sampler {
                 result.broker_timeline = sampler.finish();
                 result.rss_trend = RssTrend::of(&result.broker_timeline, args.warm_up);

@@ -8,6 +8,7 @@ use serde::Serialize;
 
 use crate::args::{ExchangeArg, LoadArgs, PayloadArg};
 use crate::broker_sampler::{BrokerSample, RssTrend};
+use crate::placement::Stream;
 use crate::scenario::Outcome;
 use crate::timeline::Timeline;
 
@@ -240,6 +241,9 @@ pub struct RunResult {
     pub broker_timeline: Vec<BrokerSample>,
     /// Whether broker RSS grew after `--warm-up`.
     pub rss_trend: Option<RssTrend>,
+    /// Where the receiver's stream connected (CipherMQ): the node a
+    /// cluster's seeds located it on, or the broker of `--addr`.
+    pub stream: Option<Stream>,
 }
 
 impl RunResult {
@@ -278,6 +282,7 @@ impl RunResult {
             load_average: load_average(),
             broker_timeline: Vec::new(),
             rss_trend: None,
+            stream: None,
         }
     }
 

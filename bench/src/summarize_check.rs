@@ -46,6 +46,14 @@ fn run(publish_rate: u64, consume_rate: u64, expected: u64, ack_ms: u64) -> RunR
     };
     let mut r = RunResult::new("ciphermq", 1, 1024, &outcome);
     r.broker_cpu_us_per_msg = Some(4.0);
+    // As a cluster run records it: the script must not mind the field.
+    r.stream = Some(crate::placement::Stream {
+        receiver: "receiver_1".into(),
+        address: "127.0.0.1:5701".into(),
+        node_id: Some("node-2".into()),
+        epoch: Some(1),
+        seed: "127.0.0.1:5700".into(),
+    });
     r
 }
 
