@@ -278,6 +278,7 @@ pub fn start(config: &Config) -> Result<BrokerHandle, StartError> {
             reason: "no mesh endpoint".into(),
         })?;
     let handover_dir = storage.durable.as_ref().map(|(dir, _)| dir.clone());
+    let mirror = storage.mirror.clone();
     let dedup_hasher = storage.dedup_hasher;
     let (doorbells, inboxes) = handoff_channels(shards);
     let shutdown = Arc::new(ShutdownSignal::new(shards));
@@ -384,6 +385,15 @@ pub fn start(config: &Config) -> Result<BrokerHandle, StartError> {
             window_ms: config.performance.dedup_window_secs.saturating_mul(1000),
             injector,
         };
+        if let Some(mirror) = &mirror {
+            // The mirror's rows say which copy they describe: this node's,
+            // at the owner's placement epoch.
+            let (cluster, topology) = (cluster.clone(), shared.topology.clone());
+            mirror.set_epochs(Arc::new(move |queue: &str| {
+                let owner = topology.snapshot().queue(queue).map(|q| q.owner.clone());
+                owner.map_or(0, |owner| cluster.view().current().1.stored_epoch(&owner))
+            }));
+        }
         if let Err(e) = cluster.start(addr, &shared, handover) {
             shutdown.trigger();
             for t in threads {

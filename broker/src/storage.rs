@@ -423,6 +423,11 @@ fn start_bridge(
         },
         ca_cert_path: d.ca_cert_path.clone(),
         batch_size: d.batch_size,
+        node: if config.cluster.enabled {
+            config.cluster.node_id.clone()
+        } else {
+            String::new()
+        },
         flush_interval: Duration::from_millis(d.flush_interval_ms),
         max_unmirrored_bytes: d.mirror_disk_budget_mb.saturating_mul(1 << 20),
         connect_timeout: Duration::from_secs(d.connect_timeout_secs),

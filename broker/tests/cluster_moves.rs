@@ -191,6 +191,36 @@ async fn an_owner_moves_with_its_messages_in_order_and_every_client_follows_it()
     }
     assert!(!gone.exists(), "{} still exists", gone.display());
 
+    // The Postgres mirror keeps one row per stored copy: node-b's rows of
+    // the queue carry epoch 2, and node-a's went with its copy.
+    let mirrored = |node: &'static str, epoch: i64| {
+        let client = &client;
+        async move {
+            client
+                .query_one(
+                    "SELECT count(*) FROM message_metadata WHERE node = $1 \
+                     AND queue = 'receiver_1_queue' AND epoch = $2",
+                    &[&node, &epoch],
+                )
+                .await
+                .expect("count rows")
+                .get::<_, i64>(0)
+        }
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let (b_rows, a_rows) = (mirrored("node-b", 2).await, mirrored("node-a", 1).await);
+        if b_rows >= want.len() as i64 && a_rows == 0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "mirror rows: node-b epoch 2 {b_rows} (want {}), node-a {a_rows} (want 0)",
+            want.len()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+
     // A second move is refused while nothing is to move, and an unknown
     // node is named.
     let again = ask(&mut admin_b, "move receiver_1 node-b").await;

@@ -39,7 +39,7 @@ fn creates_the_schema_on_an_empty_database_and_starts_again_on_it() {
     assert_eq!(db.scalar("SELECT count(*) FROM ciphermq_schema_version"), 1);
     assert_eq!(
         db.scalar("SELECT max(version)::bigint FROM ciphermq_schema_version"),
-        1
+        2
     );
     let index = db.scalar(
         "SELECT count(*) FROM pg_indexes WHERE tablename = 'message_metadata'
@@ -49,7 +49,8 @@ fn creates_the_schema_on_an_empty_database_and_starts_again_on_it() {
     assert!(bridge.status().connected);
     register_and_wait(bridge.key_store().as_ref(), "receiver_1", [1u8; 32]).unwrap();
     db.execute(
-        "INSERT INTO message_metadata VALUES ('q', 0, 'm', 's', 'e', 'k', now(), NULL, NULL)",
+        "INSERT INTO message_metadata (queue, log_seq, message_id, client_id, exchange_name, \
+         routing_key, sent_time) VALUES ('q', 0, 'm', 's', 'e', 'k', now())",
     );
     bridge.shutdown();
 
@@ -58,6 +59,60 @@ fn creates_the_schema_on_an_empty_database_and_starts_again_on_it() {
     assert_eq!(db.scalar("SELECT count(*) FROM ciphermq_schema_version"), 1);
     assert_eq!(db.scalar("SELECT count(*) FROM message_metadata"), 1);
     again.shutdown();
+}
+
+/// A database a version-1 broker made (rows keyed by queue alone) is
+/// upgraded in place: its rows and positions become node `''`'s (a broker
+/// on its own), and two nodes' copies of one queue name can then coexist.
+#[test]
+fn a_version_1_schema_is_upgraded_keeping_its_rows() {
+    let db = TestDb::new();
+    db.execute(
+        "CREATE TABLE ciphermq_schema_version (version integer NOT NULL);
+         INSERT INTO ciphermq_schema_version VALUES (1);
+         CREATE TABLE message_metadata (
+             queue text NOT NULL, log_seq bigint NOT NULL, message_id text NOT NULL,
+             client_id text NOT NULL, exchange_name text NOT NULL, routing_key text NOT NULL,
+             sent_time timestamptz NOT NULL, delivered_time timestamptz,
+             acknowledged_time timestamptz, PRIMARY KEY (queue, log_seq));
+         CREATE TABLE public_keys (client_id text PRIMARY KEY,
+             public_key_ciphertext text NOT NULL, nonce text NOT NULL, tag text NOT NULL,
+             updated_time timestamptz NOT NULL);
+         CREATE TABLE ciphermq_mirror_watermark (queue text PRIMARY KEY,
+             segment_base bigint NOT NULL, byte_offset bigint NOT NULL,
+             updated_time timestamptz NOT NULL);
+         INSERT INTO message_metadata VALUES ('q', 0, 'm', 's', 'e', 'k', now(), NULL, NULL);
+         INSERT INTO ciphermq_mirror_watermark VALUES ('q', 0, 10, now());",
+    );
+    let bridge = PgBridge::start(db.config(), AES, None).unwrap();
+    assert_eq!(
+        db.scalar("SELECT max(version)::bigint FROM ciphermq_schema_version"),
+        2
+    );
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM message_metadata WHERE node = '' AND epoch = 0"),
+        1
+    );
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM ciphermq_mirror_watermark WHERE node = ''"),
+        1
+    );
+    // Another node's copy of the same queue and sequence is a row of its own.
+    db.execute(
+        "INSERT INTO message_metadata (node, queue, log_seq, message_id, client_id, \
+         exchange_name, routing_key, sent_time, epoch) \
+         VALUES ('node-b', 'q', 0, 'm', 's', 'e', 'k', now(), 2)",
+    );
+    db.execute(
+        "INSERT INTO ciphermq_mirror_watermark (node, queue, segment_base, byte_offset, \
+         updated_time) VALUES ('node-b', 'q', 0, 10, now())",
+    );
+    assert_eq!(db.scalar("SELECT count(*) FROM message_metadata"), 2);
+    bridge.shutdown();
+    // And again: nothing to upgrade, nothing lost.
+    PgBridge::start(db.config(), AES, None).unwrap().shutdown();
+    assert_eq!(db.scalar("SELECT count(*) FROM message_metadata"), 2);
+    assert_eq!(db.scalar("SELECT count(*) FROM ciphermq_schema_version"), 1);
 }
 
 #[test]

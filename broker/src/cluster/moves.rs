@@ -387,6 +387,7 @@ impl Moves {
             let _ = coordinator.abort_move(&m.owner, m.epoch);
             return;
         };
+        node.view().set_arriving(&m.owner, Some(m.epoch + 1));
         let taken = take(shared, coordinator, handover, data_dir, m);
         let names = match taken {
             Ok(names) => names,
@@ -402,6 +403,7 @@ impl Moves {
         match coordinator.finish_move(&m.owner, m.epoch) {
             Ok(placement) => {
                 node.view().apply(std::slice::from_ref(&placement));
+                node.view().set_arriving(&m.owner, None);
                 let _ = remove_dir(&incoming_dir(data_dir, &m.owner, m.epoch));
                 tracing::info!(owner = %m.owner, from = %m.from_node, epoch = placement.epoch, queues = names.len(),
                     took_ms = started.elapsed().as_millis() as u64, "owner moved here");
@@ -449,11 +451,13 @@ impl Moves {
             };
             match state {
                 Some(MoveState::Done) => {
+                    node.view().set_arriving(&m.owner, None);
                     let _ = remove_dir(&incoming_dir(data_dir, &m.owner, m.epoch));
                 }
                 Some(MoveState::Exported) => match coordinator.finish_move(&m.owner, m.epoch) {
                     Ok(p) => {
                         node.view().apply(std::slice::from_ref(&p));
+                        node.view().set_arriving(&m.owner, None);
                         let _ = remove_dir(&incoming_dir(data_dir, &m.owner, m.epoch));
                     }
                     Err(_) => self.unsettled.push((m, true)),
@@ -1032,6 +1036,9 @@ fn thaw_owner(shared: &Arc<Shared>, handover: &Handover, owner: &str) {
 /// leave the topology and the shard, their directories go, as a
 /// `delete_queue` would.
 fn drop_taken(shared: &Arc<Shared>, handover: &Handover, data_dir: &Path, m: &Move) {
+    if let Some(cluster) = &shared.cluster {
+        cluster.view().set_arriving(&m.owner, None);
+    }
     let incoming = incoming_dir(data_dir, &m.owner, m.epoch);
     let Ok(manifest) = read_manifest(&incoming) else {
         let _ = remove_dir(&incoming);

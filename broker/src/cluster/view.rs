@@ -57,6 +57,9 @@ pub struct Placements {
     owners: imbl::HashMap<Arc<str>, Home>,
     /// Owners held here that are being moved away.
     leaving: imbl::HashSet<Arc<str>>,
+    /// Owners being moved here, with the epoch they will have: their
+    /// queues are on this node's disk before the placement says so.
+    arriving: imbl::HashMap<Arc<str>, u64>,
     /// This node no longer speaks for its node id.
     fenced: bool,
     /// The `nodes` reply, rendered when the node list changes.
@@ -88,6 +91,15 @@ impl Placements {
     /// The owner's home, if it has one.
     pub fn home(&self, owner: &str) -> Option<&Home> {
         self.owners.get(owner)
+    }
+
+    /// The epoch of the copy of `owner` this node stores: the one a move
+    /// to this node will give it while it arrives, else its placement's.
+    pub fn stored_epoch(&self, owner: &str) -> u64 {
+        match self.arriving.get(owner) {
+            Some(epoch) => *epoch,
+            None => self.owners.get(owner).map_or(0, |home| home.epoch),
+        }
     }
 
     /// `OK nodes <node_id>@<host:port> …`, live nodes by id.
@@ -134,6 +146,7 @@ impl Default for PlacementView {
             current: RwLock::new(Arc::new(Placements {
                 owners: imbl::HashMap::new(),
                 leaving: imbl::HashSet::new(),
+                arriving: imbl::HashMap::new(),
                 fenced: false,
                 nodes_line: "OK nodes".to_owned(),
             })),
@@ -187,6 +200,14 @@ impl PlacementView {
         });
     }
 
+    /// Marks `owner` as arriving here at `epoch` (`None`: no longer).
+    pub fn set_arriving(&self, owner: &str, epoch: Option<u64>) {
+        self.update(|state| match epoch {
+            Some(e) => usize::from(state.arriving.insert(Arc::from(owner), e) != Some(e)),
+            None => usize::from(state.arriving.remove(owner).is_some()),
+        });
+    }
+
     /// Marks this node fenced: from now on it serves no owner.
     pub fn fence(&self) {
         self.update(|state| usize::from(!std::mem::replace(&mut state.fenced, true)));
@@ -227,6 +248,7 @@ impl PlacementView {
         let mut next = Placements {
             owners: guard.owners.clone(),
             leaving: guard.leaving.clone(),
+            arriving: guard.arriving.clone(),
             fenced: guard.fenced,
             nodes_line: guard.nodes_line.clone(),
         };

@@ -28,6 +28,11 @@ pub struct PgConfig {
     /// Most metadata rows written per transaction (values below 1 count as
     /// 1). It bounds the bridge's memory: it never holds more than one batch.
     pub batch_size: usize,
+    /// The cluster node whose stored copies the mirror's rows describe
+    /// (`cluster.node_id`); empty for a broker on its own. Rows and
+    /// positions are kept per node, so two nodes holding copies of one
+    /// queue name (an owner that moved) never mix theirs.
+    pub node: String,
     /// How often the tailer looks for new log records and commits a partial
     /// batch: the usual delay between a publish and its row (values below
     /// 10 ms count as 10 ms).
@@ -58,6 +63,7 @@ impl Default for PgConfig {
             sslmode: SslMode::default(),
             ca_cert_path: None,
             batch_size: 1000,
+            node: String::new(),
             flush_interval: Duration::from_millis(200),
             max_unmirrored_bytes: 1 << 30,
             connect_timeout: Duration::from_secs(30),
@@ -77,6 +83,7 @@ impl std::fmt::Debug for PgConfig {
             .field("sslmode", &self.sslmode)
             .field("ca_cert_path", &self.ca_cert_path)
             .field("batch_size", &self.batch_size)
+            .field("node", &self.node)
             .field("flush_interval", &self.flush_interval)
             .field("max_unmirrored_bytes", &self.max_unmirrored_bytes)
             .field("connect_timeout", &self.connect_timeout)
@@ -142,6 +149,7 @@ mod tests {
     fn degenerate_pacing_is_clamped() {
         let config = PgConfig {
             batch_size: 0,
+            node: String::new(),
             flush_interval: Duration::ZERO,
             ..PgConfig::default()
         };

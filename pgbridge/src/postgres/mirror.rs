@@ -36,16 +36,17 @@ const TRANSACTION_TIMEOUT: Duration = Duration::from_secs(30);
 const FINAL_FLUSH: Duration = Duration::from_secs(2);
 
 const INSERT: &str = "
-INSERT INTO message_metadata (queue, log_seq, message_id, client_id, exchange_name, routing_key, sent_time, delivered_time, acknowledged_time)
-SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::text[], $7::timestamptz[], $8::timestamptz[], $9::timestamptz[])
-ON CONFLICT (queue, log_seq) DO UPDATE SET
+INSERT INTO message_metadata (node, queue, log_seq, message_id, client_id, exchange_name, routing_key, sent_time, delivered_time, acknowledged_time, epoch)
+SELECT $10, * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::text[], $7::timestamptz[], $8::timestamptz[], $9::timestamptz[], $11::bigint[])
+ON CONFLICT (node, queue, log_seq) DO UPDATE SET
     delivered_time = COALESCE(message_metadata.delivered_time, EXCLUDED.delivered_time),
     acknowledged_time = COALESCE(message_metadata.acknowledged_time, EXCLUDED.acknowledged_time)";
 
-const COPY: &str = "COPY message_metadata (queue, log_seq, message_id, client_id, exchange_name, routing_key, sent_time, delivered_time, acknowledged_time) FROM STDIN (FORMAT binary)";
+const COPY: &str = "COPY message_metadata (node, queue, log_seq, message_id, client_id, exchange_name, routing_key, sent_time, delivered_time, acknowledged_time, epoch) FROM STDIN (FORMAT binary)";
 
 /// Column types of [`COPY`], in order.
-const COPY_TYPES: [Type; 9] = [
+const COPY_TYPES: [Type; 11] = [
+    Type::TEXT,
     Type::TEXT,
     Type::INT8,
     Type::TEXT,
@@ -55,6 +56,7 @@ const COPY_TYPES: [Type; 9] = [
     Type::TIMESTAMPTZ,
     Type::TIMESTAMPTZ,
     Type::TIMESTAMPTZ,
+    Type::INT8,
 ];
 
 const UPDATE: &str = "
@@ -62,22 +64,24 @@ UPDATE message_metadata m SET
     delivered_time = COALESCE(m.delivered_time, u.d),
     acknowledged_time = COALESCE(m.acknowledged_time, u.a)
 FROM unnest($1::text[], $2::bigint[], $3::timestamptz[], $4::timestamptz[]) AS u(queue, seq, d, a)
-WHERE m.queue = u.queue AND m.log_seq = u.seq";
+WHERE m.node = $5 AND m.queue = u.queue AND m.log_seq = u.seq";
 
 const WATERMARK: &str = "
-INSERT INTO ciphermq_mirror_watermark (queue, segment_base, byte_offset, updated_time)
-SELECT w.queue, w.base, w.off, now() FROM unnest($1::text[], $2::bigint[], $3::bigint[]) AS w(queue, base, off)
-ON CONFLICT (queue) DO UPDATE SET
+INSERT INTO ciphermq_mirror_watermark (node, queue, segment_base, byte_offset, updated_time)
+SELECT $4, w.queue, w.base, w.off, now() FROM unnest($1::text[], $2::bigint[], $3::bigint[]) AS w(queue, base, off)
+ON CONFLICT (node, queue) DO UPDATE SET
     segment_base = EXCLUDED.segment_base,
     byte_offset = EXCLUDED.byte_offset,
     updated_time = EXCLUDED.updated_time";
 
-/// Drops what the mirror holds of deleted queues: their rows and positions,
-/// in one transaction. A queue declared again under the same name then
-/// starts over at sequence 0 and segment 0 without meeting the old rows.
+/// Drops what the mirror holds of deleted queues on this node (`$2`): their
+/// rows and positions, in one transaction. A queue declared again under the
+/// same name then starts over at sequence 0 and segment 0 without meeting
+/// the old rows; another node's copy of a queue of that name (an owner
+/// moved there) keeps its rows.
 const DROP_QUEUES: &str = "
-WITH gone AS (DELETE FROM message_metadata WHERE queue = ANY($1::text[]))
-DELETE FROM ciphermq_mirror_watermark WHERE queue = ANY($1::text[])";
+WITH gone AS (DELETE FROM message_metadata WHERE node = $2 AND queue = ANY($1::text[]))
+DELETE FROM ciphermq_mirror_watermark WHERE node = $2 AND queue = ANY($1::text[])";
 
 /// The batch statements, prepared once per connection.
 struct Statements {
@@ -96,14 +100,16 @@ impl Statements {
     }
 }
 
-/// The committed position of every queue the mirror has written for.
+/// The committed position of every queue the mirror of `node` has written
+/// for.
 pub(crate) async fn load_watermarks(
     client: &Client,
+    node: &str,
 ) -> Result<HashMap<Arc<str>, Position>, tokio_postgres::Error> {
     let rows = client
         .query(
-            "SELECT queue, segment_base, byte_offset FROM ciphermq_mirror_watermark",
-            &[],
+            "SELECT queue, segment_base, byte_offset FROM ciphermq_mirror_watermark WHERE node = $1",
+            &[&node],
         )
         .await?;
     let mut positions = HashMap::with_capacity(rows.len());
@@ -138,27 +144,36 @@ async fn transact(
     client: &mut Client,
     st: &Statements,
     cols: &Columns,
+    at: &Where,
 ) -> Result<(), tokio_postgres::Error> {
-    match transact_with(client, st, cols, Inserts::Copy).await {
+    match transact_with(client, st, cols, at, Inserts::Copy).await {
         Err(e) if e.code() == Some(&SqlState::UNIQUE_VIOLATION) => {
             tracing::info!("rows of a metadata batch exist already (a replayed batch); writing it again as upserts");
-            transact_with(client, st, cols, Inserts::Upsert).await
+            transact_with(client, st, cols, at, Inserts::Upsert).await
         }
         other => other,
     }
+}
+
+/// Which copy a batch's rows describe: the node that stores it, and its
+/// owner's placement epoch per inserted row.
+struct Where {
+    node: String,
+    epochs: Vec<i64>,
 }
 
 async fn transact_with(
     client: &mut Client,
     st: &Statements,
     cols: &Columns,
+    at: &Where,
     inserts: Inserts,
 ) -> Result<(), tokio_postgres::Error> {
     let tx = client.transaction().await?;
     let i = &cols.inserts;
     if !i.seq.is_empty() {
         match inserts {
-            Inserts::Copy => copy_rows(&tx, i).await?,
+            Inserts::Copy => copy_rows(&tx, i, at).await?,
             Inserts::Upsert => {
                 tx.execute(
                     &st.insert,
@@ -172,6 +187,8 @@ async fn transact_with(
                         &i.sent,
                         &i.delivered,
                         &i.acked,
+                        &at.node,
+                        &at.epochs,
                     ],
                 )
                 .await?;
@@ -180,12 +197,15 @@ async fn transact_with(
     }
     let u = &cols.updates;
     if !u.seq.is_empty() {
-        tx.execute(&st.update, &[&u.queue, &u.seq, &u.delivered, &u.acked])
-            .await?;
+        tx.execute(
+            &st.update,
+            &[&u.queue, &u.seq, &u.delivered, &u.acked, &at.node],
+        )
+        .await?;
     }
     let w = &cols.watermarks;
     if !w.queue.is_empty() {
-        tx.execute(&st.watermark, &[&w.queue, &w.base, &w.offset])
+        tx.execute(&st.watermark, &[&w.queue, &w.base, &w.offset, &at.node])
             .await?;
     }
     tx.commit().await
@@ -195,11 +215,13 @@ async fn transact_with(
 async fn copy_rows(
     tx: &Transaction<'_>,
     i: &super::batch::InsertColumns,
+    at: &Where,
 ) -> Result<(), tokio_postgres::Error> {
     let sink = tx.copy_in(COPY).await?;
     let mut writer = std::pin::pin!(BinaryCopyInWriter::new(sink, &COPY_TYPES));
     for n in 0..i.seq.len() {
-        let row: [&(dyn ToSql + Sync); 9] = [
+        let row: [&(dyn ToSql + Sync); 11] = [
+            &at.node,
             &i.queue[n],
             &i.seq[n],
             &i.message_id[n],
@@ -209,6 +231,7 @@ async fn copy_rows(
             &i.sent[n],
             &i.delivered[n],
             &i.acked[n],
+            &at.epochs[n],
         ];
         writer.as_mut().write(&row).await?;
     }
@@ -309,7 +332,8 @@ impl Mirror {
             return Err("not connected".to_owned());
         };
         let names: Vec<&str> = self.gone.iter().map(|q| &**q).collect();
-        match timeout(limit, conn.client.execute(DROP_QUEUES, &[&names])).await {
+        let node = &self.config.node;
+        match timeout(limit, conn.client.execute(DROP_QUEUES, &[&names, node])).await {
             Ok(Ok(_)) => {}
             Ok(Err(e)) => return Err(describe(&e)),
             Err(_) => {
@@ -418,7 +442,7 @@ impl Mirror {
         };
         let setup = async {
             let statements = Statements::prepare(&conn.client).await?;
-            let positions = load_watermarks(&conn.client).await?;
+            let positions = load_watermarks(&conn.client, &self.config.node).await?;
             Ok::<_, tokio_postgres::Error>((statements, positions))
         };
         match timeout(limit, setup).await {
@@ -496,7 +520,22 @@ impl Mirror {
         let Some(conn) = self.link.conn() else {
             return Err("not connected".to_owned());
         };
-        match timeout(limit, transact(&mut conn.client, statements, &cols)).await {
+        // One look per queue per batch: a batch holds few queues.
+        let mut epochs: HashMap<&str, i64> = HashMap::new();
+        let at = Where {
+            node: self.config.node.clone(),
+            epochs: cols
+                .inserts
+                .queue
+                .iter()
+                .map(|q| {
+                    *epochs.entry(q.as_str()).or_insert_with(|| {
+                        i64::try_from(self.logs.watermarks.epoch_of(q)).unwrap_or(i64::MAX)
+                    })
+                })
+                .collect(),
+        };
+        match timeout(limit, transact(&mut conn.client, statements, &cols, &at)).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => return Err(describe(&e)),
             Err(_) => return Err(format!("a metadata batch took longer than {limit:?}")),

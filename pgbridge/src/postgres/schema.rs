@@ -12,8 +12,11 @@ use tokio_postgres::Client;
 use super::error::BridgeError;
 use super::link::describe;
 
-/// The schema version this build writes and understands.
-pub(crate) const SCHEMA_VERSION: i32 = 1;
+/// The schema version this build writes and understands. Version 2 keys
+/// the mirror's rows and positions by node (a cluster's nodes share the
+/// database) and records each row's placement epoch; a version-1 database
+/// is upgraded in place (its rows become node `''`, a broker on its own).
+pub(crate) const SCHEMA_VERSION: i32 = 2;
 
 /// Advisory lock key serialising schema creation ("cipherMQ" in ASCII).
 const SCHEMA_LOCK: i64 = 0x6369_7068_6572_4d51;
@@ -23,6 +26,7 @@ CREATE TABLE IF NOT EXISTS ciphermq_schema_version (
     version integer NOT NULL
 );
 CREATE TABLE IF NOT EXISTS message_metadata (
+    node text NOT NULL DEFAULT '',
     queue text NOT NULL,
     log_seq bigint NOT NULL,
     message_id text NOT NULL,
@@ -32,7 +36,8 @@ CREATE TABLE IF NOT EXISTS message_metadata (
     sent_time timestamptz NOT NULL,
     delivered_time timestamptz,
     acknowledged_time timestamptz,
-    PRIMARY KEY (queue, log_seq)
+    epoch bigint NOT NULL DEFAULT 0,
+    PRIMARY KEY (node, queue, log_seq)
 );
 CREATE INDEX IF NOT EXISTS message_metadata_message_id ON message_metadata (message_id);
 CREATE TABLE IF NOT EXISTS public_keys (
@@ -43,11 +48,25 @@ CREATE TABLE IF NOT EXISTS public_keys (
     updated_time timestamptz NOT NULL
 );
 CREATE TABLE IF NOT EXISTS ciphermq_mirror_watermark (
-    queue text PRIMARY KEY,
+    node text NOT NULL DEFAULT '',
+    queue text NOT NULL,
     segment_base bigint NOT NULL,
     byte_offset bigint NOT NULL,
-    updated_time timestamptz NOT NULL
+    updated_time timestamptz NOT NULL,
+    PRIMARY KEY (node, queue)
 );
+";
+
+/// Version 1 → 2: the node and epoch columns, and the keys with the node.
+const UPGRADE_1_TO_2: &str = "
+ALTER TABLE message_metadata ADD COLUMN IF NOT EXISTS node text NOT NULL DEFAULT '';
+ALTER TABLE message_metadata ADD COLUMN IF NOT EXISTS epoch bigint NOT NULL DEFAULT 0;
+ALTER TABLE message_metadata DROP CONSTRAINT IF EXISTS message_metadata_pkey;
+ALTER TABLE message_metadata ADD PRIMARY KEY (node, queue, log_seq);
+ALTER TABLE ciphermq_mirror_watermark ADD COLUMN IF NOT EXISTS node text NOT NULL DEFAULT '';
+ALTER TABLE ciphermq_mirror_watermark DROP CONSTRAINT IF EXISTS ciphermq_mirror_watermark_pkey;
+ALTER TABLE ciphermq_mirror_watermark ADD PRIMARY KEY (node, queue);
+UPDATE ciphermq_schema_version SET version = 2 WHERE version = 1;
 ";
 
 /// The columns each table must have for the bridge's statements to work.
@@ -55,6 +74,7 @@ const EXPECTED: &[(&str, &[&str])] = &[
     (
         "message_metadata",
         &[
+            "node",
             "queue",
             "log_seq",
             "message_id",
@@ -64,6 +84,7 @@ const EXPECTED: &[(&str, &[&str])] = &[
             "sent_time",
             "delivered_time",
             "acknowledged_time",
+            "epoch",
         ],
     ),
     (
@@ -78,7 +99,13 @@ const EXPECTED: &[(&str, &[&str])] = &[
     ),
     (
         "ciphermq_mirror_watermark",
-        &["queue", "segment_base", "byte_offset", "updated_time"],
+        &[
+            "node",
+            "queue",
+            "segment_base",
+            "byte_offset",
+            "updated_time",
+        ],
     ),
 ];
 
@@ -126,6 +153,11 @@ pub(crate) async fn ensure(client: &mut Client, target: &str) -> Result<(), Brid
         .map_err(sql)?
         .try_get(0)
         .map_err(sql)?;
+    if version == Some(1) {
+        tx.batch_execute(UPGRADE_1_TO_2).await.map_err(sql)?;
+        tracing::info!(%target, "CipherMQ schema upgraded from version 1 to 2 (the mirror's rows keyed by node, with their placement epoch)");
+    }
+    let version = if version == Some(1) { Some(2) } else { version };
     let tables: Vec<&str> = EXPECTED.iter().map(|(t, _)| *t).collect();
     let columns: Vec<(String, String)> = tx
         .query(

@@ -93,7 +93,7 @@ pub(crate) async fn prepare(
     tracing::info!(%target, sslmode = %config.sslmode, tls = encrypted, certificate_checked = encrypted && tls.chain_checked(), keys = memory_len(memory), "PostgreSQL bridge connected; public keys loaded");
     warn_if_exposed(config, tls, encrypted);
     let mirror = if mirror {
-        let positions = load_watermarks(&keys.client)
+        let positions = load_watermarks(&keys.client, &config.node)
             .await
             .map_err(|e| BridgeError::Load {
                 target: target.clone(),

@@ -9,10 +9,15 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+
+/// The placement epoch of the owner of a queue (0 outside a cluster): what
+/// the mirror records with each row, so the rows of an owner that moved
+/// say which stored copy they describe.
+pub type QueueEpochs = dyn Fn(&str) -> u64 + Send + Sync;
 
 /// Per-queue mirror positions, shared by the shards and the mirror.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct MirrorWatermarks {
     cells: Mutex<HashMap<Arc<str>, Arc<AtomicU64>>>,
     /// Per queue: one past the last message durable in its log, so the
@@ -22,6 +27,16 @@ pub struct MirrorWatermarks {
     /// position before reading on, so a queue declared again under the same
     /// name is mirrored from its new log's start.
     deleted: Mutex<Vec<Arc<str>>>,
+    /// Set once by a cluster node when it joins.
+    epochs: OnceLock<Arc<QueueEpochs>>,
+}
+
+impl std::fmt::Debug for MirrorWatermarks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MirrorWatermarks")
+            .field("queues", &self.cells.lock().map_or(0, |c| c.len()))
+            .finish_non_exhaustive()
+    }
 }
 
 /// The cell of `queue` in `cells`, created at 0 on first use.
@@ -40,6 +55,17 @@ impl MirrorWatermarks {
     /// until the mirror reports on it.
     pub fn new() -> MirrorWatermarks {
         MirrorWatermarks::default()
+    }
+
+    /// Tells the mirror where to learn each queue's owner's placement epoch
+    /// (a cluster node, once joined); a second call is ignored.
+    pub fn set_epochs(&self, epochs: Arc<QueueEpochs>) {
+        let _ = self.epochs.set(epochs);
+    }
+
+    /// The placement epoch of `queue`'s owner, 0 outside a cluster.
+    pub fn epoch_of(&self, queue: &str) -> u64 {
+        self.epochs.get().map_or(0, |epochs| epochs(queue))
     }
 
     /// The cell of `queue`, created at 0 on first use. Callers keep the `Arc`:
