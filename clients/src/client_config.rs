@@ -223,6 +223,29 @@ fn normalize(path: &Path) -> PathBuf {
     }
 }
 
+/// The seeds in `server_address` (or `--address`): one `host:port`, or several
+/// separated by commas (`a:5700,b:5700`), spaces around each allowed. The first
+/// connection of a run tries them in order. An empty value, or an empty item in
+/// a list (`a:5700,,b:5700`, a trailing comma), is an error naming the value.
+pub(crate) fn seed_addresses(value: &str) -> Result<Vec<String>, ConfigError> {
+    if value.trim().is_empty() {
+        return Err(ConfigError::Invalid {
+            key: "server_address",
+            reason: "must be host:port".to_owned(),
+        });
+    }
+    let seeds: Vec<String> = value.split(',').map(|s| s.trim().to_owned()).collect();
+    if seeds.iter().any(String::is_empty) {
+        return Err(ConfigError::Invalid {
+            key: "server_address",
+            reason: format!(
+                "{value:?} has an empty address: use host:port, or several separated by commas"
+            ),
+        });
+    }
+    Ok(seeds)
+}
+
 /// Replaces `{cn}` in a configured name or path with the client id the broker
 /// announced.
 pub(crate) fn with_cn(template: &str, cn: &str) -> String {
@@ -272,6 +295,29 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(shown.contains("typo"), "{shown}");
+    }
+
+    #[test]
+    fn seeds_are_one_or_several_addresses() {
+        assert_eq!(
+            seed_addresses("127.0.0.1:5700").unwrap(),
+            ["127.0.0.1:5700"]
+        );
+        assert_eq!(seed_addresses(" b:1 ").unwrap(), ["b:1"]);
+        assert_eq!(seed_addresses("a:1,b:2").unwrap(), ["a:1", "b:2"]);
+        assert_eq!(
+            seed_addresses(" a:1 ,  b:2,c:3 ").unwrap(),
+            ["a:1", "b:2", "c:3"]
+        );
+        for bad in ["a:1,,b:2", "a:1,", ",a:1", "a:1, ,b:2"] {
+            let shown = seed_addresses(bad).unwrap_err().to_string();
+            assert!(shown.contains("server_address"), "{shown}");
+            assert!(shown.contains(&format!("{bad:?}")), "{shown}");
+        }
+        for empty in ["", "   "] {
+            let shown = seed_addresses(empty).unwrap_err().to_string();
+            assert_eq!(shown, "config key `server_address`: must be host:port");
+        }
     }
 
     #[test]

@@ -292,12 +292,10 @@ where
     let tls = config.tls.options();
     // Acks and nacks are this client's only commands besides the setup; the
     // connection task sends a heartbeat after `heartbeat_secs` without one.
-    let mut client_config = ClientConfig::with_connector(
-        config.server_address.clone(),
-        tls.connector()?,
-        tls.server_name()?,
-    )
-    .heartbeat_interval(Some(Duration::from_secs(config.heartbeat_secs)));
+    let seeds = crate::client_config::seed_addresses(&config.server_address)?;
+    let mut client_config =
+        ClientConfig::with_connector(seeds[0].clone(), tls.connector()?, tls.server_name()?)
+            .heartbeat_interval(Some(Duration::from_secs(config.heartbeat_secs)));
     let mut session: Option<Session> = None;
     let mut failures = 0u32;
     let stop = loop {
@@ -305,7 +303,8 @@ where
         // started: said at once, unless asked to wait. Reconnects back off.
         let dialed = if session.is_none() {
             dial_first(
-                &client_config,
+                &mut client_config,
+                &seeds,
                 config.backoff(),
                 Duration::from_secs(config.wait_for_broker_secs),
                 &mut shutdown,

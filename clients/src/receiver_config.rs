@@ -26,7 +26,9 @@ use crate::client_config::{self, check_name, with_cn, ConfigError, LoggingConfig
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ReceiverConfig {
-    /// The broker, `host:port` (default `127.0.0.1:5700`).
+    /// The broker, `host:port` (default `127.0.0.1:5700`), or several seeds
+    /// separated by commas (`a:5700,b:5700`): the first connection tries them
+    /// in order and uses the first that answers; in a cluster any node will do.
     #[serde(default = "default_address")]
     pub server_address: String,
     /// Our certificate and the CA.
@@ -131,12 +133,7 @@ impl ReceiverConfig {
     /// Checks bounds and names (with a placeholder CN; the real one is checked at
     /// connect).
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if self.server_address.trim().is_empty() {
-            return Err(ConfigError::Invalid {
-                key: "server_address",
-                reason: "must be host:port".to_owned(),
-            });
-        }
+        client_config::seed_addresses(&self.server_address)?;
         self.names("cn").map(|_| ())?;
         if !matches!(self.exchange_type.as_str(), "direct" | "fanout" | "topic") {
             return Err(ConfigError::Invalid {

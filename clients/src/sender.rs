@@ -255,18 +255,16 @@ where
     let tls = config.tls.options();
     let p = &config.sender;
     let pin_file = config.known_receivers_path();
-    let client_config = ClientConfig::with_connector(
-        config.server_address.clone(),
-        tls.connector()?,
-        tls.server_name()?,
-    )
-    .publish_window(p.max_inflight)
-    .retry(RetryPolicy {
-        max_attempts: p.max_retries.saturating_add(1),
-        backoff: p.backoff(),
-    })
-    .reply_timeout(p.ack_timeout())
-    .key_pins(Arc::new(FilePins::open(&pin_file)?));
+    let seeds = crate::client_config::seed_addresses(&config.server_address)?;
+    let mut client_config =
+        ClientConfig::with_connector(seeds[0].clone(), tls.connector()?, tls.server_name()?)
+            .publish_window(p.max_inflight)
+            .retry(RetryPolicy {
+                max_attempts: p.max_retries.saturating_add(1),
+                backoff: p.backoff(),
+            })
+            .reply_timeout(p.ack_timeout())
+            .key_pins(Arc::new(FilePins::open(&pin_file)?));
     let run_id = match job.run_id {
         Some(id) => {
             crate::client_config::check_name("--run-id", &id)?;
@@ -289,7 +287,8 @@ where
     // A first connection that fails is a wrong address or a broker not
     // started: said at once, unless asked to wait. Reconnects back off.
     let mut client = match dial_first(
-        &client_config,
+        &mut client_config,
+        &seeds,
         p.backoff(),
         Duration::from_secs(p.wait_for_broker_secs),
         &mut shutdown,
@@ -305,7 +304,6 @@ where
             role: client.role().to_string(),
         });
     }
-    let mut client_config = client_config;
     let client_first = home_of_receivers(client, &config.receivers, &mut client_config).await?;
     client = client_first;
     let sender_id = client.client_id().to_owned();

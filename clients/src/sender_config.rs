@@ -32,7 +32,9 @@ pub const MAX_INFLIGHT_LIMIT: usize = 65_536;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SenderConfig {
-    /// The broker, `host:port` (default `127.0.0.1:5700`).
+    /// The broker, `host:port` (default `127.0.0.1:5700`), or several seeds
+    /// separated by commas (`a:5700,b:5700`): the first connection tries them
+    /// in order and uses the first that answers; in a cluster any node will do.
     #[serde(default = "default_address")]
     pub server_address: String,
     /// Our certificate and the CA; our CN (announced by the broker's `HELLO`) is
@@ -214,12 +216,7 @@ impl SenderConfig {
                 reason: "must be at least 1".to_owned(),
             });
         }
-        if self.server_address.trim().is_empty() {
-            return Err(ConfigError::Invalid {
-                key: "server_address",
-                reason: "must be host:port".to_owned(),
-            });
-        }
+        client_config::seed_addresses(&self.server_address)?;
         check_name("exchange_name", &self.exchange_name)?;
         if self.receivers.is_empty() {
             return Err(ConfigError::Invalid {

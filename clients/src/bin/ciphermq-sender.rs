@@ -47,8 +47,11 @@ struct Args {
     /// Messages to render from `content_template` (replaces `message_count`).
     #[arg(long, value_name = "N")]
     count: Option<u64>,
-    /// Broker address host:port (replaces `server_address`).
-    #[arg(long, value_name = "HOST:PORT")]
+    /// Broker address host:port, or several seeds separated by commas
+    /// (a:5700,b:5700): the first connection tries them in order and uses the
+    /// first that connects; in a cluster any node will do (replaces
+    /// `server_address`).
+    #[arg(long, value_name = "HOST:PORT[,HOST:PORT...]")]
     address: Option<String>,
     /// Keep trying the first connection for up to this many seconds, for a
     /// broker that is still starting (replaces `sender.wait_for_broker_secs`;
