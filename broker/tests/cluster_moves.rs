@@ -17,11 +17,30 @@ const AES_KEY: &str = "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=";
 /// A durable node of the cluster kept in `db`, over the data directory
 /// `data`.
 fn node(db: &TestDb, node_id: &str, shards: usize, data: &Path) -> TestBroker {
-    let extra = format!(
+    TestBroker::start_durable_with(shards, data, "127.0.0.1:0", &sections(db, node_id))
+}
+
+/// The `[database]` and `[cluster]` sections of node `node_id`.
+fn sections(db: &TestDb, node_id: &str) -> String {
+    format!(
         "{}\n[cluster]\nenabled = true\nnode_id = \"{node_id}\"\nlease_secs = 5\n",
         db.config_with_tls(AES_KEY, "disable", None)
-    );
-    TestBroker::start_durable_with(shards, data, "127.0.0.1:0", &extra)
+    )
+}
+
+/// A durable node of 2 shards to run as its own process (to kill it): its
+/// config file under `dir`, and its data directory.
+fn process_node(
+    db: &TestDb,
+    node_id: &str,
+    dir: &Path,
+) -> (std::path::PathBuf, std::path::PathBuf) {
+    let data = dir.join("data");
+    let config = dir.join("broker.toml");
+    let text = common::config_text(&common::pki().certs, &data, 2, &sections(db, node_id))
+        .replace(r#"mode = "memory""#, r#"mode = "durable""#);
+    std::fs::write(&config, text).unwrap();
+    (config, data)
 }
 
 /// Publishes `ids` for receiver_1 through `conn` in batches, asserting
@@ -419,15 +438,7 @@ async fn the_old_node_killed_in_the_middle_of_a_move_loses_nothing() {
     const QUEUED: usize = 100_000;
     let db = TestDb::create().await;
     let dir_a = tempfile::tempdir().unwrap();
-    let data_a = dir_a.path().join("data");
-    let config = dir_a.path().join("broker.toml");
-    let sections = format!(
-        "{}\n[cluster]\nenabled = true\nnode_id = \"node-a\"\nlease_secs = 5\n",
-        db.config_with_tls(AES_KEY, "disable", None)
-    );
-    let text = common::config_text(&common::pki().certs, &data_a, 2, &sections)
-        .replace(r#"mode = "memory""#, r#"mode = "durable""#);
-    std::fs::write(&config, text).unwrap();
+    let (config, data_a) = process_node(&db, "node-a", dir_a.path());
     let a = BrokerProcess::start(&config);
     let dir_b = tempfile::tempdir().unwrap();
     let b = node(&db, "node-b", 1, dir_b.path());
@@ -507,15 +518,7 @@ async fn the_new_node_killed_while_taking_an_owner_loses_nothing() {
     let dir_a = tempfile::tempdir().unwrap();
     let a = node(&db, "node-a", 1, dir_a.path());
     let dir_b = tempfile::tempdir().unwrap();
-    let data_b = dir_b.path().join("data");
-    let config = dir_b.path().join("broker.toml");
-    let sections = format!(
-        "{}\n[cluster]\nenabled = true\nnode_id = \"node-b\"\nlease_secs = 5\n",
-        db.config_with_tls(AES_KEY, "disable", None)
-    );
-    let text = common::config_text(&common::pki().certs, &data_b, 2, &sections)
-        .replace(r#"mode = "memory""#, r#"mode = "durable""#);
-    std::fs::write(&config, text).unwrap();
+    let (config, data_b) = process_node(&db, "node-b", dir_b.path());
     let b = BrokerProcess::start(&config);
 
     let mut r1 = connect_as(&a, "receiver_1").await;

@@ -870,6 +870,26 @@ fn unpack(archive: &[u8]) -> Result<(Manifest, Vec<HandedFile<'_>>), String> {
     Ok((manifest, files))
 }
 
+/// Refuses a hand-over listing a queue whose name belongs to another
+/// receiver than the owner moved (by this node's ACL): taking it would
+/// give the owner a queue that is not its own.
+fn foreign_queue<'a>(
+    manifest: &Manifest,
+    owner_of: impl Fn(&str) -> Option<&'a str>,
+) -> Result<(), StepError> {
+    for q in &manifest.queues {
+        if let Some(named) = owner_of(&q.name) {
+            if named != manifest.owner {
+                return Err(format!(
+                    "hand-over of owner {} lists queue {}, which belongs to {named}",
+                    manifest.owner, q.name
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Step 3 on the new node: reads the hand-over, writes its queues under
 /// `queues/` and serves them (not yet to clients: the placement is still
 /// the old node's). Returns the queue names.
@@ -894,6 +914,8 @@ fn take(
     if manifest.owner != m.owner || manifest.epoch != m.epoch {
         return Err("hand-over is of another move".to_owned());
     }
+    let policy = shared.policy.current();
+    foreign_queue(&manifest, |queue| policy.acl.queue_owner(queue))?;
     for q in &manifest.queues {
         let target = ciphermq_shard::log::queue_dir(data_dir, &q.name);
         if target.exists() || shared.topology.snapshot().queue(&q.name).is_some() {
@@ -1075,4 +1097,87 @@ fn drop_taken(shared: &Arc<Shared>, handover: &Handover, data_dir: &Path, m: &Mo
     }
     let _ = remove_dir(&incoming);
     tracing::info!(owner = %m.owner, "dropped what was taken for a move that did not finish");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn manifest(owner: &str, queues: &[&str]) -> Manifest {
+        Manifest {
+            owner: owner.to_owned(),
+            epoch: 1,
+            queues: queues
+                .iter()
+                .map(|name| QueueEntry {
+                    name: (*name).to_owned(),
+                    bindings: Vec::new(),
+                })
+                .collect(),
+        }
+    }
+
+    /// The ACL's rule, for two receivers.
+    fn owner_of(queue: &str) -> Option<&'static str> {
+        ["receiver_1", "receiver_2"]
+            .into_iter()
+            .find(|cn| queue.strip_prefix(cn).is_some_and(|r| r.starts_with('_')))
+    }
+
+    #[test]
+    fn a_hand_over_may_list_only_the_owners_queues() {
+        let own = manifest("receiver_1", &["receiver_1_queue", "receiver_1_queue.dlq"]);
+        assert_eq!(foreign_queue(&own, owner_of), Ok(()));
+        // An admin's queue names no receiver: its recorded owner stands.
+        assert_eq!(
+            foreign_queue(&manifest("admin", &["audit"]), owner_of),
+            Ok(())
+        );
+        let stolen = manifest("receiver_1", &["receiver_1_queue", "receiver_2_queue"]);
+        let e = foreign_queue(&stolen, owner_of).unwrap_err();
+        assert!(
+            e.contains("receiver_2_queue") && e.contains("belongs to receiver_2"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_damaged_hand_over_is_refused_never_unpacked() {
+        let dir = tempfile::tempdir().unwrap();
+        let m = manifest("receiver_1", &["receiver_1_queue"]);
+        std::fs::write(dir.path().join(MANIFEST), serde_json::to_vec(&m).unwrap()).unwrap();
+        std::fs::create_dir(dir.path().join("receiver_1_queue")).unwrap();
+        std::fs::write(
+            dir.path().join("receiver_1_queue").join("0.log"),
+            b"records",
+        )
+        .unwrap();
+        let archive = pack(dir.path()).unwrap();
+        let (back, files) = unpack(&archive).unwrap();
+        assert_eq!(back.owner, "receiver_1");
+        assert_eq!(files.len(), 1);
+        assert_eq!(
+            (files[0].0.as_str(), files[0].1.as_str(), files[0].2),
+            ("receiver_1_queue", "0.log", &b"records"[..])
+        );
+        // Every truncation is an error, not a panic or a short read.
+        for cut in 0..archive.len() {
+            assert!(unpack(&archive[..cut]).is_err(), "cut at {cut}");
+        }
+        // A path leaving its queue directory, or a queue not in the
+        // manifest, is refused.
+        for path in ["receiver_1_queue/../x", "../x/y", "receiver_2_queue/0.log"] {
+            let mut bad = MAGIC.to_vec();
+            let mut add = |p: &str, b: &[u8]| {
+                bad.extend_from_slice(&(p.len() as u32).to_be_bytes());
+                bad.extend_from_slice(p.as_bytes());
+                bad.extend_from_slice(&(b.len() as u64).to_be_bytes());
+                bad.extend_from_slice(b);
+            };
+            add(MANIFEST, &serde_json::to_vec(&m).unwrap());
+            add(path, b"x");
+            bad.extend_from_slice(&0u32.to_be_bytes());
+            assert!(unpack(&bad).is_err(), "{path}");
+        }
+    }
 }
