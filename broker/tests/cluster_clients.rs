@@ -150,7 +150,7 @@ async fn senders_on_one_seed_reach_receivers_on_every_node_with_at_most_one_redi
 
 /// The shipped receiver and sender, each given the address of a node that
 /// does not hold the receiver, find the node that does and meet there, end
-/// to end; a sender whose receivers live on several nodes says so.
+/// to end.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_shipped_tools_pointed_at_another_node_find_the_receivers_node() {
     use ciphermq_clients::receiver::{run_receiver, ReceiverLimits, ReceiverStats};
@@ -238,38 +238,4 @@ async fn the_shipped_tools_pointed_at_another_node_find_the_receivers_node() {
     let report = receiver.await.unwrap();
     assert_eq!(report.total_records, 20);
     assert_eq!(report.written, 20);
-
-    // receiver_2 lives on node-b: a sender of both cannot use one node.
-    let mut r2 = common::connect_as(&b, "receiver_2").await;
-    common::check(
-        &mut r2,
-        "locate receiver_2",
-        &format!("OK locate receiver_2 node-b {} 1", b.addr),
-    )
-    .await;
-    let mut both = SenderConfig::new(a.addr.clone(), TlsConfig::for_cn(&pki().certs, "sender_1"));
-    both.receivers = vec!["receiver_1".into(), "receiver_2".into()];
-    both.keys_dir = dir.path().join("sender-keys-2");
-    let job = SendJob {
-        contents: ciphermq_clients::message_source::Contents::Template {
-            template: serde_json::json!("x"),
-            count: 1,
-            pad_to: 0,
-        },
-        run_id: None,
-    };
-    let refused = run_sender(
-        &both,
-        job,
-        Arc::new(SenderStats::default()),
-        std::future::pending(),
-    )
-    .await
-    .expect_err("receivers on two nodes");
-    let text = refused.to_string();
-    assert!(
-        text.contains("the receivers live on several nodes of the cluster: receiver_1 on node-a")
-            && text.contains("receiver_2 on node-b"),
-        "{text}"
-    );
 }

@@ -687,3 +687,159 @@ async fn moves_while_postgres_connections_are_cut_lose_nothing() {
     assert!(got_ids == queued, "order or content differs");
     eprintln!("{finished} of {MOVES} moves finished, {cuts} cuts");
 }
+
+/// The shipped receiver for `cn`, given `seed` (it finds its own node), run
+/// until it has written `total` messages; its report.
+fn spawn_receiver(
+    seed: &TestBroker,
+    cn: &str,
+    dir: &Path,
+    total: u64,
+) -> tokio::task::JoinHandle<ciphermq_clients::ReceiverReport> {
+    use ciphermq_clients::receiver::{run_receiver, ReceiverLimits, ReceiverStats};
+    use ciphermq_clients::{ReceiverConfig, TlsConfig};
+    let keys = dir.join("keys");
+    ciphermq_clients::key_file::write_secret_key(
+        &ciphermq_clients::key_file::private_key_path(&keys, cn),
+        &ciphermq_clients::crypto::generate_secret_key(),
+    )
+    .unwrap();
+    let mut rc = ReceiverConfig::new(
+        seed.addr.clone(),
+        TlsConfig::for_cn(&common::pki().certs, cn),
+    );
+    rc.private_key_path = keys.join("{cn}_private.key");
+    rc.output_dir = dir.join(format!("out-{cn}"));
+    rc.reconnect_backoff_ms = 50;
+    rc.max_backoff_ms = 500;
+    rc.reconnect_attempts = 100;
+    let limits = ReceiverLimits {
+        until_total: Some(total),
+        ..Default::default()
+    };
+    tokio::spawn(async move {
+        tokio::time::timeout(
+            std::time::Duration::from_secs(180),
+            run_receiver(
+                &rc,
+                limits,
+                std::sync::Arc::new(ReceiverStats::default()),
+                std::future::pending(),
+            ),
+        )
+        .await
+        .expect("receiver finished in time")
+        .expect("receiver succeeded")
+    })
+}
+
+/// The shipped sender, given one seed, publishes to receivers living on two
+/// nodes (one connection per node), and follows one of them when it moves
+/// while the sender runs: nothing fails, and each receiver writes each of
+/// its messages once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shipped_sender_reaches_receivers_on_two_nodes_and_follows_a_move() {
+    use ciphermq_clients::message_source::Contents;
+    use ciphermq_clients::sender::{run_sender, SendJob, SenderStats};
+    use ciphermq_clients::{SenderConfig, TlsConfig};
+    use std::io::Write as _;
+    use std::sync::atomic::Ordering::Relaxed;
+    use std::sync::Arc;
+
+    // A multiple of the sender's 64-message encryption chunks: none of the
+    // first half waits in a partly filled chunk for the second.
+    const HALF: u64 = 384;
+    let db = TestDb::create().await;
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let a = node(&db, "node-a", 1, dir_a.path());
+    let b = node(&db, "node-b", 1, dir_b.path());
+    for (broker, cn, node_id) in [(&a, "receiver_1", "node-a"), (&b, "receiver_2", "node-b")] {
+        let mut conn = connect_as(broker, cn).await;
+        check(
+            &mut conn,
+            &format!("locate {cn}"),
+            &format!("OK locate {cn} {node_id} {} 1", broker.addr),
+        )
+        .await;
+    }
+
+    // Both receivers are given node-a: receiver_2 finds node-b itself.
+    let files = tempfile::tempdir().unwrap();
+    let receivers = [
+        spawn_receiver(&a, "receiver_1", files.path(), 2 * HALF),
+        spawn_receiver(&a, "receiver_2", files.path(), 2 * HALF),
+    ];
+
+    // The sender, also given node-a only, reads its messages from a pipe the
+    // test feeds: half before the move, half after it.
+    let (mut feed, source) = std::os::unix::net::UnixStream::pair().unwrap();
+    let mut sc = SenderConfig::new(
+        a.addr.clone(),
+        TlsConfig::for_cn(&common::pki().certs, "sender_1"),
+    );
+    sc.receivers = vec!["receiver_1".into(), "receiver_2".into()];
+    sc.keys_dir = files.path().join("sender-keys");
+    sc.sender.key_wait_secs = 60;
+    let job = SendJob {
+        contents: Contents::Lines(Box::new(std::io::BufReader::new(source))),
+        run_id: None,
+    };
+    let stats = Arc::new(SenderStats::default());
+    let sender = {
+        let stats = stats.clone();
+        tokio::spawn(async move {
+            tokio::time::timeout(
+                std::time::Duration::from_secs(180),
+                run_sender(&sc, job, stats, std::future::pending()),
+            )
+            .await
+            .expect("sender finished in time")
+            .expect("sender succeeded")
+        })
+    };
+    let lines = |range: std::ops::Range<u64>| -> String {
+        range.map(|i| format!("message {i}\n")).collect()
+    };
+    feed.write_all(lines(0..HALF).as_bytes()).unwrap();
+    let waited = std::time::Instant::now();
+    while stats.acked.load(Relaxed) < 2 * HALF {
+        assert!(
+            waited.elapsed() < std::time::Duration::from_secs(120),
+            "the first half was not acknowledged: {stats:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        stats.redirects.load(Relaxed),
+        0,
+        "each copy went to its receiver's node"
+    );
+
+    // receiver_2 moves to node-a while the sender still runs.
+    let mut admin = connect_as(&a, "admin").await;
+    check(
+        &mut admin,
+        "move receiver_2 node-a",
+        &format!("OK move receiver_2 node-a {} 2", a.addr),
+    )
+    .await;
+    feed.write_all(lines(HALF..2 * HALF).as_bytes()).unwrap();
+    drop(feed);
+
+    let report = sender.await.unwrap();
+    assert_eq!(report.acked, 4 * HALF, "{report}");
+    assert_eq!(report.failed, 0, "{report}");
+    assert!(
+        report.redirects >= 1,
+        "receiver_2's first copy after the move went to node-b and was redirected: {report}"
+    );
+    for (cn, receiver) in ["receiver_1", "receiver_2"].into_iter().zip(receivers) {
+        let got = receiver.await.unwrap();
+        assert_eq!(got.total_records, 2 * HALF, "{cn}: {got:?}");
+        assert_eq!(
+            got.written,
+            2 * HALF,
+            "{cn}: each message written once: {got:?}"
+        );
+    }
+}

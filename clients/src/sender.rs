@@ -8,11 +8,16 @@
 //!   chunks, keeping their order, and hands prepared publishes
 //!   ([`PreparedPublish`]) to the pump through a bounded channel (so encryption
 //!   never runs far ahead of the network);
-//! - the pump keeps at most `max_inflight` publishes going on the client's
-//!   connection (the publisher pipelines them, matches replies and retries
-//!   retryable NACKs), and when the connection is lost or stuck (no reply
-//!   within `ack_timeout_secs`) connects again and re-publishes what was in
-//!   flight (safe: the broker deduplicates per sender and message id).
+//! - the pump keeps at most `max_inflight` publishes going (the publishers
+//!   pipeline them, match replies and retry retryable NACKs), and when a
+//!   connection is lost or stuck (no reply within `ack_timeout_secs`)
+//!   connects again and re-publishes what was in flight (safe: the broker
+//!   deduplicates per sender and message id).
+//!
+//! In a cluster the sender publishes each receiver's copies on the node
+//! holding that receiver, with one connection per node ([`routes`]), and
+//! follows `NACK <id> moved …` (at most [`MAX_REDIRECTS`] times per message,
+//! with the same id) when a receiver moves while it runs.
 //!
 //! Receivers' public keys are pinned on first use in `known_receivers`
 //! (`public_keys`): a key that changed stops the sender before anything is
@@ -37,19 +42,23 @@ use std::time::{Duration, Instant};
 use futures_util::stream::{FuturesUnordered, StreamExt as _};
 use tokio::sync::mpsc;
 
+use crate::client::cluster::MAX_REDIRECTS;
 use crate::client::{
-    Ack, Client, ClientConfig, ConnectError, Disconnected, FilePins, PinStoreError,
-    PreparedPublish, PublishError, Publisher, RequestError, RetryPolicy,
+    Ack, ClientConfig, ConnectError, Disconnected, FilePins, PinStoreError, PreparedPublish,
+    PublishError, Publisher, RequestError, RetryPolicy,
 };
 use crate::client_config::ConfigError;
 use crate::connection::ClientError;
 use crate::crypto::{self, CryptoError, PublicKey};
 use crate::message_source::{correlation_id, Contents};
 use crate::public_keys;
-use crate::reconnect::{dial_client, dial_first, DialedClient, FirstConnectError, QUIT_WAIT};
+use crate::reconnect::{dial_first, DialedClient, FirstConnectError, QUIT_WAIT};
 use crate::sender_config::SenderConfig;
 use crate::shutdown::Shutdown;
 use crate::task_guard::AbortOnDrop;
+
+mod routes;
+use routes::{Routes, Unconnected};
 
 /// Plaintexts per encryption job: large enough to amortise a thread hand-off,
 /// small enough to keep several workers busy on a short run.
@@ -174,6 +183,8 @@ pub struct SenderStats {
     pub retries: AtomicU64,
     /// Connections replaced after a failure.
     pub reconnects: AtomicU64,
+    /// Publishes sent again to another node after `NACK <id> moved …`.
+    pub redirects: AtomicU64,
 }
 
 /// What a run did.
@@ -195,6 +206,8 @@ pub struct SenderReport {
     pub retries: u64,
     /// Connections replaced.
     pub reconnects: u64,
+    /// Publishes sent again to another node after `NACK <id> moved …`.
+    pub redirects: u64,
     /// From the first publish to the last reply.
     pub elapsed: Duration,
 }
@@ -224,7 +237,11 @@ impl std::fmt::Display for SenderReport {
             self.reconnects,
             self.elapsed.as_secs_f64(),
             self.msgs_per_sec()
-        )
+        )?;
+        if self.redirects > 0 {
+            write!(f, " ({} redirected to another node)", self.redirects)?;
+        }
+        Ok(())
     }
 }
 
@@ -281,12 +298,13 @@ where
         unsent: 0,
         retries: 0,
         reconnects: 0,
+        redirects: 0,
         elapsed: Duration::ZERO,
     };
 
     // A first connection that fails is a wrong address or a broker not
     // started: said at once, unless asked to wait. Reconnects back off.
-    let mut client = match dial_first(
+    let client = match dial_first(
         &mut client_config,
         &seeds,
         p.backoff(),
@@ -304,8 +322,6 @@ where
             role: client.role().to_string(),
         });
     }
-    let client_first = home_of_receivers(client, &config.receivers, &mut client_config).await?;
-    client = client_first;
     let sender_id = client.client_id().to_owned();
     report.sender_id = sender_id.clone();
     let longest = config.receivers.iter().map(String::len).max().unwrap_or(0);
@@ -323,21 +339,34 @@ where
             .total
             .store(n.saturating_mul(config.receivers.len() as u64), Relaxed);
     }
+    let targets: Vec<Target> = config
+        .receivers
+        .iter()
+        .filter_map(|r| {
+            keys.get(r).map(|key| Target {
+                receiver_id: r.clone(),
+                routing_key: config.routing_key_for(r),
+                key: key.clone(),
+            })
+        })
+        .collect();
+
+    // In a cluster, each receiver's node; one connection per node.
+    let mut routes = Routes::new(client, client_config, targets.len());
+    let names: Vec<&str> = targets.iter().map(|t| t.receiver_id.as_str()).collect();
+    routes.locate(&names).await;
+    if !routes
+        .connect(&sender_id, p.backoff(), p.reconnect_attempts, &mut shutdown)
+        .await?
+    {
+        return Ok(report);
+    }
+
     let stage_ctx = Arc::new(StageContext {
         sender_id: sender_id.clone(),
         run_id: run_id.clone(),
         exchange: config.exchange_name.clone(),
-        targets: config
-            .receivers
-            .iter()
-            .filter_map(|r| {
-                keys.get(r).map(|key| Target {
-                    receiver_id: r.clone(),
-                    routing_key: config.routing_key_for(r),
-                    key: key.clone(),
-                })
-            })
-            .collect(),
+        targets,
     });
     let (tx, rx) = mpsc::channel(p.max_inflight.max(CHUNK));
     let mut stage = AbortOnDrop(tokio::spawn(encrypt_stage(
@@ -357,38 +386,36 @@ where
         stats: &stats,
     };
     loop {
-        let lost = match pump.run(&client, &mut shutdown).await {
+        match pump.run(&mut routes, &mut shutdown).await {
             PumpEnd::Finished => {
-                let _ = tokio::time::timeout(QUIT_WAIT, client.close()).await;
+                let closing = routes.clients().map(|c| c.close());
+                let _ =
+                    tokio::time::timeout(QUIT_WAIT, futures_util::future::join_all(closing)).await;
                 break;
             }
-            PumpEnd::Lost(reason) => reason,
-        };
-        if shutdown.fired() {
-            tracing::warn!(reason = %lost, "connection lost while stopping; not reconnecting");
-            break;
+            PumpEnd::Lost(reason) => {
+                if shutdown.fired() {
+                    tracing::warn!(%reason, "connection lost while stopping; not reconnecting");
+                    break;
+                }
+                if pump.input_done && pump.requeue.is_empty() {
+                    break;
+                }
+                stats.reconnects.fetch_add(1, Relaxed);
+                tracing::warn!(%reason, "connection lost; reconnecting");
+            }
+            PumpEnd::Unconnected(node) => {
+                if shutdown.fired() {
+                    break;
+                }
+                tracing::info!(address = %node.address, "connecting to a receiver's new node");
+            }
         }
-        if pump.input_done && pump.requeue.is_empty() {
-            break;
-        }
-        stats.reconnects.fetch_add(1, Relaxed);
-        tracing::warn!(reason = %lost, "connection lost; reconnecting");
-        client = match dial_client(
-            &client_config,
-            p.backoff(),
-            p.reconnect_attempts,
-            &mut shutdown,
-        )
-        .await?
+        if !routes
+            .connect(&sender_id, p.backoff(), p.reconnect_attempts, &mut shutdown)
+            .await?
         {
-            DialedClient::Connected(c) => c,
-            DialedClient::Stopped => break,
-        };
-        if client.client_id() != sender_id {
-            return Err(SenderError::Protocol(format!(
-                "reconnected as {} instead of {sender_id}",
-                client.client_id()
-            )));
+            break;
         }
     }
     report.elapsed = started.elapsed();
@@ -416,6 +443,7 @@ where
     report.failed = stats.failed.load(Relaxed);
     report.retries = stats.retries.load(Relaxed);
     report.reconnects = stats.reconnects.load(Relaxed);
+    report.redirects = stats.redirects.load(Relaxed);
     // With a known total, what was never produced counts too.
     let total = stats.total.load(Relaxed);
     report.unsent = if total > 0 {
@@ -434,15 +462,21 @@ struct Outgoing {
     sent: bool,
     /// Connections given up on for want of a reply while it was in flight.
     timeouts: u32,
+    /// Its receiver's place in [`StageContext::targets`] (its route).
+    target: usize,
+    /// Redirects followed (`NACK <id> moved …`).
+    redirects: u32,
 }
 
 impl Outgoing {
-    /// A message never sent.
-    fn new(prepared: PreparedPublish) -> Outgoing {
+    /// A message for `target` never sent.
+    fn new(prepared: PreparedPublish, target: usize) -> Outgoing {
         Outgoing {
             prepared,
             sent: false,
             timeouts: 0,
+            target,
+            redirects: 0,
         }
     }
 }
@@ -452,8 +486,10 @@ enum PumpEnd {
     /// Everything settled, or the shutdown signal fired and the publishes in
     /// flight were answered.
     Finished,
-    /// The connection failed or stalled; the reason is for the log.
+    /// A connection failed or stalled; the reason is for the log.
     Lost(Arc<Disconnected>),
+    /// A message must go to a node not connected yet (a receiver moved).
+    Unconnected(Unconnected),
 }
 
 /// The publish loop's state, kept across connections.
@@ -478,11 +514,11 @@ type InFlight =
     std::pin::Pin<Box<dyn Future<Output = (Outgoing, Result<Ack, PublishError>)> + Send>>;
 
 impl Pump<'_> {
-    /// Publishes through `client` until done, stopped, or the connection is lost.
-    async fn run(&mut self, client: &Client, shutdown: &mut Shutdown<'_>) -> PumpEnd {
-        let publisher = client.publisher();
+    /// Publishes through `routes` until done, stopped, a connection is lost,
+    /// or a message needs a node not connected yet.
+    async fn run(&mut self, routes: &mut Routes, shutdown: &mut Shutdown<'_>) -> PumpEnd {
         let mut inflight: FuturesUnordered<InFlight> = FuturesUnordered::new();
-        let mut lost: Option<Arc<Disconnected>> = None;
+        let mut lost: Option<PumpEnd> = None;
         loop {
             let stopping = shutdown.fired();
             // Fill the window: messages to publish again first, then new ones.
@@ -499,11 +535,14 @@ impl Pump<'_> {
                         }
                     },
                 };
-                inflight.push(self.start(&publisher, msg));
+                match self.start(routes, msg) {
+                    Ok(publish) => inflight.push(publish),
+                    Err(node) => lost = Some(PumpEnd::Unconnected(node)),
+                }
             }
             if inflight.is_empty() {
-                if let Some(reason) = lost {
-                    return PumpEnd::Lost(reason);
+                if let Some(end) = lost {
+                    return end;
                 }
                 if stopping || (self.input_done && self.requeue.is_empty()) {
                     return PumpEnd::Finished;
@@ -516,12 +555,15 @@ impl Pump<'_> {
             tokio::select! {
                 biased;
                 Some((msg, result)) = inflight.next(), if !inflight.is_empty() => {
-                    if let Some(reason) = self.settle(msg, result) {
-                        lost.get_or_insert(reason);
+                    if let Some(reason) = self.settle(routes, msg, result) {
+                        lost.get_or_insert(PumpEnd::Lost(reason));
                     }
                 }
                 msg = self.rx.recv(), if can_take => match msg {
-                    Some(msg) => inflight.push(self.start(&publisher, msg)),
+                    Some(msg) => match self.start(routes, msg) {
+                        Ok(publish) => inflight.push(publish),
+                        Err(node) => lost = Some(PumpEnd::Unconnected(node)),
+                    },
                     None => self.input_done = true,
                 },
                 () = shutdown.wait(), if !stopping => {
@@ -531,23 +573,32 @@ impl Pump<'_> {
         }
     }
 
-    /// Publishes `msg`, counting its first publish.
-    fn start(&self, publisher: &Publisher, mut msg: Outgoing) -> InFlight {
+    /// Publishes `msg` on its receiver's node, counting its first publish;
+    /// when that node is not connected, puts it back first in line.
+    fn start(&mut self, routes: &Routes, mut msg: Outgoing) -> Result<InFlight, Unconnected> {
+        let publisher = match routes.publisher(msg.target) {
+            Ok(publisher) => publisher.clone(),
+            Err(node) => {
+                self.requeue.push_front(msg);
+                return Err(node);
+            }
+        };
         if !msg.sent {
             msg.sent = true;
             self.stats.sent.fetch_add(1, Relaxed);
         }
-        let publisher = publisher.clone();
-        Box::pin(async move {
+        Ok(Box::pin(async move {
             let result = publisher.publish_prepared(&msg.prepared).await;
             (msg, result)
-        })
+        }))
     }
 
     /// Counts and logs a publish's outcome; the reason when its connection was
-    /// lost (the message then waits in `requeue`).
+    /// lost (the message then waits in `requeue`). A redirect teaches
+    /// `routes` the receiver's new node and puts the message back in line.
     fn settle(
         &mut self,
+        routes: &mut Routes,
         mut msg: Outgoing,
         result: Result<Ack, PublishError>,
     ) -> Option<Arc<Disconnected>> {
@@ -572,6 +623,13 @@ impl Pump<'_> {
                 }
                 self.requeue.push_back(msg);
                 Some(reason)
+            }
+            Err(PublishError::Moved(moved)) if msg.redirects < MAX_REDIRECTS => {
+                msg.redirects += 1;
+                self.stats.redirects.fetch_add(1, Relaxed);
+                routes.learn(msg.target, &moved);
+                self.requeue.push_back(msg);
+                None
             }
             Err(PublishError::Nack {
                 reason, attempts, ..
@@ -700,7 +758,7 @@ fn encrypt_chunk(
     let mut out = Vec::with_capacity(chunk.len() * ctx.targets.len());
     for (seq, text) in chunk {
         let correlation = correlation_id(&ctx.run_id, seq);
-        for target in &ctx.targets {
+        for (index, target) in ctx.targets.iter().enumerate() {
             let message_id = format!("{}-{correlation}-{}", ctx.sender_id, target.receiver_id);
             let mut body = crypto::encrypt_with_rng(
                 &mut rng,
@@ -718,7 +776,7 @@ fn encrypt_chunk(
                         error,
                     }
                 })?;
-            out.push(Outgoing::new(prepared));
+            out.push(Outgoing::new(prepared, index));
         }
     }
     Ok(out)
@@ -727,50 +785,6 @@ fn encrypt_chunk(
 /// Eight random lowercase hex digits: distinct runs get distinct message ids.
 pub fn random_run_id() -> String {
     format!("{:08x}", rand::random::<u32>())
-}
-
-/// In a cluster, the connection to the node holding the receivers: each is
-/// located (`locate`, which places one no node holds yet on the connected
-/// node), and when they all live on another node the sender connects there
-/// and reconnects there later. Receivers spread over several nodes are an
-/// error naming where each lives: this sender publishes through one node
-/// (the client library's `ClusterClient` follows redirects per message). A
-/// broker on its own leaves the connection as it is.
-async fn home_of_receivers(
-    client: Client,
-    receivers: &[String],
-    config: &mut ClientConfig,
-) -> Result<Client, SenderError> {
-    let mut homes = Vec::with_capacity(receivers.len());
-    for receiver in receivers {
-        match client.locate(receiver).await {
-            Ok(home) => homes.push((receiver, home)),
-            Err(_) => return Ok(client),
-        }
-    }
-    let Some((_, first)) = homes.first() else {
-        return Ok(client);
-    };
-    if homes.iter().any(|(_, h)| h.node_id != first.node_id) {
-        let spread: Vec<String> = homes
-            .iter()
-            .map(|(r, h)| format!("{r} on {} ({})", h.node_id, h.address))
-            .collect();
-        return Err(SenderError::Protocol(format!(
-            "the receivers live on several nodes of the cluster: {}; run one sender per node, \
-             or publish with the client library's ClusterClient",
-            spread.join(", ")
-        )));
-    }
-    if first.address == config.address() {
-        return Ok(client);
-    }
-    let there = config.for_address(first.address.clone());
-    let connected = Client::connect(there.clone()).await?;
-    tracing::info!(node_id = %first.node_id, address = %first.address,
-        "the receivers live on another node of the cluster; connected there");
-    *config = there;
-    Ok(connected)
 }
 
 #[cfg(test)]
