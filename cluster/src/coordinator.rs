@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use crate::error::ClusterError;
+use crate::watch::Suspect;
 
 /// A live member of the cluster, as the coordinator sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -17,6 +18,25 @@ pub struct NodeInfo {
     /// Time since its last heartbeat, measured on the coordinator's clock
     /// (not the caller's), so nodes with skewed clocks still agree.
     pub heartbeat_age: Duration,
+    /// Its last heartbeat as stored (microseconds since the Unix epoch on
+    /// the coordinator's clock). Failure detection only compares it: a
+    /// watcher times how long it stays unchanged on its own clock
+    /// ([`HeartbeatWatch`](crate::watch::HeartbeatWatch)).
+    pub heartbeat_stamp: i64,
+}
+
+/// A node declared dead and where its owners went
+/// ([`Coordinator::declare_dead`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Takeover {
+    /// The node declared dead.
+    pub node_id: String,
+    /// Its incarnation then: a later registration of the same id is a
+    /// new start, holding nothing.
+    pub incarnation: u64,
+    /// Each of its owners at its new node and epoch (one higher), by
+    /// owner.
+    pub placements: Vec<Placement>,
 }
 
 /// Where an owner lives: the answer to `locate` and the target of a
@@ -231,4 +251,22 @@ pub trait Coordinator: Send + Sync {
 
     /// Deletes an exchange, if `owner` is the one who declared it.
     fn delete_exchange(&self, name: &str, owner: &str) -> Result<(), ClusterError>;
+
+    /// Declares `suspect` dead, in one transaction, if its row is still
+    /// exactly as the watcher saw it (same incarnation, same heartbeat,
+    /// alive): marks it dead, gives each of its owners to one of the other
+    /// nodes that heartbeated within `fresh_within` (round robin by node
+    /// id, owners by name), at epoch + 1, aborts their moves under way,
+    /// and records the takeover with `by_node` and `reason`. Fails with
+    /// [`ClusterError::StillAlive`] when the row changed (the node beat
+    /// again, restarted, or someone declared it first), and with
+    /// [`ClusterError::NoLiveNode`] when no other node is fresh enough to
+    /// take its owners (nothing changes then).
+    fn declare_dead(
+        &self,
+        suspect: &Suspect,
+        by_node: &str,
+        reason: &str,
+        fresh_within: Duration,
+    ) -> Result<Takeover, ClusterError>;
 }

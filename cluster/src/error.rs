@@ -174,6 +174,23 @@ pub enum ClusterError {
         /// The stored state (`aborted`, `done`, or `missing`).
         state: String,
     },
+    /// A takeover found the node's row changed since it was seen silent:
+    /// it heartbeated again, restarted, or was declared dead by another
+    /// node first. Nothing changed.
+    #[error("node {node_id:?} is not as it was seen silent (incarnation {incarnation}): it heartbeated, restarted or was taken over since; nothing changed")]
+    StillAlive {
+        /// The node.
+        node_id: String,
+        /// The incarnation seen silent.
+        incarnation: u64,
+    },
+    /// A takeover found no other node that heartbeated recently enough to
+    /// take the dead node's owners. Nothing changed.
+    #[error("no node but {node_id:?} has heartbeated recently: nobody can take its owners now")]
+    NoLiveNode {
+        /// The node that would have been declared dead.
+        node_id: String,
+    },
     /// The coordinator's thread could not be started.
     #[error("cannot start the cluster coordinator thread: {0}")]
     Thread(String),

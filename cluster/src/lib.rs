@@ -15,6 +15,9 @@
 //! - [`config`]: where to connect and which schema to use.
 //! - `input`: the checks every name and address passes before any SQL.
 //! - [`error`]: [`ClusterError`], one variant per thing that can go wrong.
+//! - [`watch`]: failure detection: which nodes' heartbeats stood still
+//!   for a lease plus a margin on the watcher's own clock, with its link
+//!   up the whole time.
 //!
 //! Invariants:
 //! - An owner has at most one placement; placing one is a single insert
@@ -32,7 +35,9 @@
 //!   or `aborted`; either end is a compare-and-set, so an old node that
 //!   gives up and a new node that finishes cannot both win.
 //!
-//! Not here yet: failure detection.
+//! - A node is declared dead only by a compare-and-set on the row a
+//!   watcher saw silent; its owners move to fresh nodes at epoch + 1 in
+//!   that same transaction.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]
@@ -43,11 +48,13 @@ pub mod error;
 mod input;
 pub mod postgres;
 mod schema;
+pub mod watch;
 mod worker;
 
 pub use config::PgCoordinatorConfig;
 pub use coordinator::{
-    Coordinator, Exchange, Move, MoveState, NodeInfo, Placement, PlacementChanges,
+    Coordinator, Exchange, Move, MoveState, NodeInfo, Placement, PlacementChanges, Takeover,
 };
 pub use error::ClusterError;
 pub use postgres::PgCoordinator;
+pub use watch::{HeartbeatWatch, Suspect};

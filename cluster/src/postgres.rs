@@ -8,11 +8,12 @@ use tokio_postgres::{Client, Row};
 
 use crate::config::PgCoordinatorConfig;
 use crate::coordinator::{
-    Coordinator, Exchange, Move, MoveState, NodeInfo, Placement, PlacementChanges,
+    Coordinator, Exchange, Move, MoveState, NodeInfo, Placement, PlacementChanges, Takeover,
 };
 use crate::error::ClusterError;
 use crate::input;
 use crate::schema::lock_key;
+use crate::watch::Suspect;
 use crate::worker::{LocalFuture, Worker};
 use ciphermq_pgbridge::postgres::describe;
 
@@ -38,8 +39,36 @@ const INCARNATION: &str = "SELECT incarnation FROM cluster_nodes WHERE node_id =
 /// the server's clock.
 const NODES: &str = "
 SELECT node_id, advertise, incarnation,
-       GREATEST(0, floor(extract(epoch FROM now() - heartbeat) * 1000))::bigint
+       GREATEST(0, floor(extract(epoch FROM now() - heartbeat) * 1000))::bigint,
+       floor(extract(epoch FROM heartbeat) * 1000000)::bigint
 FROM cluster_nodes WHERE state = 'alive' ORDER BY node_id COLLATE \"C\"";
+
+/// Marks `$1` dead if it is still alive at incarnation `$2` with the
+/// heartbeat `$3` (microseconds, as [`NODES`] reads it).
+const MARK_DEAD: &str = "
+UPDATE cluster_nodes SET state = 'dead'
+WHERE node_id = $1 AND incarnation = $2 AND state = 'alive'
+  AND floor(extract(epoch FROM heartbeat) * 1000000)::bigint = $3";
+
+/// The other alive nodes that heartbeated within `$2` milliseconds, by id.
+const FRESH_NODES: &str = "
+SELECT node_id FROM cluster_nodes
+WHERE node_id <> $1 AND state = 'alive' AND now() - heartbeat <= $2::bigint * interval '1 millisecond'
+ORDER BY node_id COLLATE \"C\"";
+
+/// The owners placed on `$1`, by name.
+const OWNERS_OF: &str =
+    "SELECT owner, epoch FROM cluster_placements WHERE node_id = $1 ORDER BY owner COLLATE \"C\"";
+
+/// Aborts the moves under way from or to `$1`.
+const ABORT_MOVES_OF: &str = "
+UPDATE cluster_moves SET state = 'aborted', changed = now()
+WHERE (from_node = $1 OR to_node = $1) AND state IN ('requested', 'exported')
+RETURNING owner, epoch";
+
+const RECORD_TAKEOVER: &str = "
+INSERT INTO cluster_takeovers (node_id, incarnation, by_node, at, owners, reason)
+VALUES ($1, $2, $3, now(), $4, $5)";
 
 /// Placements with their node's address; a `WHERE` clause follows.
 const PLACEMENTS: &str = "
@@ -369,6 +398,7 @@ impl Coordinator for PgCoordinator {
                             advertise: column(&row, 1, TABLE)?,
                             incarnation,
                             heartbeat_age: Duration::from_millis(age_ms),
+                            heartbeat_stamp: column(&row, 4, TABLE)?,
                             node_id,
                         });
                     }
@@ -782,6 +812,87 @@ impl Coordinator for PgCoordinator {
                     }
                     .into()),
                 }
+            })
+        })
+    }
+
+    fn declare_dead(
+        &self,
+        suspect: &Suspect,
+        by_node: &str,
+        reason: &str,
+        fresh_within: Duration,
+    ) -> Result<Takeover, ClusterError> {
+        input::name("node id", &suspect.node_id)?;
+        input::name("node id", by_node)?;
+        let incarnation = input::bigint("incarnation", suspect.incarnation)?;
+        let (node_id, by_node, reason) = (
+            suspect.node_id.clone(),
+            by_node.to_owned(),
+            reason.to_owned(),
+        );
+        let stamp = suspect.heartbeat_stamp;
+        let fresh_ms = i64::try_from(fresh_within.as_millis()).unwrap_or(i64::MAX);
+        let lock = self.placement_lock.clone();
+        let action = format!("declare node {node_id:?} dead");
+        self.call(action, "cluster_nodes", move |client| {
+            Box::pin(async move {
+                let tx = client.transaction().await?;
+                tx.execute(LOCK, &[&lock]).await?;
+                let marked = tx
+                    .execute(MARK_DEAD, &[&node_id, &incarnation, &stamp])
+                    .await?;
+                if marked == 0 {
+                    return Err(ClusterError::StillAlive {
+                        node_id,
+                        incarnation: incarnation as u64,
+                    }
+                    .into());
+                }
+                let heirs: Vec<String> = tx
+                    .query(FRESH_NODES, &[&node_id, &fresh_ms])
+                    .await?
+                    .iter()
+                    .map(|row| column(row, 0, "cluster_nodes"))
+                    .collect::<Result<_, _>>()?;
+                if heirs.is_empty() {
+                    return Err(ClusterError::NoLiveNode { node_id }.into());
+                }
+                for row in tx.query(ABORT_MOVES_OF, &[&node_id]).await? {
+                    let owner: String = column(&row, 0, "cluster_moves")?;
+                    let epoch: i64 = column(&row, 1, "cluster_moves")?;
+                    tx.execute(DROP_HANDOFF, &[&owner, &epoch]).await?;
+                }
+                let owners = tx.query(OWNERS_OF, &[&node_id]).await?;
+                let mut placements = Vec::with_capacity(owners.len());
+                for (i, row) in owners.iter().enumerate() {
+                    let owner: String = column(row, 0, "cluster_placements")?;
+                    let epoch: i64 = column(row, 1, "cluster_placements")?;
+                    let heir = &heirs[i % heirs.len()];
+                    let Some(moved) = tx.query_opt(MOVE, &[&owner, heir, &epoch]).await? else {
+                        // Under the lock, with the heir alive, this cannot
+                        // happen; refuse rather than half-move.
+                        return Err(ClusterError::StaleEpoch {
+                            owner,
+                            expected: epoch as u64,
+                            current: 0,
+                        }
+                        .into());
+                    };
+                    placements.push(placement(&moved)?);
+                }
+                let count = i32::try_from(placements.len()).unwrap_or(i32::MAX);
+                tx.execute(
+                    RECORD_TAKEOVER,
+                    &[&node_id, &incarnation, &by_node, &count, &reason],
+                )
+                .await?;
+                tx.commit().await?;
+                Ok(Takeover {
+                    node_id,
+                    incarnation: incarnation as u64,
+                    placements,
+                })
             })
         })
     }

@@ -9,6 +9,8 @@
 //!   leaves: `requested` → `exported` (its data is in `cluster_handoff`) →
 //!   `done` (the placement moved in the same transaction), or `aborted`.
 //! - `cluster_handoff`: a move's data in parts, until the move ends.
+//! - `cluster_takeovers`: one row per node declared dead: who declared
+//!   it, when, why, and how many owners moved.
 //!
 //! Creation runs in one transaction under an advisory lock (keyed by the
 //! schema name), because `CREATE ... IF NOT EXISTS` is not safe when
@@ -51,6 +53,15 @@ CREATE TABLE IF NOT EXISTS {schema}.cluster_handoff (
     part integer NOT NULL CHECK (part >= 0),
     data bytea NOT NULL,
     PRIMARY KEY (owner, epoch, part)
+);
+CREATE TABLE IF NOT EXISTS {schema}.cluster_takeovers (
+    node_id text NOT NULL,
+    incarnation bigint NOT NULL,
+    by_node text NOT NULL,
+    at timestamptz NOT NULL,
+    owners integer NOT NULL,
+    reason text NOT NULL,
+    PRIMARY KEY (node_id, incarnation)
 );
 CREATE TABLE IF NOT EXISTS {schema}.cluster_exchanges (
     name text PRIMARY KEY,
