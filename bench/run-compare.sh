@@ -33,7 +33,12 @@
 #               receiver_2, 1 KiB, 1 publisher + 1 consumer each, two bench
 #               processes at once) against 1 node × 2 shards, then a 2-node
 #               cluster × 1 shard, as adjacent pairs, RUNS pairs; both
-#               durable with the Postgres backend; the figure is the sum
+#               durable with the Postgres backend; the figure is the sum;
+#               PostgreSQL's CPU per side goes to *-postgres-cpu.txt.
+#               SCALEOUT_PIN=shards (default): each node's shard pinned to
+#               its own CPU, every other thread free (as the one-node side
+#               is); SCALEOUT_PIN=nodes: each node confined to one CPU,
+#               threads and all
 #               ab: before/after as adjacent pairs: BASE_BIN's broker, then
 #               this tree's, durable, AB_SIZE bytes (1024), 1 shard,
 #               1 consumer, RUNS pairs per PUBLISHERS count; the ratio is
@@ -233,6 +238,48 @@ stop_broker() {
 }
 trap stop_broker EXIT
 
+# CPU seconds PostgreSQL has used so far: its postmaster's own and reaped
+# children's, plus its live backends'.
+pg_cpu_secs() {
+  python3 - <<'PY'
+import os
+tick = os.sysconf("SC_CLK_TCK")
+def fields(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()
+total = 0
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            if f.read().strip() != "postgres":
+                continue
+        st = fields(pid)
+    except OSError:
+        continue
+    total += int(st[11]) + int(st[12])          # utime, stime
+    if st[1] == "1" or not os.path.exists(f"/proc/{st[1]}/comm") or open(f"/proc/{st[1]}/comm").read().strip() != "postgres":
+        total += int(st[13]) + int(st[14])      # the postmaster: reaped backends
+print(total / tick)
+PY
+}
+
+# Lets every thread of process $1 run on every CPU of the host, except what
+# a broker pins itself when not confined: each shard's executor (the first
+# thread named `shard-N-<id>`; the second is its committer, which floats)
+# and its `shard-N-delete` thread.
+unpin_but_shards() {
+  local tid comm seen=" "
+  for tid in $(ls /proc/"$1"/task | sort -n); do
+    comm=$(cat "/proc/$1/task/$tid/comm" 2>/dev/null) || continue
+    if [[ $comm =~ ^shard-[0-9]+-[0-9]+$ && $seen != *" $comm "* ]]; then
+      seen+="$comm "
+      continue
+    fi
+    [[ $comm =~ ^shard-[0-9]+-delete$ ]] && continue
+    taskset -pc "0-$(($(nproc) - 1))" "$tid" >/dev/null 2>&1 || true
+  done
+}
+
 start_broker() { # mode shards [broker binary]
   stop_broker
   write_config "$1"
@@ -404,11 +451,16 @@ if has scaleout; then
         start_broker postgres 2
         addrs=("$ADDR" "$ADDR") pids=("$BROKER" "$BROKER")
       else
-        # One CPU per node, as two hosts would have: node 1 (its shard
-        # pinned to CPU 0) is confined to CPU 0, node 2 starts on CPU 1 and
-        # pins its shard there. The bench processes float.
+        # SCALEOUT_PIN=shards (the default): pinned as the one-node side
+        # is, one shard per CPU, every other thread free. Node 1's shard
+        # pins itself to CPU 0 (the first of its mask); node 2 starts
+        # confined to CPU 1, so its shard pins there, and then every other
+        # thread of it is let onto every CPU again.
+        # SCALEOUT_PIN=nodes: each node confined to its CPU, threads and
+        # all, as two one-CPU hosts would be.
+        # The bench processes and PostgreSQL float either way.
         start_broker cluster 1
-        taskset -a -cp 0 "$BROKER" >/dev/null
+        [[ ${SCALEOUT_PIN:-shards} == nodes ]] && taskset -a -cp 0 "$BROKER" >/dev/null
         sed -e 's/^node_id = .*/node_id = "bench-2"/' -e 's/^data_dir = .*/data_dir = "data-cluster-2"/' \
             -e "s/^address = \"127.0.0.1:$((PORT + 1))\"/address = \"127.0.0.1:$((PORT + 3))\"/" \
             "$WORK/config-cluster.toml" >"$WORK/config-cluster-2.toml"
@@ -418,9 +470,11 @@ if has scaleout; then
         SECOND=$!
         for _ in $(seq 100); do grep -q "listening" "$WORK/broker-cluster-2.log" 2>/dev/null && break; sleep 0.1; done
         grep -q "listening" "$WORK/broker-cluster-2.log" || { cat "$WORK/broker-cluster-2.log"; echo "node 2 did not start"; exit 1; }
+        [[ ${SCALEOUT_PIN:-shards} == nodes ]] || unpin_but_shards "$SECOND"
         addrs=("$ADDR" "$ADDR2") pids=("$BROKER" "$SECOND")
       fi
       streams=()
+      pg0=$(pg_cpu_secs) t0=$(date +%s.%N)
       for i in 0 1; do
         n=$((i + 1))
         echo "-- scaleout-$side-s$n-r$run"
@@ -430,7 +484,20 @@ if has scaleout; then
           --publishers 1 --consumers 1 --senders "sender_$n" --receiver "receiver_$n" &
         streams+=($!)
       done
+      # Threads a node starts once traffic flows (its committer's) inherit
+      # the mask of the thread that starts them: let them go too.
+      if [[ $side == two && ${SCALEOUT_PIN:-shards} != nodes ]]; then
+        for _ in $(seq 30); do
+          [[ -s "$OUT/scaleout-$side-s2-r$run.json" ]] && break
+          unpin_but_shards "$SECOND"
+          sleep 1
+        done
+        [[ -n ${SHOW_PINS:-} ]] && for t in /proc/$SECOND/task/*; do echo "$(cat "$t/comm") $(grep Cpus_allowed_list "$t/status")"; done
+      fi
       wait "${streams[@]}"
+      pg1=$(pg_cpu_secs) t1=$(date +%s.%N)
+      echo "postgres_cpu_cores=$(python3 -c "print(round(($pg1 - $pg0) / ($t1 - $t0), 3))") (PostgreSQL's CPU over the whole bench invocation, connect and drain included)" \
+        | tee "$OUT/scaleout-$side-r$run-postgres-cpu.txt"
       if [[ $side == two ]]; then
         kill "$SECOND" 2>/dev/null || true
         wait "$SECOND" 2>/dev/null || true

@@ -314,6 +314,7 @@ mod tests {
             advertise: addr.to_owned(),
             incarnation: 1,
             heartbeat_age: std::time::Duration::ZERO,
+            heartbeat_stamp: 0,
         };
         assert!(view.set_nodes(&[node("a", "127.0.0.1:1"), node("b", "127.0.0.1:2")]));
         let (_, p) = view.current();
