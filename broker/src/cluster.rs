@@ -16,8 +16,11 @@
 //! says; placements do not change until it is back, and its return changes
 //! nothing by itself (docs/CLUSTER.md).
 
+mod catalogue;
 mod link;
+mod manifest;
 mod moves;
+mod takeover;
 pub mod view;
 
 use std::sync::atomic::{AtomicBool, AtomicU64};

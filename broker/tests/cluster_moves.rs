@@ -12,36 +12,13 @@ use std::path::Path;
 use common::pg::TestDb;
 use common::{ask, body, check, connect_as, fetch, ids, line, send, setup_receiver, TestBroker};
 
-const AES_KEY: &str = "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=";
-
 /// A durable node of the cluster kept in `db`, over the data directory
 /// `data`.
 fn node(db: &TestDb, node_id: &str, shards: usize, data: &Path) -> TestBroker {
-    TestBroker::start_durable_with(shards, data, "127.0.0.1:0", &sections(db, node_id))
+    common::cluster::durable_node(db, node_id, shards, data)
 }
 
-/// The `[database]` and `[cluster]` sections of node `node_id`.
-fn sections(db: &TestDb, node_id: &str) -> String {
-    format!(
-        "{}\n[cluster]\nenabled = true\nnode_id = \"{node_id}\"\nlease_secs = 5\n",
-        db.config_with_tls(AES_KEY, "disable", None)
-    )
-}
-
-/// A durable node of 2 shards to run as its own process (to kill it): its
-/// config file under `dir`, and its data directory.
-fn process_node(
-    db: &TestDb,
-    node_id: &str,
-    dir: &Path,
-) -> (std::path::PathBuf, std::path::PathBuf) {
-    let data = dir.join("data");
-    let config = dir.join("broker.toml");
-    let text = common::config_text(&common::pki().certs, &data, 2, &sections(db, node_id))
-        .replace(r#"mode = "memory""#, r#"mode = "durable""#);
-    std::fs::write(&config, text).unwrap();
-    (config, data)
-}
+use common::cluster::process_node;
 
 /// Publishes `ids` for receiver_1 through `conn` in batches, asserting
 /// every one is acknowledged.

@@ -252,6 +252,21 @@ pub trait Coordinator: Send + Sync {
     /// Deletes an exchange, if `owner` is the one who declared it.
     fn delete_exchange(&self, name: &str, owner: &str) -> Result<(), ClusterError>;
 
+    /// Records `owner`'s queues and bindings (`data`, opaque here) as its
+    /// node at `epoch` sees them. A write from an epoch lower than the one
+    /// stored is ignored (a node that lost the owner cannot overwrite its
+    /// new node's record); returns whether it was stored.
+    fn put_owner_topology(
+        &self,
+        owner: &str,
+        epoch: u64,
+        data: Vec<u8>,
+    ) -> Result<bool, ClusterError>;
+
+    /// `owner`'s queues and bindings as last recorded, with the epoch of
+    /// the node that recorded them; `None` if never recorded.
+    fn owner_topology(&self, owner: &str) -> Result<Option<(u64, Vec<u8>)>, ClusterError>;
+
     /// Declares `suspect` dead, in one transaction, if its row is still
     /// exactly as the watcher saw it (same incarnation, same heartbeat,
     /// alive): marks it dead, gives each of its owners to one of the other

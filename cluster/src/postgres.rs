@@ -66,6 +66,15 @@ UPDATE cluster_moves SET state = 'aborted', changed = now()
 WHERE (from_node = $1 OR to_node = $1) AND state IN ('requested', 'exported')
 RETURNING owner, epoch";
 
+/// Stores `$1`'s topology `$3` from epoch `$2`, unless a higher epoch
+/// stored one.
+const PUT_OWNER_TOPOLOGY: &str = "
+INSERT INTO cluster_owner_topology (owner, epoch, data, updated) VALUES ($1, $2, $3, now())
+ON CONFLICT (owner) DO UPDATE SET epoch = EXCLUDED.epoch, data = EXCLUDED.data, updated = now()
+WHERE cluster_owner_topology.epoch <= EXCLUDED.epoch";
+
+const OWNER_TOPOLOGY: &str = "SELECT epoch, data FROM cluster_owner_topology WHERE owner = $1";
+
 const RECORD_TAKEOVER: &str = "
 INSERT INTO cluster_takeovers (node_id, incarnation, by_node, at, owners, reason)
 VALUES ($1, $2, $3, now(), $4, $5)";
@@ -812,6 +821,42 @@ impl Coordinator for PgCoordinator {
                     }
                     .into()),
                 }
+            })
+        })
+    }
+
+    fn put_owner_topology(
+        &self,
+        owner: &str,
+        epoch: u64,
+        data: Vec<u8>,
+    ) -> Result<bool, ClusterError> {
+        input::name("owner", owner)?;
+        let epoch = input::bigint("epoch", epoch)?;
+        let owner = owner.to_owned();
+        let action = format!("record the queues of owner {owner:?}");
+        self.call(action, "cluster_owner_topology", move |client| {
+            Box::pin(async move {
+                let stored = client
+                    .execute(PUT_OWNER_TOPOLOGY, &[&owner, &epoch, &data])
+                    .await?;
+                Ok(stored == 1)
+            })
+        })
+    }
+
+    fn owner_topology(&self, owner: &str) -> Result<Option<(u64, Vec<u8>)>, ClusterError> {
+        input::name("owner", owner)?;
+        let owner = owner.to_owned();
+        let action = format!("read the queues of owner {owner:?}");
+        self.call(action, "cluster_owner_topology", move |client| {
+            Box::pin(async move {
+                const TABLE: &str = "cluster_owner_topology";
+                let Some(row) = client.query_opt(OWNER_TOPOLOGY, &[&owner]).await? else {
+                    return Ok(None);
+                };
+                let epoch = unsigned(TABLE, &owner, "epoch", column(&row, 0, TABLE)?)?;
+                Ok(Some((epoch, column(&row, 1, TABLE)?)))
             })
         })
     }

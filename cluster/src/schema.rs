@@ -11,6 +11,9 @@
 //! - `cluster_handoff`: a move's data in parts, until the move ends.
 //! - `cluster_takeovers`: one row per node declared dead: who declared
 //!   it, when, why, and how many owners moved.
+//! - `cluster_owner_topology`: each owner's queues and bindings as its
+//!   node last wrote them (an opaque document), so that a node taking the
+//!   owner over can declare them again.
 //!
 //! Creation runs in one transaction under an advisory lock (keyed by the
 //! schema name), because `CREATE ... IF NOT EXISTS` is not safe when
@@ -62,6 +65,12 @@ CREATE TABLE IF NOT EXISTS {schema}.cluster_takeovers (
     owners integer NOT NULL,
     reason text NOT NULL,
     PRIMARY KEY (node_id, incarnation)
+);
+CREATE TABLE IF NOT EXISTS {schema}.cluster_owner_topology (
+    owner text PRIMARY KEY,
+    epoch bigint NOT NULL CHECK (epoch >= 1),
+    data bytea NOT NULL,
+    updated timestamptz NOT NULL
 );
 CREATE TABLE IF NOT EXISTS {schema}.cluster_exchanges (
     name text PRIMARY KEY,

@@ -189,3 +189,18 @@ fn a_watcher_over_the_real_coordinator_suspects_only_the_silent_node() {
     }
     drop(c);
 }
+
+#[test]
+fn an_owners_topology_is_kept_by_epoch_so_a_node_that_lost_it_cannot_overwrite_it() {
+    let db = TestSchema::new();
+    let [a, b, _c] = three_nodes(&db);
+    assert_eq!(b.owner_topology("r1").unwrap(), None);
+    assert!(a.put_owner_topology("r1", 1, b"at 1".to_vec()).unwrap());
+    assert!(a
+        .put_owner_topology("r1", 1, b"at 1, later".to_vec())
+        .unwrap());
+    assert!(b.put_owner_topology("r1", 2, b"at 2".to_vec()).unwrap());
+    // node-a, still at epoch 1, writes late: refused.
+    assert!(!a.put_owner_topology("r1", 1, b"stale".to_vec()).unwrap());
+    assert_eq!(b.owner_topology("r1").unwrap(), Some((2, b"at 2".to_vec())));
+}

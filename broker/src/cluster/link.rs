@@ -5,8 +5,13 @@
 //! node has work in (`moves`), and, every [`REFRESH`], the live nodes and
 //! the exchange catalogue.
 //!
+//! It also writes each owner's queues and bindings to the owner catalogue
+//! when they change (`catalogue`), and declares them for owners taken over
+//! from a dead node before applying their placements (`takeover`).
+//!
 //! The statements it runs do not depend on the publish rate: a tick is at
-//! most five statements, whatever the traffic (and ticks come every
+//! most five statements (plus one per owner whose queues or bindings
+//! changed, or that was taken over), whatever the traffic (and ticks come every
 //! 20 ms instead of [`POLL`] only while a move is under way). A failed call is logged (at
 //! most once per outage) and the snapshot kept; the next tick tries again.
 
@@ -21,6 +26,7 @@ use ciphermq_proto::ExchangeKind;
 use ciphermq_shard::topology::TopologyChange;
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 
+use super::catalogue::OwnerCatalogue;
 use super::moves::{Handover, Moves};
 use super::{ClusterNode, ClusterStartError, Job};
 use crate::acl::Role;
@@ -54,6 +60,8 @@ struct Link {
     /// Moves this node takes part in.
     moves: Moves,
     handover: Handover,
+    /// What this node last wrote of its owners' queues and bindings.
+    owners: OwnerCatalogue,
 }
 
 /// Joins the cluster, reports on `ready`, then serves until [`Job::Stop`]
@@ -133,8 +141,14 @@ impl Link {
             catalogue: HashSet::new(),
             moves: Moves::default(),
             handover,
+            owners: OwnerCatalogue::default(),
         };
         let changes = link.coordinator.placements_since(0)?;
+        // Owners given to this node while it was away, or before it could
+        // declare their queues.
+        if let Some(shared) = link.shared.upgrade() {
+            super::takeover::adopt(&link.node, &shared, &link.coordinator, &changes.placements)?;
+        }
         link.node.view.apply(&changes.placements);
         link.version = changes.version;
         let nodes = link.coordinator.nodes()?;
@@ -272,10 +286,27 @@ impl Link {
         }
         let changes = self.coordinator.placements_since(self.version);
         if let Some(changes) = self.note("read placement changes", changes) {
-            self.node.view.apply(&changes.placements);
-            self.version = changes.version.max(self.version);
+            // Owners taken over from a dead node get their queues here
+            // before the placement says they live here.
+            let adopted = match self.shared.upgrade() {
+                Some(shared) => super::takeover::adopt(
+                    &self.node,
+                    &shared,
+                    &self.coordinator,
+                    &changes.placements,
+                ),
+                None => Ok(()),
+            };
+            if self.note("take owners over", adopted).is_some() {
+                self.node.view.apply(&changes.placements);
+                self.version = changes.version.max(self.version);
+            }
         }
         if let Some(shared) = self.shared.upgrade() {
+            let written = self
+                .owners
+                .write_changes(&self.node, &shared, &self.coordinator);
+            self.note("record the owners' queues", written);
             let moved = self
                 .moves
                 .tick(&self.node, &shared, &self.coordinator, &self.handover);

@@ -33,12 +33,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ciphermq_cluster::{ClusterError, Coordinator, Move, MoveState, PgCoordinator};
-use ciphermq_proto::ExchangeKind;
 use ciphermq_shard::log::recover_queue;
 use ciphermq_shard::topology::{Actor, TopologyChange};
 use ciphermq_shard::{shard_of, DedupHasher, MeshInjector};
-use serde::{Deserialize, Serialize};
 
+use super::manifest::Manifest;
 use super::ClusterNode;
 use crate::context::Shared;
 
@@ -76,35 +75,6 @@ pub(crate) struct Handover {
     pub window_ms: u64,
     /// Sends steps into the shards.
     pub injector: MeshInjector,
-}
-
-/// An owner's queues and their bindings, as handed over.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct Manifest {
-    owner: String,
-    epoch: u64,
-    queues: Vec<QueueEntry>,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct QueueEntry {
-    name: String,
-    bindings: Vec<BindingEntry>,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct BindingEntry {
-    exchange: String,
-    kind: String,
-    exchange_owner: Option<String>,
-    key: String,
-    bound_by: Option<BoundBy>,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-enum BoundBy {
-    Admin,
-    Receiver(String),
 }
 
 /// An owner this node stopped serving, waiting for the new node.
@@ -741,39 +711,7 @@ fn stop_and_detach(
 
 /// The owner's queues and their bindings, from the topology.
 fn manifest_of(shared: &Arc<Shared>, m: &Move, names: &[Arc<str>]) -> Manifest {
-    let topology = shared.topology.snapshot();
-    let queues = names
-        .iter()
-        .map(|name| {
-            let mut bindings = Vec::new();
-            for (exchange, ex) in topology.exchanges() {
-                for (key, target) in ex.bindings() {
-                    if target.queue != *name {
-                        continue;
-                    }
-                    bindings.push(BindingEntry {
-                        exchange: exchange.to_owned(),
-                        kind: ex.kind().as_str().to_owned(),
-                        exchange_owner: topology.exchange_owner(exchange).map(str::to_owned),
-                        key: key.to_owned(),
-                        bound_by: topology.binder(exchange, key, name).map(|a| match a {
-                            Actor::Admin => BoundBy::Admin,
-                            Actor::Receiver(cn) => BoundBy::Receiver(cn.to_string()),
-                        }),
-                    });
-                }
-            }
-            QueueEntry {
-                name: name.to_string(),
-                bindings,
-            }
-        })
-        .collect();
-    Manifest {
-        owner: m.owner.clone(),
-        epoch: m.epoch,
-        queues,
-    }
+    Manifest::of(&shared.topology.snapshot(), &m.owner, m.epoch, names)
 }
 
 /// The hand-over of a moving directory: [`MAGIC`], then each file as
@@ -870,26 +808,6 @@ fn unpack(archive: &[u8]) -> Result<(Manifest, Vec<HandedFile<'_>>), String> {
     Ok((manifest, files))
 }
 
-/// Refuses a hand-over listing a queue whose name belongs to another
-/// receiver than the owner moved (by this node's ACL): taking it would
-/// give the owner a queue that is not its own.
-fn foreign_queue<'a>(
-    manifest: &Manifest,
-    owner_of: impl Fn(&str) -> Option<&'a str>,
-) -> Result<(), StepError> {
-    for q in &manifest.queues {
-        if let Some(named) = owner_of(&q.name) {
-            if named != manifest.owner {
-                return Err(format!(
-                    "hand-over of owner {} lists queue {}, which belongs to {named}",
-                    manifest.owner, q.name
-                ));
-            }
-        }
-    }
-    Ok(())
-}
-
 /// Step 3 on the new node: reads the hand-over, writes its queues under
 /// `queues/` and serves them (not yet to clients: the placement is still
 /// the old node's). Returns the queue names.
@@ -915,7 +833,7 @@ fn take(
         return Err("hand-over is of another move".to_owned());
     }
     let policy = shared.policy.current();
-    foreign_queue(&manifest, |queue| policy.acl.queue_owner(queue))?;
+    manifest.foreign_queue(|queue| policy.acl.queue_owner(queue))?;
     for q in &manifest.queues {
         let target = ciphermq_shard::log::queue_dir(data_dir, &q.name);
         if target.exists() || shared.topology.snapshot().queue(&q.name).is_some() {
@@ -985,41 +903,7 @@ fn serve(
     data_dir: &Path,
     manifest: &Manifest,
 ) -> Result<(), StepError> {
-    let submit =
-        |change: TopologyChange| futures_lite::future::block_on(shared.topology.submit(change));
-    for q in &manifest.queues {
-        submit(TopologyChange::DeclareQueue {
-            name: q.name.clone(),
-            owner: manifest.owner.clone(),
-            by: None,
-        })
-        .map_err(|e| format!("queue {}: {e}", q.name))?;
-    }
-    for q in &manifest.queues {
-        for b in &q.bindings {
-            if shared.topology.snapshot().exchange(&b.exchange).is_none() {
-                if let Some(kind) = ExchangeKind::parse(&b.kind) {
-                    let _ = submit(TopologyChange::DeclareExchange {
-                        name: b.exchange.clone(),
-                        kind,
-                        owner: b.exchange_owner.clone(),
-                    });
-                }
-            }
-            let by = b.bound_by.as_ref().map(|a| match a {
-                BoundBy::Admin => Actor::Admin,
-                BoundBy::Receiver(cn) => Actor::receiver(cn),
-            });
-            if let Err(e) = submit(TopologyChange::Bind {
-                queue: q.name.clone(),
-                exchange: b.exchange.clone(),
-                key: b.key.clone(),
-                by,
-            }) {
-                tracing::warn!(queue = %q.name, exchange = %b.exchange, key = %b.key, error = %e, "a moved queue's binding was not made again here");
-            }
-        }
-    }
+    manifest.declare(shared)?;
     let shards = handover.injector.shards();
     let home = shard_of(&manifest.owner, shards) as usize;
     for q in &manifest.queues {
@@ -1101,6 +985,7 @@ fn drop_taken(shared: &Arc<Shared>, handover: &Handover, data_dir: &Path, m: &Mo
 
 #[cfg(test)]
 mod tests {
+    use super::super::manifest::QueueEntry;
     use super::*;
 
     fn manifest(owner: &str, queues: &[&str]) -> Manifest {
@@ -1127,14 +1012,14 @@ mod tests {
     #[test]
     fn a_hand_over_may_list_only_the_owners_queues() {
         let own = manifest("receiver_1", &["receiver_1_queue", "receiver_1_queue.dlq"]);
-        assert_eq!(foreign_queue(&own, owner_of), Ok(()));
+        assert_eq!(own.foreign_queue(owner_of), Ok(()));
         // An admin's queue names no receiver: its recorded owner stands.
         assert_eq!(
-            foreign_queue(&manifest("admin", &["audit"]), owner_of),
+            manifest("admin", &["audit"]).foreign_queue(owner_of),
             Ok(())
         );
         let stolen = manifest("receiver_1", &["receiver_1_queue", "receiver_2_queue"]);
-        let e = foreign_queue(&stolen, owner_of).unwrap_err();
+        let e = stolen.foreign_queue(owner_of).unwrap_err();
         assert!(
             e.contains("receiver_2_queue") && e.contains("belongs to receiver_2"),
             "{e}"

@@ -14,6 +14,7 @@ use ciphermq_shard::shard_of;
 pub mod admin_http;
 pub mod ca;
 pub mod carry;
+pub mod cluster;
 pub mod hostile;
 pub mod pg;
 pub mod process;

@@ -1,0 +1,215 @@
+//! Taking an owner over from a dead node (`cluster.storage = "local"`),
+//! against real brokers and the real PostgreSQL: every node writes its
+//! owners' queues and bindings to the owner catalogue as they change; when
+//! a node is declared dead, the node its owner goes to serves it at the
+//! next epoch with its queues and bindings, empty; and the dead node, back,
+//! serves none of it and keeps its backlog on disk.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use ciphermq_cluster::{Coordinator, PgCoordinator, PgCoordinatorConfig, Suspect};
+use common::cluster::{durable_node, process_node};
+use common::pg::TestDb;
+use common::{body, check, connect_as, fetch, ids, line, send, setup_receiver};
+
+/// The owner catalogue's record of `owner`, as (epoch, JSON), once it
+/// satisfies `done` (waited for up to a minute).
+async fn record_of(
+    db: &TestDb,
+    owner: &str,
+    done: impl Fn(&serde_json::Value) -> bool,
+) -> (i64, serde_json::Value) {
+    let client = db.client().await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut last = None;
+    loop {
+        let row = client
+            .query_opt(
+                "SELECT epoch, data FROM ciphermq_cluster.cluster_owner_topology WHERE owner = $1",
+                &[&owner],
+            )
+            .await
+            .ok()
+            .flatten();
+        if let Some(row) = row {
+            let epoch: i64 = row.get(0);
+            let data: Vec<u8> = row.get(1);
+            let json: serde_json::Value = serde_json::from_slice(&data).expect("a JSON record");
+            if done(&json) {
+                return (epoch, json);
+            }
+            last = Some(json);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the catalogue's record of {owner} never became as expected: {last:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The queue names and (queue, exchange, key) bindings of a record.
+fn shape(record: &serde_json::Value) -> (Vec<String>, Vec<(String, String, String)>) {
+    let mut queues = Vec::new();
+    let mut bindings = Vec::new();
+    for q in record["queues"].as_array().expect("queues") {
+        let name = q["name"].as_str().unwrap().to_owned();
+        for b in q["bindings"].as_array().unwrap() {
+            bindings.push((
+                name.clone(),
+                b["exchange"].as_str().unwrap().to_owned(),
+                b["key"].as_str().unwrap().to_owned(),
+            ));
+        }
+        queues.push(name);
+    }
+    (queues, bindings)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_owners_queues_and_bindings_reach_the_catalogue_as_they_change() {
+    let db = TestDb::create().await;
+    let dir = tempfile::tempdir().unwrap();
+    let a = durable_node(&db, "node-a", 2, dir.path());
+    let mut r1 = connect_as(&a, "receiver_1").await;
+    setup_receiver(&mut r1, "receiver_1").await;
+    let (epoch, record) = record_of(&db, "receiver_1", |r| !shape(r).1.is_empty()).await;
+    assert_eq!(epoch, 1);
+    assert_eq!(record["owner"], "receiver_1");
+    assert_eq!(
+        shape(&record),
+        (
+            vec!["receiver_1_queue".to_owned()],
+            vec![("receiver_1_queue".into(), "ex".into(), "receiver_1".into())]
+        )
+    );
+
+    check(
+        &mut r1,
+        "unbind receiver_1_queue ex receiver_1",
+        "OK unbind receiver_1_queue ex receiver_1",
+    )
+    .await;
+    record_of(&db, "receiver_1", |r| {
+        shape(r) == (vec!["receiver_1_queue".to_owned()], Vec::new())
+    })
+    .await;
+    check(
+        &mut r1,
+        "delete_queue receiver_1_queue",
+        "OK delete_queue receiver_1_queue",
+    )
+    .await;
+    record_of(&db, "receiver_1", |r| shape(r) == (Vec::new(), Vec::new())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_declared_dead_is_served_by_its_new_node_and_its_old_node_back_serves_none_of_it()
+{
+    use common::process::BrokerProcess;
+    let db = TestDb::create().await;
+    let dir_a = tempfile::tempdir().unwrap();
+    let (config_a, data_a) = process_node(&db, "node-a", dir_a.path());
+    let a = BrokerProcess::start(&config_a);
+    let dir_b = tempfile::tempdir().unwrap();
+    let b = durable_node(&db, "node-b", 1, dir_b.path());
+
+    // receiver_1 lives on node-a with a backlog of 50.
+    let mut r1 = a.connect("receiver_1").await;
+    setup_receiver(&mut r1, "receiver_1").await;
+    let mut sender_a = a.connect("sender_1").await;
+    for i in 0..50 {
+        let id = format!("old{i:02}");
+        check(
+            &mut sender_a,
+            &format!("publish ex receiver_1 {}", body(&id, "receiver_1")),
+            &format!("ACK {id}"),
+        )
+        .await;
+    }
+    record_of(&db, "receiver_1", |r| !shape(r).1.is_empty()).await;
+
+    // node-a dies; the test declares it dead, as a watcher would.
+    a.kill();
+    drop((r1, sender_a));
+    let coordinator = PgCoordinator::connect(PgCoordinatorConfig {
+        dbname: db.name.clone(),
+        ..PgCoordinatorConfig::default()
+    })
+    .expect("coordinator");
+    let seen = coordinator
+        .nodes()
+        .unwrap()
+        .into_iter()
+        .find(|n| n.node_id == "node-a")
+        .expect("node-a listed");
+    let suspect = Suspect {
+        node_id: seen.node_id,
+        incarnation: seen.incarnation,
+        heartbeat_stamp: seen.heartbeat_stamp,
+        silent_for: Duration::from_secs(6),
+    };
+    let takeover = coordinator
+        .declare_dead(
+            &suspect,
+            "test",
+            "killed by the test",
+            Duration::from_secs(5),
+        )
+        .expect("declared dead");
+    assert_eq!(takeover.placements.len(), 1);
+    assert_eq!(takeover.placements[0].node_id, "node-b");
+    assert_eq!(takeover.placements[0].epoch, 2);
+
+    // node-b serves receiver_1 at epoch 2, its queue and binding declared,
+    // empty: the backlog stayed on node-a's disk.
+    let mut r1_b = connect_as(&b, "receiver_1").await;
+    let here = format!("OK locate receiver_1 node-b {} 2", b.addr);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        send(&mut r1_b, "locate receiver_1").await;
+        if line(&mut r1_b).await == here {
+            break;
+        }
+        assert!(Instant::now() < deadline, "node-b never took receiver_1");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut sender_b = connect_as(&b, "sender_1").await;
+    let fresh: Vec<String> = (0..10).map(|i| format!("new{i:02}")).collect();
+    for id in &fresh {
+        check(
+            &mut sender_b,
+            &format!("publish ex receiver_1 {}", body(id, "receiver_1")),
+            &format!("ACK {id}"),
+        )
+        .await;
+    }
+    let got = fetch(&mut r1_b, "receiver_1_queue", 100).await;
+    assert_eq!(ids(&got), fresh, "only what came after the takeover");
+
+    // node-a comes back: it serves none of receiver_1 and sends everyone
+    // to node-b at epoch 2; the backlog is still on its disk.
+    let a = BrokerProcess::start(&config_a);
+    let there = format!("receiver_1 node-b {} 2", b.addr);
+    let mut r1_a = a.connect("receiver_1").await;
+    check(
+        &mut r1_a,
+        "consume receiver_1_queue 10",
+        &format!("Error: moved {there}"),
+    )
+    .await;
+    let mut sender_a = a.connect("sender_1").await;
+    check(
+        &mut sender_a,
+        &format!("publish ex receiver_1 {}", body("late", "receiver_1")),
+        &format!("NACK late moved {there}"),
+    )
+    .await;
+    assert!(
+        data_a.join("queues").join("receiver_1_queue").exists(),
+        "the backlog stays on node-a's disk"
+    );
+    drop(a);
+}

@@ -1,0 +1,36 @@
+//! Nodes of a cluster kept in a test database: their config sections, a
+//! durable node in this process, and the files of one to run as a process
+//! of its own (to kill it).
+
+use std::path::{Path, PathBuf};
+
+use super::pg::TestDb;
+use super::TestBroker;
+
+/// The `[encryption]` key every node of a test cluster shares.
+pub const AES_KEY: &str = "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=";
+
+/// The `[database]` and `[cluster]` sections of node `node_id` (lease 5 s).
+pub fn sections(db: &TestDb, node_id: &str) -> String {
+    format!(
+        "{}\n[cluster]\nenabled = true\nnode_id = \"{node_id}\"\nlease_secs = 5\n",
+        db.config_with_tls(AES_KEY, "disable", None)
+    )
+}
+
+/// A durable node of the cluster kept in `db`, over the data directory
+/// `data`.
+pub fn durable_node(db: &TestDb, node_id: &str, shards: usize, data: &Path) -> TestBroker {
+    TestBroker::start_durable_with(shards, data, "127.0.0.1:0", &sections(db, node_id))
+}
+
+/// A durable node of 2 shards to run as its own process: its config file
+/// under `dir`, and its data directory.
+pub fn process_node(db: &TestDb, node_id: &str, dir: &Path) -> (PathBuf, PathBuf) {
+    let data = dir.join("data");
+    let config = dir.join("broker.toml");
+    let text = super::config_text(&super::pki().certs, &data, 2, &sections(db, node_id))
+        .replace(r#"mode = "memory""#, r#"mode = "durable""#);
+    std::fs::write(&config, text).unwrap();
+    (config, data)
+}
