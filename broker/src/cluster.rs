@@ -17,6 +17,7 @@
 //! nothing by itself (docs/CLUSTER.md).
 
 mod catalogue;
+mod handback;
 mod link;
 mod manifest;
 mod moves;

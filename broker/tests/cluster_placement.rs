@@ -456,8 +456,9 @@ async fn coordinator_calls_per_second_do_not_grow_with_the_publish_rate() {
     );
     assert!(published >= 500);
     // The poll's pace, not the publishes': every 200 ms two reads
-    // (placements, moves), every 500 ms two more (nodes, exchanges), a
-    // heartbeat every lease/3: about 15/s whatever the load, where one
+    // (placements, moves), every 500 ms three more (nodes, exchanges,
+    // backlogs given back), a heartbeat every lease/3: about 17/s whatever
+    // the load, where one
     // call per publish would be thousands a second. (A ceiling, not a comparison with the idle rate:
     // a busy host slows ticks, never adds to them.)
     assert!(

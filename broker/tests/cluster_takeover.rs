@@ -3,7 +3,8 @@
 //! owners' queues and bindings to the owner catalogue as they change; when
 //! a node is declared dead, the node its owner goes to serves it at the
 //! next epoch with its queues and bindings, empty; and the dead node, back,
-//! serves none of it and keeps its backlog on disk.
+//! serves none of it and gives its backlog back to the owner's new node,
+//! which stores it after what it holds, deduplicated.
 
 mod common;
 
@@ -106,8 +107,8 @@ async fn each_owners_queues_and_bindings_reach_the_catalogue_as_they_change() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_owner_declared_dead_is_served_by_its_new_node_and_its_old_node_back_serves_none_of_it()
-{
+async fn an_owner_declared_dead_is_served_by_its_new_node_and_its_old_node_back_gives_its_backlog_back(
+) {
     use common::process::BrokerProcess;
     let db = TestDb::create().await;
     let dir_a = tempfile::tempdir().unwrap();
@@ -190,7 +191,7 @@ async fn an_owner_declared_dead_is_served_by_its_new_node_and_its_old_node_back_
     assert_eq!(ids(&got), fresh, "only what came after the takeover");
 
     // node-a comes back: it serves none of receiver_1 and sends everyone
-    // to node-b at epoch 2; the backlog is still on its disk.
+    // to node-b at epoch 2.
     let a = BrokerProcess::start(&config_a);
     let there = format!("receiver_1 node-b {} 2", b.addr);
     let mut r1_a = a.connect("receiver_1").await;
@@ -207,9 +208,35 @@ async fn an_owner_declared_dead_is_served_by_its_new_node_and_its_old_node_back_
         &format!("NACK late moved {there}"),
     )
     .await;
-    assert!(
-        data_a.join("queues").join("receiver_1_queue").exists(),
-        "the backlog stays on node-a's disk"
-    );
+
+    // node-a gives the backlog back: node-b stores it after what its queue
+    // holds, in order, and node-a deletes its copy.
+    let old: Vec<String> = (0..50).map(|i| format!("old{i:02}")).collect();
+    let mut handed = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while handed.len() < old.len() {
+        assert!(
+            Instant::now() < deadline,
+            "the backlog was not given back: {} of {} arrived",
+            handed.len(),
+            old.len()
+        );
+        let got = fetch(&mut r1_b, "receiver_1_queue", 100).await;
+        if got.is_empty() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        handed.extend(ids(&got));
+    }
+    assert_eq!(handed, old, "the old backlog, once each, in order");
+    let gone =
+        |p: &std::path::Path| !p.exists() || p.read_dir().map_or(true, |mut d| d.next().is_none());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !(gone(&data_a.join("queues").join("receiver_1_queue")) && gone(&data_a.join("handback")))
+    {
+        assert!(Instant::now() < deadline, "node-a kept its copy");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Nothing more comes.
+    assert!(fetch(&mut r1_b, "receiver_1_queue", 100).await.is_empty());
     drop(a);
 }

@@ -25,6 +25,18 @@ pub struct NodeInfo {
     pub heartbeat_stamp: i64,
 }
 
+/// A backlog offered back by a node that lost its owner while away
+/// ([`Coordinator::offer_handback`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Handback {
+    /// The owner.
+    pub owner: String,
+    /// The node that held the backlog.
+    pub from_node: String,
+    /// How many parts it is in.
+    pub parts: u32,
+}
+
 /// A node declared dead and where its owners went
 /// ([`Coordinator::declare_dead`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -251,6 +263,43 @@ pub trait Coordinator: Send + Sync {
 
     /// Deletes an exchange, if `owner` is the one who declared it.
     fn delete_exchange(&self, name: &str, owner: &str) -> Result<(), ClusterError>;
+
+    /// Stores part `part` (from 0) of the backlog `from_node` gives back
+    /// for `owner`.
+    fn put_handback_part(
+        &self,
+        owner: &str,
+        from_node: &str,
+        part: u32,
+        data: Vec<u8>,
+    ) -> Result<(), ClusterError>;
+
+    /// Offers the backlog of `owner` stored in `parts` parts to whichever
+    /// node holds the owner (parts beyond are dropped; an earlier offer,
+    /// done or not, is replaced).
+    fn offer_handback(&self, owner: &str, from_node: &str, parts: u32) -> Result<(), ClusterError>;
+
+    /// The backlogs offered to `node_id` (for owners placed on it), not
+    /// taken yet. One statement, cheap enough to poll.
+    fn handbacks_for(&self, node_id: &str) -> Result<Vec<Handback>, ClusterError>;
+
+    /// Part `part` of an offered backlog (`None` past the last).
+    fn handback_part(
+        &self,
+        owner: &str,
+        from_node: &str,
+        part: u32,
+    ) -> Result<Option<Vec<u8>>, ClusterError>;
+
+    /// Marks an offered backlog taken (every message of it is on the taker's
+    /// disk) and drops its parts; the node that offered it then deletes
+    /// its copy.
+    fn finish_handback(&self, owner: &str, from_node: &str) -> Result<(), ClusterError>;
+
+    /// Whether the backlog `from_node` offered for `owner` was taken
+    /// (`Some(true)`), is still offered (`Some(false)`), or was never
+    /// offered (`None`).
+    fn handback_taken(&self, owner: &str, from_node: &str) -> Result<Option<bool>, ClusterError>;
 
     /// Records `owner`'s queues and bindings (`data`, opaque here) as its
     /// node at `epoch` sees them. A write from an epoch lower than the one

@@ -53,7 +53,8 @@ mod worker;
 
 pub use config::PgCoordinatorConfig;
 pub use coordinator::{
-    Coordinator, Exchange, Move, MoveState, NodeInfo, Placement, PlacementChanges, Takeover,
+    Coordinator, Exchange, Handback, Move, MoveState, NodeInfo, Placement, PlacementChanges,
+    Takeover,
 };
 pub use error::ClusterError;
 pub use postgres::PgCoordinator;

@@ -8,7 +8,8 @@ use tokio_postgres::{Client, Row};
 
 use crate::config::PgCoordinatorConfig;
 use crate::coordinator::{
-    Coordinator, Exchange, Move, MoveState, NodeInfo, Placement, PlacementChanges, Takeover,
+    Coordinator, Exchange, Handback, Move, MoveState, NodeInfo, Placement, PlacementChanges,
+    Takeover,
 };
 use crate::error::ClusterError;
 use crate::input;
@@ -65,6 +66,35 @@ const ABORT_MOVES_OF: &str = "
 UPDATE cluster_moves SET state = 'aborted', changed = now()
 WHERE (from_node = $1 OR to_node = $1) AND state IN ('requested', 'exported')
 RETURNING owner, epoch";
+
+const PUT_HANDBACK_PART: &str = "
+INSERT INTO cluster_handback_parts (owner, from_node, part, data) VALUES ($1, $2, $3, $4)
+ON CONFLICT (owner, from_node, part) DO UPDATE SET data = EXCLUDED.data";
+
+const OFFER_HANDBACK: &str = "
+INSERT INTO cluster_handbacks (owner, from_node, parts, state, changed)
+VALUES ($1, $2, $3, 'offered', now())
+ON CONFLICT (owner, from_node) DO UPDATE SET parts = EXCLUDED.parts, state = 'offered', changed = now()";
+
+const DROP_HANDBACK_PARTS_FROM: &str =
+    "DELETE FROM cluster_handback_parts WHERE owner = $1 AND from_node = $2 AND part >= $3";
+
+/// Offered backlogs of owners placed on `$1`.
+const HANDBACKS_FOR: &str = "
+SELECT h.owner, h.from_node, h.parts FROM cluster_handbacks h
+JOIN cluster_placements p ON p.owner = h.owner
+WHERE p.node_id = $1 AND h.state = 'offered'
+ORDER BY h.owner COLLATE \"C\", h.from_node COLLATE \"C\"";
+
+const HANDBACK_PART: &str =
+    "SELECT data FROM cluster_handback_parts WHERE owner = $1 AND from_node = $2 AND part = $3";
+
+const FINISH_HANDBACK: &str = "
+UPDATE cluster_handbacks SET state = 'done', changed = now()
+WHERE owner = $1 AND from_node = $2 AND state = 'offered'";
+
+const HANDBACK_STATE: &str =
+    "SELECT state FROM cluster_handbacks WHERE owner = $1 AND from_node = $2";
 
 /// Stores `$1`'s topology `$3` from epoch `$2`, unless a higher epoch
 /// stored one.
@@ -820,6 +850,144 @@ impl Coordinator for PgCoordinator {
                         stored_owner: exchange(&row)?.owner,
                     }
                     .into()),
+                }
+            })
+        })
+    }
+
+    fn put_handback_part(
+        &self,
+        owner: &str,
+        from_node: &str,
+        part: u32,
+        data: Vec<u8>,
+    ) -> Result<(), ClusterError> {
+        input::name("owner", owner)?;
+        input::name("node id", from_node)?;
+        let part = i32::try_from(part).map_err(|_| ClusterError::BadInput {
+            what: "part",
+            value: part.to_string(),
+            why: "too large",
+        })?;
+        let (owner, from_node) = (owner.to_owned(), from_node.to_owned());
+        let action =
+            format!("store a part of the backlog of owner {owner:?} from node {from_node:?}");
+        self.call(action, "cluster_handback_parts", move |client| {
+            Box::pin(async move {
+                client
+                    .execute(PUT_HANDBACK_PART, &[&owner, &from_node, &part, &data])
+                    .await?;
+                Ok(())
+            })
+        })
+    }
+
+    fn offer_handback(&self, owner: &str, from_node: &str, parts: u32) -> Result<(), ClusterError> {
+        input::name("owner", owner)?;
+        input::name("node id", from_node)?;
+        let parts = i32::try_from(parts).map_err(|_| ClusterError::BadInput {
+            what: "parts",
+            value: parts.to_string(),
+            why: "too large",
+        })?;
+        let (owner, from_node) = (owner.to_owned(), from_node.to_owned());
+        let action = format!("offer the backlog of owner {owner:?} from node {from_node:?}");
+        self.call(action, "cluster_handbacks", move |client| {
+            Box::pin(async move {
+                let tx = client.transaction().await?;
+                tx.execute(DROP_HANDBACK_PARTS_FROM, &[&owner, &from_node, &parts])
+                    .await?;
+                tx.execute(OFFER_HANDBACK, &[&owner, &from_node, &parts])
+                    .await?;
+                tx.commit().await?;
+                Ok(())
+            })
+        })
+    }
+
+    fn handbacks_for(&self, node_id: &str) -> Result<Vec<Handback>, ClusterError> {
+        input::name("node id", node_id)?;
+        let node_id = node_id.to_owned();
+        let action = format!("read the backlogs offered to node {node_id:?}");
+        self.call(action, "cluster_handbacks", move |client| {
+            Box::pin(async move {
+                const TABLE: &str = "cluster_handbacks";
+                let mut found = Vec::new();
+                for row in client.query(HANDBACKS_FOR, &[&node_id]).await? {
+                    let owner: String = column(&row, 0, TABLE)?;
+                    let parts: i32 = column(&row, 2, TABLE)?;
+                    let parts = unsigned(TABLE, &owner, "parts", i64::from(parts))? as u32;
+                    found.push(Handback {
+                        from_node: column(&row, 1, TABLE)?,
+                        owner,
+                        parts,
+                    });
+                }
+                Ok(found)
+            })
+        })
+    }
+
+    fn handback_part(
+        &self,
+        owner: &str,
+        from_node: &str,
+        part: u32,
+    ) -> Result<Option<Vec<u8>>, ClusterError> {
+        input::name("owner", owner)?;
+        input::name("node id", from_node)?;
+        let part = i32::try_from(part).unwrap_or(i32::MAX);
+        let (owner, from_node) = (owner.to_owned(), from_node.to_owned());
+        let action =
+            format!("read a part of the backlog of owner {owner:?} from node {from_node:?}");
+        self.call(action, "cluster_handback_parts", move |client| {
+            Box::pin(async move {
+                let row = client
+                    .query_opt(HANDBACK_PART, &[&owner, &from_node, &part])
+                    .await?;
+                match row {
+                    Some(row) => Ok(Some(column(&row, 0, "cluster_handback_parts")?)),
+                    None => Ok(None),
+                }
+            })
+        })
+    }
+
+    fn finish_handback(&self, owner: &str, from_node: &str) -> Result<(), ClusterError> {
+        input::name("owner", owner)?;
+        input::name("node id", from_node)?;
+        let (owner, from_node) = (owner.to_owned(), from_node.to_owned());
+        let action =
+            format!("finish taking the backlog of owner {owner:?} from node {from_node:?}");
+        self.call(action, "cluster_handbacks", move |client| {
+            Box::pin(async move {
+                let tx = client.transaction().await?;
+                tx.execute(FINISH_HANDBACK, &[&owner, &from_node]).await?;
+                tx.execute(DROP_HANDBACK_PARTS_FROM, &[&owner, &from_node, &0i32])
+                    .await?;
+                tx.commit().await?;
+                Ok(())
+            })
+        })
+    }
+
+    fn handback_taken(&self, owner: &str, from_node: &str) -> Result<Option<bool>, ClusterError> {
+        input::name("owner", owner)?;
+        input::name("node id", from_node)?;
+        let (owner, from_node) = (owner.to_owned(), from_node.to_owned());
+        let action =
+            format!("read the state of the backlog of owner {owner:?} from node {from_node:?}");
+        self.call(action, "cluster_handbacks", move |client| {
+            Box::pin(async move {
+                let row = client
+                    .query_opt(HANDBACK_STATE, &[&owner, &from_node])
+                    .await?;
+                match row {
+                    Some(row) => {
+                        let state: String = column(&row, 0, "cluster_handbacks")?;
+                        Ok(Some(state == "done"))
+                    }
+                    None => Ok(None),
                 }
             })
         })

@@ -11,6 +11,9 @@
 //! - `cluster_handoff`: a move's data in parts, until the move ends.
 //! - `cluster_takeovers`: one row per node declared dead: who declared
 //!   it, when, why, and how many owners moved.
+//! - `cluster_handbacks`, `cluster_handback_parts`: the backlog of an
+//!   owner that a node lost while away (taken over), offered in parts to
+//!   whichever node holds the owner now: `offered` → `done`.
 //! - `cluster_owner_topology`: each owner's queues and bindings as its
 //!   node last wrote them (an opaque document), so that a node taking the
 //!   owner over can declare them again.
@@ -65,6 +68,21 @@ CREATE TABLE IF NOT EXISTS {schema}.cluster_takeovers (
     owners integer NOT NULL,
     reason text NOT NULL,
     PRIMARY KEY (node_id, incarnation)
+);
+CREATE TABLE IF NOT EXISTS {schema}.cluster_handbacks (
+    owner text NOT NULL,
+    from_node text NOT NULL,
+    parts integer NOT NULL CHECK (parts >= 0),
+    state text NOT NULL CHECK (state IN ('offered', 'done')),
+    changed timestamptz NOT NULL,
+    PRIMARY KEY (owner, from_node)
+);
+CREATE TABLE IF NOT EXISTS {schema}.cluster_handback_parts (
+    owner text NOT NULL,
+    from_node text NOT NULL,
+    part integer NOT NULL CHECK (part >= 0),
+    data bytea NOT NULL,
+    PRIMARY KEY (owner, from_node, part)
 );
 CREATE TABLE IF NOT EXISTS {schema}.cluster_owner_topology (
     owner text PRIMARY KEY,

@@ -36,8 +36,8 @@ fn nodes_starting_at_once_create_the_schema_once_and_again_is_harmless() {
     assert_eq!(again.locate("alice").unwrap().unwrap().epoch, 1);
     assert_eq!(
         db.scalar("SELECT count(*) FROM information_schema.tables WHERE table_schema = '{schema}'"),
-        7,
-        "cluster_nodes, cluster_placements, cluster_exchanges, cluster_moves, cluster_handoff, cluster_takeovers, cluster_owner_topology"
+        9,
+        "cluster_nodes, cluster_placements, cluster_exchanges, cluster_moves, cluster_handoff, cluster_takeovers, cluster_owner_topology, cluster_handbacks, cluster_handback_parts"
     );
 }
 

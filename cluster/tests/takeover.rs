@@ -204,3 +204,52 @@ fn an_owners_topology_is_kept_by_epoch_so_a_node_that_lost_it_cannot_overwrite_i
     assert!(!a.put_owner_topology("r1", 1, b"stale".to_vec()).unwrap());
     assert_eq!(b.owner_topology("r1").unwrap(), Some((2, b"at 2".to_vec())));
 }
+
+#[test]
+fn a_backlog_given_back_is_offered_to_whoever_holds_the_owner_until_taken() {
+    let db = TestSchema::new();
+    let [a, b, c] = three_nodes(&db);
+    b.declare_dead(&seen(&b, "node-a"), "node-b", "test", LEASE)
+        .unwrap();
+    // node-a is back: it gives r1's backlog (held by node-b now) back.
+    a.register("node-a", "127.0.0.1:5700").unwrap();
+    assert_eq!(a.handback_taken("r1", "node-a").unwrap(), None);
+    for (i, part) in [b"one".to_vec(), b"two".to_vec(), b"old".to_vec()]
+        .into_iter()
+        .enumerate()
+    {
+        a.put_handback_part("r1", "node-a", i as u32, part).unwrap();
+    }
+    a.offer_handback("r1", "node-a", 2).unwrap();
+    assert_eq!(a.handback_taken("r1", "node-a").unwrap(), Some(false));
+    let offered = b.handbacks_for("node-b").unwrap();
+    assert_eq!(offered.len(), 1);
+    assert_eq!(
+        (
+            offered[0].owner.as_str(),
+            offered[0].from_node.as_str(),
+            offered[0].parts
+        ),
+        ("r1", "node-a", 2)
+    );
+    assert!(
+        c.handbacks_for("node-c").unwrap().is_empty(),
+        "r1 is not on node-c"
+    );
+    assert_eq!(
+        b.handback_part("r1", "node-a", 1).unwrap(),
+        Some(b"two".to_vec())
+    );
+    assert_eq!(
+        b.handback_part("r1", "node-a", 2).unwrap(),
+        None,
+        "the extra part was dropped"
+    );
+    b.finish_handback("r1", "node-a").unwrap();
+    assert_eq!(a.handback_taken("r1", "node-a").unwrap(), Some(true));
+    assert!(b.handbacks_for("node-b").unwrap().is_empty());
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM {schema}.cluster_handback_parts"),
+        0
+    );
+}

@@ -69,7 +69,7 @@ pub use message::{DedupHasher, DedupKey, Message, Route};
 pub use placement::{shard_of, ConnRef, ShardId};
 pub use queue::{Delivery, QueueSettings};
 pub use quota::{Quotas, Resource, Usage};
-pub use shard::{ChoreProgress, PublishStatus, QueueStats, Shard};
+pub use shard::{ChoreProgress, PublishStatus, QueueStats, Shard, TakenBack};
 pub use topology::{
     ChangeResult, QueueInfo, Topology, TopologyChange, TopologyError, TopologySink, TopologyStore,
     TopologyView,

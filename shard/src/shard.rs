@@ -6,6 +6,9 @@
 //! piece of work.
 
 mod moving;
+mod take_back;
+
+pub use take_back::TakenBack;
 
 use std::collections::hash_map::Entry as MapEntry;
 use std::collections::{HashMap, HashSet, VecDeque};

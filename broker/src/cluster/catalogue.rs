@@ -30,19 +30,20 @@ pub(crate) struct OwnerCatalogue {
 }
 
 impl OwnerCatalogue {
-    /// Writes what changed since the last call; nothing when neither the
-    /// topology nor the placements changed (one comparison per tick).
+    /// Writes what changed since the last call, and says how many owners
+    /// it wrote; nothing when neither the topology nor the placements
+    /// changed (one comparison per tick).
     pub(crate) fn write_changes(
         &mut self,
         node: &ClusterNode,
         shared: &Shared,
         coordinator: &PgCoordinator,
-    ) -> Result<(), ClusterError> {
+    ) -> Result<usize, ClusterError> {
         let topology = shared.topology.snapshot();
         let (view_version, placements) = node.view.current();
         let at = (topology.version(), view_version);
         if self.written_at == Some(at) {
-            return Ok(());
+            return Ok(0);
         }
         let me = &*node.node_id;
         let here = |owner: &str| {
@@ -65,10 +66,12 @@ impl OwnerCatalogue {
                 );
             }
         }
+        let mut wrote = 0;
         for (owner, manifest) in &now {
             if self.written.get(owner) == Some(manifest) {
                 continue;
             }
+            wrote += 1;
             let data = serde_json::to_vec(manifest).map_err(|_| ClusterError::BadInput {
                 what: "owner topology",
                 value: owner.clone(),
@@ -80,6 +83,6 @@ impl OwnerCatalogue {
         // Owners no longer held here are no longer this node's to write.
         self.written.retain(|owner, _| here(owner).is_some());
         self.written_at = Some(at);
-        Ok(())
+        Ok(wrote)
     }
 }

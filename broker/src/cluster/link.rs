@@ -7,13 +7,16 @@
 //!
 //! It also writes each owner's queues and bindings to the owner catalogue
 //! when they change (`catalogue`), and declares them for owners taken over
-//! from a dead node before applying their placements (`takeover`).
+//! from a dead node before applying their placements (`takeover`), and,
+//! every [`REFRESH`], gives back or takes backlogs of owners a node lost
+//! while away (`handback`).
 //!
 //! The statements it runs do not depend on the publish rate: a tick is at
-//! most five statements (plus one per owner whose queues or bindings
-//! changed, or that was taken over), whatever the traffic (and ticks come every
-//! 20 ms instead of [`POLL`] only while a move is under way). A failed call is logged (at
-//! most once per outage) and the snapshot kept; the next tick tries again.
+//! most six statements whatever the traffic, plus one per owner whose
+//! queues or bindings changed, was taken over, or has a backlog to give
+//! back or take (ticks come every 20 ms instead of [`POLL`] only while a
+//! move is under way). A failed call is logged (at most once per outage)
+//! and the snapshot kept; the next tick tries again.
 
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
@@ -27,6 +30,7 @@ use ciphermq_shard::topology::TopologyChange;
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 
 use super::catalogue::OwnerCatalogue;
+use super::handback::Handbacks;
 use super::moves::{Handover, Moves};
 use super::{ClusterNode, ClusterStartError, Job};
 use crate::acl::Role;
@@ -62,6 +66,8 @@ struct Link {
     handover: Handover,
     /// What this node last wrote of its owners' queues and bindings.
     owners: OwnerCatalogue,
+    /// Backlogs of owners this node lost, given back.
+    handbacks: Handbacks,
 }
 
 /// Joins the cluster, reports on `ready`, then serves until [`Job::Stop`]
@@ -142,14 +148,12 @@ impl Link {
             moves: Moves::default(),
             handover,
             owners: OwnerCatalogue::default(),
+            handbacks: Handbacks::default(),
         };
         let changes = link.coordinator.placements_since(0)?;
         // Owners given to this node while it was away, or before it could
-        // declare their queues.
-        if let Some(shared) = link.shared.upgrade() {
-            super::takeover::adopt(&link.node, &shared, &link.coordinator, &changes.placements)?;
-        }
-        link.node.view.apply(&changes.placements);
+        // declare their queues, are taken first.
+        link.apply(&changes.placements)?;
         link.version = changes.version;
         let nodes = link.coordinator.nodes()?;
         let live = nodes.len();
@@ -160,6 +164,8 @@ impl Link {
             link.moves
                 .recover(&link.node, &shared, &link.coordinator, &link.handover);
         }
+        link.handbacks
+            .recover(&link.node, &link.coordinator, &link.handover)?;
         tracing::info!(
             node_id = %link.node.node_id,
             advertise = %advertise,
@@ -209,13 +215,15 @@ impl Link {
             Job::Place { owner, reply } => {
                 let placed = self.coordinator.place(&owner, &self.node.node_id);
                 let answer = match &placed {
-                    Ok(p) => {
-                        self.node.view.apply(std::slice::from_ref(p));
-                        if *p.node_id == *self.node.node_id && p.epoch == 1 {
-                            tracing::info!(owner = %p.owner, node_id = %p.node_id, "owner placed on this node");
+                    Ok(p) => match self.apply(std::slice::from_ref(p)) {
+                        Ok(()) => {
+                            if *p.node_id == *self.node.node_id && p.epoch == 1 {
+                                tracing::info!(owner = %p.owner, node_id = %p.node_id, "owner placed on this node");
+                            }
+                            Ok(())
                         }
-                        Ok(())
-                    }
+                        Err(e) => Err(e.to_string()),
+                    },
                     Err(e) => Err(e.to_string()),
                 };
                 self.note("place an owner", placed);
@@ -286,27 +294,19 @@ impl Link {
         }
         let changes = self.coordinator.placements_since(self.version);
         if let Some(changes) = self.note("read placement changes", changes) {
-            // Owners taken over from a dead node get their queues here
-            // before the placement says they live here.
-            let adopted = match self.shared.upgrade() {
-                Some(shared) => super::takeover::adopt(
-                    &self.node,
-                    &shared,
-                    &self.coordinator,
-                    &changes.placements,
-                ),
-                None => Ok(()),
-            };
-            if self.note("take owners over", adopted).is_some() {
-                self.node.view.apply(&changes.placements);
+            let applied = self.apply(&changes.placements);
+            if self.note("take owners over", applied).is_some() {
                 self.version = changes.version.max(self.version);
             }
         }
         if let Some(shared) = self.shared.upgrade() {
+            // Counted only when it wrote: most ticks find nothing changed.
             let written = self
                 .owners
                 .write_changes(&self.node, &shared, &self.coordinator);
-            self.note("record the owners' queues", written);
+            if !matches!(written, Ok(0)) {
+                self.note("record the owners' queues", written);
+            }
             let moved = self
                 .moves
                 .tick(&self.node, &shared, &self.coordinator, &self.handover);
@@ -314,6 +314,16 @@ impl Link {
         }
         if now.duration_since(self.last_refresh) >= REFRESH {
             self.last_refresh = now;
+            if let Some(shared) = self.shared.upgrade() {
+                let given = self.handbacks.tick(
+                    &self.node,
+                    &shared,
+                    &self.coordinator,
+                    &self.handover,
+                    &self.moves,
+                );
+                self.note("give back or take backlogs", given);
+            }
             let nodes = self.coordinator.nodes();
             if let Some(nodes) = self.note("list the nodes", nodes) {
                 self.node.set_nodes(nodes);
@@ -397,10 +407,23 @@ impl Link {
             if let Some(p) = self.note("place an owner", placed) {
                 if *p.node_id != *self.node.node_id {
                     tracing::warn!(owner = %owner, node_id = %p.node_id,
-                        "this node's disk holds queues of an owner placed on another node: they are not served here");
+                        "this node's disk holds queues of an owner placed on another node: they are not served here, and their backlog is given back to that node");
                 }
-                self.node.view.apply(std::slice::from_ref(&p));
+                let applied = self.apply(std::slice::from_ref(&p));
+                self.note("take an owner over", applied);
             }
         }
+    }
+
+    /// Applies placements to the snapshot, after declaring the queues of
+    /// owners taken over from a dead node (`takeover`): no publish for
+    /// such an owner arrives here before its queues exist. Nothing is
+    /// applied when the owner catalogue cannot be read.
+    fn apply(&mut self, placements: &[ciphermq_cluster::Placement]) -> Result<(), ClusterError> {
+        if let Some(shared) = self.shared.upgrade() {
+            super::takeover::adopt(&self.node, &shared, &self.coordinator, placements)?;
+        }
+        self.node.view.apply(placements);
+        Ok(())
     }
 }

@@ -63,7 +63,7 @@ const MAGIC: &[u8; 8] = b"CMQMOVE1";
 
 /// A hand-over's manifest file, in the moving directory and first in the
 /// archive.
-const MANIFEST: &str = "manifest.json";
+pub(super) const MANIFEST: &str = "manifest.json";
 
 /// What a node needs to hand owners over and take them.
 pub(crate) struct Handover {
@@ -105,8 +105,18 @@ pub(crate) struct Moves {
     expected: HashMap<(String, u64), Instant>,
 }
 
+impl Moves {
+    /// Whether a move of `owner` to or from this node is under way or not
+    /// settled yet: its queues may be here while its placement is not.
+    pub(crate) fn involves(&self, owner: &str) -> bool {
+        self.outgoing.contains_key(owner)
+            || self.unsettled.iter().any(|(m, _)| m.owner == owner)
+            || self.expected.keys().any(|(o, _)| o == owner)
+    }
+}
+
 /// Why a step of a move failed, for the log.
-type StepError = String;
+pub(super) type StepError = String;
 
 impl Moves {
     /// Asks for a move and answers `reply` when it ends.
@@ -204,7 +214,8 @@ impl Moves {
             return;
         };
         node.view().set_leaving(&m.owner, true);
-        match stop_and_detach(node, shared, handover, data_dir, m) {
+        let dir = moving_dir(data_dir, &m.owner, m.epoch);
+        match stop_and_detach(shared, handover, &dir, &m.owner, m.epoch) {
             Ok(dir) => {
                 let sent = pack(&dir).map_err(|e| format!("{}: {e}", dir.display()));
                 let sent = sent.and_then(|archive| {
@@ -541,11 +552,17 @@ fn incoming_dir(data_dir: &Path, owner: &str, epoch: u64) -> PathBuf {
     data_dir.join("incoming").join(move_dir_name(owner, epoch))
 }
 
-fn move_dir_name(owner: &str, epoch: u64) -> String {
+/// `owner` in lowercase hex: a file name whatever the CN holds.
+pub(super) fn owner_hex(owner: &str) -> String {
     let mut name = String::with_capacity(owner.len() * 2 + 8);
     for b in owner.bytes() {
         name.push_str(&format!("{b:02x}"));
     }
+    name
+}
+
+fn move_dir_name(owner: &str, epoch: u64) -> String {
+    let mut name = owner_hex(owner);
     name.push('@');
     name.push_str(&epoch.to_string());
     name
@@ -571,21 +588,21 @@ fn listed(parent: &Path) -> Vec<(PathBuf, Manifest)> {
     found
 }
 
-fn read_manifest(dir: &Path) -> Result<Manifest, String> {
+pub(super) fn read_manifest(dir: &Path) -> Result<Manifest, String> {
     let path = dir.join(MANIFEST);
     let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
     serde_json::from_slice(&bytes).map_err(|e| format!("{}: {e}", path.display()))
 }
 
 /// Writes `bytes` to `path` durably (file and directory entry).
-fn write_durably(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+pub(super) fn write_durably(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let mut file = std::fs::File::create(path)?;
     file.write_all(bytes)?;
     file.sync_all()?;
     ciphermq_datadir::sync_dir(ciphermq_datadir::parent_dir(path))
 }
 
-fn remove_dir(dir: &Path) -> std::io::Result<()> {
+pub(super) fn remove_dir(dir: &Path) -> std::io::Result<()> {
     match std::fs::remove_dir_all(dir) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
@@ -595,7 +612,7 @@ fn remove_dir(dir: &Path) -> std::io::Result<()> {
 }
 
 /// Runs `step` on shard `shard` and waits for its answer.
-fn on_shard<T: Send + 'static>(
+pub(super) fn on_shard<T: Send + 'static>(
     handover: &Handover,
     shard: usize,
     step: impl FnOnce(&mut ciphermq_shard::Shard, Instant) -> T + Send + 'static,
@@ -621,16 +638,15 @@ fn on_shard<T: Send + 'static>(
 /// owner's queues, closes its connections, and moves the queues out of
 /// their shard whole into the moving directory (with the manifest).
 /// Returns that directory.
-fn stop_and_detach(
-    node: &Arc<ClusterNode>,
+pub(super) fn stop_and_detach(
     shared: &Arc<Shared>,
     handover: &Handover,
-    data_dir: &Path,
-    m: &Move,
+    dir: &Path,
+    owner: &str,
+    epoch: u64,
 ) -> Result<PathBuf, StepError> {
-    let _ = node;
     let shards = handover.injector.shards();
-    let home = shard_of(&m.owner, shards) as usize;
+    let home = shard_of(owner, shards) as usize;
     // Every shard has seen the owner leave once it handled the barrier
     // step; what it routed before is in the home shard's inbox ahead of
     // its barrier.
@@ -650,20 +666,20 @@ fn stop_and_detach(
         rx.recv_timeout(SHARD_WAIT)
             .map_err(|_| "a shard did not pass the move's barrier in time".to_owned())?;
     }
-    let owner = m.owner.clone();
+    let owned = owner.to_owned();
     let names = on_shard(handover, home, move |s, _| {
-        let names = s.owner_queues(&owner);
+        let names = s.owner_queues(&owned);
         s.freeze(&names);
         names
     })?;
     // A receiver's connections end here (their unacked deliveries come
     // again from the new node); an admin owning queues is not cut off,
     // least of all the connection that asked for the move.
-    if shared.policy.current().acl.role_of(&m.owner) == crate::acl::Role::Receiver {
-        shared.policy.close_connections_of(&m.owner);
+    if shared.policy.current().acl.role_of(owner) == crate::acl::Role::Receiver {
+        shared.policy.close_connections_of(owner);
     }
-    let manifest = manifest_of(shared, m, &names);
-    let dir = moving_dir(data_dir, &m.owner, m.epoch);
+    let manifest = Manifest::of(&shared.topology.snapshot(), owner, epoch, &names);
+    let dir = dir.to_path_buf();
     remove_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     ciphermq_datadir::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let text = serde_json::to_vec(&manifest).map_err(|e| e.to_string())?;
@@ -710,14 +726,10 @@ fn stop_and_detach(
 }
 
 /// The owner's queues and their bindings, from the topology.
-fn manifest_of(shared: &Arc<Shared>, m: &Move, names: &[Arc<str>]) -> Manifest {
-    Manifest::of(&shared.topology.snapshot(), &m.owner, m.epoch, names)
-}
-
 /// The hand-over of a moving directory: [`MAGIC`], then each file as
 /// (u32 path length, path, u64 length, bytes), the manifest first, and a
 /// zero path length at the end.
-fn pack(dir: &Path) -> std::io::Result<Vec<u8>> {
+pub(super) fn pack(dir: &Path) -> std::io::Result<Vec<u8>> {
     let mut out = Vec::new();
     out.extend_from_slice(MAGIC);
     let mut add = |path: &str, bytes: &[u8]| {
@@ -747,11 +759,11 @@ fn pack(dir: &Path) -> std::io::Result<Vec<u8>> {
 }
 
 /// One file of a hand-over: its queue, its name, its bytes.
-type HandedFile<'a> = (String, String, &'a [u8]);
+pub(super) type HandedFile<'a> = (String, String, &'a [u8]);
 
 /// The files of a hand-over, checked: each path is `manifest.json` or
 /// `<queue>/<file>` with a queue the manifest lists and a plain file name.
-fn unpack(archive: &[u8]) -> Result<(Manifest, Vec<HandedFile<'_>>), String> {
+pub(super) fn unpack(archive: &[u8]) -> Result<(Manifest, Vec<HandedFile<'_>>), String> {
     let bad = |why: &str| format!("hand-over is damaged: {why}");
     let rest = archive
         .strip_prefix(MAGIC.as_slice())

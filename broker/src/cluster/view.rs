@@ -102,6 +102,12 @@ impl Placements {
         }
     }
 
+    /// Whether a move is bringing `owner` here (its queues may be here
+    /// before its placement says so).
+    pub fn is_arriving(&self, owner: &str) -> bool {
+        self.arriving.contains_key(owner)
+    }
+
     /// `OK nodes <node_id>@<host:port> …`, live nodes by id.
     pub fn nodes_line(&self) -> &str {
         &self.nodes_line
