@@ -26,6 +26,8 @@ pub struct ClusterStatus {
     pub coordinator_calls: u64,
     /// Of those, the ones that failed.
     pub coordinator_failures: u64,
+    /// Nodes this node declared dead (their owners given to others).
+    pub takeovers: u64,
     /// The live nodes, by id.
     pub nodes: Vec<ClusterNodeRow>,
     /// Owners placed in the cluster.
@@ -120,4 +122,10 @@ pub(crate) fn metrics(e: &mut Exposition, c: &ClusterStatus) {
         &[],
         c.coordinator_failures,
     );
+    e.family(
+        "ciphermq_cluster_takeovers_total",
+        Kind::Counter,
+        "Nodes this node declared dead after their heartbeat stood still for the lease plus a margin; their owners went to live nodes.",
+    );
+    e.sample_u64("ciphermq_cluster_takeovers_total", &[], c.takeovers);
 }

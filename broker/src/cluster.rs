@@ -72,6 +72,8 @@ pub struct LinkStatus {
     pub calls: AtomicU64,
     /// Calls that failed, ever.
     pub failures: AtomicU64,
+    /// Nodes this node declared dead, ever.
+    pub takeovers: AtomicU64,
     /// The node's registration was taken over by another process (a
     /// heartbeat was fenced): this process no longer speaks for the node.
     pub fenced: AtomicBool,
@@ -341,6 +343,7 @@ impl ClusterNode {
             fenced: self.status.fenced.load(Relaxed),
             coordinator_calls: self.status.calls.load(Relaxed),
             coordinator_failures: self.status.failures.load(Relaxed),
+            takeovers: self.status.takeovers.load(Relaxed),
             nodes,
             owners_total: placements.len(),
             owners,

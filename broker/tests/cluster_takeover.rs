@@ -240,3 +240,105 @@ async fn an_owner_declared_dead_is_served_by_its_new_node_and_its_old_node_back_
     assert!(fetch(&mut r1_b, "receiver_1_queue", 100).await.is_empty());
     drop(a);
 }
+
+/// Publishes `ids` for receiver_1 through `conn`, one at a time, asserting
+/// each is acknowledged.
+async fn publish_acked(conn: &mut ciphermq_clients::connection::Connection, ids: &[String]) {
+    for id in ids {
+        check(
+            conn,
+            &format!("publish ex receiver_1 {}", body(id, "receiver_1")),
+            &format!("ACK {id}"),
+        )
+        .await;
+    }
+}
+
+/// Automatic, storage local: the node holding receiver_1 is paused
+/// (SIGSTOP) for 15 s. The other node declares it dead once its heartbeat
+/// stood still for the lease plus the margin, and serves receiver_1 at
+/// epoch 2; the paused node, resumed, finds it was declared dead, joins
+/// again holding nothing, and gives its backlog back. Every acknowledged
+/// message is delivered, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_node_is_taken_over_and_gives_its_backlog_back_when_it_resumes() {
+    use common::process::BrokerProcess;
+    let db = TestDb::create().await;
+    let dir_a = tempfile::tempdir().unwrap();
+    let (config_a, _data_a) = process_node(&db, "node-a", dir_a.path());
+    let a = BrokerProcess::start(&config_a);
+    let dir_b = tempfile::tempdir().unwrap();
+    let b = durable_node(&db, "node-b", 1, dir_b.path());
+
+    let mut r1 = a.connect("receiver_1").await;
+    setup_receiver(&mut r1, "receiver_1").await;
+    let mut sender_a = a.connect("sender_1").await;
+    let before: Vec<String> = (0..200).map(|i| format!("before{i:03}")).collect();
+    publish_acked(&mut sender_a, &before).await;
+    record_of(&db, "receiver_1", |r| !shape(r).1.is_empty()).await;
+
+    a.signal("STOP");
+    let paused = Instant::now();
+    let mut r1_b = connect_as(&b, "receiver_1").await;
+    let here = format!("OK locate receiver_1 node-b {} 2", b.addr);
+    loop {
+        send(&mut r1_b, "locate receiver_1").await;
+        if line(&mut r1_b).await == here {
+            break;
+        }
+        assert!(
+            paused.elapsed() < Duration::from_secs(60),
+            "node-b never took receiver_1 over"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let took = paused.elapsed();
+    let mut sender_b = connect_as(&b, "sender_1").await;
+    let during: Vec<String> = (0..100).map(|i| format!("during{i:03}")).collect();
+    publish_acked(&mut sender_b, &during).await;
+    let first_ack = paused.elapsed();
+
+    // Resumed after 15 s in all.
+    while paused.elapsed() < Duration::from_secs(15) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    a.signal("CONT");
+    let resumed = Instant::now();
+    let mut got: Vec<String> = Vec::new();
+    while got.len() < before.len() + during.len() {
+        assert!(
+            resumed.elapsed() < Duration::from_secs(120),
+            "only {} of {} acknowledged messages arrived",
+            got.len(),
+            before.len() + during.len()
+        );
+        let batch = fetch(&mut r1_b, "receiver_1_queue", 500).await;
+        if batch.is_empty() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        got.extend(ids(&batch));
+    }
+    let handed_back = resumed.elapsed();
+    eprintln!(
+        "paused node: taken over {} ms after the pause, first ack on node-b after {} ms; backlog on node-b {} ms after the resume",
+        took.as_millis(),
+        first_ack.as_millis(),
+        handed_back.as_millis()
+    );
+    // What came after the takeover first, then the given-back backlog in
+    // its order; nothing twice.
+    let mut expected = during.clone();
+    expected.extend(before.iter().cloned());
+    assert_eq!(got, expected);
+    assert!(fetch(&mut r1_b, "receiver_1_queue", 500).await.is_empty());
+
+    // node-a serves none of receiver_1 any more.
+    let mut r1_a = a.connect("receiver_1").await;
+    check(
+        &mut r1_a,
+        "consume receiver_1_queue 10",
+        &format!("Error: moved receiver_1 node-b {} 2", b.addr),
+    )
+    .await;
+    drop(a);
+}

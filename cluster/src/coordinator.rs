@@ -163,7 +163,10 @@ pub trait Coordinator: Send + Sync {
 
     /// Refreshes the node's heartbeat. Fails with [`ClusterError::Fenced`]
     /// when the node id was registered again since (another process took
-    /// it): the caller must stop acting as that node.
+    /// it): the caller must stop acting as that node; and with
+    /// [`ClusterError::DeclaredDead`] when another node declared it dead
+    /// meanwhile: the caller holds no owner any more and must register
+    /// again.
     fn heartbeat(&self, node_id: &str, incarnation: u64) -> Result<(), ClusterError>;
 
     /// The live nodes, sorted by node id (byte order), for the `nodes`

@@ -174,6 +174,17 @@ pub enum ClusterError {
         /// The stored state (`aborted`, `done`, or `missing`).
         state: String,
     },
+    /// This node was declared dead by another (its heartbeat stood still for
+    /// longer than the lease: it was paused, or cut off from PostgreSQL),
+    /// and its owners went to other nodes. It must join again (a new
+    /// incarnation) before it heartbeats.
+    #[error("node {node_id:?} (incarnation {incarnation}) was declared dead by another node while it was silent; its owners went to other nodes")]
+    DeclaredDead {
+        /// The node.
+        node_id: String,
+        /// The incarnation declared dead.
+        incarnation: u64,
+    },
     /// A takeover found the node's row changed since it was seen silent:
     /// it heartbeated again, restarted, or was declared dead by another
     /// node first. Nothing changed.

@@ -31,10 +31,9 @@ ON CONFLICT (node_id) DO UPDATE SET
     state = 'alive'
 RETURNING incarnation";
 
-const HEARTBEAT: &str =
-    "UPDATE cluster_nodes SET heartbeat = now() WHERE node_id = $1 AND incarnation = $2";
+const HEARTBEAT: &str = "UPDATE cluster_nodes SET heartbeat = now() WHERE node_id = $1 AND incarnation = $2 AND state = 'alive'";
 
-const INCARNATION: &str = "SELECT incarnation FROM cluster_nodes WHERE node_id = $1";
+const INCARNATION: &str = "SELECT incarnation, state FROM cluster_nodes WHERE node_id = $1";
 
 /// Live nodes by id in byte order, with heartbeat age in milliseconds on
 /// the server's clock.
@@ -399,6 +398,14 @@ impl Coordinator for PgCoordinator {
                 };
                 let current = column(&row, 0, "cluster_nodes")?;
                 let current = unsigned("cluster_nodes", &node_id, "incarnation", current)?;
+                let state: String = column(&row, 1, "cluster_nodes")?;
+                if current == incarnation && state == "dead" {
+                    return Err(ClusterError::DeclaredDead {
+                        node_id,
+                        incarnation,
+                    }
+                    .into());
+                }
                 if current > incarnation {
                     Err(ClusterError::Fenced {
                         node_id,

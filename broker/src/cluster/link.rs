@@ -24,7 +24,7 @@ use std::sync::mpsc::Sender;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use ciphermq_cluster::{ClusterError, Coordinator, PgCoordinator};
+use ciphermq_cluster::{ClusterError, Coordinator, HeartbeatWatch, NodeInfo, PgCoordinator};
 use ciphermq_proto::ExchangeKind;
 use ciphermq_shard::topology::TopologyChange;
 use crossbeam_channel::{Receiver, RecvTimeoutError};
@@ -42,6 +42,11 @@ const POLL: Duration = Duration::from_millis(200);
 /// How often the node list and the exchange catalogue are read again: an
 /// exchange declared on one node is usable on every node within it.
 const REFRESH: Duration = Duration::from_millis(500);
+
+/// A gap between two ticks longer than this means the thread did not run
+/// (the process was paused, or a call hung): what the heartbeat watch saw
+/// before it no longer counts.
+const TICK_GAP: Duration = Duration::from_secs(1);
 
 /// Pause between connection attempts while joining.
 const RETRY: Duration = Duration::from_millis(250);
@@ -68,6 +73,10 @@ struct Link {
     owners: OwnerCatalogue,
     /// Backlogs of owners this node lost, given back.
     handbacks: Handbacks,
+    /// The other nodes' heartbeats, for declaring dead ones.
+    watch: HeartbeatWatch,
+    /// When the last tick started.
+    last_tick: Instant,
 }
 
 /// Joins the cluster, reports on `ready`, then serves until [`Job::Stop`]
@@ -134,6 +143,7 @@ impl Link {
             .incarnation
             .store(incarnation, Ordering::Relaxed);
         node.status.connected.store(true, Ordering::Relaxed);
+        let (node_id, lease) = (node.node_id.clone(), node.lease);
         let now = Instant::now();
         let mut link = Link {
             node,
@@ -149,6 +159,8 @@ impl Link {
             handover,
             owners: OwnerCatalogue::default(),
             handbacks: Handbacks::default(),
+            watch: HeartbeatWatch::new(&node_id, lease),
+            last_tick: now,
         };
         let changes = link.coordinator.placements_since(0)?;
         // Owners given to this node while it was away, or before it could
@@ -192,6 +204,8 @@ impl Link {
             }
             Err(e) => {
                 status.failures.fetch_add(1, Ordering::Relaxed);
+                // A link that failed did not watch the others the whole time.
+                self.watch.link_lost();
                 if matches!(
                     e,
                     ClusterError::Connect { .. }
@@ -277,6 +291,10 @@ impl Link {
 
     fn tick(&mut self) {
         let now = Instant::now();
+        if now.duration_since(self.last_tick) > TICK_GAP {
+            self.watch.link_lost();
+        }
+        self.last_tick = now;
         if now.duration_since(self.last_heartbeat) >= self.node.lease / 3 {
             let beat = self
                 .coordinator
@@ -286,6 +304,29 @@ impl Link {
                     self.node.view.fence();
                     tracing::error!(node_id = %self.node.node_id, error = %e,
                         "this node's id was registered by another process: this broker serves no owner any more; stop it, or give one of them another cluster.node_id");
+                }
+            }
+            if let Err(e @ ClusterError::DeclaredDead { .. }) = &beat {
+                // Paused or cut off past the lease: the owners went
+                // elsewhere. Join again, holding none of them; the next
+                // placement read says where they live, and their backlogs
+                // here are given back.
+                tracing::warn!(node_id = %self.node.node_id, error = %e,
+                    "this node was declared dead while it was silent; joining the cluster again");
+                let advertise = self.node.advertise().unwrap_or_default().to_owned();
+                match self.coordinator.register(&self.node.node_id, &advertise) {
+                    Ok(incarnation) => {
+                        self.incarnation = incarnation;
+                        self.node
+                            .status
+                            .incarnation
+                            .store(incarnation, Ordering::Relaxed);
+                        self.last_heartbeat = now;
+                        tracing::warn!(node_id = %self.node.node_id, incarnation, "joined the cluster again");
+                    }
+                    Err(e) => {
+                        self.note("join the cluster again", Err::<(), _>(e));
+                    }
                 }
             }
             if self.note("record a heartbeat", beat).is_some() {
@@ -326,6 +367,7 @@ impl Link {
             }
             let nodes = self.coordinator.nodes();
             if let Some(nodes) = self.note("list the nodes", nodes) {
+                self.declare_silent_dead(now, &nodes);
                 self.node.set_nodes(nodes);
             }
             let synced = self.sync_exchanges();
@@ -411,6 +453,50 @@ impl Link {
                 }
                 let applied = self.apply(std::slice::from_ref(&p));
                 self.note("take an owner over", applied);
+            }
+        }
+    }
+
+    /// Declares dead every node whose heartbeat this node has seen stand
+    /// still for the lease plus a margin with its own link up the whole
+    /// time; the coordinator gives their owners to live nodes in the same
+    /// transaction, unless the node beat again or another node declared it
+    /// first.
+    fn declare_silent_dead(&mut self, now: Instant, nodes: &[NodeInfo]) {
+        for suspect in self.watch.observe(now, nodes) {
+            let reason = format!(
+                "heartbeat unchanged for {} ms as seen by {} (lease {} s)",
+                suspect.silent_for.as_millis(),
+                self.node.node_id,
+                self.node.lease.as_secs()
+            );
+            match self.coordinator.declare_dead(
+                &suspect,
+                &self.node.node_id,
+                &reason,
+                self.node.lease,
+            ) {
+                Ok(takeover) => {
+                    self.node.status.takeovers.fetch_add(1, Ordering::Relaxed);
+                    let owners: Vec<String> = takeover
+                        .placements
+                        .iter()
+                        .map(|p| format!("{}→{}", p.owner, p.node_id))
+                        .collect();
+                    tracing::warn!(node_id = %takeover.node_id, incarnation = takeover.incarnation,
+                        reason = %reason, owners = ?owners, "node declared dead; its owners go to live nodes");
+                    let applied = self.apply(&takeover.placements);
+                    self.note("take owners over", applied);
+                }
+                Err(ClusterError::StillAlive { .. }) => {
+                    tracing::debug!(node_id = %suspect.node_id, "a silent node beat again or was declared dead first");
+                }
+                Err(e @ ClusterError::NoLiveNode { .. }) => {
+                    tracing::warn!(node_id = %suspect.node_id, error = %e, "a silent node's owners wait for it");
+                }
+                Err(e) => {
+                    self.note("declare a node dead", Err::<(), _>(e));
+                }
             }
         }
     }
