@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::blackhole::Blackhole;
 use common::pg::TestDb;
 use common::process::{assert_none_lost, drain_counting, load_through_crashes, BrokerProcess};
 use common::{ask, body, config_text, connect_as, pki, setup_receiver, TestBroker};
@@ -345,63 +346,6 @@ async fn a_node_paused_past_its_lease_resumes_its_owners_and_keeps_every_acked_m
     acked.extend(after.into_iter().cloned());
     let delivered = drain_counting(&broker).await;
     assert_none_lost("cluster node: paused past its lease", &acked, &delivered);
-}
-
-/// A relay to the local PostgreSQL that can be cut like a network that
-/// drops packets: while cut it forwards nothing either way (what was read
-/// waits) and holds new connections unconnected; no connection is closed.
-struct Blackhole {
-    addr: std::net::SocketAddr,
-    cut: Arc<AtomicBool>,
-}
-
-impl Blackhole {
-    async fn start() -> Blackhole {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let cut = Arc::new(AtomicBool::new(false));
-        let relay_cut = cut.clone();
-        tokio::spawn(async move {
-            while let Ok((client, _)) = listener.accept().await {
-                let cut = relay_cut.clone();
-                tokio::spawn(async move {
-                    while cut.load(Ordering::Relaxed) {
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                    }
-                    let Ok(server) = tokio::net::TcpStream::connect("127.0.0.1:5432").await else {
-                        return;
-                    };
-                    let (client_rd, client_wr) = client.into_split();
-                    let (server_rd, server_wr) = server.into_split();
-                    tokio::spawn(pump(client_rd, server_wr, cut.clone()));
-                    pump(server_rd, client_wr, cut).await;
-                });
-            }
-        });
-        Blackhole { addr, cut }
-    }
-}
-
-/// Copies `from` to `to`, holding what it read while `cut` is set.
-async fn pump(
-    mut from: tokio::net::tcp::OwnedReadHalf,
-    mut to: tokio::net::tcp::OwnedWriteHalf,
-    cut: Arc<AtomicBool>,
-) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut buf = vec![0u8; 16 * 1024];
-    loop {
-        let n = match from.read(&mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => n,
-        };
-        while cut.load(Ordering::Relaxed) {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        if to.write_all(&buf[..n]).await.is_err() {
-            return;
-        }
-    }
 }
 
 /// One gauge or counter of `broker`'s /metrics.

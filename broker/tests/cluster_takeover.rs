@@ -342,3 +342,241 @@ async fn a_paused_node_is_taken_over_and_gives_its_backlog_back_when_it_resumes(
     .await;
     drop(a);
 }
+
+/// `node_id`'s sections with its coordinator and bridge reaching
+/// PostgreSQL through `hole`, and a 2 s lease.
+fn through(db: &TestDb, node_id: &str, hole: Option<&common::blackhole::Blackhole>) -> String {
+    let text = common::cluster::sections(db, node_id).replace("lease_secs = 5", "lease_secs = 2");
+    match hole {
+        Some(hole) => text.replace("port = 5432", &format!("port = {}", hole.addr.port())),
+        None => text,
+    }
+}
+
+/// Every placement as (owner, node, epoch, version), and the takeovers
+/// recorded.
+async fn cluster_state(db: &TestDb) -> (Vec<(String, String, i64, i64)>, i64) {
+    let client = db.client().await;
+    let placements = client
+        .query(
+            "SELECT owner, node_id, epoch, version FROM ciphermq_cluster.cluster_placements ORDER BY owner",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+        .collect();
+    let takeovers: i64 = client
+        .query_one(
+            "SELECT count(*) FROM ciphermq_cluster.cluster_takeovers",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    (placements, takeovers)
+}
+
+/// Waits until every node has heartbeated after this moment, twice.
+async fn every_node_beats_again(db: &TestDb) {
+    let client = db.client().await;
+    for _ in 0..2 {
+        let since: std::time::SystemTime =
+            client.query_one("SELECT now()", &[]).await.unwrap().get(0);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let stale: i64 = client
+                .query_one(
+                    "SELECT count(*) FROM ciphermq_cluster.cluster_nodes WHERE heartbeat <= $1",
+                    &[&since],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            if stale == 0 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "a node never heartbeated again");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// Every message of receiver_1's queue on `conn`, fetched until `count`
+/// came (waited for up to two minutes).
+async fn fetch_until(
+    conn: &mut ciphermq_clients::connection::Connection,
+    count: usize,
+) -> Vec<String> {
+    let mut got = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while got.len() < count {
+        assert!(
+            Instant::now() < deadline,
+            "only {} of {count} messages arrived",
+            got.len()
+        );
+        let batch = fetch(conn, "receiver_1_queue", 500).await;
+        if batch.is_empty() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        got.extend(ids(&batch));
+    }
+    got
+}
+
+/// PostgreSQL away from every node of three for 10 s, more than three
+/// times the lease and margin: nobody could heartbeat, and nobody declares
+/// anybody dead, during the outage or after it. Publishing goes on
+/// throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_away_from_every_node_past_the_lease_makes_no_takeover() {
+    use common::blackhole::Blackhole;
+    use common::TestBroker;
+    let db = TestDb::create().await;
+    let hole = Blackhole::start().await;
+    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let nodes: Vec<TestBroker> = ["node-a", "node-b", "node-c"]
+        .iter()
+        .zip(&dirs)
+        .map(|(id, dir)| {
+            TestBroker::start_durable_with(
+                1,
+                dir.path(),
+                "127.0.0.1:0",
+                &through(&db, id, Some(&hole)),
+            )
+        })
+        .collect();
+    let _reopen = hole.reopen_on_drop();
+    let a = &nodes[0];
+    let mut r1 = connect_as(a, "receiver_1").await;
+    setup_receiver(&mut r1, "receiver_1").await;
+    let mut sender = connect_as(a, "sender_1").await;
+    let mut acked: Vec<String> = (0..100).map(|i| format!("before{i:03}")).collect();
+    publish_acked(&mut sender, &acked).await;
+    every_node_beats_again(&db).await;
+    let before = cluster_state(&db).await;
+    assert_eq!(before.1, 0);
+
+    hole.cut.store(true, std::sync::atomic::Ordering::Relaxed);
+    let cut = Instant::now();
+    let mut i = 0;
+    while cut.elapsed() < Duration::from_secs(10) {
+        let id = format!("cut{i:04}");
+        publish_acked(&mut sender, std::slice::from_ref(&id)).await;
+        acked.push(id);
+        i += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    hole.cut.store(false, std::sync::atomic::Ordering::Relaxed);
+    every_node_beats_again(&db).await;
+    assert_eq!(
+        cluster_state(&db).await,
+        before,
+        "no takeover, no placement change"
+    );
+    let got = fetch_until(&mut r1, acked.len()).await;
+    assert_eq!(got, acked);
+}
+
+/// One node of three cut off from PostgreSQL (its packets dropped): the
+/// others declare it dead after the lease and margin and one serves its
+/// owner. With storage local, the cut-off node cannot tell its own cut from
+/// PostgreSQL's outage, so it goes on acknowledging for its owners; once
+/// back, it finds it was declared dead and gives all of it back. Nothing
+/// acknowledged, on either side, is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_cut_off_from_postgres_alone_is_taken_over_and_nothing_acknowledged_is_lost() {
+    use common::blackhole::Blackhole;
+    use common::TestBroker;
+    let db = TestDb::create().await;
+    let hole = Blackhole::start().await;
+    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let a = TestBroker::start_durable_with(
+        1,
+        dirs[0].path(),
+        "127.0.0.1:0",
+        &through(&db, "node-a", Some(&hole)),
+    );
+    let others = [
+        TestBroker::start_durable_with(
+            1,
+            dirs[1].path(),
+            "127.0.0.1:0",
+            &through(&db, "node-b", None),
+        ),
+        TestBroker::start_durable_with(
+            1,
+            dirs[2].path(),
+            "127.0.0.1:0",
+            &through(&db, "node-c", None),
+        ),
+    ];
+    let _reopen = hole.reopen_on_drop();
+    let mut r1 = connect_as(&a, "receiver_1").await;
+    setup_receiver(&mut r1, "receiver_1").await;
+    let mut sender_a = connect_as(&a, "sender_1").await;
+    let before: Vec<String> = (0..100).map(|i| format!("before{i:03}")).collect();
+    publish_acked(&mut sender_a, &before).await;
+    record_of(&db, "receiver_1", |r| !shape(r).1.is_empty()).await;
+
+    hole.cut.store(true, std::sync::atomic::Ordering::Relaxed);
+    let cut = Instant::now();
+    let on_a: Vec<String> = (0..50).map(|i| format!("cut-a{i:03}")).collect();
+    publish_acked(&mut sender_a, &on_a).await;
+    let heir = loop {
+        let (placements, _) = cluster_state(&db).await;
+        let p = placements
+            .iter()
+            .find(|p| p.0 == "receiver_1")
+            .unwrap()
+            .clone();
+        if p.2 == 2 {
+            break p.1;
+        }
+        assert!(
+            cut.elapsed() < Duration::from_secs(60),
+            "nobody took receiver_1 over"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let took = cut.elapsed();
+    let heir_id = heir;
+    let heir = if heir_id == "node-b" {
+        &others[0]
+    } else {
+        &others[1]
+    };
+    let mut r1_heir = connect_as(heir, "receiver_1").await;
+    let here = format!("OK locate receiver_1 {heir_id} {} 2", heir.addr);
+    loop {
+        let answer = common::ask(&mut r1_heir, "locate receiver_1").await;
+        if answer == here {
+            break;
+        }
+        assert!(cut.elapsed() < Duration::from_secs(60), "{answer}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut sender_heir = connect_as(heir, "sender_1").await;
+    let on_heir: Vec<String> = (0..50).map(|i| format!("heir{i:03}")).collect();
+    publish_acked(&mut sender_heir, &on_heir).await;
+
+    hole.cut.store(false, std::sync::atomic::Ordering::Relaxed);
+    let restored = Instant::now();
+    let got = fetch_until(&mut r1_heir, before.len() + on_a.len() + on_heir.len()).await;
+    eprintln!(
+        "cut-off node: taken over {} ms after the cut; its backlog on the new node {} ms after the link came back",
+        took.as_millis(),
+        restored.elapsed().as_millis()
+    );
+    let mut expected = on_heir.clone();
+    expected.extend(before.iter().cloned());
+    expected.extend(on_a.iter().cloned());
+    assert_eq!(
+        got, expected,
+        "each acknowledged message once, the given-back ones in their order"
+    );
+    drop(a);
+}

@@ -12,6 +12,7 @@ use ciphermq_clients::pki::{self, PkiOptions};
 use ciphermq_shard::shard_of;
 
 pub mod admin_http;
+pub mod blackhole;
 pub mod ca;
 pub mod carry;
 pub mod cluster;
