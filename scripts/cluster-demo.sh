@@ -144,4 +144,4 @@ PY
 
 echo "== the cluster as its operator sees it: ciphermq-admin --endpoint ${ENDPOINTS[2]} nodes"
 "$BIN/ciphermq-admin" --endpoint "${ENDPOINTS[2]}" nodes
-echo "   receiver_2 now lives on node-3 at epoch 2; failover of a dead node is not built yet (docs/CLUSTER.md)."
+echo "   receiver_2 now lives on node-3 at epoch 2; a node silent past its lease is taken over by the others (docs/CLUSTER.md)."
