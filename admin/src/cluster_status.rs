@@ -30,6 +30,9 @@ pub struct ClusterStatus {
     pub takeovers: u64,
     /// The live nodes, by id.
     pub nodes: Vec<ClusterNodeRow>,
+    /// The last nodes declared dead, newest first (at most
+    /// [`MAX_TAKEOVER_ROWS`]).
+    pub recent_takeovers: Vec<TakeoverRow>,
     /// Owners placed in the cluster.
     pub owners_total: usize,
     /// Where each owner lives, by owner (at most [`MAX_OWNER_ROWS`]).
@@ -38,6 +41,24 @@ pub struct ClusterStatus {
 
 /// The most owners `/api/cluster` lists one by one.
 pub const MAX_OWNER_ROWS: usize = 10_000;
+
+/// The most takeovers `/api/cluster` lists.
+pub const MAX_TAKEOVER_ROWS: usize = 10;
+
+/// One node declared dead.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct TakeoverRow {
+    /// The node declared dead.
+    pub node_id: String,
+    /// The node that declared it.
+    pub by_node: String,
+    /// Milliseconds ago, on the coordinator's clock, when last read.
+    pub age_ms: u64,
+    /// Owners that went to other nodes.
+    pub owners: u32,
+    /// Why, as the declaring node wrote it.
+    pub reason: String,
+}
 
 /// One live node.
 #[derive(Debug, Clone, Default, Serialize)]

@@ -28,7 +28,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
-use ciphermq_admin::cluster_status::{ClusterNodeRow, ClusterStatus, OwnerRow, MAX_OWNER_ROWS};
+use ciphermq_admin::cluster_status::{
+    ClusterNodeRow, ClusterStatus, OwnerRow, TakeoverRow, MAX_OWNER_ROWS, MAX_TAKEOVER_ROWS,
+};
 use ciphermq_cluster::{ClusterError, PgCoordinatorConfig};
 use ciphermq_proto::ExchangeKind;
 use tokio::sync::oneshot;
@@ -122,6 +124,8 @@ pub struct ClusterNode {
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// The live nodes as last read, for the admin endpoint.
     nodes: Mutex<Vec<ciphermq_cluster::NodeInfo>>,
+    /// The last takeovers recorded, as last read, for the admin endpoint.
+    takeovers: Mutex<Vec<ciphermq_cluster::TakeoverRecord>>,
     coordinator: PgCoordinatorConfig,
     lease: Duration,
     connect_timeout: Duration,
@@ -170,6 +174,7 @@ impl ClusterNode {
             receiver: Mutex::new(Some(receiver)),
             thread: Mutex::new(None),
             nodes: Mutex::new(Vec::new()),
+            takeovers: Mutex::new(Vec::new()),
             coordinator,
             lease: Duration::from_secs(c.lease_secs),
             connect_timeout: Duration::from_secs(d.connect_timeout_secs),
@@ -301,6 +306,13 @@ impl ClusterNode {
     }
 
     /// Records the live nodes as last read (the link does).
+    fn set_takeovers(&self, takeovers: Vec<ciphermq_cluster::TakeoverRecord>) {
+        *self
+            .takeovers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = takeovers;
+    }
+
     fn set_nodes(&self, nodes: Vec<ciphermq_cluster::NodeInfo>) {
         self.view.set_nodes(&nodes);
         *self.nodes.lock().unwrap_or_else(PoisonError::into_inner) = nodes;
@@ -345,6 +357,20 @@ impl ClusterNode {
             coordinator_failures: self.status.failures.load(Relaxed),
             takeovers: self.status.takeovers.load(Relaxed),
             nodes,
+            recent_takeovers: self
+                .takeovers
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .iter()
+                .take(MAX_TAKEOVER_ROWS)
+                .map(|t| TakeoverRow {
+                    node_id: t.node_id.clone(),
+                    by_node: t.by_node.clone(),
+                    age_ms: u64::try_from(t.age.as_millis()).unwrap_or(u64::MAX),
+                    owners: t.owners,
+                    reason: t.reason.clone(),
+                })
+                .collect(),
             owners_total: placements.len(),
             owners,
         }

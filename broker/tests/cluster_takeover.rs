@@ -115,7 +115,13 @@ async fn an_owner_declared_dead_is_served_by_its_new_node_and_its_old_node_back_
     let (config_a, data_a) = process_node(&db, "node-a", dir_a.path());
     let a = BrokerProcess::start(&config_a);
     let dir_b = tempfile::tempdir().unwrap();
-    let b = durable_node(&db, "node-b", 1, dir_b.path());
+    let b = common::TestBroker::start_durable_with(
+        1,
+        dir_b.path(),
+        "127.0.0.1:0",
+        &(common::cluster::sections(&db, "node-b")
+            + "\n[admin]\nenabled = true\naddress = \"127.0.0.1:0\"\n"),
+    );
 
     // receiver_1 lives on node-a with a backlog of 50.
     let mut r1 = a.connect("receiver_1").await;
@@ -189,6 +195,32 @@ async fn an_owner_declared_dead_is_served_by_its_new_node_and_its_old_node_back_
     }
     let got = fetch(&mut r1_b, "receiver_1_queue", 100).await;
     assert_eq!(ids(&got), fresh, "only what came after the takeover");
+
+    // Operators see it: /api/cluster (and `ciphermq-admin nodes`) lists the
+    // takeover, who declared it and why.
+    let admin = b.admin_addr().expect("admin endpoint");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let doc: serde_json::Value = serde_json::from_str(
+            &common::admin_http::request(admin, Some("admin"), "GET", "/api/cluster")
+                .await
+                .expect("/api/cluster")
+                .body,
+        )
+        .expect("JSON");
+        let recent = &doc["cluster"]["recent_takeovers"][0];
+        if recent["node_id"] == "node-a" {
+            assert_eq!(recent["by_node"], "test");
+            assert_eq!(recent["owners"], 1);
+            assert_eq!(recent["reason"], "killed by the test");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "/api/cluster never listed the takeover: {doc}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 
     // node-a comes back: it serves none of receiver_1 and sends everyone
     // to node-b at epoch 2.

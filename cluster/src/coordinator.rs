@@ -25,6 +25,23 @@ pub struct NodeInfo {
     pub heartbeat_stamp: i64,
 }
 
+/// A node declared dead, as recorded ([`Coordinator::recent_takeovers`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TakeoverRecord {
+    /// The node declared dead.
+    pub node_id: String,
+    /// Its incarnation then.
+    pub incarnation: u64,
+    /// The node that declared it.
+    pub by_node: String,
+    /// How long ago, on the coordinator's clock.
+    pub age: Duration,
+    /// How many owners went to other nodes.
+    pub owners: u32,
+    /// Why, as the declaring node wrote it.
+    pub reason: String,
+}
+
 /// A backlog offered back by a node that lost its owner while away
 /// ([`Coordinator::offer_handback`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -318,6 +335,9 @@ pub trait Coordinator: Send + Sync {
     /// `owner`'s queues and bindings as last recorded, with the epoch of
     /// the node that recorded them; `None` if never recorded.
     fn owner_topology(&self, owner: &str) -> Result<Option<(u64, Vec<u8>)>, ClusterError>;
+
+    /// The last `limit` nodes declared dead, newest first.
+    fn recent_takeovers(&self, limit: u32) -> Result<Vec<TakeoverRecord>, ClusterError>;
 
     /// Declares `suspect` dead, in one transaction, if its row is still
     /// exactly as the watcher saw it (same incarnation, same heartbeat,

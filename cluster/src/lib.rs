@@ -54,7 +54,7 @@ mod worker;
 pub use config::PgCoordinatorConfig;
 pub use coordinator::{
     Coordinator, Exchange, Handback, Move, MoveState, NodeInfo, Placement, PlacementChanges,
-    Takeover,
+    Takeover, TakeoverRecord,
 };
 pub use error::ClusterError;
 pub use postgres::PgCoordinator;

@@ -9,7 +9,7 @@ use tokio_postgres::{Client, Row};
 use crate::config::PgCoordinatorConfig;
 use crate::coordinator::{
     Coordinator, Exchange, Handback, Move, MoveState, NodeInfo, Placement, PlacementChanges,
-    Takeover,
+    Takeover, TakeoverRecord,
 };
 use crate::error::ClusterError;
 use crate::input;
@@ -103,6 +103,11 @@ ON CONFLICT (owner) DO UPDATE SET epoch = EXCLUDED.epoch, data = EXCLUDED.data, 
 WHERE cluster_owner_topology.epoch <= EXCLUDED.epoch";
 
 const OWNER_TOPOLOGY: &str = "SELECT epoch, data FROM cluster_owner_topology WHERE owner = $1";
+
+const RECENT_TAKEOVERS: &str = "
+SELECT node_id, incarnation, by_node,
+       GREATEST(0, floor(extract(epoch FROM now() - at) * 1000))::bigint, owners, reason
+FROM cluster_takeovers ORDER BY at DESC LIMIT $1";
 
 const RECORD_TAKEOVER: &str = "
 INSERT INTO cluster_takeovers (node_id, incarnation, by_node, at, owners, reason)
@@ -1034,6 +1039,36 @@ impl Coordinator for PgCoordinator {
                 Ok(Some((epoch, column(&row, 1, TABLE)?)))
             })
         })
+    }
+
+    fn recent_takeovers(&self, limit: u32) -> Result<Vec<TakeoverRecord>, ClusterError> {
+        let limit = i64::from(limit);
+        self.call(
+            "read the recent takeovers".to_owned(),
+            "cluster_takeovers",
+            move |client| {
+                Box::pin(async move {
+                    const TABLE: &str = "cluster_takeovers";
+                    let mut found = Vec::new();
+                    for row in client.query(RECENT_TAKEOVERS, &[&limit]).await? {
+                        let node_id: String = column(&row, 0, TABLE)?;
+                        let incarnation =
+                            unsigned(TABLE, &node_id, "incarnation", column(&row, 1, TABLE)?)?;
+                        let age_ms = unsigned(TABLE, &node_id, "age", column(&row, 3, TABLE)?)?;
+                        let owners: i32 = column(&row, 4, TABLE)?;
+                        found.push(TakeoverRecord {
+                            incarnation,
+                            by_node: column(&row, 2, TABLE)?,
+                            age: Duration::from_millis(age_ms),
+                            owners: u32::try_from(owners).unwrap_or(0),
+                            reason: column(&row, 5, TABLE)?,
+                            node_id,
+                        });
+                    }
+                    Ok(found)
+                })
+            },
+        )
     }
 
     fn declare_dead(

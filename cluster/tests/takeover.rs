@@ -85,6 +85,18 @@ fn a_dead_nodes_owners_go_round_robin_to_fresh_nodes_at_a_higher_epoch() {
         c.declare_dead(&suspect, "node-c", "late", LEASE),
         Err(ClusterError::StillAlive { .. })
     ));
+    let recorded = c.recent_takeovers(10).unwrap();
+    assert_eq!(recorded.len(), 1);
+    assert_eq!(
+        (
+            recorded[0].node_id.as_str(),
+            recorded[0].incarnation,
+            recorded[0].by_node.as_str(),
+            recorded[0].owners
+        ),
+        ("node-a", 1, "node-b", 4)
+    );
+    assert_eq!(recorded[0].reason, "heartbeat unchanged for 6 s");
     // A restart of node-a is a new incarnation, alive, holding nothing.
     let incarnation = a.register("node-a", "127.0.0.1:5700").unwrap();
     assert_eq!(incarnation, 2);

@@ -205,6 +205,24 @@ pub(crate) fn nodes(doc: &Value) -> String {
         ]);
     }
     out.push_str(&t.render("no live nodes"));
+    let takeovers = c["recent_takeovers"].as_array().into_iter().flatten();
+    let mut d = Table::new(&["declared dead", "by", ">ago", ">owners moved", "why"]);
+    let mut any = false;
+    for t in takeovers {
+        any = true;
+        let age = n(&t["age_ms"]);
+        d.row(vec![
+            text(&t["node_id"]),
+            text(&t["by_node"]),
+            format!("{}.{:01}s", age / 1000, (age % 1000) / 100),
+            n(&t["owners"]).to_string(),
+            text(&t["reason"]),
+        ]);
+    }
+    if any {
+        out.push_str("\nrecent takeovers (their owners went to live nodes):\n");
+        out.push_str(&d.render(""));
+    }
     out
 }
 
@@ -309,6 +327,30 @@ mod tests {
              NODE    ADDRESS        STATE              OWNERS  HEARTBEAT AGE\n\
              node-a  10.0.0.1:5700  alive                   2           1.2s\n\
              node-b  10.0.0.2:5700  alive (this node)       1           0.0s\n"
+        );
+    }
+
+    #[test]
+    fn nodes_list_the_recent_takeovers_after_the_live_nodes() {
+        let doc = json!({"enabled": true, "cluster": {
+        "node_id": "node-b", "advertise": "10.0.0.2:5700", "coordinator_connected": true,
+        "fenced": false, "owners_total": 2,
+        "nodes": [
+            {"node_id": "node-b", "advertise": "10.0.0.2:5700", "heartbeat_age_ms": 56,
+             "owners": 2, "this_node": true}
+        ],
+        "recent_takeovers": [
+            {"node_id": "node-a", "by_node": "node-b", "age_ms": 12345, "owners": 2,
+             "reason": "heartbeat unchanged for 6100 ms as seen by node-b (lease 5 s)"}
+        ]}});
+        let text = nodes(&doc);
+        assert!(
+            text.ends_with(
+                "\nrecent takeovers (their owners went to live nodes):\n\
+                 DECLARED DEAD  BY        AGO  OWNERS MOVED  WHY\n\
+                 node-a         node-b  12.3s             2  heartbeat unchanged for 6100 ms as seen by node-b (lease 5 s)\n"
+            ),
+            "{text}"
         );
     }
 }

@@ -29,6 +29,8 @@ use ciphermq_proto::ExchangeKind;
 use ciphermq_shard::topology::TopologyChange;
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 
+use ciphermq_admin::cluster_status::MAX_TAKEOVER_ROWS;
+
 use super::catalogue::OwnerCatalogue;
 use super::handback::Handbacks;
 use super::moves::{Handover, Moves};
@@ -42,6 +44,10 @@ const POLL: Duration = Duration::from_millis(200);
 /// How often the node list and the exchange catalogue are read again: an
 /// exchange declared on one node is usable on every node within it.
 const REFRESH: Duration = Duration::from_millis(500);
+
+/// The recorded takeovers (for `/api/cluster`) are read every this many
+/// refreshes (2 s).
+const TAKEOVERS_EVERY: u32 = 4;
 
 /// A gap between two ticks longer than this means the thread did not run
 /// (the process was paused, or a call hung): what the heartbeat watch saw
@@ -77,6 +83,8 @@ struct Link {
     watch: HeartbeatWatch,
     /// When the last tick started.
     last_tick: Instant,
+    /// Refreshes since the recorded takeovers were last read.
+    refreshes: u32,
 }
 
 /// Joins the cluster, reports on `ready`, then serves until [`Job::Stop`]
@@ -161,6 +169,7 @@ impl Link {
             handbacks: Handbacks::default(),
             watch: HeartbeatWatch::new(&node_id, lease),
             last_tick: now,
+            refreshes: 0,
         };
         let changes = link.coordinator.placements_since(0)?;
         // Owners given to this node while it was away, or before it could
@@ -372,6 +381,15 @@ impl Link {
             }
             let synced = self.sync_exchanges();
             self.note("read the exchange catalogue", synced);
+            // For operators only: every few refreshes.
+            self.refreshes += 1;
+            if self.refreshes >= TAKEOVERS_EVERY {
+                self.refreshes = 0;
+                let recorded = self.coordinator.recent_takeovers(MAX_TAKEOVER_ROWS as u32);
+                if let Some(recorded) = self.note("read the recent takeovers", recorded) {
+                    self.node.set_takeovers(recorded);
+                }
+            }
         }
     }
 
@@ -487,6 +505,7 @@ impl Link {
                         reason = %reason, owners = ?owners, "node declared dead; its owners go to live nodes");
                     let applied = self.apply(&takeover.placements);
                     self.note("take owners over", applied);
+                    self.refreshes = TAKEOVERS_EVERY;
                 }
                 Err(ClusterError::StillAlive { .. }) => {
                     tracing::debug!(node_id = %suspect.node_id, "a silent node beat again or was declared dead first");
