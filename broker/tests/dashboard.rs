@@ -321,6 +321,7 @@ async fn the_dashboard_of_a_cluster_node_shows_the_nodes_and_the_owners() {
     let proxy = start_proxy(b.admin_addr().expect("admin endpoint")).await;
     let url = format!("http://{proxy}/");
     let (a_addr, b_addr) = (a.addr.clone(), b.addr.clone());
+    let dbname = db.name.clone();
     tokio::task::spawn_blocking(move || {
         let mut chromium = Chromium::launch();
         let mut page = chromium.open(&url);
@@ -336,6 +337,46 @@ async fn the_dashboard_of_a_cluster_node_shows_the_nodes_and_the_owners() {
         loop {
             let shown: Value = page
                 .evaluate(SHOWN)
+                .as_str()
+                .and_then(|s| serde_json::from_str(s).ok())
+                .unwrap_or_default();
+            if shown == want {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the page shows {shown}, not {want}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        // A node that registered and went silent is declared dead: the
+        // page lists the takeover, who declared it and why.
+        let coordinator = ciphermq_cluster::PgCoordinator::connect(ciphermq_cluster::PgCoordinatorConfig {
+            dbname,
+            ..Default::default()
+        })
+        .expect("coordinator");
+        use ciphermq_cluster::Coordinator as _;
+        coordinator.register("node-c", "127.0.0.1:9").expect("register node-c");
+        let seen = coordinator
+            .nodes()
+            .expect("nodes")
+            .into_iter()
+            .find(|n| n.node_id == "node-c")
+            .expect("node-c listed");
+        let suspect = ciphermq_cluster::Suspect {
+            node_id: seen.node_id,
+            incarnation: seen.incarnation,
+            heartbeat_stamp: seen.heartbeat_stamp,
+            silent_for: Duration::from_secs(6),
+        };
+        coordinator
+            .declare_dead(&suspect, "test", "silent in a test", Duration::from_secs(5))
+            .expect("node-c declared dead");
+        const TAKEOVERS: &str = "JSON.stringify({hidden: document.getElementById('cluster-takeovers').hidden, \
+            rows: [...document.querySelectorAll('#cluster-takeovers tbody tr[data-takeover]')].map((tr) => [...tr.children].map((td) => td.textContent)).map((r) => [r[0], r[1], r[3], r[4]])})";
+        let want = json!({"hidden": false, "rows": [["node-c", "test", "0", "silent in a test"]]});
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let shown: Value = page
+                .evaluate(TAKEOVERS)
                 .as_str()
                 .and_then(|s| serde_json::from_str(s).ok())
                 .unwrap_or_default();
