@@ -35,8 +35,8 @@ use ciphermq_shard::topology::TopologyChange;
 
 use super::manifest::Manifest;
 use super::moves::{
-    on_shard, owner_hex, pack, read_manifest, remove_dir, stop_and_detach, unpack, write_durably,
-    Handover, Moves, StepError, MANIFEST,
+    on_shard, owner_hex, pack, read_manifest, remove_dir, stage, stop_and_detach, unpack, Handover,
+    Moves, StepError,
 };
 use super::{ClusterNode, Residence};
 use crate::context::Shared;
@@ -172,7 +172,14 @@ impl Handbacks {
                 }
             }
         }
+        let (_, placements) = node.view.current();
         for h in coordinator.handbacks_for(&node.node_id)? {
+            // Taken only where this node's snapshot agrees the owner lives:
+            // an owner moving away meanwhile leaves the offer to its new
+            // node, never a queue of it declared here again.
+            if placements.residence(&h.owner, &node.node_id) != Residence::Here {
+                continue;
+            }
             let started = Instant::now();
             match take(shared, coordinator, handover, data_dir, &h) {
                 Ok(taken) => {
@@ -271,19 +278,7 @@ fn take(
     let policy = shared.policy.current();
     manifest.foreign_queue(|queue| policy.acl.queue_owner(queue))?;
     let staging = take_dir(data_dir, &h.owner, &h.from_node);
-    let io = |what: &Path, e: std::io::Error| format!("{}: {e}", what.display());
-    remove_dir(&staging).map_err(|e| io(&staging, e))?;
-    ciphermq_datadir::create_dir_all(&staging).map_err(|e| io(&staging, e))?;
-    let text = serde_json::to_vec(&manifest).map_err(|e| e.to_string())?;
-    write_durably(&staging.join(MANIFEST), &text).map_err(|e| io(&staging, e))?;
-    for q in &manifest.queues {
-        let dir = staging.join(&q.name);
-        ciphermq_datadir::create_dir_all(&dir).map_err(|e| io(&dir, e))?;
-    }
-    for (queue, file, bytes) in &files {
-        let path = staging.join(queue).join(file);
-        write_durably(&path, bytes).map_err(|e| io(&path, e))?;
-    }
+    stage(&staging, &manifest, &files)?;
     declare_missing(shared, &manifest)?;
     let home = shard_of(&h.owner, handover.injector.shards()) as usize;
     let mut taken = Taken::default();

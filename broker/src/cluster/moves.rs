@@ -858,19 +858,8 @@ fn take(
     }
     // From here on a failure drops what was taken (the manifest says what).
     let incoming = incoming_dir(data_dir, &m.owner, m.epoch);
+    stage(&incoming, &manifest, &files)?;
     let io = |what: &Path, e: std::io::Error| format!("{}: {e}", what.display());
-    remove_dir(&incoming).map_err(|e| io(&incoming, e))?;
-    ciphermq_datadir::create_dir_all(&incoming).map_err(|e| io(&incoming, e))?;
-    let text = serde_json::to_vec(&manifest).map_err(|e| e.to_string())?;
-    write_durably(&incoming.join(MANIFEST), &text).map_err(|e| io(&incoming, e))?;
-    for q in &manifest.queues {
-        let staged = incoming.join(&q.name);
-        ciphermq_datadir::create_dir_all(&staged).map_err(|e| io(&staged, e))?;
-    }
-    for (queue, file, bytes) in &files {
-        let path = incoming.join(queue).join(file);
-        write_durably(&path, bytes).map_err(|e| io(&path, e))?;
-    }
     // Into `queues/`, then served: a restart from here on finds them listed
     // in the topology, and settles them against the row.
     for q in &manifest.queues {
@@ -882,6 +871,29 @@ fn take(
     ciphermq_datadir::sync_dir(&queues).map_err(|e| io(&queues, e))?;
     serve(shared, handover, data_dir, &manifest)?;
     Ok(manifest.queues.iter().map(|q| q.name.clone()).collect())
+}
+
+/// Writes an unpacked hand-over under `dir` (emptied first), durably: its
+/// manifest, then a directory per queue with that queue's files.
+pub(super) fn stage(
+    dir: &Path,
+    manifest: &Manifest,
+    files: &[HandedFile<'_>],
+) -> Result<(), StepError> {
+    let io = |what: &Path, e: std::io::Error| format!("{}: {e}", what.display());
+    remove_dir(dir).map_err(|e| io(dir, e))?;
+    ciphermq_datadir::create_dir_all(dir).map_err(|e| io(dir, e))?;
+    let text = serde_json::to_vec(manifest).map_err(|e| e.to_string())?;
+    write_durably(&dir.join(MANIFEST), &text).map_err(|e| io(dir, e))?;
+    for q in &manifest.queues {
+        let queue = dir.join(&q.name);
+        ciphermq_datadir::create_dir_all(&queue).map_err(|e| io(&queue, e))?;
+    }
+    for (queue, file, bytes) in files {
+        let path = dir.join(queue).join(file);
+        write_durably(&path, bytes).map_err(|e| io(&path, e))?;
+    }
+    Ok(())
 }
 
 /// Serves again, here, the queues of a moving directory whose move was

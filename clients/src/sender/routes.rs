@@ -38,6 +38,8 @@ impl Node {
 pub(super) struct Routes {
     /// Settings of every connection; only the address differs.
     config: ClientConfig,
+    /// The first connection, which locates the receivers at the start.
+    seed: Client,
     /// Every node heard of; the first is the seed that answered.
     nodes: Vec<Node>,
     /// Target → index into `nodes`.
@@ -69,8 +71,9 @@ impl Routes {
         Routes {
             nodes: vec![Node {
                 address: config.address().to_owned(),
-                link: Some((seed, publisher)),
+                link: Some((seed.clone(), publisher)),
             }],
+            seed,
             config,
             route: vec![0; receivers],
             epochs: vec![0; receivers],
@@ -79,11 +82,7 @@ impl Routes {
 
     /// The connection to the seed, open or not.
     pub(super) fn seed(&self) -> &Client {
-        let (client, _) = self.nodes[0]
-            .link
-            .as_ref()
-            .expect("the seed is connected first");
-        client
+        &self.seed
     }
 
     /// Asks the seed where each receiver lives (`locate`, which places one no
