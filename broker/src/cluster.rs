@@ -16,11 +16,13 @@
 //! says; placements do not change until it is back, and its return changes
 //! nothing by itself (docs/CLUSTER.md).
 
+mod adoption;
 mod catalogue;
 mod handback;
 mod link;
 mod manifest;
 mod moves;
+mod shared_logs;
 mod takeover;
 pub mod view;
 
@@ -35,9 +37,11 @@ use ciphermq_cluster::{ClusterError, PgCoordinatorConfig};
 use ciphermq_proto::ExchangeKind;
 use tokio::sync::oneshot;
 
-use crate::config::Config;
+use crate::config::{ClusterStorage, Config};
 use crate::context::Shared;
+use ciphermq_cluster::shared_storage::{LeaseGate, SharedStore};
 pub(crate) use moves::Handover;
+use shared_logs::SharedLogs;
 pub use view::{Home, PlacementView, Placements, Residence};
 
 /// How long a session waits for the coordinator (a placement, an exchange
@@ -59,6 +63,9 @@ pub enum ClusterStartError {
     /// send clients.
     #[error("cluster.advertise: empty, and the listener bound {0}, which clients elsewhere cannot reach: set advertise to the address clients use for this node")]
     NoAdvertise(String),
+    /// `cluster.shared_dir` cannot be used.
+    #[error("{0} (cluster.storage = \"shared\" needs a directory every node reaches, made by the operator)")]
+    SharedStorage(String),
     /// The coordinator thread could not be started, or stopped at once.
     #[error("cluster coordinator thread: {0}")]
     Thread(String),
@@ -129,6 +136,13 @@ pub struct ClusterNode {
     coordinator: PgCoordinatorConfig,
     lease: Duration,
     connect_timeout: Duration,
+    /// This node's lease as its own clock sees it: renewed by each
+    /// heartbeat PostgreSQL accepts; consulted before `ACK`s on shared
+    /// storage.
+    lease_gate: Arc<LeaseGate>,
+    /// With `cluster.storage = "shared"`: the shared directory and the
+    /// owners held in it; or why the directory cannot be used.
+    shared_logs: Option<Result<Arc<SharedLogs>, String>>,
 }
 
 impl std::fmt::Debug for ClusterNode {
@@ -165,6 +179,15 @@ impl ClusterNode {
         if !c.advertise.is_empty() {
             let _ = advertise.set(Arc::from(c.advertise.as_str()));
         }
+        let lease_gate = Arc::new(LeaseGate::new());
+        let shared_logs = match c.storage {
+            ClusterStorage::Local => None,
+            ClusterStorage::Shared => Some(
+                SharedStore::open(&c.shared_dir)
+                    .map(|store| Arc::new(SharedLogs::new(store, lease_gate.clone())))
+                    .map_err(|e| e.to_string()),
+            ),
+        };
         Some(Arc::new(ClusterNode {
             node_id: Arc::from(c.node_id.as_str()),
             advertise,
@@ -178,7 +201,37 @@ impl ClusterNode {
             coordinator,
             lease: Duration::from_secs(c.lease_secs),
             connect_timeout: Duration::from_secs(d.connect_timeout_secs),
+            lease_gate,
+            shared_logs,
         }))
+    }
+
+    /// Where each shard's new logs go, with `cluster.storage = "shared"`
+    /// (`None`: in the data directory, as on one host).
+    pub(crate) fn log_placement(
+        &self,
+        topology: &Arc<ciphermq_shard::topology::TopologyStore>,
+    ) -> Option<Arc<dyn ciphermq_shard::log::LogPlacement>> {
+        let Some(Ok(logs)) = &self.shared_logs else {
+            return None;
+        };
+        Some(Arc::new(shared_logs::SharedLogPlacement {
+            logs: logs.clone(),
+            topology: topology.clone(),
+        }))
+    }
+
+    /// The shared directory's owners, with `cluster.storage = "shared"`.
+    pub(crate) fn shared_logs(&self) -> Option<&Arc<SharedLogs>> {
+        match &self.shared_logs {
+            Some(Ok(logs)) => Some(logs),
+            _ => None,
+        }
+    }
+
+    /// This node's lease, as its own clock sees it.
+    pub(crate) fn lease_gate(&self) -> &Arc<LeaseGate> {
+        &self.lease_gate
     }
 
     /// This node's id.
@@ -213,6 +266,9 @@ impl ClusterNode {
         shared: &Arc<Shared>,
         handover: Handover,
     ) -> Result<(), ClusterStartError> {
+        if let Some(Err(e)) = &self.shared_logs {
+            return Err(ClusterStartError::SharedStorage(e.clone()));
+        }
         if self.advertise.get().is_none() {
             if bound.ip().is_unspecified() {
                 return Err(ClusterStartError::NoAdvertise(bound.to_string()));

@@ -49,7 +49,7 @@ use std::time::{Duration, Instant};
 use ciphermq_shard::durability::deleted_dir;
 use ciphermq_shard::log::dedup_file::DedupWrite;
 use ciphermq_shard::log::segment::{self, FILE_HEADER, FILE_HEADER_BYTES};
-use ciphermq_shard::log::unix_ms;
+use ciphermq_shard::log::{unix_ms, LogFence};
 use ciphermq_shard::{CommitJob, QueueRemoval, Shard};
 use futures_util::future::join_all;
 use glommio::io::Directory;
@@ -175,10 +175,17 @@ impl Files {
 async fn prepare(files: &RefCell<Files>, job: &CommitJob) -> IoResult<Arc<File>> {
     if job.create_dir {
         let dir = job.dir.clone();
+        let shared = job.fence.is_some();
         blocking(move || {
             // 0700 whatever the umask, as every directory of the data
-            // directory.
-            ciphermq_datadir::create_dir_all(&dir)?;
+            // directory. On shared storage only the queue's own level:
+            // a holder fenced out of its owner's directory must not make
+            // that directory again.
+            if shared {
+                make_last_level(&dir)?;
+            } else {
+                ciphermq_datadir::create_dir_all(&dir)?;
+            }
             sync_parent(&dir)
         })
         .await?;
@@ -228,6 +235,15 @@ fn cut(path: &Path, len: u64) -> std::io::Result<()> {
         file.write_all_at(&FILE_HEADER, 0)?;
     }
     file.sync_data()
+}
+
+/// Makes `dir` (0700) inside a parent that must already exist.
+fn make_last_level(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt as _;
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        other => other,
+    }
 }
 
 fn sync_dir(dir: &Path) -> std::io::Result<()> {
@@ -601,6 +617,48 @@ fn is_device_failure(e: &GlommioError<()>) -> bool {
     )
 }
 
+/// After the round's bytes are durable and before anything is answered:
+/// every job on shared storage that someone waits for fails unless its
+/// fence still holds (this node's lease, and its owner's directory not
+/// taken over; see `cluster/shared_logs.rs`). Each distinct fence is
+/// checked once, in one call off the shard; a round with no such job (on a
+/// node with local storage, every round) costs nothing more.
+async fn check_fences(jobs: &[CommitJob], mut io: Vec<IoResult<()>>) -> Vec<IoResult<()>> {
+    let mut fences: Vec<Arc<dyn LogFence>> = Vec::new();
+    for (job, outcome) in jobs.iter().zip(&io) {
+        if let (Some(fence), Ok(())) = (&job.fence, outcome) {
+            if !job.waiters.is_empty() && !fences.iter().any(|f| Arc::ptr_eq(f, fence)) {
+                fences.push(fence.clone());
+            }
+        }
+    }
+    if fences.is_empty() {
+        return io;
+    }
+    let checked = fences.clone();
+    let held = blocking(move || Ok(checked.iter().map(|f| f.holds()).collect::<Vec<bool>>()))
+        .await
+        .unwrap_or_else(|_| vec![false; fences.len()]);
+    for (job, outcome) in jobs.iter().zip(io.iter_mut()) {
+        let Some(fence) = &job.fence else { continue };
+        if job.waiters.is_empty() || outcome.is_err() {
+            continue;
+        }
+        let holds = fences
+            .iter()
+            .position(|f| Arc::ptr_eq(f, fence))
+            .is_some_and(|i| held[i]);
+        if !holds {
+            // ESTALE: not a failing device (`/ready` stays up), this
+            // node's hold on the owner's storage went stale.
+            *outcome = Err(GlommioError::IoError(std::io::Error::from_raw_os_error(
+                libc::ESTALE,
+            )));
+        }
+    }
+    io
+}
+
 /// Finishes a written round: syncs the directories of new files, then answers
 /// its waiters and deletes what its jobs free.
 async fn sync_round(stages: Stages, files: Rc<RefCell<Files>>, round: WrittenRound) {
@@ -619,6 +677,7 @@ async fn sync_round(stages: Stages, files: Rc<RefCell<Files>>, round: WrittenRou
         Ok(())
     }))
     .await;
+    let io = check_fences(&jobs, io).await;
     // The log decides what counts as durable: a job written after a failed
     // one of its queue fails too, whatever its own I/O said. Each queue's
     // failure is its own (`/api/queues`), until a write of it succeeds.

@@ -1544,11 +1544,19 @@ impl Config {
                 }
             }
             ClusterStorage::Shared => {
-                return Err(ConfigError::invalid(
-                    "cluster.storage",
-                    "\"shared\" is not supported by this version: it comes with automatic \
-                     failover; use \"local\"",
-                ));
+                if c.shared_dir.as_os_str().is_empty() {
+                    return Err(ConfigError::invalid(
+                        "cluster.shared_dir",
+                        "empty, but cluster.storage = \"shared\" keeps every owner's queues \
+                         there: set it to a directory every node reaches",
+                    ));
+                }
+                if self.storage.mode != StorageMode::Durable {
+                    return Err(ConfigError::invalid(
+                        "cluster.storage",
+                        "\"shared\" keeps queues on disk: it needs storage.mode = \"durable\"",
+                    ));
+                }
             }
         }
         Ok(())

@@ -83,9 +83,18 @@ pub(crate) async fn run_shard(
         }
     };
     let MeshEndpoint { outbound, inbound } = ctx.endpoint;
-    let durable = ctx
-        .durable
-        .map(|(dir, segment)| Durability::new(dir, segment, ctx.mirror, ctx.disk));
+    let placement = ctx
+        .shared
+        .cluster
+        .as_ref()
+        .and_then(|c| c.log_placement(&ctx.shared.topology));
+    let durable = ctx.durable.map(|(dir, segment)| {
+        let mut durable = Durability::new(dir, segment, ctx.mirror, ctx.disk);
+        if let Some(placement) = placement {
+            durable.set_placement(placement);
+        }
+        durable
+    });
     let is_durable = durable.is_some();
     let mut state = Shard::new(
         ctx.queue_settings,

@@ -15,6 +15,8 @@
 //! - [`config`]: where to connect and which schema to use.
 //! - `input`: the checks every name and address passes before any SQL.
 //! - [`error`]: [`ClusterError`], one variant per thing that can go wrong.
+//! - [`shared_storage`]: `cluster.storage = "shared"`: one directory per
+//!   owner and tenure on storage every node reaches, fenced by renaming.
 //! - [`watch`]: failure detection: which nodes' heartbeats stood still
 //!   for a lease plus a margin on the watcher's own clock, with its link
 //!   up the whole time.
@@ -48,6 +50,7 @@ pub mod error;
 mod input;
 pub mod postgres;
 mod schema;
+pub mod shared_storage;
 pub mod watch;
 mod worker;
 

@@ -11,7 +11,7 @@ use std::time::Instant;
 use ciphermq_proto::NackReason;
 
 use crate::log::buffer_pool::BufferPool;
-use crate::log::{queue_dir, unix_ms, CommitJob, MirrorWatermarks, QueueLog};
+use crate::log::{queue_dir, unix_ms, CommitJob, LogPlacement, MirrorWatermarks, QueueLog};
 use crate::mesh::Origin;
 use crate::message::DedupKey;
 use crate::pending::Resolver;
@@ -150,6 +150,9 @@ pub struct Durability {
     /// Ids carried out of segments about to be deleted, kept between rounds
     /// (at most [`CARRY_PER_ROUND`] entries).
     carried: Vec<(DedupKey, u64)>,
+    /// Where logs kept outside the data directory live (a cluster on
+    /// shared storage); `None`: every log is under `data_dir/queues`.
+    placement: Option<Arc<dyn LogPlacement>>,
 }
 
 impl Durability {
@@ -177,7 +180,15 @@ impl Durability {
             retired: HashSet::new(),
             buffers: BufferPool::default(),
             carried: Vec::new(),
+            placement: None,
         }
+    }
+
+    /// Asks `placement` where each new log lives (a cluster on shared
+    /// storage). Such logs are left out of the metadata mirror, which reads
+    /// the data directory only.
+    pub fn set_placement(&mut self, placement: Arc<dyn LogPlacement>) {
+        self.placement = Some(placement);
     }
 
     /// `delete_queue`: forgets `queue`'s log (nothing more is appended to
@@ -231,6 +242,17 @@ impl Durability {
         waiters
     }
 
+    /// A quiet queue's log leaves the shard and its files stay as they are:
+    /// they are on shared storage, and the node now holding the owner
+    /// reads them. Returns the tickets that waited (none, when quiet).
+    pub(crate) fn forget(&mut self, queue: &Arc<str>) -> Vec<u64> {
+        self.dirty.retain(|q| q != queue);
+        self.logs
+            .remove(queue)
+            .map(|mut log| log.take_waiters())
+            .unwrap_or_default()
+    }
+
     /// Takes the removals due (see [`QueueRemoval`]).
     pub(crate) fn take_removals(&mut self, out: &mut Vec<QueueRemoval>) {
         out.append(&mut self.removals);
@@ -263,7 +285,10 @@ impl Durability {
 
     /// The directory of `queue`'s log.
     pub(crate) fn dir_of(&self, queue: &str) -> PathBuf {
-        queue_dir(&self.data_dir, queue)
+        match self.logs.get(queue) {
+            Some(log) => log.dir().to_path_buf(),
+            None => queue_dir(&self.data_dir, queue),
+        }
     }
 
     /// The segment size.
@@ -288,7 +313,13 @@ impl Durability {
         let data_dir = &self.data_dir;
         let segment_bytes = self.segment_bytes;
         let mirror = &self.mirror;
+        let placement = &self.placement;
         let log = self.logs.entry(queue.clone()).or_insert_with(|| {
+            if let Some(placed) = placement.as_ref().and_then(|p| p.place(queue)) {
+                let mut log = QueueLog::new(placed.dir, segment_bytes, next_seq);
+                log.set_fence(placed.fence);
+                return log;
+            }
             let mut log = QueueLog::new(queue_dir(data_dir, queue), segment_bytes, next_seq);
             if let Some(mirror) = mirror {
                 log.set_mirror(mirror.cell(queue));

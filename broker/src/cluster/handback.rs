@@ -35,8 +35,8 @@ use ciphermq_shard::topology::TopologyChange;
 
 use super::manifest::Manifest;
 use super::moves::{
-    on_shard, owner_hex, pack, read_manifest, remove_dir, stage, stop_and_detach, unpack, Handover,
-    Moves, StepError,
+    on_shard, owner_hex, pack, read_manifest, remove_dir, stage, stop_and_detach, stop_and_forget,
+    unpack, Handover, Moves, StepError,
 };
 use super::{ClusterNode, Residence};
 use crate::context::Shared;
@@ -132,6 +132,19 @@ impl Handbacks {
         let Some(data_dir) = &handover.data_dir else {
             return Ok(());
         };
+        if node.shared_logs().is_some() {
+            // On shared storage the backlog is not this node's to give: the
+            // node holding the owner fenced this node's copy and adopts it.
+            for owner in lost_owners(node, shared, moves) {
+                match stop_and_forget(shared, handover, &owner) {
+                    Ok(()) => tracing::warn!(owner = %owner,
+                        "this node no longer holds an owner kept on shared storage: its queues leave this node, their files are the new holder's"),
+                    Err(e) => tracing::error!(owner = %owner, error = %e,
+                        "cannot let go of an owner that lives on another node; trying again"),
+                }
+            }
+            return Ok(());
+        }
         for owner in lost_owners(node, shared, moves) {
             let dir = give_dir(data_dir, &owner);
             match stop_and_detach(shared, handover, &dir, &owner, 0) {
@@ -243,9 +256,9 @@ fn offer(
 
 /// What a take stored.
 #[derive(Default)]
-struct Taken {
-    stored: u64,
-    duplicates: u64,
+pub(super) struct Taken {
+    pub(super) stored: u64,
+    pub(super) duplicates: u64,
 }
 
 /// Takes one offered backlog: stages it, and stores each queue's messages
@@ -283,48 +296,62 @@ fn take(
     let home = shard_of(&h.owner, handover.injector.shards()) as usize;
     let mut taken = Taken::default();
     for q in &manifest.queues {
-        let dir = staging.join(&q.name);
-        let recovered = recover_queue(&dir, &handover.dedup_hasher, handover.window_ms)
-            .map_err(|e| format!("queue {}: {}: {e}", q.name, dir.display()))?;
-        let messages = recovered
-            .read_back()
-            .map_err(|e| format!("queue {}: {}: {e}", q.name, dir.display()))?;
-        let name: Arc<str> = Arc::from(q.name.as_str());
-        for chunk in messages.chunks(STEP_MESSAGES) {
-            let msgs: Vec<_> = chunk.iter().map(|m| m.msg.clone()).collect();
-            let queue = name.clone();
-            let done = on_shard(handover, home, move |s, now| {
-                s.take_back(&queue, &msgs, now)
-            })?
-            .map_err(|(reason, _)| format!("queue {}: refused ({})", q.name, reason.as_str()))?;
-            taken.stored += done.stored;
-            taken.duplicates += done.duplicates;
-        }
-        // Everything stored is on disk once the log stands still.
-        let deadline = Instant::now() + QUIET_WAIT;
-        loop {
-            let names = vec![name.clone()];
-            if on_shard(handover, home, move |s, _| s.is_quiet(&names))? {
-                break;
-            }
-            if Instant::now() >= deadline {
-                return Err(format!(
-                    "queue {}: its log did not stand still within {} s",
-                    q.name,
-                    QUIET_WAIT.as_secs()
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        let done = store_backlog(handover, home, &q.name, &staging.join(&q.name))?;
+        taken.stored += done.stored;
+        taken.duplicates += done.duplicates;
     }
     Ok(taken)
+}
+
+/// Recovers the queue log staged at `dir` as a restart would, and stores
+/// its messages in order into queue `name` on shard `home` (after what it
+/// holds, deduplicated), a step at a time; returns once the queue's log
+/// stands still, so everything stored is on disk.
+pub(super) fn store_backlog(
+    handover: &Handover,
+    home: usize,
+    name: &str,
+    dir: &Path,
+) -> Result<Taken, StepError> {
+    let mut taken = Taken::default();
+    let recovered = recover_queue(dir, &handover.dedup_hasher, handover.window_ms)
+        .map_err(|e| format!("queue {name}: {}: {e}", dir.display()))?;
+    let messages = recovered
+        .read_back()
+        .map_err(|e| format!("queue {name}: {}: {e}", dir.display()))?;
+    let queue_name: Arc<str> = Arc::from(name);
+    for chunk in messages.chunks(STEP_MESSAGES) {
+        let msgs: Vec<_> = chunk.iter().map(|m| m.msg.clone()).collect();
+        let queue = queue_name.clone();
+        let done = on_shard(handover, home, move |s, now| {
+            s.take_back(&queue, &msgs, now)
+        })?
+        .map_err(|(reason, _)| format!("queue {name}: refused ({})", reason.as_str()))?;
+        taken.stored += done.stored;
+        taken.duplicates += done.duplicates;
+    }
+    // Everything stored is on disk once the log stands still.
+    let deadline = Instant::now() + QUIET_WAIT;
+    loop {
+        let names = vec![queue_name.clone()];
+        if on_shard(handover, home, move |s, _| s.is_quiet(&names))? {
+            return Ok(taken);
+        }
+        if Instant::now() >= deadline {
+            return Err(format!(
+                "queue {name}: its log did not stand still within {} s",
+                QUIET_WAIT.as_secs()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
 }
 
 /// Declares the queues of `manifest` this node does not have (their
 /// receiver deleted them after the takeover, or never had them declared
 /// here): a backlog is never dropped for want of its queue. Bindings are
 /// not made again: the owner's bindings here are what its receiver made.
-fn declare_missing(shared: &Shared, manifest: &Manifest) -> Result<(), StepError> {
+pub(super) fn declare_missing(shared: &Shared, manifest: &Manifest) -> Result<(), StepError> {
     for q in &manifest.queues {
         if shared.topology.snapshot().queue(&q.name).is_some() {
             continue;

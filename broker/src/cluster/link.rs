@@ -31,6 +31,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError};
 
 use ciphermq_admin::cluster_status::MAX_TAKEOVER_ROWS;
 
+use super::adoption::Adopter;
 use super::catalogue::OwnerCatalogue;
 use super::handback::Handbacks;
 use super::moves::{Handover, Moves};
@@ -85,6 +86,9 @@ struct Link {
     last_tick: Instant,
     /// Refreshes since the recorded takeovers were last read.
     refreshes: u32,
+    /// With `cluster.storage = "shared"`: fences and adopts the copies of
+    /// owners placed here.
+    adopter: Option<Adopter>,
 }
 
 /// Joins the cluster, reports on `ready`, then serves until [`Job::Stop`]
@@ -146,7 +150,26 @@ impl Link {
             }
         };
         let advertise = node.advertise().unwrap_or_default().to_owned();
+        let sent_at = Instant::now();
         let incarnation = coordinator.register(&node.node_id, &advertise)?;
+        // A registration is this node's first heartbeat.
+        node.lease_gate().renewed(sent_at, node.lease);
+        let adopter = match (node.shared_logs(), &handover.data_dir) {
+            (None, _) => None,
+            (Some(_), None) => {
+                return Err(ClusterStartError::SharedStorage(
+                    "cluster.storage = \"shared\" needs storage.mode = \"durable\"".to_owned(),
+                ))
+            }
+            (Some(_), Some(data_dir)) => {
+                // Staged copies of a run that ended are staged again.
+                let _ = super::moves::remove_dir(&data_dir.join("adopt-in"));
+                Some(
+                    Adopter::start(node.clone(), shared.clone(), handover.clone())
+                        .map_err(|e| ClusterStartError::Thread(e.to_string()))?,
+                )
+            }
+        };
         node.status
             .incarnation
             .store(incarnation, Ordering::Relaxed);
@@ -170,6 +193,7 @@ impl Link {
             watch: HeartbeatWatch::new(&node_id, lease),
             last_tick: now,
             refreshes: 0,
+            adopter,
         };
         let changes = link.coordinator.placements_since(0)?;
         // Owners given to this node while it was away, or before it could
@@ -280,6 +304,14 @@ impl Link {
                 to_node,
                 reply,
             } => {
+                if self.node.shared_logs().is_some() {
+                    let _ = reply.send(Err(
+                        "moves are not supported with cluster.storage = \"shared\" in this version: \
+                         an owner changes node there only by a takeover"
+                            .to_owned(),
+                    ));
+                    return;
+                }
                 let asked =
                     self.moves
                         .request(&self.coordinator, &owner, &to_node, self.node.lease, reply);
@@ -305,9 +337,24 @@ impl Link {
         }
         self.last_tick = now;
         if now.duration_since(self.last_heartbeat) >= self.node.lease / 3 {
+            let sent_at = Instant::now();
             let beat = self
                 .coordinator
                 .heartbeat(&self.node.node_id, self.incarnation);
+            if beat.is_ok() {
+                self.node.lease_gate().renewed(sent_at, self.node.lease);
+            }
+            if beat.is_err()
+                && !matches!(
+                    beat,
+                    Err(ClusterError::Connect { .. }
+                        | ClusterError::Query { .. }
+                        | ClusterError::NoAnswer { .. })
+                )
+            {
+                // Declared dead or fenced: the lease is gone for good.
+                self.node.lease_gate().revoke();
+            }
             if let Err(e @ ClusterError::Fenced { .. }) = &beat {
                 if !self.node.status.fenced.swap(true, Ordering::Relaxed) {
                     self.node.view.fence();
@@ -323,8 +370,10 @@ impl Link {
                 tracing::warn!(node_id = %self.node.node_id, error = %e,
                     "this node was declared dead while it was silent; joining the cluster again");
                 let advertise = self.node.advertise().unwrap_or_default().to_owned();
+                let sent_at = Instant::now();
                 match self.coordinator.register(&self.node.node_id, &advertise) {
                     Ok(incarnation) => {
+                        self.node.lease_gate().renewed(sent_at, self.node.lease);
                         self.incarnation = incarnation;
                         self.node
                             .status
@@ -527,6 +576,9 @@ impl Link {
     fn apply(&mut self, placements: &[ciphermq_cluster::Placement]) -> Result<(), ClusterError> {
         if let Some(shared) = self.shared.upgrade() {
             super::takeover::adopt(&self.node, &shared, &self.coordinator, placements)?;
+        }
+        if let (Some(adopter), Some(logs)) = (&self.adopter, self.node.shared_logs()) {
+            adopter.hold_placed(&self.node, logs, self.incarnation, placements);
         }
         self.node.view.apply(placements);
         Ok(())

@@ -66,6 +66,7 @@ const MAGIC: &[u8; 8] = b"CMQMOVE1";
 pub(super) const MANIFEST: &str = "manifest.json";
 
 /// What a node needs to hand owners over and take them.
+#[derive(Clone)]
 pub(crate) struct Handover {
     /// `storage.data_dir` when durable; moves need it.
     pub data_dir: Option<PathBuf>,
@@ -645,6 +646,29 @@ pub(super) fn stop_and_detach(
     owner: &str,
     epoch: u64,
 ) -> Result<PathBuf, StepError> {
+    take_out(shared, handover, Some((dir, epoch)), owner)?;
+    Ok(dir.to_path_buf())
+}
+
+/// As [`stop_and_detach`], but the queues' files stay where they are: the
+/// owner's logs are on shared storage, which the node now holding it has
+/// fenced and reads.
+pub(super) fn stop_and_forget(
+    shared: &Arc<Shared>,
+    handover: &Handover,
+    owner: &str,
+) -> Result<(), StepError> {
+    take_out(shared, handover, None, owner)
+}
+
+/// Takes `owner`'s queues out of this node: into `keep`'s directory with a
+/// manifest of the placement's epoch, or (`None`) leaving their files.
+fn take_out(
+    shared: &Arc<Shared>,
+    handover: &Handover,
+    keep: Option<(&Path, u64)>,
+    owner: &str,
+) -> Result<(), StepError> {
     let shards = handover.injector.shards();
     let home = shard_of(owner, shards) as usize;
     // Every shard has seen the owner leave once it handled the barrier
@@ -678,20 +702,31 @@ pub(super) fn stop_and_detach(
     if shared.policy.current().acl.role_of(owner) == crate::acl::Role::Receiver {
         shared.policy.close_connections_of(owner);
     }
-    let manifest = Manifest::of(&shared.topology.snapshot(), owner, epoch, &names);
-    let dir = dir.to_path_buf();
-    remove_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    ciphermq_datadir::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let text = serde_json::to_vec(&manifest).map_err(|e| e.to_string())?;
-    write_durably(&dir.join(MANIFEST), &text).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let keep_in = match keep {
+        Some((dir, epoch)) => {
+            let manifest = Manifest::of(&shared.topology.snapshot(), owner, epoch, &names);
+            let dir = dir.to_path_buf();
+            remove_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+            ciphermq_datadir::create_dir_all(&dir)
+                .map_err(|e| format!("{}: {e}", dir.display()))?;
+            let text = serde_json::to_vec(&manifest).map_err(|e| e.to_string())?;
+            write_durably(&dir.join(MANIFEST), &text)
+                .map_err(|e| format!("{}: {e}", dir.display()))?;
+            Some(dir)
+        }
+        None => None,
+    };
     // Once its logs stand still, the queues leave the shard.
     let deadline = Instant::now() + QUIET_WAIT;
     let pendings = loop {
         let step_names = names.clone();
-        let keep_in = dir.clone();
+        let keep_in = keep_in.clone();
         let detached = on_shard(handover, home, move |s, _| {
-            s.is_quiet(&step_names)
-                .then(|| s.detach(&step_names, &|name: &str| keep_in.join(name)))
+            s.is_quiet(&step_names).then(|| {
+                s.detach(&step_names, &|name: &str| {
+                    keep_in.as_ref().map(|dir| dir.join(name))
+                })
+            })
         })?;
         if let Some(pendings) = detached {
             break pendings;
@@ -722,7 +757,7 @@ pub(super) fn stop_and_detach(
         };
         let _ = futures_lite::future::block_on(shared.topology.submit(removed));
     }
-    Ok(dir)
+    Ok(())
 }
 
 /// The owner's queues and their bindings, from the topology.

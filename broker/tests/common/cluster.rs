@@ -34,3 +34,27 @@ pub fn process_node(db: &TestDb, node_id: &str, dir: &Path) -> (PathBuf, PathBuf
     std::fs::write(&config, text).unwrap();
     (config, data)
 }
+
+/// A durable node of 2 shards to run as its own process, keeping its
+/// owners' queues in `shared_dir` (`cluster.storage = "shared"`) with a
+/// lease of `lease_secs`: its config file under `dir`, and its data
+/// directory.
+pub fn shared_process_node(
+    db: &TestDb,
+    node_id: &str,
+    dir: &Path,
+    shared_dir: &Path,
+    lease_secs: u64,
+) -> (PathBuf, PathBuf) {
+    let data = dir.join("data");
+    let config = dir.join("broker.toml");
+    let sections = format!(
+        "{}storage = \"shared\"\nshared_dir = \"{}\"\n",
+        sections(db, node_id).replace("lease_secs = 5", &format!("lease_secs = {lease_secs}")),
+        shared_dir.display()
+    );
+    let text = super::config_text(&super::pki().certs, &data, 2, &sections)
+        .replace(r#"mode = "memory""#, r#"mode = "durable""#);
+    std::fs::write(&config, text).unwrap();
+    (config, data)
+}

@@ -11,6 +11,8 @@
 //! - [`buffer_pool`]: written commit buffers handed back for later rounds.
 //! - [`dedup_file`]: ids acked within the dedup window, carried out of
 //!   segments before those are deleted.
+//! - [`placement`]: logs kept on shared storage instead, each with the
+//!   fence checked before its `ACK`s.
 //! - [`mirror`]: how the metadata mirror holds back segment deletion until it
 //!   has read a segment.
 //! - [`recovery`]: reading a queue's files at start-up: torn tails truncated,
@@ -25,12 +27,14 @@ pub mod buffer_pool;
 pub mod crc;
 pub mod dedup_file;
 pub mod mirror;
+pub mod placement;
 pub mod queue_log;
 pub mod record;
 pub mod recovery;
 pub mod segment;
 
 pub use mirror::MirrorWatermarks;
+pub use placement::{LogFence, LogPlacement, PlacedLog};
 pub use queue_log::{CommitJob, QueueLog};
 pub use recovery::{recover_queue, Damage, RecoveredQueue};
 pub use segment::{segment_base, segment_path};

@@ -54,6 +54,10 @@ pub struct CommitJob {
     pub dir: PathBuf,
     /// The directory does not exist yet.
     pub create_dir: bool,
+    /// The log lives on shared storage: after the `fdatasync`, nothing of
+    /// the job is acknowledged unless this still holds, and only the
+    /// queue's own directory is ever made (see [`crate::log::placement`]).
+    pub fence: Option<Arc<dyn crate::log::LogFence>>,
     /// The segment file to write.
     pub path: PathBuf,
     /// Its base sequence number.
@@ -99,6 +103,8 @@ pub struct CommitJob {
 pub struct QueueLog {
     dir: PathBuf,
     dir_exists: bool,
+    /// See [`CommitJob::fence`].
+    fence: Option<Arc<dyn crate::log::LogFence>>,
     segment_bytes: u64,
     /// Oldest first; the last one is the active segment.
     segments: VecDeque<Segment>,
@@ -142,6 +148,7 @@ impl QueueLog {
             window_ms: u64::MAX,
             dir,
             dir_exists: false,
+            fence: None,
             segment_bytes,
             segments: VecDeque::new(),
             written: FILE_HEADER_BYTES,
@@ -189,6 +196,17 @@ impl QueueLog {
             _ => log.open_segment(next_seq),
         }
         log
+    }
+
+    /// Keeps the log on shared storage, guarded by `fence` (see
+    /// [`CommitJob::fence`]).
+    pub fn set_fence(&mut self, fence: Arc<dyn crate::log::LogFence>) {
+        self.fence = Some(fence);
+    }
+
+    /// Its directory.
+    pub fn dir(&self) -> &std::path::Path {
+        &self.dir
     }
 
     /// Holds fully acked segments until the metadata mirror has read them.
@@ -486,6 +504,7 @@ impl QueueLog {
             queue: queue.clone(),
             dir: self.dir.clone(),
             create_dir: !self.dir_exists,
+            fence: self.fence.clone(),
             path: active.path.clone(),
             segment: active.base,
             create: !active.created,

@@ -73,13 +73,14 @@ impl Shard {
     /// Takes frozen, quiet queues out of the shard whole: their messages
     /// leave memory, waiting fetches get what they have, and each log
     /// directory is moved to `keep(name)` by the committer (the pendings
-    /// resolve, in `names` order, once it is). Deliveries still owed for
+    /// resolve, in `names` order, once it is); where `keep` gives `None`
+    /// the files stay where they are (shared storage another node took). Deliveries still owed for
     /// them are forgotten here: the node they go to delivers those
     /// messages again, as a restart would.
     pub fn detach(
         &mut self,
         names: &[Arc<str>],
-        keep: &dyn Fn(&str) -> PathBuf,
+        keep: &dyn Fn(&str) -> Option<PathBuf>,
     ) -> Vec<Pending<Result<(), String>>> {
         let mut moved = Vec::with_capacity(names.len());
         for name in names {
@@ -106,12 +107,17 @@ impl Shard {
             self.to_read.retain(|q| q != name);
             self.read_retry.retain(|q| q != name);
             self.budget_waiting.retain(|q| q != name);
-            match &mut self.durable {
-                Some(d) => {
-                    let waiters = d.detach(name, keep(name), done);
+            match (&mut self.durable, keep(name)) {
+                (Some(d), Some(keep)) => {
+                    let waiters = d.detach(name, keep, done);
                     self.release_waiters(&waiters, true);
                 }
-                None => done.resolve(Ok(())),
+                (Some(d), None) => {
+                    let waiters = d.forget(name);
+                    self.release_waiters(&waiters, true);
+                    done.resolve(Ok(()));
+                }
+                (None, _) => done.resolve(Ok(())),
             }
         }
         moved
