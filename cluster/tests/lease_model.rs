@@ -47,8 +47,6 @@
 //! - An ACK happens at the lease check that decides it; what the publisher
 //!   does with it afterwards is not modelled.
 
-use std::fmt::Debug;
-
 use stateright::{Checker, HasDiscoveries, Model, Property};
 
 type NodeId = usize;
