@@ -437,6 +437,14 @@ impl Connection {
             // Sends what rustls encrypted, straight from its buffers while the
             // socket takes it; the rest waits in `outgoing` (which the
             // high-water mark counts).
+            if !self.session.local.may_answer()
+                && (self.tls.outgoing_len() > 0 || self.tls.holds_records())
+            {
+                return Err(
+                    "this node's cluster lease ran out: answers not sent, connection closed"
+                        .to_owned(),
+                );
+            }
             let flushed = self.tls.poll_flush(&mut self.stream, cx);
             if let Poll::Ready(Err(e)) = flushed {
                 return Err(e.to_string());

@@ -169,6 +169,9 @@ pub struct ShardLocal {
     /// The cluster's placement snapshot this shard last read, and its
     /// version (empty outside a cluster).
     placements: RefCell<(u64, Arc<Placements>)>,
+    /// With `cluster.storage = "shared"`: this node's lease, without which
+    /// no answer leaves (see [`ShardLocal::may_answer`]).
+    ack_gate: Option<Arc<ciphermq_cluster::shared_storage::LeaseGate>>,
 }
 
 impl ShardLocal {
@@ -180,7 +183,13 @@ impl ShardLocal {
             Some(cluster) => cluster.view().current(),
             None => (0, Arc::default()),
         };
+        let ack_gate = shared
+            .cluster
+            .as_ref()
+            .filter(|c| c.shared_logs().is_some())
+            .map(|c| c.lease_gate().clone());
         ShardLocal {
+            ack_gate,
             tls,
             placements: RefCell::new(placements),
             shard: RefCell::new(shard),
@@ -191,6 +200,19 @@ impl ShardLocal {
             last_step: Cell::new(None),
             serving: Serving::default(),
         }
+    }
+
+    /// Whether answers may still be sent: always, except on shared storage
+    /// once this node's lease ran out. Its `ACK`s were decided while the
+    /// lease held (`committer.rs` checks after each fsync), but one that
+    /// leaves now could reach its client after another node took the owner
+    /// over, as if two holders acknowledged at once: a connection with
+    /// output waiting is closed instead, and its client retries (the
+    /// message ids make a retry of a stored message a duplicate).
+    pub fn may_answer(&self) -> bool {
+        self.ack_gate
+            .as_ref()
+            .is_none_or(|gate| gate.is_valid(std::time::Instant::now()))
     }
 
     /// What a handshake starting now needs of the `[tls]` in force: the
