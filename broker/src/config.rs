@@ -2581,11 +2581,7 @@ mod tests {
                 "cluster.shared_dir:",
                 "does not use it",
             ),
-            (
-                "storage = \"shared\"\nshared_dir = \"/mnt/x\"",
-                "cluster.storage:",
-                "not supported",
-            ),
+            ("storage = \"shared\"", "cluster.shared_dir:", "empty"),
         ] {
             let e = err(&format!("{pg}[cluster]\nenabled = true\n{keys}"));
             assert!(e.starts_with(key) && e.contains(why), "{keys}: {e}");
@@ -2601,6 +2597,18 @@ mod tests {
             "[server]\naddress = \"0.0.0.0:5700\"\n{pg}[cluster]\nenabled = true\nadvertise = \"10.0.0.1:5700\""
         ))
         .is_ok());
+        let shared = parse(&format!(
+            "{pg}[cluster]\nenabled = true\nstorage = \"shared\"\nshared_dir = \"/mnt/x\""
+        ))
+        .unwrap();
+        assert_eq!(shared.cluster.storage, ClusterStorage::Shared);
+        let e = err(&format!(
+            "[storage]\nmode = \"memory\"\n{pg}[cluster]\nenabled = true\nstorage = \"shared\"\nshared_dir = \"/mnt/x\""
+        ));
+        assert!(
+            e.starts_with("cluster.storage:") && e.contains("durable"),
+            "{e}"
+        );
         let e = err("[cluster]\nstorage = \"nfs\"");
         assert!(e.starts_with("cluster.storage:"), "{e}");
         let e = err(

@@ -32,6 +32,11 @@ struct Cluster {
 
 impl Cluster {
     fn start(db: &TestDb) -> Cluster {
+        Cluster::start_first(db, 3)
+    }
+
+    /// Three nodes' configs, the first `running` of them started.
+    fn start_first(db: &TestDb, running: usize) -> Cluster {
         let shared = tempfile::tempdir().unwrap();
         let mut configs = Vec::new();
         let mut dirs = Vec::new();
@@ -43,7 +48,8 @@ impl Cluster {
         }
         let nodes = configs
             .iter()
-            .map(|c| Some(BrokerProcess::start(c)))
+            .enumerate()
+            .map(|(i, c)| (i < running).then(|| BrokerProcess::start(c)))
             .collect();
         Cluster {
             configs,
@@ -470,4 +476,96 @@ async fn a_paused_owner_acknowledges_nothing_once_taken_over_and_loses_nothing()
     let others: Vec<&String> = firsts.iter().filter(|id| **id != probe).collect();
     let expected: Vec<&String> = expected.iter().collect();
     assert!(others == expected, "delivered out of publish order");
+}
+
+/// The names of receiver_1's copies in the shared directory.
+fn copies(shared: &std::path::Path) -> Vec<String> {
+    let Some(owner_dir) = std::fs::read_dir(shared)
+        .ok()
+        .and_then(|mut d| d.next())
+        .and_then(Result::ok)
+    else {
+        return Vec::new();
+    };
+    let mut names: Vec<String> = std::fs::read_dir(owner_dir.path())
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+/// The node holding receiver_1 with a large backlog is killed; the node
+/// that takes it over (the only other one running) is killed too, in the
+/// middle of adopting the backlog (the fenced copy is still there, half
+/// stored in its own). A third node, started then, takes receiver_1 over
+/// and adopts both copies, oldest first: every acknowledged message is
+/// delivered once, in publish order, and only its copy is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_heir_killed_mid_adoption_leaves_both_copies_to_the_next_in_order() {
+    let db = TestDb::create().await;
+    let mut cluster = Cluster::start_first(&db, 2);
+    let mut r1 = cluster.node(0).connect("receiver_1").await;
+    setup_receiver(&mut r1, "receiver_1").await;
+    drop(r1);
+    let ids: Vec<String> = (0..200_000).map(|i| format!("m{i:06}")).collect();
+    let answers = publish_pipelined(&cluster.node(0).addr, "sender_1", &ids, 200).await;
+    assert!(
+        answers
+            .iter()
+            .all(|(id, line)| *line == format!("ACK {id}")),
+        "every publish acknowledged before the kill"
+    );
+
+    cluster.nodes[0].take().expect("running").kill();
+    // node-b, the only node left, fences node-a's copy and makes its own:
+    // it is killed as soon as both are seen.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let adopting = loop {
+        let names = copies(cluster.shared.path());
+        let fenced = names.iter().any(|n| n.ends_with(".fenced"));
+        let own = names
+            .iter()
+            .any(|n| n.starts_with("e00000000000000000002-"));
+        if fenced && own {
+            break names;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node-b never took receiver_1 over: {names:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    };
+    cluster.nodes[1].take().expect("running").kill();
+    let left = copies(cluster.shared.path());
+    eprintln!("copies when the heir was killed: {adopting:?}; after: {left:?}");
+    assert!(
+        left.iter().any(|n| n.starts_with("e00000000000000000001-")),
+        "the heir finished adopting before it was killed (make the backlog larger): {left:?}"
+    );
+
+    cluster.nodes[2] = Some(BrokerProcess::start(&cluster.configs[2]));
+    let (home, epoch) = new_home(&cluster, 2, 1, 2).await;
+    assert_eq!(home, 2);
+    let probe = "z000000".to_owned();
+    publish_until_acked(cluster.node(home), std::slice::from_ref(&probe)).await;
+    let mut r1 = cluster.node(home).connect("receiver_1").await;
+    let delivered = drain(&mut r1).await;
+    let mut expected = ids.clone();
+    expected.push(probe);
+    eprintln!(
+        "third node at epoch {epoch}: {} delivered, {} expected",
+        delivered.len(),
+        expected.len()
+    );
+    assert!(
+        delivered == expected,
+        "every acknowledged message once, in publish order"
+    );
+    let last = copies(cluster.shared.path());
+    assert_eq!(last.len(), 1, "copies left: {last:?}");
+    assert!(last[0].starts_with(&format!("e{epoch:020}-")), "{last:?}");
 }
