@@ -547,6 +547,9 @@ async fn an_heir_killed_mid_adoption_leaves_both_copies_to_the_next_in_order() {
         "the heir finished adopting before it was killed (make the backlog larger): {left:?}"
     );
 
+    // Its console log says how long the adoption took.
+    let text = std::fs::read_to_string(&cluster.configs[2]).unwrap();
+    std::fs::write(&cluster.configs[2], text.replace("console = false", "console = true")).unwrap();
     cluster.nodes[2] = Some(BrokerProcess::start(&cluster.configs[2]));
     let (home, epoch) = new_home(&cluster, 2, 1, 2).await;
     assert_eq!(home, 2);
@@ -561,6 +564,11 @@ async fn an_heir_killed_mid_adoption_leaves_both_copies_to_the_next_in_order() {
         delivered.len(),
         expected.len()
     );
+    for line in cluster.node(2).log_text().lines() {
+        if line.contains("adopted from shared storage") {
+            eprintln!("{line}");
+        }
+    }
     assert!(
         delivered == expected,
         "every acknowledged message once, in publish order"
