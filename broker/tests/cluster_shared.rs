@@ -92,17 +92,21 @@ impl Cluster {
 /// `moved` while the node has not heard of the takeover, are retried);
 /// returns when the first ACK came.
 async fn publish_until_acked(node: &BrokerProcess, ids: &[String]) -> Instant {
+    publish_until_acked_at(&node.addr, ids).await
+}
+
+/// [`publish_until_acked`] to the node at `addr`.
+async fn publish_until_acked_at(addr: &str, ids: &[String]) -> Instant {
     let mut first = None;
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut left: Vec<String> = ids.to_vec();
     while !left.is_empty() {
         assert!(
             Instant::now() < deadline,
-            "{} publishes never acknowledged on {}",
+            "{} publishes never acknowledged on {addr}",
             left.len(),
-            node.addr
         );
-        let answers = publish_pipelined(&node.addr, "sender_1", &left, 100).await;
+        let answers = publish_pipelined(addr, "sender_1", &left, 100).await;
         let acked: BTreeSet<&String> = answers
             .iter()
             .filter(|(id, line)| *line == format!("ACK {id}"))
@@ -549,7 +553,11 @@ async fn an_heir_killed_mid_adoption_leaves_both_copies_to_the_next_in_order() {
 
     // Its console log says how long the adoption took.
     let text = std::fs::read_to_string(&cluster.configs[2]).unwrap();
-    std::fs::write(&cluster.configs[2], text.replace("console = false", "console = true")).unwrap();
+    std::fs::write(
+        &cluster.configs[2],
+        text.replace("console = false", "console = true"),
+    )
+    .unwrap();
     cluster.nodes[2] = Some(BrokerProcess::start(&cluster.configs[2]));
     let (home, epoch) = new_home(&cluster, 2, 1, 2).await;
     assert_eq!(home, 2);
@@ -576,4 +584,246 @@ async fn an_heir_killed_mid_adoption_leaves_both_copies_to_the_next_in_order() {
     let last = copies(cluster.shared.path());
     assert_eq!(last.len(), 1, "copies left: {last:?}");
     assert!(last[0].starts_with(&format!("e{epoch:020}-")), "{last:?}");
+}
+
+/// Node `node_id`'s sections on shared storage in `shared`, lease 2 s,
+/// reaching PostgreSQL through `hole` if given.
+fn shared_sections(
+    db: &TestDb,
+    node_id: &str,
+    shared: &std::path::Path,
+    hole: Option<&common::blackhole::Blackhole>,
+) -> String {
+    let text = format!(
+        "{}storage = \"shared\"\nshared_dir = \"{}\"\n",
+        common::cluster::sections(db, node_id).replace("lease_secs = 5", "lease_secs = 2"),
+        shared.display()
+    );
+    match hole {
+        Some(hole) => text.replace("port = 5432", &format!("port = {}", hole.addr.port())),
+        None => text,
+    }
+}
+
+/// The owner's node is cut off from PostgreSQL alone (its coordinator's
+/// connection blackholed) while it keeps serving a pipelined load: it
+/// cannot renew its lease, so it stops acknowledging before the others
+/// declare it dead. Every ACK it sent came before the takeover PostgreSQL
+/// recorded (one clock: this host's); the new node acknowledges; once
+/// the link is back the old node lets go of the owner; nothing
+/// acknowledged is lost, and the backlog comes in publish order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_cut_off_from_postgres_alone_stops_acknowledging_before_it_is_taken_over() {
+    use common::blackhole::Blackhole;
+    use common::TestBroker;
+    let db = TestDb::create().await;
+    let hole = Blackhole::start().await;
+    let shared = tempfile::tempdir().unwrap();
+    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let a = TestBroker::start_durable_with(
+        1,
+        dirs[0].path(),
+        "127.0.0.1:0",
+        &shared_sections(&db, "node-a", shared.path(), Some(&hole)),
+    );
+    let others = [
+        TestBroker::start_durable_with(
+            1,
+            dirs[1].path(),
+            "127.0.0.1:0",
+            &shared_sections(&db, "node-b", shared.path(), None),
+        ),
+        TestBroker::start_durable_with(
+            1,
+            dirs[2].path(),
+            "127.0.0.1:0",
+            &shared_sections(&db, "node-c", shared.path(), None),
+        ),
+    ];
+    let _reopen = hole.reopen_on_drop();
+    let mut r1 = common::connect_as(&a, "receiver_1").await;
+    setup_receiver(&mut r1, "receiver_1").await;
+    drop(r1);
+
+    let ids: Vec<String> = (0..1_000_000).map(|i| format!("c{i:07}")).collect();
+    let answered = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (clock_instant, clock_system) = (Instant::now(), std::time::SystemTime::now());
+    let load = tokio::spawn(publish_noting_times(
+        a.addr.clone(),
+        ids.clone(),
+        16,
+        answered.clone(),
+    ));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while answered.load(std::sync::atomic::Ordering::Relaxed) < 1000 {
+        assert!(Instant::now() < deadline, "the load never got going");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    hole.cut.store(true, std::sync::atomic::Ordering::Relaxed);
+    let cut = Instant::now();
+
+    let client = db.client().await;
+    let (heir_id, declared_at) = loop {
+        let row = client
+            .query_opt(
+                "SELECT p.node_id, t.at FROM ciphermq_cluster.cluster_placements p, ciphermq_cluster.cluster_takeovers t \
+                 WHERE p.owner = 'receiver_1' AND p.epoch = 2 AND t.node_id = 'node-a'",
+                &[],
+            )
+            .await
+            .unwrap();
+        if let Some(row) = row {
+            break (
+                row.get::<_, String>(0),
+                row.get::<_, std::time::SystemTime>(1),
+            );
+        }
+        assert!(
+            cut.elapsed() < Duration::from_secs(60),
+            "nobody took receiver_1 over"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let heir = if heir_id == "node-b" {
+        &others[0]
+    } else {
+        &others[1]
+    };
+    let probe = "d0000000".to_owned();
+    let mut first_ack = None;
+    while first_ack.is_none() {
+        let answers =
+            publish_pipelined(&heir.addr, "sender_1", std::slice::from_ref(&probe), 1).await;
+        if answers
+            .first()
+            .is_some_and(|(id, line)| *line == format!("ACK {id}"))
+        {
+            first_ack = Some(cut.elapsed());
+        } else {
+            assert!(
+                cut.elapsed() < Duration::from_secs(60),
+                "the new node never acknowledged: {answers:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let answers = load.await.unwrap();
+    let acked_a: Vec<&(String, String, Instant)> = answers
+        .iter()
+        .filter(|(id, line, _)| *line == format!("ACK {id}"))
+        .collect();
+    let last_ack = acked_a
+        .last()
+        .map(|(_, _, at)| clock_system + (*at - clock_instant))
+        .unwrap();
+    let margin = declared_at
+        .duration_since(last_ack)
+        .unwrap_or_else(|e| panic!("node-a acknowledged {:?} after the takeover", e.duration()));
+    eprintln!(
+        "cut-off node: {} acked, the last {} ms before PostgreSQL recorded the takeover; takeover recorded {} ms after the cut; first ACK on {heir_id} {} ms after the cut",
+        acked_a.len(),
+        margin.as_millis(),
+        (declared_at.duration_since(clock_system + (cut - clock_instant)).unwrap_or_default()).as_millis(),
+        first_ack.unwrap().as_millis()
+    );
+    for (_, line, _) in answers.iter().skip(acked_a.len()) {
+        assert!(
+            line.contains(" storage") || line.contains(" moved "),
+            "unexpected answer: {line}"
+        );
+    }
+    // What it never acknowledged goes to the new node, in order.
+    let rest: Vec<String> = ids[acked_a.len()..answers.len() + 16].to_vec();
+    publish_until_acked_at(&heir.addr, &rest).await;
+    hole.cut.store(false, std::sync::atomic::Ordering::Relaxed);
+
+    let mut r1 = common::connect_as(heir, "receiver_1").await;
+    let delivered = drain(&mut r1).await;
+    let mut seen = BTreeSet::new();
+    let firsts: Vec<String> = delivered
+        .iter()
+        .filter(|id| seen.insert((*id).clone()))
+        .cloned()
+        .collect();
+    let mut expected: Vec<String> = acked_a.iter().map(|(id, _, _)| id.clone()).collect();
+    expected.extend(rest);
+    let lost: Vec<&String> = expected
+        .iter()
+        .chain([&probe])
+        .filter(|id| !seen.contains(*id))
+        .collect();
+    assert!(
+        lost.is_empty(),
+        "acknowledged but lost: {:?}",
+        &lost[..lost.len().min(10)]
+    );
+    let others_in_order: Vec<&String> = firsts.iter().filter(|id| **id != probe).collect();
+    let expected: Vec<&String> = expected.iter().collect();
+    assert!(
+        others_in_order == expected,
+        "delivered out of publish order"
+    );
+    drop(a);
+}
+
+/// The node holding receiver_1 is killed (SIGKILL) and started again well
+/// within its lease (5 s here): nobody takes receiver_1 over, and the node,
+/// back under a new incarnation, fences its own previous copy and adopts
+/// it: every acknowledged message is served again, in order, and only the
+/// new copy is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_restarted_within_its_lease_adopts_its_own_copy() {
+    let db = TestDb::create().await;
+    let shared = tempfile::tempdir().unwrap();
+    let dirs: Vec<_> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
+    let configs: Vec<PathBuf> = ["node-a", "node-b"]
+        .iter()
+        .zip(&dirs)
+        .map(|(id, dir)| shared_process_node(&db, id, dir.path(), shared.path(), 5).0)
+        .collect();
+    let a = BrokerProcess::start(&configs[0]);
+    let _b = BrokerProcess::start(&configs[1]);
+    let mut r1 = a.connect("receiver_1").await;
+    setup_receiver(&mut r1, "receiver_1").await;
+    drop(r1);
+    let ids: Vec<String> = (0..20_000).map(|i| format!("r{i:05}")).collect();
+    let answers = publish_pipelined(&a.addr, "sender_1", &ids, 64).await;
+    assert!(answers
+        .iter()
+        .all(|(id, line)| *line == format!("ACK {id}")));
+
+    a.kill();
+    let a = BrokerProcess::start(&configs[0]);
+    let probe = "s00000".to_owned();
+    publish_until_acked(&a, std::slice::from_ref(&probe)).await;
+    let client = db.client().await;
+    let (node, epoch): (String, i64) = {
+        let row = client
+            .query_one(
+                "SELECT node_id, epoch FROM ciphermq_cluster.cluster_placements WHERE owner = 'receiver_1'",
+                &[],
+            )
+            .await
+            .unwrap();
+        (row.get(0), row.get(1))
+    };
+    assert_eq!(
+        (node.as_str(), epoch),
+        ("node-a", 1),
+        "no takeover within the lease"
+    );
+    let mut r1 = a.connect("receiver_1").await;
+    let delivered = drain(&mut r1).await;
+    let mut expected = ids;
+    expected.push(probe);
+    assert!(
+        delivered == expected,
+        "every acknowledged message once, in publish order"
+    );
+    let left = copies(shared.path());
+    assert_eq!(left.len(), 1, "{left:?}");
+    assert!(
+        left[0].starts_with("e00000000000000000001-") && !left[0].ends_with(".fenced"),
+        "{left:?}"
+    );
 }

@@ -164,9 +164,9 @@ fn a_damaged_or_escaping_record_is_refused_naming_the_file() {
     let fenced = store.fence_older("receiver_1", tenure(2, 1)).unwrap();
     let record = fenced[0].path().join(FENCED_FILE);
     for text in [
-        "garbage\n".to_owned(),
-        format!("ciphermq fenced v1\nby x\n5 ../../etc/passwd\n"),
-        format!("ciphermq fenced v1\nby x\nfive q/log\n"),
+        "garbage\n",
+        "ciphermq fenced v1\nby x\n5 ../../etc/passwd\n",
+        "ciphermq fenced v1\nby x\nfive q/log\n",
     ] {
         std::fs::write(&record, text).unwrap();
         match store.fence_older("receiver_1", tenure(2, 1)) {
