@@ -20,7 +20,7 @@
 #   PUBLISHERS  publisher connections      ("1 4 16")
 #   WINDOW      publish window             (1000)
 #   PORT        CipherMQ port              (5917; must be free)
-#   SECTIONS    any of: throughput latency durability rss idle pgbridge cluster scaleout ab
+#   SECTIONS    any of: throughput latency durability rss idle pgbridge cluster shared scaleout ab
 #               restart backlog tail mixed load soak (default: the first six)
 #               durability: the price of durability as adjacent pairs
 #               (durable run, then in-memory run, RUNS times), 1 KiB, 1 shard,
@@ -29,6 +29,10 @@
 #               adjacent pairs, both durable with the Postgres backend
 #               (PGDB), 1 KiB, 1 shard, 1 consumer, RUNS pairs per
 #               PUBLISHERS count; the ratio is taken within each pair
+#               shared: a 1-node cluster with cluster.storage = "local",
+#               then one with "shared" (shared_dir on the same disk), as
+#               adjacent pairs, both durable with the Postgres backend,
+#               1 KiB, 1 shard, 1 consumer, RUNS pairs per PUBLISHERS count
 #               scaleout: two streams (sender_1 → receiver_1, sender_2 →
 #               receiver_2, 1 KiB, 1 publisher + 1 consumer each, two bench
 #               processes at once) against 1 node × 2 shards, then a 2-node
@@ -164,17 +168,23 @@ write_config() { # mode
 max_queue_size = $QUEUE_CAP"
   [[ -n "${QUEUE_CAP:-}" && -n "${DEDUP_WINDOW:-}" ]] && performance="$performance
 dedup_window_secs = $DEDUP_WINDOW"
-  if [[ $mode == postgres || $mode == cluster ]]; then
+  if [[ $mode == postgres || $mode == cluster || $mode == shared ]]; then
     database="[database]
 backend = \"postgres\"
 dbname = \"$PGDB\"
 [encryption]
 aes_key = \"$(head -c 32 /dev/urandom | base64)\""
-    [[ $mode == cluster ]] && database="$database
+    [[ $mode == cluster || $mode == shared ]] && database="$database
 [cluster]
 enabled = true
 node_id = \"bench-1\"
 schema = \"ciphermq_bench_cluster\""
+    if [[ $mode == shared ]]; then
+      rm -rf "$WORK/shared" && mkdir -p "$WORK/shared"
+      database="$database
+storage = \"shared\"
+shared_dir = \"$WORK/shared\""
+    fi
     mode=durable
   fi
   cat >"$WORK/config-$1.toml" <<EOF
@@ -428,6 +438,27 @@ if has cluster; then
         [[ $side == node ]] && mode=cluster
         start_broker "$mode" 1
         RUNS=1 bench "cluster-$side-p$pubs-r$run" "$side, durable + Postgres, 1 KiB, 1 shard" \
+          --target ciphermq --duration "$DURATION" --size 1024 --publishers "$pubs" --consumers 1
+      done
+    done
+  done
+fi
+
+if has shared; then
+  # A 1-node cluster keeping its queues in its data directory, then one
+  # keeping them in a shared directory (on the same disk here), so the pair
+  # differs by shared storage alone: the fence checked after every fsync
+  # (a stat of the owner's directory) and the lease check.
+  echo "== shared: a 1-node cluster with local storage, then with shared storage; adjacent pairs, durable + Postgres, 1 KiB, 1 shard, 1 consumer"
+  for pubs in $PUBLISHERS; do
+    for run in $(seq "$RUNS"); do
+      for side in local shared; do
+        psql_q postgres "DROP DATABASE IF EXISTS $PGDB WITH (FORCE)" >/dev/null
+        psql_q postgres "CREATE DATABASE $PGDB" >/dev/null
+        mode=cluster
+        [[ $side == shared ]] && mode=shared
+        start_broker "$mode" 1
+        RUNS=1 bench "shared-$side-p$pubs-r$run" "$side storage, 1-node cluster, durable + Postgres, 1 KiB, 1 shard" \
           --target ciphermq --duration "$DURATION" --size 1024 --publishers "$pubs" --consumers 1
       done
     done
