@@ -11,7 +11,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use ciphermq_cluster::{Coordinator, PgCoordinator, PgCoordinatorConfig, Suspect};
-use common::cluster::{durable_node, process_node};
+use common::cluster::{cluster_state, durable_node, every_node_beats_again, process_node};
 use common::pg::TestDb;
 use common::{body, check, connect_as, fetch, ids, line, send, setup_receiver};
 
@@ -382,56 +382,6 @@ fn through(db: &TestDb, node_id: &str, hole: Option<&common::blackhole::Blackhol
     match hole {
         Some(hole) => text.replace("port = 5432", &format!("port = {}", hole.addr.port())),
         None => text,
-    }
-}
-
-/// Every placement as (owner, node, epoch, version), and the takeovers
-/// recorded.
-async fn cluster_state(db: &TestDb) -> (Vec<(String, String, i64, i64)>, i64) {
-    let client = db.client().await;
-    let placements = client
-        .query(
-            "SELECT owner, node_id, epoch, version FROM ciphermq_cluster.cluster_placements ORDER BY owner",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
-        .collect();
-    let takeovers: i64 = client
-        .query_one(
-            "SELECT count(*) FROM ciphermq_cluster.cluster_takeovers",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    (placements, takeovers)
-}
-
-/// Waits until every node has heartbeated after this moment, twice.
-async fn every_node_beats_again(db: &TestDb) {
-    let client = db.client().await;
-    for _ in 0..2 {
-        let since: std::time::SystemTime =
-            client.query_one("SELECT now()", &[]).await.unwrap().get(0);
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let stale: i64 = client
-                .query_one(
-                    "SELECT count(*) FROM ciphermq_cluster.cluster_nodes WHERE heartbeat <= $1",
-                    &[&since],
-                )
-                .await
-                .unwrap()
-                .get(0);
-            if stale == 0 {
-                break;
-            }
-            assert!(Instant::now() < deadline, "a node never heartbeated again");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
     }
 }
 

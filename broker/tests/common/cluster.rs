@@ -3,6 +3,7 @@
 //! of its own (to kill it).
 
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use super::pg::TestDb;
 use super::TestBroker;
@@ -57,4 +58,54 @@ pub fn shared_process_node(
         .replace(r#"mode = "memory""#, r#"mode = "durable""#);
     std::fs::write(&config, text).unwrap();
     (config, data)
+}
+
+/// Every placement as (owner, node, epoch, version), and the takeovers
+/// recorded.
+pub async fn cluster_state(db: &TestDb) -> (Vec<(String, String, i64, i64)>, i64) {
+    let client = db.client().await;
+    let placements = client
+        .query(
+            "SELECT owner, node_id, epoch, version FROM ciphermq_cluster.cluster_placements ORDER BY owner",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+        .collect();
+    let takeovers: i64 = client
+        .query_one(
+            "SELECT count(*) FROM ciphermq_cluster.cluster_takeovers",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    (placements, takeovers)
+}
+
+/// Waits until every node has heartbeated after this moment, twice.
+pub async fn every_node_beats_again(db: &TestDb) {
+    let client = db.client().await;
+    for _ in 0..2 {
+        let since: std::time::SystemTime =
+            client.query_one("SELECT now()", &[]).await.unwrap().get(0);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let stale: i64 = client
+                .query_one(
+                    "SELECT count(*) FROM ciphermq_cluster.cluster_nodes WHERE heartbeat <= $1",
+                    &[&since],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            if stale == 0 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "a node never heartbeated again");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
 }
