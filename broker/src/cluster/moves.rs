@@ -553,14 +553,9 @@ fn incoming_dir(data_dir: &Path, owner: &str, epoch: u64) -> PathBuf {
     data_dir.join("incoming").join(move_dir_name(owner, epoch))
 }
 
-/// `owner` in lowercase hex: a file name whatever the CN holds.
-pub(super) fn owner_hex(owner: &str) -> String {
-    let mut name = String::with_capacity(owner.len() * 2 + 8);
-    for b in owner.bytes() {
-        name.push_str(&format!("{b:02x}"));
-    }
-    name
-}
+/// `owner` in lowercase hex: a file name whatever the CN holds (named as
+/// on shared storage).
+pub(super) use ciphermq_cluster::shared_storage::owner_dir_name as owner_hex;
 
 fn move_dir_name(owner: &str, epoch: u64) -> String {
     let mut name = owner_hex(owner);

@@ -173,11 +173,7 @@ impl SharedStore {
 
     /// `<owner hex>`: every copy of `owner`, whatever its name's bytes.
     pub fn owner_dir(&self, owner: &str) -> PathBuf {
-        let mut name = String::with_capacity(owner.len() * 2);
-        for b in owner.bytes() {
-            name.push_str(&format!("{b:02x}"));
-        }
-        self.root.join(name)
+        self.root.join(owner_dir_name(owner))
     }
 
     /// Makes `mine`'s live directory for `owner` (never over an existing
@@ -284,9 +280,14 @@ impl SharedStore {
             if !is_fenced {
                 match std::fs::rename(&live, &aside) {
                     Ok(()) => renamed = true,
-                    // Fenced meanwhile by another holder of ours (never
-                    // two at once), or gone: look again next time.
-                    Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                    // Fenced meanwhile by another holder: it is adopted
+                    // all the same. Gone altogether (adopted and deleted
+                    // by a holder that was in place): nothing to read.
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                        if !aside.is_dir() {
+                            continue;
+                        }
+                    }
                     Err(e) => return Err(SharedStorageError::io("fence an older copy", &live)(e)),
                 }
             }
@@ -302,6 +303,17 @@ impl SharedStore {
             .map(|(tenure, path)| FencedDir::record(path, tenure, mine))
             .collect()
     }
+}
+
+/// `owner` in lowercase hex: a directory name whatever bytes the CN holds
+/// (also how a node names an owner's directories in its data directory).
+pub fn owner_dir_name(owner: &str) -> String {
+    use std::fmt::Write as _;
+    let mut name = String::with_capacity(owner.len() * 2);
+    for b in owner.bytes() {
+        let _ = write!(name, "{b:02x}");
+    }
+    name
 }
 
 /// `fsync`s a directory, so the names in it survive a power cut.
