@@ -190,6 +190,7 @@ async fn killing_the_owners_node_ten_times_under_load_loses_nothing_acknowledged
     let mut r1 = cluster.node(0).connect("receiver_1").await;
     setup_receiver(&mut r1, "receiver_1").await;
     drop(r1);
+    catalogued(&db).await;
     let (mut home, mut epoch) = cluster.locate(0).await.expect("receiver_1 placed");
     assert_eq!(home, 0);
 
@@ -362,6 +363,7 @@ async fn a_paused_owner_acknowledges_nothing_once_taken_over_and_loses_nothing()
     let mut r1 = cluster.node(0).connect("receiver_1").await;
     setup_receiver(&mut r1, "receiver_1").await;
     drop(r1);
+    catalogued(&db).await;
 
     let ids: Vec<String> = (0..200_000).map(|i| format!("p{i:06}")).collect();
     let answered = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -647,6 +649,7 @@ async fn a_node_cut_off_from_postgres_alone_stops_acknowledging_before_it_is_tak
     let mut r1 = common::connect_as(&a, "receiver_1").await;
     setup_receiver(&mut r1, "receiver_1").await;
     drop(r1);
+    catalogued(&db).await;
 
     let ids: Vec<String> = (0..1_000_000).map(|i| format!("c{i:07}")).collect();
     let answered = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -902,5 +905,162 @@ async fn postgres_away_from_every_node_makes_no_takeover_and_loses_nothing() {
     assert!(
         delivered == acked,
         "every acknowledged message once, in publish order"
+    );
+}
+
+/// Waits until the owner catalogue records receiver_1's binding: an heir
+/// declares the owner's queues and bindings from it (one made in the last
+/// tick before its node dies is missing there, and its receiver makes it
+/// again: docs/CLUSTER.md).
+async fn catalogued(db: &TestDb) {
+    common::cluster::record_of(db, "receiver_1", |r| {
+        r["queues"][0]["bindings"]
+            .as_array()
+            .is_some_and(|b| !b.is_empty())
+    })
+    .await;
+}
+
+/// Fetches one message on `conn`, asserts it is `id` delivered for the
+/// `count`th time, and gives it back (`nack`).
+async fn deliver_and_give_back(conn: &mut Connection, id: &str, count: u32) {
+    let got = fetch(conn, "receiver_1_queue", 1).await;
+    assert_eq!(
+        got.iter()
+            .map(|g| (g.id.as_str(), g.count))
+            .collect::<Vec<_>>(),
+        [(id, count)],
+        "delivery {count} of {id}"
+    );
+    conn.queue_line(&format!("nack {id} receiver_1_queue"));
+    conn.flush().await.unwrap();
+    assert_eq!(next(conn).await, format!("NACK_CONFIRMED {id}"));
+}
+
+/// receiver_1's first message is delivered twice on its node and given
+/// back each time; the node is killed. The heir delivers it a third time:
+/// the backlog is adopted with its delivery counts, not as new messages
+/// (so `max_deliveries` still counts every delivery). Given back again and
+/// the heir killed too, the last node delivers it a fourth time: the heir
+/// had written the counts it adopted into its own log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delivery_counts_carry_over_through_takeovers() {
+    let db = TestDb::create().await;
+    let mut cluster = Cluster::start(&db);
+    let mut r1 = cluster.node(0).connect("receiver_1").await;
+    setup_receiver(&mut r1, "receiver_1").await;
+    catalogued(&db).await;
+    publish_until_acked(cluster.node(0), &["c0".to_owned(), "c1".to_owned()]).await;
+    for count in 1..=2 {
+        deliver_and_give_back(&mut r1, "c0", count).await;
+    }
+    drop(r1);
+    // The deliveries' records reach the disk with the log's next round.
+    publish_until_acked(cluster.node(0), &["c2".to_owned()]).await;
+    cluster.nodes[0].take().expect("running").kill();
+
+    let (heir, epoch) = new_home(&cluster, 1, 0, 1).await;
+    publish_until_acked(cluster.node(heir), &["c3".to_owned()]).await;
+    let mut r1 = cluster.node(heir).connect("receiver_1").await;
+    deliver_and_give_back(&mut r1, "c0", 3).await;
+    drop(r1);
+    publish_until_acked(cluster.node(heir), &["c4".to_owned()]).await;
+    cluster.nodes[heir].take().expect("running").kill();
+
+    let last = 3 - heir;
+    let (home, _) = new_home(&cluster, last, heir, epoch).await;
+    assert_eq!(home, last, "the only node left");
+    publish_until_acked(cluster.node(home), &["c5".to_owned()]).await;
+    let mut r1 = cluster.node(home).connect("receiver_1").await;
+    let got = fetch(&mut r1, "receiver_1_queue", 10).await;
+    assert_eq!(
+        got.iter()
+            .map(|g| (g.id.as_str(), g.count))
+            .collect::<Vec<_>>(),
+        [
+            ("c0", 4),
+            ("c1", 1),
+            ("c2", 1),
+            ("c3", 1),
+            ("c4", 1),
+            ("c5", 1)
+        ],
+        "in order, each counting on from its deliveries before"
+    );
+}
+
+/// An adoption carries a backlog ten times the memory budget: the heir
+/// holds a step of it at a time, never the backlog (its resident memory
+/// grows by far less than the backlog's size), and delivers all of it in
+/// order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adopting_a_backlog_ten_times_the_memory_budget_stays_within_memory() {
+    use common::hostile::{peak_rss, rss};
+    use common::process::publish_pipelined_bodies;
+    const BUDGET_MB: u64 = 8;
+    const MESSAGES: usize = 800;
+    const CIPHERTEXT_BYTES: usize = 100_000;
+    let backlog = (MESSAGES * CIPHERTEXT_BYTES) as u64;
+    let db = TestDb::create().await;
+    let mut cluster = Cluster::start_first(&db, 0);
+    for (i, config) in cluster.configs.iter().enumerate() {
+        let text = std::fs::read_to_string(config).unwrap();
+        std::fs::write(
+            config,
+            text.replace(
+                r#"mode = "durable""#,
+                &format!("mode = \"durable\"\nmemory_budget_mb = {BUDGET_MB}"),
+            ),
+        )
+        .unwrap();
+        if i < 2 {
+            cluster.nodes[i] = Some(BrokerProcess::start(config));
+        }
+    }
+    let mut r1 = cluster.node(0).connect("receiver_1").await;
+    setup_receiver(&mut r1, "receiver_1").await;
+    drop(r1);
+    catalogued(&db).await;
+    let ciphertext = "QUFB".repeat(CIPHERTEXT_BYTES / 4);
+    let big = |id: &str| {
+        format!(
+            r#"{{"message_id":"{id}","receiver_client_id":"receiver_1","enc_session_key":"a2V5","nonce":"bm9uY2U=","ciphertext":"{ciphertext}"}}"#
+        )
+    };
+    let ids: Vec<String> = (0..MESSAGES).map(|i| format!("big{i:04}")).collect();
+    let answers = publish_pipelined_bodies(&cluster.node(0).addr, "sender_1", &ids, 20, big).await;
+    assert!(
+        answers.len() == ids.len() && answers.iter().all(|(id, line)| is_ack(id, line)),
+        "every publish acknowledged before the kill"
+    );
+
+    let heir_pid = cluster.node(1).pid();
+    let before = rss(heir_pid);
+    cluster.nodes[0].take().expect("running").kill();
+    let (home, _) = new_home(&cluster, 1, 0, 1).await;
+    assert_eq!(home, 1, "the only node left");
+    // Acknowledged once the backlog is adopted.
+    publish_until_acked(cluster.node(1), &["probe".to_owned()]).await;
+    let peak = peak_rss(heir_pid);
+    let grew = peak.saturating_sub(before);
+    eprintln!(
+        "adopting {} MB with a {BUDGET_MB} MiB budget: resident {} MB before, peak {} MB (+{} MB)",
+        backlog / 1_000_000,
+        before / 1_000_000,
+        peak / 1_000_000,
+        grew / 1_000_000
+    );
+    assert!(
+        grew < backlog / 2,
+        "the heir's peak resident memory grew by {grew} bytes adopting a backlog of {backlog}"
+    );
+    let mut r1 = cluster.node(1).connect("receiver_1").await;
+    let delivered = drain(&mut r1).await;
+    let mut expected = ids;
+    expected.push("probe".to_owned());
+    assert!(
+        delivered == expected,
+        "every acknowledged message once, in publish order ({} delivered)",
+        delivered.len()
     );
 }

@@ -11,45 +11,11 @@ mod common;
 use std::time::{Duration, Instant};
 
 use ciphermq_cluster::{Coordinator, PgCoordinator, PgCoordinatorConfig, Suspect};
-use common::cluster::{cluster_state, durable_node, every_node_beats_again, process_node};
+use common::cluster::{
+    cluster_state, durable_node, every_node_beats_again, process_node, record_of,
+};
 use common::pg::TestDb;
 use common::{body, check, connect_as, fetch, ids, line, send, setup_receiver};
-
-/// The owner catalogue's record of `owner`, as (epoch, JSON), once it
-/// satisfies `done` (waited for up to a minute).
-async fn record_of(
-    db: &TestDb,
-    owner: &str,
-    done: impl Fn(&serde_json::Value) -> bool,
-) -> (i64, serde_json::Value) {
-    let client = db.client().await;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let mut last = None;
-    loop {
-        let row = client
-            .query_opt(
-                "SELECT epoch, data FROM ciphermq_cluster.cluster_owner_topology WHERE owner = $1",
-                &[&owner],
-            )
-            .await
-            .ok()
-            .flatten();
-        if let Some(row) = row {
-            let epoch: i64 = row.get(0);
-            let data: Vec<u8> = row.get(1);
-            let json: serde_json::Value = serde_json::from_slice(&data).expect("a JSON record");
-            if done(&json) {
-                return (epoch, json);
-            }
-            last = Some(json);
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the catalogue's record of {owner} never became as expected: {last:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
 
 /// The queue names and (queue, exchange, key) bindings of a record.
 fn shape(record: &serde_json::Value) -> (Vec<String>, Vec<(String, String, String)>) {
@@ -123,7 +89,8 @@ async fn an_owner_declared_dead_is_served_by_its_new_node_and_its_old_node_back_
             + "\n[admin]\nenabled = true\naddress = \"127.0.0.1:0\"\n"),
     );
 
-    // receiver_1 lives on node-a with a backlog of 50.
+    // receiver_1 lives on node-a with a backlog of 50, the first of them
+    // delivered once and given back.
     let mut r1 = a.connect("receiver_1").await;
     setup_receiver(&mut r1, "receiver_1").await;
     let mut sender_a = a.connect("sender_1").await;
@@ -135,6 +102,16 @@ async fn an_owner_declared_dead_is_served_by_its_new_node_and_its_old_node_back_
             &format!("ACK {id}"),
         )
         .await;
+        if i == 0 {
+            let got = fetch(&mut r1, "receiver_1_queue", 1).await;
+            assert_eq!((ids(&got), got[0].count), (vec![id.clone()], 1));
+            check(
+                &mut r1,
+                &format!("nack {id} receiver_1_queue"),
+                &format!("NACK_CONFIRMED {id}"),
+            )
+            .await;
+        }
     }
     record_of(&db, "receiver_1", |r| !shape(r).1.is_empty()).await;
 
@@ -242,9 +219,11 @@ async fn an_owner_declared_dead_is_served_by_its_new_node_and_its_old_node_back_
     .await;
 
     // node-a gives the backlog back: node-b stores it after what its queue
-    // holds, in order, and node-a deletes its copy.
+    // holds, in order, with its delivery counts, and node-a deletes its
+    // copy.
     let old: Vec<String> = (0..50).map(|i| format!("old{i:02}")).collect();
     let mut handed = Vec::new();
+    let mut counts = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(60);
     while handed.len() < old.len() {
         assert!(
@@ -258,8 +237,15 @@ async fn an_owner_declared_dead_is_served_by_its_new_node_and_its_old_node_back_
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         handed.extend(ids(&got));
+        counts.extend(got.iter().map(|g| g.count));
     }
     assert_eq!(handed, old, "the old backlog, once each, in order");
+    assert_eq!(
+        counts.iter().position(|c| *c != 1),
+        Some(0),
+        "only old00 was delivered before: {counts:?}"
+    );
+    assert_eq!(counts[0], 2, "old00's count goes on from node-a's delivery");
     let gone =
         |p: &std::path::Path| !p.exists() || p.read_dir().map_or(true, |mut d| d.next().is_none());
     let deadline = Instant::now() + Duration::from_secs(30);

@@ -580,6 +580,20 @@ impl Queue {
         now: Instant,
         settings: &QueueSettings,
     ) -> Result<Enqueued, QueueFull> {
+        self.enqueue_delivered(msg, 0, now, settings)
+    }
+
+    /// [`enqueue`](Self::enqueue) for a message carried over from another
+    /// log (a hand-back, an adoption) that was delivered `deliveries` times
+    /// there: its next delivery counts on from them, and `max_deliveries`
+    /// counts them too.
+    pub fn enqueue_delivered(
+        &mut self,
+        msg: Arc<Message>,
+        deliveries: u32,
+        now: Instant,
+        settings: &QueueSettings,
+    ) -> Result<Enqueued, QueueFull> {
         self.expire_dedup(now);
         let key = msg.dedup_key(&settings.dedup_hasher);
         // One probe on the way in; a refusal takes the id back out.
@@ -596,20 +610,20 @@ impl Queue {
             self.dedup.remove(key);
             return Err(QueueFull);
         }
-        Ok(Enqueued::Stored(self.push(msg)))
+        Ok(Enqueued::Stored(self.push(msg, deliveries)))
     }
 
     /// Stores a dead-lettered message: no dedup and no length or byte
     /// limit, because dropping it would lose an acknowledged message.
     pub fn enqueue_dead(&mut self, msg: Arc<Message>) -> u64 {
-        self.push(msg)
+        self.push(msg, 0)
     }
 
-    fn push(&mut self, msg: Arc<Message>) -> u64 {
+    fn push(&mut self, msg: Arc<Message>, deliveries: u32) -> u64 {
         let seq = self.next_seq;
         self.next_seq += 1;
         self.hold_bytes(&msg);
-        let entry = Entry::unplaced(seq, msg, 0);
+        let entry = Entry::unplaced(seq, msg, deliveries);
         if self.disk.is_empty() {
             self.ready.push_back(entry);
         } else {

@@ -18,8 +18,9 @@
 //! id, and deletes the copy only once they are durable; then the owner is
 //! served. Killed at any point, the next holder finds the copies not yet
 //! deleted and adopts them again, in order; what was stored twice is found
-//! again as duplicates. Delivery counts start again at zero, as after a
-//! hand-back.
+//! again as duplicates. Messages keep their delivery counts, and the
+//! backlog passes through one bounded step at a time
+//! ([`store_backlog`]), so one larger than memory is adopted too.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Weak};

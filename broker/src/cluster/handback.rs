@@ -20,8 +20,8 @@
 //! A crash anywhere repeats a step: a giver that restarts finds its
 //! directory and offers it again (or deletes it if it was taken); a taker
 //! that restarts takes the offer again, and what it had stored already is
-//! found again as duplicates. Delivery counts start again at zero: the
-//! messages are delivered again, at least once, as after any restart.
+//! found again as duplicates. Messages keep their delivery counts: the next
+//! delivery counts on from those made on the old node, as after a restart.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -47,6 +47,10 @@ const PART_BYTES: usize = 4 << 20;
 /// Messages stored per step on the shard: a step is short, so the shard's
 /// connections are not kept waiting.
 const STEP_MESSAGES: usize = 512;
+
+/// Most body bytes one step of [`store_backlog`] holds (past its first
+/// message): what carrying a backlog costs in memory besides the budget.
+const STEP_BYTES: usize = 4 << 20;
 
 /// How long the taker waits for the owner's logs to stand still.
 const QUIET_WAIT: Duration = Duration::from_secs(30);
@@ -305,8 +309,12 @@ fn take(
 
 /// Recovers the queue log staged at `dir` as a restart would, and stores
 /// its messages in order into queue `name` on shard `home` (after what it
-/// holds, deduplicated), a step at a time; returns once the queue's log
-/// stands still, so everything stored is on disk.
+/// holds, deduplicated, with their delivery counts), a step at a time:
+/// only one step's bodies are in memory here, and when the shard's part of
+/// the memory budget is full the step waits until what it holds is on disk
+/// (and out of memory), so a backlog bigger than memory is carried through
+/// the budget. Returns once the queue's log stands still, so everything
+/// stored is on disk.
 pub(super) fn store_backlog(
     handover: &Handover,
     home: usize,
@@ -316,26 +324,38 @@ pub(super) fn store_backlog(
     let mut taken = Taken::default();
     let recovered = recover_queue(dir, &handover.dedup_hasher, handover.window_ms)
         .map_err(|e| format!("queue {name}: {}: {e}", dir.display()))?;
-    let messages = recovered
-        .read_back()
-        .map_err(|e| format!("queue {name}: {}: {e}", dir.display()))?;
+    let mut reader = recovered.reader();
     let queue_name: Arc<str> = Arc::from(name);
-    for chunk in messages.chunks(STEP_MESSAGES) {
-        let msgs: Vec<_> = chunk.iter().map(|m| m.msg.clone()).collect();
+    loop {
+        let step = reader
+            .next_batch(STEP_MESSAGES, STEP_BYTES)
+            .map_err(|e| format!("queue {name}: {}: {e}", dir.display()))?;
+        if step.is_empty() {
+            break;
+        }
         let queue = queue_name.clone();
         let done = on_shard(handover, home, move |s, now| {
-            s.take_back(&queue, &msgs, now)
+            s.take_back(&queue, &step, now)
         })?
         .map_err(|(reason, _)| format!("queue {name}: refused ({})", reason.as_str()))?;
         taken.stored += done.stored;
         taken.duplicates += done.duplicates;
+        if !done.room {
+            wait_quiet(handover, home, &queue_name)?;
+        }
     }
-    // Everything stored is on disk once the log stands still.
+    wait_quiet(handover, home, &queue_name)?;
+    Ok(taken)
+}
+
+/// Waits until queue `name`'s log on shard `home` stands still: what was
+/// stored is on disk.
+fn wait_quiet(handover: &Handover, home: usize, name: &Arc<str>) -> Result<(), StepError> {
     let deadline = Instant::now() + QUIET_WAIT;
     loop {
-        let names = vec![queue_name.clone()];
+        let names = vec![name.clone()];
         if on_shard(handover, home, move |s, _| s.is_quiet(&names))? {
-            return Ok(taken);
+            return Ok(());
         }
         if Instant::now() >= deadline {
             return Err(format!(

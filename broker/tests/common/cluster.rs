@@ -109,3 +109,39 @@ pub async fn every_node_beats_again(db: &TestDb) {
         }
     }
 }
+
+/// The owner catalogue's record of `owner`, as (epoch, JSON), once it
+/// satisfies `done` (waited for up to a minute).
+pub async fn record_of(
+    db: &TestDb,
+    owner: &str,
+    done: impl Fn(&serde_json::Value) -> bool,
+) -> (i64, serde_json::Value) {
+    let client = db.client().await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut last = None;
+    loop {
+        let row = client
+            .query_opt(
+                "SELECT epoch, data FROM ciphermq_cluster.cluster_owner_topology WHERE owner = $1",
+                &[&owner],
+            )
+            .await
+            .ok()
+            .flatten();
+        if let Some(row) = row {
+            let epoch: i64 = row.get(0);
+            let data: Vec<u8> = row.get(1);
+            let json: serde_json::Value = serde_json::from_slice(&data).expect("a JSON record");
+            if done(&json) {
+                return (epoch, json);
+            }
+            last = Some(json);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the catalogue's record of {owner} never became as expected: {last:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

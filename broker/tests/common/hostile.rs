@@ -10,12 +10,21 @@ use super::{pki, TIMEOUT};
 
 /// `VmRSS` of `pid`, in bytes.
 pub fn rss(pid: u32) -> u64 {
+    status_bytes(pid, "VmRSS:")
+}
+
+/// `VmHWM` of `pid` (the most it was resident at once), in bytes.
+pub fn peak_rss(pid: u32) -> u64 {
+    status_bytes(pid, "VmHWM:")
+}
+
+fn status_bytes(pid: u32, field: &str) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     let kib: u64 = status
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS in /proc/<pid>/status");
+        .unwrap_or_else(|| panic!("{field} in /proc/{pid}/status"));
     kib * 1024
 }
 

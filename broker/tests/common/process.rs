@@ -272,6 +272,17 @@ pub async fn publish_pipelined(
     ids: &[String],
     window: usize,
 ) -> Vec<(String, String)> {
+    publish_pipelined_bodies(addr, cn, ids, window, |id| super::body(id, "receiver_1")).await
+}
+
+/// [`publish_pipelined`] with each id's envelope made by `body`.
+pub async fn publish_pipelined_bodies(
+    addr: &str,
+    cn: &str,
+    ids: &[String],
+    window: usize,
+    body: impl Fn(&str) -> String,
+) -> Vec<(String, String)> {
     let opts = TlsClientOptions::for_cn(&pki().certs, cn);
     let Ok(conn) = Connection::connect(addr, &opts).await else {
         return Vec::new();
@@ -281,10 +292,7 @@ pub async fn publish_pipelined(
     let mut sent = 0usize;
     while answers.len() < ids.len() {
         while sent < ids.len() && sent - answers.len() < window {
-            wr.queue_line(&format!(
-                "publish ex receiver_1 {}",
-                super::body(&ids[sent], "receiver_1")
-            ));
+            wr.queue_line(&format!("publish ex receiver_1 {}", body(&ids[sent])));
             sent += 1;
         }
         if wr.flush().await.is_err() {

@@ -136,14 +136,59 @@ impl RecoveredQueue {
     /// queue order, with blocking I/O (tools and tests; the broker reads
     /// them lazily, through its shards' readers).
     pub fn read_back(&self) -> io::Result<Vec<RecoveredMessage>> {
+        let mut reader = self.reader();
+        let mut all = Vec::new();
+        loop {
+            let batch = reader.next_batch(usize::MAX, usize::MAX)?;
+            if batch.is_empty() {
+                return Ok(all);
+            }
+            all.extend(batch);
+        }
+    }
+
+    /// Reads the unacked messages back a batch at a time, in queue order,
+    /// with blocking I/O: a backlog bigger than memory can be carried
+    /// elsewhere (a hand-back, an adoption) holding one batch at a time.
+    pub fn reader(&self) -> BacklogReader<'_> {
         let mut backlog = DiskBacklog::default();
         for run in &self.backlog {
             backlog.push_run(run.clone(), []);
         }
         backlog.push_deliveries(self.deliveries.iter().copied());
-        let mut entries = std::collections::VecDeque::new();
-        while let Some((segment, offset, len)) = backlog.next_read() {
+        BacklogReader {
+            queue: self,
+            backlog,
+            entries: std::collections::VecDeque::new(),
+        }
+    }
+}
+
+/// A recovered queue's backlog read back in batches
+/// ([`RecoveredQueue::reader`]).
+pub struct BacklogReader<'a> {
+    queue: &'a RecoveredQueue,
+    backlog: DiskBacklog,
+    /// Decoded but not yet returned.
+    entries: std::collections::VecDeque<crate::queue::Entry>,
+}
+
+impl BacklogReader<'_> {
+    /// The next messages, at most `max` of them and, past the first, of
+    /// at most `max_bytes` of bodies (at least one unless the backlog is
+    /// read through: then none), in queue order.
+    pub fn next_batch(
+        &mut self,
+        max: usize,
+        max_bytes: usize,
+    ) -> io::Result<Vec<RecoveredMessage>> {
+        let mut bytes: usize = self.entries.iter().map(|e| e.msg.body().len()).sum();
+        while self.entries.len() < max.max(1) && bytes < max_bytes {
+            let Some((segment, offset, len)) = self.backlog.next_read() else {
+                break;
+            };
             let path = self
+                .queue
                 .segments
                 .iter()
                 .find(|s| s.base == segment)
@@ -158,10 +203,27 @@ impl RecoveredQueue {
                     n => got += n,
                 }
             }
-            backlog.absorb(segment, offset, len, &buf[..got], &mut entries);
+            let before = self.entries.len();
+            self.backlog
+                .absorb(segment, offset, len, &buf[..got], &mut self.entries);
+            bytes += self
+                .entries
+                .range(before..)
+                .map(|e| e.msg.body().len())
+                .sum::<usize>();
         }
-        Ok(entries
-            .into_iter()
+        let mut take = 0;
+        let mut taken_bytes = 0;
+        for e in self.entries.iter().take(max) {
+            if take > 0 && taken_bytes + e.msg.body().len() > max_bytes {
+                break;
+            }
+            take += 1;
+            taken_bytes += e.msg.body().len();
+        }
+        Ok(self
+            .entries
+            .drain(..take)
             .map(|e| RecoveredMessage {
                 seq: e.seq,
                 msg: e.msg,
@@ -1122,6 +1184,58 @@ mod tests {
             [1, 1]
         );
         assert!(q.damage.is_empty() && q.torn.is_empty());
+    }
+
+    #[test]
+    fn the_backlog_is_read_back_in_bounded_batches_in_order_with_counts() {
+        let dir = tempfile::tempdir().unwrap();
+        let names: Vec<String> = (0..10).map(|i| format!("m{i}")).collect();
+        let mut first: Vec<Record<'_>> = (0..6).map(|i| msg(i, &names[i as usize])).collect();
+        first.push(Record::Delivered {
+            seq: 4,
+            count: 3,
+            delivered_at_ms: 0,
+        });
+        write(&segment_path(dir.path(), 0), &first);
+        let second: Vec<Record<'_>> = (6..10).map(|i| msg(i, &names[i as usize])).collect();
+        write(&segment_path(dir.path(), 6), &second);
+        let q = recover_queue(dir.path(), &DedupHasher::random(), WINDOW).unwrap();
+        let batches = |max: usize, max_bytes: usize| {
+            let mut reader = q.reader();
+            let mut out = Vec::new();
+            loop {
+                let batch = reader.next_batch(max, max_bytes).unwrap();
+                if batch.is_empty() {
+                    return out;
+                }
+                out.push(
+                    batch
+                        .iter()
+                        .map(|m| (m.msg.message_id().to_owned(), m.deliveries))
+                        .collect::<Vec<_>>(),
+                );
+            }
+        };
+        let by_count = batches(4, usize::MAX);
+        assert_eq!(
+            by_count.iter().map(Vec::len).collect::<Vec<_>>(),
+            [4, 4, 2],
+            "at most 4 a batch, across segments"
+        );
+        let all: Vec<_> = by_count.into_iter().flatten().collect();
+        let expected: Vec<_> = names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.clone(), if i == 4 { 3 } else { 0 }))
+            .collect();
+        assert_eq!(all, expected, "in order, each with its deliveries");
+        // Bodies are 2 bytes: 3 bytes a batch holds one message, and a
+        // batch smaller than its first message still holds that one.
+        for max_bytes in [3, 1] {
+            let by_bytes = batches(usize::MAX, max_bytes);
+            assert_eq!(by_bytes.len(), 10);
+            assert_eq!(by_bytes.into_iter().flatten().collect::<Vec<_>>(), expected);
+        }
     }
 
     #[test]

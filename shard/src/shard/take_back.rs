@@ -7,14 +7,13 @@
 //! delivered in turn. The caller learns that everything is on disk by
 //! asking [`Shard::is_quiet`].
 
-use std::sync::Arc;
 use std::time::Instant;
 
 use ciphermq_proto::NackReason;
 
 use super::Shard;
 use crate::durability::Durability;
-use crate::message::Message;
+use crate::log::recovery::RecoveredMessage;
 use crate::queue::{Enqueued, QueueFull};
 
 /// What [`Shard::take_back`] did with a batch.
@@ -24,10 +23,16 @@ pub struct TakenBack {
     pub stored: u64,
     /// Messages the queue already had (same sender and id).
     pub duplicates: u64,
+    /// Whether the shard's bodies in memory are under its part of the
+    /// memory budget after the batch: when not, the caller lets the batch
+    /// reach the disk ([`Shard::is_quiet`]) before sending the next, so a
+    /// backlog bigger than memory is carried through the budget.
+    pub room: bool,
 }
 
 impl Shard {
-    /// Stores `msgs` in queue `name`, in order. Fails, with what was done
+    /// Stores `msgs` in queue `name`, in order, each keeping the
+    /// deliveries it had in its old log. Fails, with what was done
     /// before, when the queue is not on this shard or is frozen
     /// ([`NackReason::NoRoute`], [`NackReason::Timeout`]), is full, or the
     /// disk is low: the caller retries later, and what was stored is then
@@ -35,7 +40,7 @@ impl Shard {
     pub fn take_back(
         &mut self,
         name: &str,
-        msgs: &[Arc<Message>],
+        msgs: &[RecoveredMessage],
         now: Instant,
     ) -> Result<TakenBack, (NackReason, TakenBack)> {
         let mut done = TakenBack::default();
@@ -43,13 +48,14 @@ impl Shard {
         if done.stored > 0 {
             self.dispatch(name, now);
         }
+        done.room = self.has_body_room();
         outcome.map(|()| done).map_err(|reason| (reason, done))
     }
 
     fn store_taken_back(
         &mut self,
         name: &str,
-        msgs: &[Arc<Message>],
+        msgs: &[RecoveredMessage],
         now: Instant,
         done: &mut TakenBack,
     ) -> Result<(), NackReason> {
@@ -60,14 +66,20 @@ impl Shard {
         if q.is_frozen() {
             return Err(NackReason::Timeout);
         }
-        for msg in msgs {
+        for m in msgs {
             if self.durable.as_ref().is_some_and(Durability::disk_low) {
                 return Err(NackReason::DiskFull);
             }
-            match q.enqueue(msg.clone(), now, &self.settings) {
+            match q.enqueue_delivered(m.msg.clone(), m.deliveries, now, &self.settings) {
                 Ok(Enqueued::Stored(seq)) => {
                     if let Some(d) = &mut self.durable {
-                        d.log(q.name(), q.next_seq()).append_message(seq, msg);
+                        let log = d.log(q.name(), q.next_seq());
+                        log.append_message(seq, &m.msg);
+                        if m.deliveries > 0 {
+                            // When it was delivered is not carried: a
+                            // restart here counts on from `deliveries`.
+                            log.append_delivered(seq, m.deliveries, 0);
+                        }
                     }
                     done.stored += 1;
                 }
