@@ -268,11 +268,14 @@ async fn write(
     if let Some(w) = &job.dedup_write {
         write_dedup(w, &job.dir, stats).await?;
     }
-    // Only what someone waits for needs the fsync: a job of acks and delivery
-    // counts alone may be lost in a crash (the messages are then redelivered,
-    // never lost), and the next fsync of the file covers it anyway. A new
-    // file is synced before its name is.
-    let sync = (!bytes.is_empty() && !job.waiters.is_empty()) || job.create;
+    // What someone waits for, and every message, needs the fsync: a message
+    // stored with nobody waiting (a dead letter, a backlog handed back or
+    // adopted) is the only copy once its old place lets it go. A job of
+    // acks and delivery counts alone may be lost in a crash (the messages
+    // are then redelivered, never lost), and the next fsync of the file
+    // covers it anyway. A new file is synced before its name is.
+    let sync = (!bytes.is_empty() && (!job.waiters.is_empty() || !job.message_seqs.is_empty()))
+        || job.create;
     persist(file, bytes, job.offset, sync, stats).await
 }
 
