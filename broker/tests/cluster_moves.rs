@@ -18,7 +18,7 @@ fn node(db: &TestDb, node_id: &str, shards: usize, data: &Path) -> TestBroker {
     common::cluster::durable_node(db, node_id, shards, data)
 }
 
-use common::cluster::process_node;
+use common::cluster::{process_node, publish_following};
 
 /// Publishes `ids` for receiver_1 through `conn` in batches, asserting
 /// every one is acknowledged.
@@ -311,47 +311,6 @@ async fn drain_all(
         }
         all.extend(got);
     }
-}
-
-/// Publishes `live-<n>` for receiver_1 one at a time until `stop`, from
-/// `start` on; on `NACK <id> moved … <host:port> …` it goes to that node and
-/// sends the same id again. Returns the acked ids in order, and the
-/// longest time between two acks.
-async fn publish_following(
-    start: String,
-    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-) -> (Vec<String>, std::time::Duration) {
-    let opts =
-        ciphermq_clients::connection::TlsClientOptions::for_cn(&common::pki().certs, "sender_1");
-    let mut conn = ciphermq_clients::connection::Connection::connect(&start, &opts)
-        .await
-        .expect("connect");
-    let mut acked = Vec::new();
-    let mut longest = std::time::Duration::ZERO;
-    let mut last = std::time::Instant::now();
-    let mut n = 0u64;
-    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-        let id = format!("live-{n:06}");
-        let reply = ask(
-            &mut conn,
-            &format!("publish ex receiver_1 {}", body(&id, "receiver_1")),
-        )
-        .await;
-        if reply == format!("ACK {id}") {
-            acked.push(id);
-            longest = longest.max(last.elapsed());
-            last = std::time::Instant::now();
-            n += 1;
-        } else if let Some(tail) = reply.strip_prefix(&format!("NACK {id} moved ")) {
-            let addr = tail.split(' ').nth(2).expect("address in the redirect");
-            conn = ciphermq_clients::connection::Connection::connect(addr, &opts)
-                .await
-                .expect("connect to the new node");
-        } else {
-            panic!("publish {id}: {reply}");
-        }
-    }
-    (acked, longest)
 }
 
 /// DESIGN's figure: a move of an owner with 100,000 queued while a

@@ -1064,3 +1064,154 @@ async fn adopting_a_backlog_ten_times_the_memory_budget_stays_within_memory() {
         delivered.len()
     );
 }
+
+/// `move receiver_1 <node>` on shared storage, with 100,000 messages
+/// queued (the first delivered once and given back) and a publisher
+/// publishing throughout, following redirects: the old node stops and
+/// lets its logs stand still, the new node fences them and adopts them
+/// before it serves the owner. Then moved again, to the third node. Every
+/// acknowledged message is delivered once, in publish order, counts kept,
+/// and only the last holder's copy is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_moves_on_shared_storage_under_load_losing_and_reordering_nothing() {
+    use common::cluster::publish_following;
+    const QUEUED: usize = 100_000;
+    let db = TestDb::create().await;
+    let cluster = Cluster::start(&db);
+    let mut r1 = cluster.node(0).connect("receiver_1").await;
+    setup_receiver(&mut r1, "receiver_1").await;
+    catalogued(&db).await;
+    let queued: Vec<String> = (0..QUEUED).map(|i| format!("q{i:06}")).collect();
+    publish_until_acked(cluster.node(0), &queued).await;
+    deliver_and_give_back(&mut r1, &queued[0], 1).await;
+    drop(r1);
+
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let live = tokio::spawn(publish_following(
+        cluster.node(0).addr.clone(),
+        stop.clone(),
+    ));
+    let mut admin = cluster.node(0).connect("admin").await;
+    let mut took = Vec::new();
+    for (to, epoch) in [(1, 2), (2, 3)] {
+        let started = Instant::now();
+        let reply = tokio::time::timeout(
+            Duration::from_secs(60),
+            admin.request(&format!(
+                "move receiver_1 {}",
+                ["node-a", "node-b", "node-c"][to]
+            )),
+        )
+        .await
+        .expect("move answered")
+        .expect("move reply");
+        took.push(started.elapsed());
+        assert_eq!(
+            reply,
+            format!(
+                "OK move receiver_1 {} {} {epoch}",
+                ["node-a", "node-b", "node-c"][to],
+                cluster.node(to).addr
+            )
+        );
+        // The new holder acknowledges once it has adopted the backlog.
+        publish_until_acked(cluster.node(to), &[format!("after-move-{epoch}")]).await;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (acked, longest_gap) = live.await.expect("publisher");
+    assert!(!acked.is_empty());
+
+    let mut r1 = cluster.node(2).connect("receiver_1").await;
+    let first = fetch(&mut r1, "receiver_1_queue", 1).await;
+    assert_eq!(
+        first
+            .iter()
+            .map(|g| (g.id.as_str(), g.count))
+            .collect::<Vec<_>>(),
+        [(queued[0].as_str(), 2)],
+        "the message given back comes first, its count kept through both moves"
+    );
+    r1.queue_line(&format!("ack {} receiver_1_queue", queued[0]));
+    r1.flush().await.unwrap();
+    assert!(next(&mut r1).await.starts_with("ACK_CONFIRMED "));
+    let delivered = drain(&mut r1).await;
+    let queued_rest: BTreeSet<&String> = queued[1..].iter().collect();
+    let probes: BTreeSet<String> = ["after-move-2", "after-move-3"].map(String::from).into();
+    // The queued backlog first, in order; the live publisher's and the
+    // probes after it, each in its own order.
+    assert!(
+        delivered[..QUEUED - 1].iter().eq(queued[1..].iter()),
+        "the queued backlog in publish order"
+    );
+    let rest: Vec<&String> = delivered[QUEUED - 1..].iter().collect();
+    let live_got: Vec<&String> = rest
+        .iter()
+        .copied()
+        .filter(|id| !probes.contains(*id))
+        .collect();
+    assert!(
+        live_got.iter().copied().eq(acked.iter()),
+        "the live publisher's {} acknowledged messages once each, in order (got {})",
+        acked.len(),
+        live_got.len()
+    );
+    assert_eq!(
+        rest.len(),
+        acked.len() + probes.len(),
+        "and the two probes, once each"
+    );
+    assert!(rest.iter().all(|id| !queued_rest.contains(*id)));
+    let left = copies(cluster.shared.path());
+    assert_eq!(left.len(), 1, "copies left: {left:?}");
+    assert!(left[0].starts_with("e00000000000000000003-"), "{left:?}");
+    eprintln!(
+        "moved {QUEUED} queued on shared storage in {took:?}; the live publisher's longest wait between two acks: {longest_gap:?} ({} live messages)",
+        acked.len()
+    );
+}
+
+/// A move on shared storage the new node cannot take (a log directory of
+/// the queue's name is on its disk already) is given up: the owner stays
+/// on its node at its epoch, its queues are served there again with every
+/// message, its copy is never fenced, and publishing goes on there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_move_on_shared_storage_the_new_node_cannot_take_is_given_up_and_nothing_is_lost() {
+    let db = TestDb::create().await;
+    let cluster = Cluster::start(&db);
+    let mut r1 = cluster.node(0).connect("receiver_1").await;
+    setup_receiver(&mut r1, "receiver_1").await;
+    drop(r1);
+    let sent: Vec<String> = (0..500).map(|i| format!("k{i:04}")).collect();
+    publish_until_acked(cluster.node(0), &sent).await;
+    let before = copies(cluster.shared.path());
+
+    std::fs::create_dir_all(
+        cluster._dirs[1]
+            .path()
+            .join("data")
+            .join("queues")
+            .join("receiver_1_queue"),
+    )
+    .unwrap();
+    let mut admin = cluster.node(1).connect("admin").await;
+    let reply = admin.request("move receiver_1 node-b").await.unwrap();
+    assert_eq!(
+        reply,
+        "Error: cluster: the move of owner receiver_1 was given up (the log of its nodes says why); it stays where it was"
+    );
+    assert_eq!(
+        cluster.locate(1).await,
+        Some((0, 1)),
+        "still node-a's, epoch 1"
+    );
+    assert_eq!(
+        copies(cluster.shared.path()),
+        before,
+        "its copy never fenced"
+    );
+    publish_until_acked(cluster.node(0), &["again".to_owned()]).await;
+    let mut r1 = cluster.node(0).connect("receiver_1").await;
+    let mut expected = sent;
+    expected.push("again".to_owned());
+    assert_eq!(drain(&mut r1).await, expected);
+}

@@ -304,14 +304,6 @@ impl Link {
                 to_node,
                 reply,
             } => {
-                if self.node.shared_logs().is_some() {
-                    let _ = reply.send(Err(
-                        "moves are not supported with cluster.storage = \"shared\" in this version: \
-                         an owner changes node there only by a takeover"
-                            .to_owned(),
-                    ));
-                    return;
-                }
                 let asked =
                     self.moves
                         .request(&self.coordinator, &owner, &to_node, self.node.lease, reply);
@@ -410,6 +402,14 @@ impl Link {
                 .moves
                 .tick(&self.node, &shared, &self.coordinator, &self.handover);
             self.note("read the moves", moved);
+            // Moved here on shared storage: taken as any placement read
+            // (the old node's copy fenced and adopted first). Not applied
+            // now, they are when read.
+            let arrived = self.moves.take_arrived();
+            if !arrived.is_empty() {
+                let applied = self.apply(&arrived);
+                self.note("take owners moved here", applied);
+            }
         }
         if now.duration_since(self.last_refresh) >= REFRESH {
             self.last_refresh = now;
@@ -581,6 +581,16 @@ impl Link {
             adopter.hold_placed(&self.node, logs, self.incarnation, placements);
         }
         self.node.view.apply(placements);
+        // An owner a move brought here is served from now on.
+        let (_, now) = self.node.view.current();
+        for p in placements {
+            if *p.node_id == *self.node.node_id
+                && now.is_arriving(&p.owner)
+                && p.epoch >= now.stored_epoch(&p.owner)
+            {
+                self.node.view.set_arriving(&p.owner, None);
+            }
+        }
         Ok(())
     }
 }

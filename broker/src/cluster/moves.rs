@@ -19,6 +19,15 @@
 //! 4. **Clean up** (old node): once its snapshot shows the new placement,
 //!    it deletes its copy; commands that waited are told where it went.
 //!
+//! With `cluster.storage = "shared"` the queues' logs stay where they are:
+//! the old node stops the owner and lets its logs stand still but keeps
+//! its queues (frozen), and hands over only the manifest; the new node
+//! declares the queues and bindings, finishes the move, and then takes the
+//! owner as after a takeover (fences the old node's copy and adopts it,
+//! [`super::adoption`]); the old node lets its queues go, files left, once
+//! its snapshot shows the new placement, and serves them again (thawed) if
+//! the move is given up.
+//!
 //! Either side may give up, by a compare-and-set on the row, so that the
 //! old node serving again and the new node finishing cannot both happen;
 //! a node that restarts mid-move settles what it finds against the row
@@ -32,7 +41,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ciphermq_cluster::{ClusterError, Coordinator, Move, MoveState, PgCoordinator};
+use ciphermq_cluster::{ClusterError, Coordinator, Move, MoveState, PgCoordinator, Placement};
 use ciphermq_shard::log::recover_queue;
 use ciphermq_shard::topology::{Actor, TopologyChange};
 use ciphermq_shard::{shard_of, DedupHasher, MeshInjector};
@@ -104,6 +113,11 @@ pub(crate) struct Moves {
     /// Moves to this node asked for and not handed over yet, with when
     /// this node first saw each.
     expected: HashMap<(String, u64), Instant>,
+    /// Placements of owners moved here on shared storage, for the
+    /// coordinator thread to apply as it applies placements read
+    /// ([`Moves::take_arrived`]): the old node's copy is fenced and adopted
+    /// before the owner is served here.
+    arrived: Vec<Placement>,
 }
 
 impl Moves {
@@ -145,6 +159,13 @@ impl Moves {
                 Err(e)
             }
         }
+    }
+
+    /// Placements of owners that a move on shared storage brought here
+    /// since the last call: apply them as placements read (fencing and
+    /// adopting the old node's copy first).
+    pub(crate) fn take_arrived(&mut self) -> Vec<Placement> {
+        std::mem::take(&mut self.arrived)
     }
 
     /// Whether a move this node takes part in is under way: the
@@ -216,7 +237,12 @@ impl Moves {
         };
         node.view().set_leaving(&m.owner, true);
         let dir = moving_dir(data_dir, &m.owner, m.epoch);
-        match stop_and_detach(shared, handover, &dir, &m.owner, m.epoch) {
+        let stopped = if node.shared_logs().is_some() {
+            take_out(shared, handover, TakeOut::Freeze(&dir, m.epoch), &m.owner).map(|()| dir)
+        } else {
+            stop_and_detach(shared, handover, &dir, &m.owner, m.epoch)
+        };
+        match stopped {
             Ok(dir) => {
                 let sent = pack(&dir).map_err(|e| format!("{}: {e}", dir.display()));
                 let sent = sent.and_then(|archive| {
@@ -298,7 +324,11 @@ impl Moves {
         self.outgoing.remove(owner);
         if let Some(data_dir) = &handover.data_dir {
             let dir = moving_dir(data_dir, owner, epoch);
-            if dir.exists() {
+            if node.shared_logs().is_some() {
+                // Its queues never left their shard (frozen, logs in place).
+                thaw_owner(shared, handover, owner);
+                let _ = remove_dir(&dir);
+            } else if dir.exists() {
                 if let Err(e) = readopt(shared, handover, data_dir, &dir) {
                     tracing::error!(owner, dir = %dir.display(), error = %e,
                         "move given up, but its queues could not be served here again; they stay in that directory and the next start tries again");
@@ -333,6 +363,14 @@ impl Moves {
                 .home(&owner)
                 .is_some_and(|h| h.epoch > epoch && *h.node_id != **node.node_id());
             if moved {
+                if node.shared_logs().is_some() {
+                    // The new node fenced the queues' logs and adopts them:
+                    // the queues leave this node, their files stay.
+                    if let Err(e) = stop_and_forget(shared, handover, &owner) {
+                        tracing::error!(owner, error = %e, "moved owner's queues not let go yet; trying again");
+                        continue;
+                    }
+                }
                 self.outgoing.remove(&owner);
                 if let Some(data_dir) = &handover.data_dir {
                     let dir = moving_dir(data_dir, &owner, epoch);
@@ -370,7 +408,12 @@ impl Moves {
             return;
         };
         node.view().set_arriving(&m.owner, Some(m.epoch + 1));
-        let taken = take(shared, coordinator, handover, data_dir, m);
+        let on_shared = node.shared_logs().is_some();
+        let taken = if on_shared {
+            declare_handed(shared, coordinator, data_dir, m)
+        } else {
+            take(shared, coordinator, handover, data_dir, m)
+        };
         let names = match taken {
             Ok(names) => names,
             Err(e) => {
@@ -384,11 +427,9 @@ impl Moves {
         };
         match coordinator.finish_move(&m.owner, m.epoch) {
             Ok(placement) => {
-                node.view().apply(std::slice::from_ref(&placement));
-                node.view().set_arriving(&m.owner, None);
-                let _ = remove_dir(&incoming_dir(data_dir, &m.owner, m.epoch));
                 tracing::info!(owner = %m.owner, from = %m.from_node, epoch = placement.epoch, queues = names.len(),
                     took_ms = started.elapsed().as_millis() as u64, "owner moved here");
+                self.arrive(node, data_dir, placement);
             }
             Err(e @ (ClusterError::MoveEnded { .. } | ClusterError::StaleEpoch { .. })) => {
                 tracing::warn!(owner = %m.owner, error = %e, "move ended elsewhere; dropping what was taken");
@@ -398,6 +439,23 @@ impl Moves {
                 tracing::warn!(owner = %m.owner, error = %e, "move: finishing got no answer; settling it at the next tick");
                 self.unsettled.push((m.clone(), true));
             }
+        }
+    }
+
+    /// A move to this node finished at `placement`: served here now, or,
+    /// on shared storage, once the coordinator thread has fenced and
+    /// adopted the old node's copy ([`Moves::take_arrived`]).
+    fn arrive(&mut self, node: &ClusterNode, data_dir: &Path, placement: Placement) {
+        let _ = remove_dir(&incoming_dir(
+            data_dir,
+            &placement.owner,
+            placement.epoch - 1,
+        ));
+        if node.shared_logs().is_some() {
+            self.arrived.push(placement);
+        } else {
+            node.view().apply(std::slice::from_ref(&placement));
+            node.view().set_arriving(&placement.owner, None);
         }
     }
 
@@ -432,16 +490,18 @@ impl Moves {
                 }
             };
             match state {
-                Some(MoveState::Done) => {
-                    node.view().set_arriving(&m.owner, None);
-                    let _ = remove_dir(&incoming_dir(data_dir, &m.owner, m.epoch));
-                }
-                Some(MoveState::Exported) => match coordinator.finish_move(&m.owner, m.epoch) {
-                    Ok(p) => {
-                        node.view().apply(std::slice::from_ref(&p));
+                Some(MoveState::Done) => match coordinator.locate(&m.owner) {
+                    Ok(Some(p)) if p.epoch > m.epoch && *p.node_id == **node.node_id() => {
+                        self.arrive(node, data_dir, p);
+                    }
+                    Ok(_) => {
                         node.view().set_arriving(&m.owner, None);
                         let _ = remove_dir(&incoming_dir(data_dir, &m.owner, m.epoch));
                     }
+                    Err(_) => self.unsettled.push((m, true)),
+                },
+                Some(MoveState::Exported) => match coordinator.finish_move(&m.owner, m.epoch) {
+                    Ok(p) => self.arrive(node, data_dir, p),
                     Err(_) => self.unsettled.push((m, true)),
                 },
                 _ => drop_taken(shared, handover, data_dir, &m),
@@ -641,7 +701,7 @@ pub(super) fn stop_and_detach(
     owner: &str,
     epoch: u64,
 ) -> Result<PathBuf, StepError> {
-    take_out(shared, handover, Some((dir, epoch)), owner)?;
+    take_out(shared, handover, TakeOut::Into(dir, epoch), owner)?;
     Ok(dir.to_path_buf())
 }
 
@@ -653,15 +713,29 @@ pub(super) fn stop_and_forget(
     handover: &Handover,
     owner: &str,
 ) -> Result<(), StepError> {
-    take_out(shared, handover, None, owner)
+    take_out(shared, handover, TakeOut::Forget, owner)
 }
 
-/// Takes `owner`'s queues out of this node: into `keep`'s directory with a
-/// manifest of the placement's epoch, or (`None`) leaving their files.
+/// What [`take_out`] does with an owner's queues once their logs stand
+/// still.
+enum TakeOut<'a> {
+    /// They leave the shard into this directory, with a manifest of this
+    /// epoch.
+    Into(&'a Path, u64),
+    /// They leave the shard, their files where they are.
+    Forget,
+    /// They stay in the shard, frozen, their files where they are; the
+    /// manifest of this epoch goes into the directory (a move on shared
+    /// storage, which the old node may still give up).
+    Freeze(&'a Path, u64),
+}
+
+/// Stops serving `owner` here and, once its queues' logs stand still,
+/// does with its queues what `how` says.
 fn take_out(
     shared: &Arc<Shared>,
     handover: &Handover,
-    keep: Option<(&Path, u64)>,
+    how: TakeOut<'_>,
     owner: &str,
 ) -> Result<(), StepError> {
     let shards = handover.injector.shards();
@@ -697,8 +771,8 @@ fn take_out(
     if shared.policy.current().acl.role_of(owner) == crate::acl::Role::Receiver {
         shared.policy.close_connections_of(owner);
     }
-    let keep_in = match keep {
-        Some((dir, epoch)) => {
+    let keep_in = match how {
+        TakeOut::Into(dir, epoch) | TakeOut::Freeze(dir, epoch) => {
             let manifest = Manifest::of(&shared.topology.snapshot(), owner, epoch, &names);
             let dir = dir.to_path_buf();
             remove_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
@@ -709,19 +783,24 @@ fn take_out(
                 .map_err(|e| format!("{}: {e}", dir.display()))?;
             Some(dir)
         }
-        None => None,
+        TakeOut::Forget => None,
     };
+    let detach = !matches!(how, TakeOut::Freeze(..));
     // Once its logs stand still, the queues leave the shard.
     let deadline = Instant::now() + QUIET_WAIT;
     let pendings = loop {
         let step_names = names.clone();
         let keep_in = keep_in.clone();
         let detached = on_shard(handover, home, move |s, _| {
-            s.is_quiet(&step_names).then(|| {
-                s.detach(&step_names, &|name: &str| {
-                    keep_in.as_ref().map(|dir| dir.join(name))
-                })
-            })
+            if !s.is_quiet(&step_names) {
+                return None;
+            }
+            if !detach {
+                return Some(Vec::new());
+            }
+            Some(s.detach(&step_names, &|name: &str| {
+                keep_in.as_ref().map(|dir| dir.join(name))
+            }))
         })?;
         if let Some(pendings) = detached {
             break pendings;
@@ -736,6 +815,9 @@ fn take_out(
         }
         std::thread::sleep(Duration::from_millis(1));
     };
+    if !detach {
+        return Ok(());
+    }
     for (name, moved) in names.iter().zip(pendings) {
         if let Err(e) = futures_lite::future::block_on(moved) {
             return Err(format!("queue {name}: log directory not moved aside: {e}"));
@@ -860,32 +942,9 @@ fn take(
     data_dir: &Path,
     m: &Move,
 ) -> Result<Vec<String>, StepError> {
-    let mut archive = Vec::new();
-    for part in 0u32.. {
-        match coordinator
-            .handoff(&m.owner, m.epoch, part)
-            .map_err(|e| e.to_string())?
-        {
-            Some(bytes) => archive.extend_from_slice(&bytes),
-            None => break,
-        }
-    }
+    let archive = handed_over(coordinator, m)?;
     let (manifest, files) = unpack(&archive)?;
-    if manifest.owner != m.owner || manifest.epoch != m.epoch {
-        return Err("hand-over is of another move".to_owned());
-    }
-    let policy = shared.policy.current();
-    manifest.foreign_queue(|queue| policy.acl.queue_owner(queue))?;
-    for q in &manifest.queues {
-        let target = ciphermq_shard::log::queue_dir(data_dir, &q.name);
-        if target.exists() || shared.topology.snapshot().queue(&q.name).is_some() {
-            return Err(format!(
-                "queue {} exists on this node already ({}): delete it before moving its owner here",
-                q.name,
-                target.display()
-            ));
-        }
-    }
+    check_handed(shared, data_dir, &manifest, m)?;
     // From here on a failure drops what was taken (the manifest says what).
     let incoming = incoming_dir(data_dir, &m.owner, m.epoch);
     stage(&incoming, &manifest, &files)?;
@@ -901,6 +960,70 @@ fn take(
     ciphermq_datadir::sync_dir(&queues).map_err(|e| io(&queues, e))?;
     serve(shared, handover, data_dir, &manifest)?;
     Ok(manifest.queues.iter().map(|q| q.name.clone()).collect())
+}
+
+/// Step 3 on the new node of a move on shared storage: the hand-over holds
+/// only the manifest; its queues and bindings are declared here, empty
+/// (their logs are the old node's copy, fenced and adopted once the move
+/// has finished). Returns the queue names.
+fn declare_handed(
+    shared: &Arc<Shared>,
+    coordinator: &PgCoordinator,
+    data_dir: &Path,
+    m: &Move,
+) -> Result<Vec<String>, StepError> {
+    let archive = handed_over(coordinator, m)?;
+    let (manifest, files) = unpack(&archive)?;
+    if !files.is_empty() {
+        return Err("a hand-over on shared storage carries queue files".to_owned());
+    }
+    check_handed(shared, data_dir, &manifest, m)?;
+    // The manifest is kept where a failure (or a restart) finds what to
+    // drop.
+    stage(&incoming_dir(data_dir, &m.owner, m.epoch), &manifest, &[])?;
+    manifest.declare(shared)?;
+    Ok(manifest.queues.iter().map(|q| q.name.clone()).collect())
+}
+
+/// The hand-over of move `m`, its parts read from PostgreSQL.
+fn handed_over(coordinator: &PgCoordinator, m: &Move) -> Result<Vec<u8>, StepError> {
+    let mut archive = Vec::new();
+    for part in 0u32.. {
+        match coordinator
+            .handoff(&m.owner, m.epoch, part)
+            .map_err(|e| e.to_string())?
+        {
+            Some(bytes) => archive.extend_from_slice(&bytes),
+            None => break,
+        }
+    }
+    Ok(archive)
+}
+
+/// Refuses a hand-over of another move, one listing another owner's
+/// queues, or one whose queues exist here already.
+fn check_handed(
+    shared: &Shared,
+    data_dir: &Path,
+    manifest: &Manifest,
+    m: &Move,
+) -> Result<(), StepError> {
+    if manifest.owner != m.owner || manifest.epoch != m.epoch {
+        return Err("hand-over is of another move".to_owned());
+    }
+    let policy = shared.policy.current();
+    manifest.foreign_queue(|queue| policy.acl.queue_owner(queue))?;
+    for q in &manifest.queues {
+        let target = ciphermq_shard::log::queue_dir(data_dir, &q.name);
+        if target.exists() || shared.topology.snapshot().queue(&q.name).is_some() {
+            return Err(format!(
+                "queue {} exists on this node already ({}): delete it before moving its owner here",
+                q.name,
+                target.display()
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Writes an unpacked hand-over under `dir` (emptied first), durably: its

@@ -145,3 +145,44 @@ pub async fn record_of(
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// Publishes `live-<n>` for receiver_1 one at a time until `stop`, from
+/// `start` on; on `NACK <id> moved … <host:port> …` it goes to that node and
+/// sends the same id again. Returns the acked ids in order, and the
+/// longest time between two acks.
+pub async fn publish_following(
+    start: String,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> (Vec<String>, std::time::Duration) {
+    let opts =
+        ciphermq_clients::connection::TlsClientOptions::for_cn(&super::pki().certs, "sender_1");
+    let mut conn = ciphermq_clients::connection::Connection::connect(&start, &opts)
+        .await
+        .expect("connect");
+    let mut acked = Vec::new();
+    let mut longest = std::time::Duration::ZERO;
+    let mut last = std::time::Instant::now();
+    let mut n = 0u64;
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        let id = format!("live-{n:06}");
+        let reply = super::ask(
+            &mut conn,
+            &format!("publish ex receiver_1 {}", super::body(&id, "receiver_1")),
+        )
+        .await;
+        if reply == format!("ACK {id}") {
+            acked.push(id);
+            longest = longest.max(last.elapsed());
+            last = std::time::Instant::now();
+            n += 1;
+        } else if let Some(tail) = reply.strip_prefix(&format!("NACK {id} moved ")) {
+            let addr = tail.split(' ').nth(2).expect("address in the redirect");
+            conn = ciphermq_clients::connection::Connection::connect(addr, &opts)
+                .await
+                .expect("connect to the new node");
+        } else {
+            panic!("publish {id}: {reply}");
+        }
+    }
+    (acked, longest)
+}
