@@ -1,7 +1,7 @@
 //! The cluster under faults, with the real PostgreSQL and real brokers: a
 //! node killed with SIGKILL under load and restarted keeps its owners (same
 //! node, same epoch, no placement change) and loses nothing it acknowledged;
-//! the coordinator's PostgreSQL connections cut ten times under load change
+//! the coordinator's PostgreSQL connections cut twenty times under load change
 //! no placement and refuse no publish.
 
 mod common;
@@ -85,7 +85,7 @@ async fn a_node_killed_under_load_and_restarted_keeps_its_owners_and_every_acked
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cutting_the_coordinators_postgres_connections_changes_no_placement_and_refuses_no_publish()
 {
-    const CUTS: usize = 10;
+    const CUTS: usize = 20;
     let db = TestDb::create().await;
     let a = TestBroker::start_with(1, &cluster_sections(&db, "node-a"));
     let b = TestBroker::start_with(1, &cluster_sections(&db, "node-b"));

@@ -1215,3 +1215,105 @@ async fn a_move_on_shared_storage_the_new_node_cannot_take_is_given_up_and_nothi
     expected.push("again".to_owned());
     assert_eq!(drain(&mut r1).await, expected);
 }
+
+/// A move on shared storage with either node killed (SIGKILL) in the
+/// middle of it and started again: the old node once it has begun setting
+/// the owner aside; the new node once it has begun taking it; the new node
+/// as soon as the move is answered (adopting the old copy). The move
+/// either finishes or is given up, and after it the owner is served by
+/// exactly one node with every queued message, once, in order, and one
+/// copy left on the shared storage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn either_node_killed_in_the_middle_of_a_move_on_shared_storage_loses_nothing() {
+    const QUEUED: usize = 50_000;
+    for (killed, mark) in [(0, Some("moving")), (1, Some("incoming")), (1, None)] {
+        let db = TestDb::create().await;
+        let mut cluster = Cluster::start(&db);
+        let mut r1 = cluster.node(0).connect("receiver_1").await;
+        setup_receiver(&mut r1, "receiver_1").await;
+        drop(r1);
+        catalogued(&db).await;
+        let queued: Vec<String> = (0..QUEUED).map(|i| format!("q{i:06}")).collect();
+        publish_until_acked(cluster.node(0), &queued).await;
+
+        let mut admin = cluster.node(2).connect("admin").await;
+        admin.queue_line("move receiver_1 node-b");
+        admin.flush().await.unwrap();
+        if let Some(mark) = mark {
+            let seen = cluster._dirs[killed].path().join("data").join(mark);
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while seen.read_dir().map_or(0, |d| d.count()) == 0 {
+                assert!(
+                    Instant::now() < deadline,
+                    "{} never appeared",
+                    seen.display()
+                );
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+        let restart = |cluster: &mut Cluster| {
+            cluster.nodes[killed].take().expect("running").kill();
+            cluster.nodes[killed] = Some(BrokerProcess::start(&cluster.configs[killed]));
+        };
+        if mark.is_some() {
+            restart(&mut cluster);
+        }
+        let reply = tokio::time::timeout(Duration::from_secs(60), next(&mut admin))
+            .await
+            .expect("the move is answered");
+        if mark.is_none() {
+            restart(&mut cluster);
+        }
+        assert!(
+            reply.starts_with("OK move receiver_1 node-b ")
+                || reply.starts_with("Error: cluster: the move of owner receiver_1 "),
+            "{reply}"
+        );
+
+        // Wherever it ended, the owner is served there with everything.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let (home, epoch) = loop {
+            let (home, epoch) = cluster.locate(2).await.expect("receiver_1 placed");
+            let probe = vec![format!("probe-{epoch}")];
+            let answers = publish_pipelined(&cluster.node(home).addr, "sender_1", &probe, 1).await;
+            if answers.first().is_some_and(|(id, line)| is_ack(id, line)) {
+                break (home, epoch);
+            }
+            assert!(
+                Instant::now() < deadline,
+                "receiver_1 never served again: {answers:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let mut r1 = cluster.node(home).connect("receiver_1").await;
+        let delivered = drain(&mut r1).await;
+        eprintln!(
+            "node {killed} killed once {}: {reply}; served by node {home} at epoch {epoch}, {} delivered",
+            mark.map_or("the move was answered".to_owned(), |m| format!("{m}/ appeared")),
+            delivered.len()
+        );
+        assert!(
+            delivered.len() > QUEUED && delivered[..QUEUED].iter().eq(queued.iter()),
+            "every queued message once, in order ({} delivered)",
+            delivered.len()
+        );
+        // Then the probe acknowledged (and any earlier one left unanswered
+        // by a node that stopped: stored or not, never twice).
+        let probes = &delivered[QUEUED..];
+        assert!(probes.contains(&format!("probe-{epoch}")), "{probes:?}");
+        let distinct: BTreeSet<&String> = probes.iter().collect();
+        assert!(
+            distinct.len() == probes.len() && probes.iter().all(|p| p.starts_with("probe-")),
+            "{probes:?}"
+        );
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let left = copies(cluster.shared.path());
+            if left.len() == 1 && left[0].starts_with(&format!("e{epoch:020}-")) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "copies left: {left:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
