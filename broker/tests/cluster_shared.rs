@@ -59,6 +59,18 @@ impl Cluster {
         }
     }
 
+    /// [`Cluster::start`], with receiver_1's queue declared and bound on
+    /// the first node and recorded in the owner catalogue (where an heir
+    /// finds its binding).
+    async fn serving_receiver_1(db: &TestDb) -> Cluster {
+        let cluster = Cluster::start(db);
+        let mut r1 = cluster.node(0).connect("receiver_1").await;
+        setup_receiver(&mut r1, "receiver_1").await;
+        drop(r1);
+        common::cluster::binding_catalogued(db, "receiver_1").await;
+        cluster
+    }
+
     fn node(&self, i: usize) -> &BrokerProcess {
         self.nodes[i].as_ref().expect("node running")
     }
@@ -186,11 +198,7 @@ async fn new_home(cluster: &Cluster, asked: usize, dead: usize, epoch: u64) -> (
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_the_owners_node_ten_times_under_load_loses_nothing_acknowledged() {
     let db = TestDb::create().await;
-    let mut cluster = Cluster::start(&db);
-    let mut r1 = cluster.node(0).connect("receiver_1").await;
-    setup_receiver(&mut r1, "receiver_1").await;
-    drop(r1);
-    catalogued(&db).await;
+    let mut cluster = Cluster::serving_receiver_1(&db).await;
     let (mut home, mut epoch) = cluster.locate(0).await.expect("receiver_1 placed");
     assert_eq!(home, 0);
 
@@ -359,11 +367,7 @@ async fn publish_noting_times(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_owner_acknowledges_nothing_once_taken_over_and_loses_nothing() {
     let db = TestDb::create().await;
-    let cluster = Cluster::start(&db);
-    let mut r1 = cluster.node(0).connect("receiver_1").await;
-    setup_receiver(&mut r1, "receiver_1").await;
-    drop(r1);
-    catalogued(&db).await;
+    let cluster = Cluster::serving_receiver_1(&db).await;
 
     let ids: Vec<String> = (0..200_000).map(|i| format!("p{i:06}")).collect();
     let answered = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -649,7 +653,7 @@ async fn a_node_cut_off_from_postgres_alone_stops_acknowledging_before_it_is_tak
     let mut r1 = common::connect_as(&a, "receiver_1").await;
     setup_receiver(&mut r1, "receiver_1").await;
     drop(r1);
-    catalogued(&db).await;
+    common::cluster::binding_catalogued(&db, "receiver_1").await;
 
     let ids: Vec<String> = (0..1_000_000).map(|i| format!("c{i:07}")).collect();
     let answered = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -908,19 +912,6 @@ async fn postgres_away_from_every_node_makes_no_takeover_and_loses_nothing() {
     );
 }
 
-/// Waits until the owner catalogue records receiver_1's binding: an heir
-/// declares the owner's queues and bindings from it (one made in the last
-/// tick before its node dies is missing there, and its receiver makes it
-/// again: docs/CLUSTER.md).
-async fn catalogued(db: &TestDb) {
-    common::cluster::record_of(db, "receiver_1", |r| {
-        r["queues"][0]["bindings"]
-            .as_array()
-            .is_some_and(|b| !b.is_empty())
-    })
-    .await;
-}
-
 /// Fetches one message on `conn`, asserts it is `id` delivered for the
 /// `count`th time, and gives it back (`nack`).
 async fn deliver_and_give_back(conn: &mut Connection, id: &str, count: u32) {
@@ -946,10 +937,8 @@ async fn deliver_and_give_back(conn: &mut Connection, id: &str, count: u32) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn delivery_counts_carry_over_through_takeovers() {
     let db = TestDb::create().await;
-    let mut cluster = Cluster::start(&db);
+    let mut cluster = Cluster::serving_receiver_1(&db).await;
     let mut r1 = cluster.node(0).connect("receiver_1").await;
-    setup_receiver(&mut r1, "receiver_1").await;
-    catalogued(&db).await;
     publish_until_acked(cluster.node(0), &["c0".to_owned(), "c1".to_owned()]).await;
     for count in 1..=2 {
         deliver_and_give_back(&mut r1, "c0", count).await;
@@ -1020,7 +1009,7 @@ async fn adopting_a_backlog_ten_times_the_memory_budget_stays_within_memory() {
     let mut r1 = cluster.node(0).connect("receiver_1").await;
     setup_receiver(&mut r1, "receiver_1").await;
     drop(r1);
-    catalogued(&db).await;
+    common::cluster::binding_catalogued(&db, "receiver_1").await;
     let ciphertext = "QUFB".repeat(CIPHERTEXT_BYTES / 4);
     let big = |id: &str| {
         format!(
@@ -1077,10 +1066,8 @@ async fn an_owner_moves_on_shared_storage_under_load_losing_and_reordering_nothi
     use common::cluster::publish_following;
     const QUEUED: usize = 100_000;
     let db = TestDb::create().await;
-    let cluster = Cluster::start(&db);
+    let cluster = Cluster::serving_receiver_1(&db).await;
     let mut r1 = cluster.node(0).connect("receiver_1").await;
-    setup_receiver(&mut r1, "receiver_1").await;
-    catalogued(&db).await;
     let queued: Vec<String> = (0..QUEUED).map(|i| format!("q{i:06}")).collect();
     publish_until_acked(cluster.node(0), &queued).await;
     deliver_and_give_back(&mut r1, &queued[0], 1).await;
@@ -1177,10 +1164,7 @@ async fn an_owner_moves_on_shared_storage_under_load_losing_and_reordering_nothi
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_move_on_shared_storage_the_new_node_cannot_take_is_given_up_and_nothing_is_lost() {
     let db = TestDb::create().await;
-    let cluster = Cluster::start(&db);
-    let mut r1 = cluster.node(0).connect("receiver_1").await;
-    setup_receiver(&mut r1, "receiver_1").await;
-    drop(r1);
+    let cluster = Cluster::serving_receiver_1(&db).await;
     let sent: Vec<String> = (0..500).map(|i| format!("k{i:04}")).collect();
     publish_until_acked(cluster.node(0), &sent).await;
     let before = copies(cluster.shared.path());
@@ -1228,11 +1212,7 @@ async fn either_node_killed_in_the_middle_of_a_move_on_shared_storage_loses_noth
     const QUEUED: usize = 50_000;
     for (killed, mark) in [(0, Some("moving")), (1, Some("incoming")), (1, None)] {
         let db = TestDb::create().await;
-        let mut cluster = Cluster::start(&db);
-        let mut r1 = cluster.node(0).connect("receiver_1").await;
-        setup_receiver(&mut r1, "receiver_1").await;
-        drop(r1);
-        catalogued(&db).await;
+        let mut cluster = Cluster::serving_receiver_1(&db).await;
         let queued: Vec<String> = (0..QUEUED).map(|i| format!("q{i:06}")).collect();
         publish_until_acked(cluster.node(0), &queued).await;
 

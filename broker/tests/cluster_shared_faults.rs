@@ -224,13 +224,17 @@ impl Published {
     }
 }
 
+/// New ids a continuous publisher sends a second at most: a steady load
+/// whose backlog stays under `max_queue_size` however fast the build.
+const RATE: f64 = 3000.0;
+
 /// The id of a continuous publisher's `seq`-th message.
 fn seq_id(prefix: &str, seq: u64) -> String {
     format!("{prefix}{seq:07}")
 }
 
 /// Publishes to receiver_1 at `addr` as `cn`, pipelined (`WINDOW` in
-/// flight), until `stop` is set, noting every answer in `log`. A refused
+/// flight) and new ids at most `RATE` a second, until `stop` is set, noting every answer in `log`. A refused
 /// publish (`NACK … storage`) or a connection that ends stops new ones;
 /// what is in flight is still read. Then, 20 ms later (on a new connection
 /// if it ended), every id not yet acknowledged is sent again, in order,
@@ -249,6 +253,7 @@ async fn publish_continuously(
     let mut unacked: BTreeSet<u64> = BTreeSet::new();
     let mut careful = false;
     let mut conn = None;
+    let start = Instant::now();
     while !stop.load(Ordering::Relaxed) {
         let (rd, wr) = match &mut conn {
             Some(split) => split,
@@ -270,6 +275,15 @@ async fn publish_continuously(
         loop {
             let window = if careful { 1 } else { WINDOW };
             while !trouble && !stop.load(Ordering::Relaxed) && in_flight.len() < window {
+                if retry.is_empty() {
+                    let due = start + Duration::from_secs_f64(next_new as f64 / RATE);
+                    if Instant::now() < due {
+                        if !in_flight.is_empty() {
+                            break;
+                        }
+                        tokio::time::sleep_until(due.into()).await;
+                    }
+                }
                 let seq = retry.pop_front().unwrap_or_else(|| {
                     next_new += 1;
                     next_new - 1
@@ -838,6 +852,9 @@ async fn a_power_cut_of_the_shared_storage_during_an_adoption_loses_nothing_ackn
     let mut r1 = nodes[0].as_ref().unwrap().connect("receiver_1").await;
     setup_receiver(&mut r1, "receiver_1").await;
     drop(r1);
+    // After a power cut the owner's node declares its binding from the
+    // catalogue.
+    common::cluster::binding_catalogued(&db, "receiver_1").await;
 
     let mut trials = Vec::new();
     let mut acked = vec!["probe-start".to_owned()];

@@ -186,3 +186,16 @@ pub async fn publish_following(
     }
     (acked, longest)
 }
+
+/// Waits until the owner catalogue records a binding of `owner`'s queue:
+/// a node taking the owner over declares its queues and bindings from it
+/// (one made in the last tick before its node dies is missing there, and
+/// its receiver makes it again: docs/CLUSTER.md).
+pub async fn binding_catalogued(db: &TestDb, owner: &str) {
+    record_of(db, owner, |r| {
+        r["queues"][0]["bindings"]
+            .as_array()
+            .is_some_and(|b| !b.is_empty())
+    })
+    .await;
+}
