@@ -16,6 +16,7 @@
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod delivery;
+mod envelope_scan;
 pub mod message;
 pub mod name;
 pub mod redirect;
@@ -24,8 +25,8 @@ pub mod request;
 
 pub use delivery::Delivery;
 pub use message::{
-    inspect_batch, inspect_batch_at_most, inspect_message, BatchElement, BatchError, MessageError,
-    MessageInfo,
+    inspect_batch, inspect_batch_at_most, inspect_message, inspect_message_by_parser, BatchElement,
+    BatchError, MessageError, MessageInfo,
 };
 pub use name::{is_valid_name, is_valid_routing_pattern};
 pub use redirect::Redirect;
