@@ -11,11 +11,18 @@
 /// The fields of an envelope found by [`scan`], borrowed from the body.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub(crate) struct Fields<'a> {
+    /// `message_id`, not yet checked against the name rule.
     pub(crate) message_id: Option<&'a str>,
+    /// `receiver_client_id`: whom the payload is sealed for.
     pub(crate) receiver_client_id: Option<&'a str>,
+    /// `sender_client_id`, the publisher's claim, when present.
     pub(crate) sender_client_id: Option<&'a str>,
+    /// The three encrypted parts, present as strings (their contents are
+    /// the receiver's business).
     pub(crate) enc_session_key: bool,
+    /// See `enc_session_key`.
     pub(crate) nonce: bool,
+    /// See `enc_session_key`.
     pub(crate) ciphertext: bool,
 }
 
