@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use ciphermq_clients::connection::Connection;
 use common::cluster::shared_process_node;
 use common::pg::TestDb;
-use common::process::{publish_pipelined, BrokerProcess};
+use common::process::{is_ack, publish_pipelined, BrokerProcess};
 use common::{fetch, ids, next, setup_receiver};
 
 /// Lease of these nodes: takeovers come about 3 s after a node stops.
@@ -97,11 +97,6 @@ impl Cluster {
         let _addr = words.next()?;
         Some((node, words.next()?.parse().ok()?))
     }
-}
-
-/// Whether `line` acknowledges `id`.
-fn is_ack(id: &str, line: &str) -> bool {
-    line.strip_prefix("ACK ") == Some(id)
 }
 
 /// Publishes `ids` to `node` until each is acknowledged there (answers

@@ -23,7 +23,7 @@ use ciphermq_clients::connection::{Connection, TlsClientOptions};
 use common::blackhole::Blackhole;
 use common::cluster::{cluster_state, every_node_beats_again, shared_process_node};
 use common::pg::TestDb;
-use common::process::{publish_pipelined, BrokerProcess};
+use common::process::{is_ack, publish_pipelined, BrokerProcess};
 use common::{fetch, ids, next, setup_receiver};
 
 /// The nodes' lease: a node silent for 3 s (lease and margin) is taken over.
@@ -31,11 +31,6 @@ const LEASE_SECS: u64 = 2;
 
 /// The nodes' ids, in the order of their configs.
 const NODES: [&str; 3] = ["node-a", "node-b", "node-c"];
-
-/// Whether `line` acknowledges `id`.
-fn is_ack(id: &str, line: &str) -> bool {
-    line.strip_prefix("ACK ") == Some(id)
-}
 
 /// Where receiver_1 lives as the node at `addr` sees it: (node id, address,
 /// epoch).

@@ -429,7 +429,7 @@ impl Moves {
             Ok(placement) => {
                 tracing::info!(owner = %m.owner, from = %m.from_node, epoch = placement.epoch, queues = names.len(),
                     took_ms = started.elapsed().as_millis() as u64, "owner moved here");
-                self.arrive(node, data_dir, placement);
+                self.arrive(node, data_dir, m, placement);
             }
             Err(e @ (ClusterError::MoveEnded { .. } | ClusterError::StaleEpoch { .. })) => {
                 tracing::warn!(owner = %m.owner, error = %e, "move ended elsewhere; dropping what was taken");
@@ -442,15 +442,11 @@ impl Moves {
         }
     }
 
-    /// A move to this node finished at `placement`: served here now, or,
+    /// Move `m` to this node finished at `placement`: served here now, or,
     /// on shared storage, once the coordinator thread has fenced and
     /// adopted the old node's copy ([`Moves::take_arrived`]).
-    fn arrive(&mut self, node: &ClusterNode, data_dir: &Path, placement: Placement) {
-        let _ = remove_dir(&incoming_dir(
-            data_dir,
-            &placement.owner,
-            placement.epoch - 1,
-        ));
+    fn arrive(&mut self, node: &ClusterNode, data_dir: &Path, m: &Move, placement: Placement) {
+        let _ = remove_dir(&incoming_dir(data_dir, &m.owner, m.epoch));
         if node.shared_logs().is_some() {
             self.arrived.push(placement);
         } else {
@@ -492,7 +488,7 @@ impl Moves {
             match state {
                 Some(MoveState::Done) => match coordinator.locate(&m.owner) {
                     Ok(Some(p)) if p.epoch > m.epoch && *p.node_id == **node.node_id() => {
-                        self.arrive(node, data_dir, p);
+                        self.arrive(node, data_dir, &m, p);
                     }
                     Ok(_) => {
                         node.view().set_arriving(&m.owner, None);
@@ -501,7 +497,7 @@ impl Moves {
                     Err(_) => self.unsettled.push((m, true)),
                 },
                 Some(MoveState::Exported) => match coordinator.finish_move(&m.owner, m.epoch) {
-                    Ok(p) => self.arrive(node, data_dir, p),
+                    Ok(p) => self.arrive(node, data_dir, &m, p),
                     Err(_) => self.unsettled.push((m, true)),
                 },
                 _ => drop_taken(shared, handover, data_dir, &m),

@@ -263,6 +263,11 @@ pub async fn admin_get(addr: &str, cn: &str, path: &str) -> std::io::Result<(u16
     Ok((reply.status, reply.body))
 }
 
+/// Whether `line` acknowledges `id`.
+pub fn is_ack(id: &str, line: &str) -> bool {
+    line.strip_prefix("ACK ") == Some(id)
+}
+
 /// Publishes `ids` to receiver_1's routing key as `cn`, pipelined (`window`
 /// unanswered at most), until all are answered or the broker goes away.
 /// Returns each answered id with its reply line, in order.
