@@ -96,6 +96,7 @@
 #               topic binds `<receiver>.*.q<j>.#` and routes through the
 #               topic matcher)
 #   AB_SIZE     with ab: the body size in bytes (1024)
+#   AB_CONSUMERS with ab: consumer connections (1; 0 measures publish alone)
 #   PGDB        database the pgbridge section recreates (ciphermq_bench, on
 #               127.0.0.1:5432 as user postgres)
 #   PACE_TICK   the pacer's tick for the fixed-rate runs (ciphermq-bench
@@ -409,15 +410,17 @@ fi
 if has ab; then
   [[ -x "$BASE_BIN" ]] || { echo "SECTIONS=ab needs BASE_BIN, a ciphermq-broker built from the commit to compare against"; exit 1; }
   ab_size=${AB_SIZE:-1024}
-  echo "== before/after: $BASE_BIN, then $BIN/ciphermq-broker; adjacent pairs, durable, $ab_size B, 1 shard, $AB_EXCHANGE exchange, $DURATION per run"
+  ab_consumers=${AB_CONSUMERS:-1}
+  echo "== before/after: $BASE_BIN, then $BIN/ciphermq-broker; adjacent pairs, durable, $ab_size B, 1 shard, $ab_consumers consumer(s), $AB_EXCHANGE exchange, $DURATION per run"
   for pubs in $PUBLISHERS; do
     for run in $(seq "$RUNS"); do
       for side in base new; do
         bin=$BIN/ciphermq-broker
         [[ $side == base ]] && bin=$BASE_BIN
-        start_broker durable 1 "$bin"
-        RUNS=1 bench "ab-$side-p$pubs-r$run" "$side, durable, $ab_size B, 1 shard, $AB_EXCHANGE" \
-          --target ciphermq --duration "$DURATION" --size "$ab_size" --publishers "$pubs" --consumers 1 \
+        # Publish-only runs queue millions of messages.
+        QUEUE_CAP=${QUEUE_CAP:-100000000} start_broker durable 1 "$bin"
+        RUNS=1 bench "ab-$side-p$pubs-r$run" "$side, durable, $ab_size B, 1 shard, $ab_consumers consumer(s), $AB_EXCHANGE" \
+          --target ciphermq --duration "$DURATION" --size "$ab_size" --publishers "$pubs" --consumers "$ab_consumers" \
           --exchange "$AB_EXCHANGE" ${AB_ARGS:-}
       done
     done

@@ -395,12 +395,21 @@ def ab(out, lines):
     pairs = paired_runs(out, "ab", ("base", "new"))
     if not pairs:
         return
-    lines.append("### Before/after (durable, 1 KiB, 1 shard, 1 consumer; base run, then new run)\n")
+    # CPU per message is kept per run, not in the summaries.
+    for (pubs, run), sides in pairs.items():
+        for side, s in sides.items():
+            f = out / f"ab-{side}-p{pubs}-r{run}.json"
+            rs = [r for r in load(f)["runs"] if r.get("target") == "ciphermq"]
+            for key in ("broker_cpu_us_per_msg", "client_cpu_us_per_msg"):
+                s[key] = rs[0].get(key) if rs else None
+    label = load(out / f"ab-base-p{min(k[0] for k in pairs)}-r1.json").get("scenario", {}).get("label", "")
+    lines.append(f"### Before/after ({label.removeprefix('base, ') or 'durable, 1 shard'}; base run, then new run)\n")
     lines.append(
         "| publishers | pairs | publish new ÷ base, median (range) | consume new ÷ base, median (range) "
-        "| base publish/s | new publish/s | base / new ACK p99 ms | base / new ACK max ms | all complete |"
+        "| base publish/s | new publish/s | base / new broker CPU µs/msg | base / new client CPU µs/msg "
+        "| base / new ACK p99 ms | base / new ACK max ms | all complete |"
     )
-    lines.append("|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    lines.append("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     for pubs in sorted({k[0] for k in pairs}):
         runs = [v for k, v in sorted(pairs.items()) if k[0] == pubs and len(v) == 2]
         if not runs:
@@ -413,11 +422,16 @@ def ab(out, lines):
         def both(f):
             return f"{ms(med([f(r['base']) for r in runs]))} / {ms(med([f(r['new']) for r in runs]))}"
 
+        def cpu(key):
+            sides = [[r[side][key] for r in runs if r[side].get(key)] for side in ("base", "new")]
+            return " / ".join(f"{med(v):.2f}" if v else "-" for v in sides)
+
         complete = all(r[side]["complete"] for r in runs for side in ("base", "new"))
         lines.append(
             f"| {pubs} | {len(runs)} | {spread('publish_msgs_per_sec')} | {spread('consume_msgs_per_sec')} "
             f"| {n(med([r['base']['publish_msgs_per_sec'] for r in runs]))} "
             f"| {n(med([r['new']['publish_msgs_per_sec'] for r in runs]))} "
+            f"| {cpu('broker_cpu_us_per_msg')} | {cpu('client_cpu_us_per_msg')} "
             f"| {both(lambda s: s['publish_to_ack']['p99_ms'])} "
             f"| {both(lambda s: s['publish_to_ack']['max_ms'])} | {'yes' if complete else 'NO'} |"
         )

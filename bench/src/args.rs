@@ -158,6 +158,11 @@ pub struct LoadArgs {
     /// instead of `ack_batch` lines (what clients without it cost).
     #[arg(long)]
     pub single_acks: bool,
+    /// CipherMQ publishers write each publish on its own instead of
+    /// batching what the window allows into one write: what a client that
+    /// flushes after every line costs the broker (a TLS record a message).
+    #[arg(long)]
+    pub flush_each: bool,
     /// Total messages to publish (over all publishers). Default 200,000 without
     /// `--duration`; with it, an optional upper bound.
     #[arg(long)]

@@ -200,7 +200,7 @@ async fn publisher(
             emit(&mut pipeline, stamp)?;
             let _ = stamps_tx.send(stamp);
             batch.push(stamp);
-            while pipeline.queued_bytes() < FLUSH_BYTES {
+            while !args.flush_each && pipeline.queued_bytes() < FLUSH_BYTES {
                 if ctx.try_admit().is_none() {
                     break;
                 }

@@ -117,6 +117,7 @@ async fn load(args: LoadArgs) -> Result<()> {
             };
             let body = Arc::new(body);
             let title = format!("{} {run}/{}", name(target), args.runs);
+            let own_cpu_before = report::cpu_secs(std::process::id());
             let cpu_before = (target == TargetArg::Ciphermq)
                 .then(|| args.broker_pid.and_then(report::cpu_secs))
                 .flatten();
@@ -143,6 +144,11 @@ async fn load(args: LoadArgs) -> Result<()> {
             .with_context(|| format!("{} run {run}", name(target)))?;
             let mut result = RunResult::new(name(target), run, args.size, &outcome);
             result.stream = stream;
+            if let (Some(a), Some(b)) = (own_cpu_before, report::cpu_secs(std::process::id())) {
+                if outcome.acked > 0 {
+                    result.client_cpu_us_per_msg = Some((b - a) * 1e6 / outcome.acked as f64);
+                }
+            }
             if let Some(sampler) = sampler {
                 result.broker_timeline = sampler.finish();
                 result.rss_trend = RssTrend::of(&result.broker_timeline, args.warm_up);

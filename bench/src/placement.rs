@@ -18,6 +18,9 @@ use serde::Serialize;
 /// The start of a broker's refusal of `locate` when it is no cluster node
 /// (`Error: this broker is not a cluster node (cluster.enabled = false)`).
 const NOT_A_CLUSTER_NODE: &str = "this broker is not a cluster node";
+/// A broker built before clusters existed refuses the command itself; it
+/// too serves every receiver (paired runs against old builds meet it).
+const LOCATE_UNKNOWN: &str = "unknown command locate";
 
 /// What one seed said to `locate <receiver>`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,7 +40,9 @@ impl Answer {
     pub fn of(result: Result<Home, RequestError>) -> Answer {
         match result {
             Ok(home) => Answer::Located(home),
-            Err(RequestError::Broker(text)) if text.starts_with(NOT_A_CLUSTER_NODE) => {
+            Err(RequestError::Broker(text))
+                if text.starts_with(NOT_A_CLUSTER_NODE) || text == LOCATE_UNKNOWN =>
+            {
                 Answer::Alone
             }
             Err(e) => Answer::Failed(format!("locate: {e}")),
@@ -204,8 +209,11 @@ mod tests {
         ));
         let denied = RequestError::Denied("not allowed (role=sender)".into());
         assert!(matches!(Answer::of(Err(denied)), Answer::Failed(why) if why.contains("denied")));
+        // A broker from before clusters: alone too.
         let unknown = RequestError::Broker("unknown command locate".into());
-        assert!(matches!(Answer::of(Err(unknown)), Answer::Failed(_)));
+        assert_eq!(Answer::of(Err(unknown)), Answer::Alone);
+        let other = RequestError::Broker("unknown command locate_all".into());
+        assert!(matches!(Answer::of(Err(other)), Answer::Failed(_)));
     }
 
     #[test]

@@ -228,6 +228,11 @@ pub struct RunResult {
     /// acknowledged publish, µs: its publish, delivery and ack together
     /// (CipherMQ with `--broker-pid`; 10 ms resolution of the total).
     pub broker_cpu_us_per_msg: Option<f64>,
+    /// This load generator's own CPU time over the run per acknowledged
+    /// publish, µs: its publishers and consumers, their client library
+    /// and its bookkeeping, for every target (10 ms resolution). On a
+    /// small machine it is taken from the broker's share.
+    pub client_cpu_us_per_msg: Option<f64>,
     /// Seconds the broker's threads spent ready to run but waiting for a
     /// CPU, per second of the run (all threads summed; CipherMQ with
     /// `--broker-pid`): how much of the tail is the machine's cores being
@@ -278,6 +283,7 @@ impl RunResult {
             delivery_timeline: o.e2e_latency.timeline(o.t0_us),
             broker_memory: None,
             broker_cpu_us_per_msg: None,
+            client_cpu_us_per_msg: None,
             broker_cpu_wait_per_sec: None,
             load_average: load_average(),
             broker_timeline: Vec::new(),
@@ -317,6 +323,10 @@ impl RunResult {
                 + &self
                     .broker_cpu_us_per_msg
                     .map(|us| format!(", CPU {us:.1} µs/msg"))
+                    .unwrap_or_default()
+                + &self
+                    .client_cpu_us_per_msg
+                    .map(|us| format!(", client CPU {us:.1} µs/msg"))
                     .unwrap_or_default()
                 + &self
                     .broker_cpu_wait_per_sec
