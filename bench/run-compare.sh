@@ -19,6 +19,8 @@
 #   SIZES       body sizes, bytes          ("1024 16384")
 #   PUBLISHERS  publisher connections      ("1 4 16")
 #   WINDOW      publish window             (1000)
+#   TP_CONSUMERS throughput's consumer counts ("1"; "0 1" adds publish-only
+#               runs, named ...-c0)
 #   PORT        CipherMQ port              (5917; must be free)
 #   SECTIONS    any of: throughput latency durability rss idle pgbridge cluster shared scaleout ab
 #               restart backlog tail mixed load soak (default: the first six)
@@ -122,6 +124,7 @@ SHARDS=${SHARDS:-1 2}
 SIZES=${SIZES:-1024 16384}
 PUBLISHERS=${PUBLISHERS:-1 4 16}
 WINDOW=${WINDOW:-1000}
+TP_CONSUMERS=${TP_CONSUMERS:-1}
 PORT=${PORT:-5917}
 SECTIONS=${SECTIONS:-throughput latency durability rss idle pgbridge}
 TAIL_RUNS=${TAIL_RUNS:-20}
@@ -341,20 +344,26 @@ floor() { # json-name rate: the disk's own durable latency at that rate, no brok
 } | tee "$OUT/machine.txt"
 
 if has throughput; then
-  echo "== throughput: max rate, 1 consumer, $DURATION per run"
+  echo "== throughput: max rate, $TP_CONSUMERS consumer(s), $DURATION per run"
   for storage in $STORAGES; do
     for shards in $SHARDS; do
-      start_broker "$storage" "$shards"
+      # Publish-only runs queue millions of messages.
+      QUEUE_CAP=${QUEUE_CAP:-100000000} start_broker "$storage" "$shards"
       for size in $SIZES; do
         for pubs in $PUBLISHERS; do
-          # The peers have no shards and no in-memory mode: measure them once,
-          # next to CipherMQ's first configuration.
-          target=ciphermq
-          if [[ $storage == "${STORAGES%% *}" && $shards == "${SHARDS%% *}" ]]; then
-            target=compare
-          fi
-          bench "throughput-$storage-s$shards-b$size-p$pubs" "$storage, $shards shard(s)" \
-            --target "$target" --duration "$DURATION" --size "$size" --publishers "$pubs" --consumers 1
+          for consumers in $TP_CONSUMERS; do
+            # The peers have no shards and no in-memory mode: measure them once,
+            # next to CipherMQ's first configuration.
+            target=ciphermq
+            if [[ $storage == "${STORAGES%% *}" && $shards == "${SHARDS%% *}" ]]; then
+              target=compare
+            fi
+            name="throughput-$storage-s$shards-b$size-p$pubs"
+            [[ $consumers == 1 ]] || name="$name-c$consumers"
+            bench "$name" "$storage, $shards shard(s), $consumers consumer(s)" \
+              --target "$target" --duration "$DURATION" --size "$size" --publishers "$pubs" --consumers "$consumers" \
+              --delete-queues
+          done
         done
       done
     done

@@ -42,54 +42,63 @@ def ratio(a, b):
     return f"{a / b:.2f}x" if b else "-"
 
 
+def body(size):
+    """A body size as the tables write it: 64 B, 1 KiB, 16 KiB."""
+    return f"{size // 1024} KiB" if size >= 1024 and size % 1024 == 0 else f"{size} B"
+
+
 def throughput(out, lines):
     rows = []
     for p in sorted(out.glob("throughput-*.json")):
-        m = re.match(r"throughput-(\w+)-s(\d+)-b(\d+)-p(\d+)\.json", p.name)
+        m = re.match(r"throughput-(\w+)-s(\d+)-b(\d+)-p(\d+)(?:-c(\d+))?\.json", p.name)
         if not m:
             continue
-        storage, shards, size, pubs = m.group(1), *map(int, m.groups()[1:])
-        rows.append((storage, shards, size, pubs, load(p)))
+        storage, shards, size, pubs = m.group(1), *map(int, m.groups()[1:4])
+        consumers = int(m.group(5) or 1)
+        rows.append((storage, shards, size, pubs, load(p), consumers))
     if not rows:
         return
-    rows.sort(key=lambda r: (r[0] != "memory", r[1], r[2], r[3]))
+    rows.sort(key=lambda r: (r[0] != "memory", r[1], r[2], r[3], r[5]))
 
     compared = [r for r in rows if {"rabbitmq", "nats"} <= set(r[4]["summary"])]
     if compared:
         lines.append("### CipherMQ vs RabbitMQ vs NATS JetStream (same run)\n")
         lines.append(
-            "| CipherMQ storage, shards | body | publishers "
+            "| CipherMQ storage, shards | body | publishers | consumers "
             "| CipherMQ publish/s | RabbitMQ publish/s | NATS publish/s | vs RabbitMQ | vs NATS "
-            "| CipherMQ consume/s | RabbitMQ consume/s | NATS consume/s | vs RabbitMQ | vs NATS |"
+            "| CipherMQ consume/s | RabbitMQ consume/s | NATS consume/s | vs RabbitMQ | vs NATS "
+            "| load generator CPU µs/msg: CipherMQ / RabbitMQ / NATS | CipherMQ broker CPU µs/msg |"
         )
-        lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-        for storage, shards, size, pubs, r in compared:
+        lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for storage, shards, size, pubs, r, consumers in compared:
             s = r["summary"]
             c, q, j = s["ciphermq"], s["rabbitmq"], s["nats"]
+            cpu = lambda x, key="client_cpu_us_per_msg": f"{x[key]:.1f}" if x.get(key) else "-"
             lines.append(
-                f"| {storage}, {shards} | {size // 1024} KiB | {pubs} "
+                f"| {storage}, {shards} | {body(size)} | {pubs} | {consumers} "
                 f"| {n(c['publish_msgs_per_sec'])} | {n(q['publish_msgs_per_sec'])} | {n(j['publish_msgs_per_sec'])} "
                 f"| {ratio(c['publish_msgs_per_sec'], q['publish_msgs_per_sec'])} "
                 f"| {ratio(c['publish_msgs_per_sec'], j['publish_msgs_per_sec'])} "
                 f"| {n(c['consume_msgs_per_sec'])} | {n(q['consume_msgs_per_sec'])} | {n(j['consume_msgs_per_sec'])} "
                 f"| {ratio(c['consume_msgs_per_sec'], q['consume_msgs_per_sec'])} "
-                f"| {ratio(c['consume_msgs_per_sec'], j['consume_msgs_per_sec'])} |"
+                f"| {ratio(c['consume_msgs_per_sec'], j['consume_msgs_per_sec'])} "
+                f"| {cpu(c)} / {cpu(q)} / {cpu(j)} | {cpu(c, 'broker_cpu_us_per_msg')} |"
             )
         lines.append("")
 
     lines.append("### CipherMQ by configuration\n")
     lines.append(
-        "| storage | shards | body | publishers | publish msg/s | publish MB/s | consume msg/s "
+        "| storage | shards | body | publishers | consumers | publish msg/s | publish MB/s | consume msg/s "
         "| publish→ACK p50 / p99 ms | publish→delivery p50 / p99 ms | complete |"
     )
-    lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
-    for storage, shards, size, pubs, r in rows:
+    lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    for storage, shards, size, pubs, r, consumers in rows:
         c = r["summary"].get("ciphermq")
         if not c:
             continue
         a, e = c["publish_to_ack"], c["publish_to_delivery"]
         lines.append(
-            f"| {storage} | {shards} | {size // 1024} KiB | {pubs} | {n(c['publish_msgs_per_sec'])} "
+            f"| {storage} | {shards} | {body(size)} | {pubs} | {consumers} | {n(c['publish_msgs_per_sec'])} "
             f"| {c['publish_mb_per_sec']:.1f} | {n(c['consume_msgs_per_sec'])} "
             f"| {ms(a['p50_ms'])} / {ms(a['p99_ms'])} | {ms(e['p50_ms'])} / {ms(e['p99_ms'])} "
             f"| {'yes' if c['complete'] else 'NO'} |"

@@ -163,6 +163,11 @@ pub struct LoadArgs {
     /// flushes after every line costs the broker (a TLS record a message).
     #[arg(long)]
     pub flush_each: bool,
+    /// CipherMQ: delete the bench queues after each run (RabbitMQ's are
+    /// deleted and NATS's stream too), so that what a publish-only run left
+    /// queued does not weigh on the next run.
+    #[arg(long)]
+    pub delete_queues: bool,
     /// Total messages to publish (over all publishers). Default 200,000 without
     /// `--duration`; with it, an optional upper bound.
     #[arg(long)]

@@ -119,6 +119,19 @@ async fn setup(args: &LoadArgs, address: &str, names: &Names) -> Result<()> {
     Ok(())
 }
 
+/// Deletes the bench queues, and with them what a run left queued.
+async fn delete_queues(args: &LoadArgs, address: &str, names: &Names) -> Result<()> {
+    let client = connect(args, address, &args.receiver).await?;
+    for queue in &names.queues {
+        client
+            .delete_queue(queue)
+            .await
+            .with_context(|| format!("delete_queue {queue}"))?;
+    }
+    let _ = client.close().await;
+    Ok(())
+}
+
 /// One run against CipherMQ, and where its receiver's stream went (also
 /// printed on stderr).
 pub async fn run(
@@ -135,6 +148,7 @@ pub async fn run(
         ExchangeArg::Fanout => args.queues as u64,
         _ => 1,
     };
+    let names_for_delete = names.clone();
     let shared = Arc::new(args.clone());
     let address: Arc<str> = Arc::from(stream.address.as_str());
     let (pa, pn, pd) = (shared.clone(), names.clone(), address.clone());
@@ -149,6 +163,9 @@ pub async fn run(
         move |ctx| consumer(ca.clone(), cn.clone(), cd.clone(), ctx),
     )
     .await?;
+    if args.delete_queues {
+        delete_queues(args, &stream.address, &names_for_delete).await?;
+    }
     Ok((outcome, stream))
 }
 

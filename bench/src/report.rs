@@ -381,6 +381,10 @@ pub struct Summary {
     pub publish_to_delivery: Quantiles,
     /// Median broker RSS after a run, MiB (when measured).
     pub broker_rss_mib: Option<f64>,
+    /// Median broker CPU per acknowledged publish, µs (when measured).
+    pub broker_cpu_us_per_msg: Option<f64>,
+    /// Median CPU of this load generator per acknowledged publish, µs.
+    pub client_cpu_us_per_msg: Option<f64>,
     /// Whether every run had every publish acknowledged and every delivery received.
     pub complete: bool,
 }
@@ -393,6 +397,10 @@ impl Summary {
             .iter()
             .filter_map(|r| r.broker_memory.map(|m| m.rss_mib))
             .collect();
+        let measured = |f: fn(&RunResult) -> Option<f64>| {
+            let v: Vec<f64> = runs.iter().filter_map(|r| f(r)).collect();
+            (!v.is_empty()).then(|| median(v))
+        };
         Summary {
             runs: runs.len(),
             publish_msgs_per_sec: m(|r| r.publish_msgs_per_sec),
@@ -409,6 +417,8 @@ impl Summary {
                     .collect::<Vec<_>>(),
             ),
             broker_rss_mib: (!rss.is_empty()).then(|| median(rss)),
+            broker_cpu_us_per_msg: measured(|r| r.broker_cpu_us_per_msg),
+            client_cpu_us_per_msg: measured(|r| r.client_cpu_us_per_msg),
             complete: runs.iter().all(|r| {
                 r.nacked == 0 && r.delivered >= r.expected_deliveries && r.undecryptable == 0
             }),
