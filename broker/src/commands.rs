@@ -10,7 +10,6 @@ use ciphermq_proto::message::{
     inspect_batch_at_most, inspect_message, BatchError, MessageError, MessageInfo,
 };
 use ciphermq_proto::{is_valid_name, NackReason, Request};
-use ciphermq_shard::log::unix_ms;
 use ciphermq_shard::topology::Actor;
 use ciphermq_shard::{
     ChangeResult, Message, Origin, PublishStatus, QueueInfo, Route, TopologyChange, TopologyError,
@@ -85,7 +84,7 @@ impl Session {
                 return;
             }
         };
-        let now = Instant::now();
+        let now = self.clock.line().now;
         self.dispatch(request, now);
         if let Some(owner) = self.park_for.take() {
             self.park(line.as_bytes(), &owner);
@@ -794,7 +793,9 @@ impl Session {
         let route = Route {
             exchange,
             routing_key,
-            sent_at_ms: unix_ms(),
+            // The line's own stamp, read with `now` (one clock read for
+            // a few lines of a burst: crate::line_clock).
+            sent_at_ms: self.clock.line_unix_ms(),
         };
         let msg = Message::published(message_id, body, self.identity.cn.clone(), route);
         let origin = Origin {

@@ -279,7 +279,9 @@ impl Connection {
             // The line buffer is taken out so lines can be executed in place.
             let mut lines = std::mem::replace(&mut self.lines, LineBuffer::new(0));
             let before = budget;
+            self.session.clock.start_burst();
             let input = self.pump_input(&mut lines, cx, &mut budget, max_pending);
+            self.session.clock.end_burst();
             self.lines = lines;
             // Only whole lines count as activity (one clock read per batch):
             // a client dribbling bytes of a line that never ends is idle.

@@ -76,6 +76,7 @@ mod handoff;
 pub mod handshake_gate;
 pub mod identity;
 pub mod line_buffer;
+mod line_clock;
 pub mod logging;
 pub mod nudge;
 pub mod policy;

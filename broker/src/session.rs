@@ -19,6 +19,7 @@ use ciphermq_shard::{ConnEvent, ConnRef, DeliveryTracker, Mailbox};
 
 use crate::connection::Identity;
 use crate::context::ShardLocal;
+use crate::line_clock::LineClock;
 use crate::policy::Policy;
 use crate::replies::ReplyQueue;
 
@@ -67,6 +68,8 @@ pub(crate) struct Session {
     /// In a cluster, the owner the last publish found here, with the
     /// placement and ACL versions it was judged under.
     pub(crate) publish_home_cache: Option<(Box<str>, (u64, u64))>,
+    /// The time lines are stamped with (read once per few lines of a burst).
+    pub(crate) clock: LineClock,
 }
 
 /// A command line set aside until `ready` (its owner placed, or the wait
@@ -125,6 +128,7 @@ impl Session {
             rerun: false,
             park_for: None,
             publish_home_cache: None,
+            clock: LineClock::default(),
         };
         (session, mailbox)
     }

@@ -2,13 +2,14 @@
 //! `ack <id> [<q>]` and `nack <id> [<q>]` find what they refer to and `resend`
 //! and a closing connection find everything.
 
-use std::borrow::Borrow;
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
-use crate::message::Message;
+use siphasher::sip128::{Hasher128, SipHasher13};
+
+use crate::hashers::BuildIntHasher;
 use crate::placement::ShardId;
 use crate::queue::Delivery;
 
@@ -23,27 +24,44 @@ pub struct Outstanding {
     pub seq: u64,
 }
 
-/// Hashes and compares as the message id, without copying it.
-#[derive(Debug)]
-struct IdKey(Arc<Message>);
+/// A message id as the tracker keys it: its 128-bit SipHash-1-3 under the
+/// tracker's secret key. Two ids share one with probability 2^-128, and
+/// nobody without the key can choose ids that collide (publishers choose
+/// ids, and a consumer's tracker may hold a whole queue). Comparing two
+/// reads no message: an ack's lookup touches the map alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct IdKey(u128);
 
 impl Hash for IdKey {
     fn hash<H: Hasher>(&self, state: &mut H) {
-        self.0.message_id().hash(state)
+        // Already a keyed hash: its low half is as good as any.
+        state.write_u64(self.0 as u64);
     }
 }
 
-impl PartialEq for IdKey {
-    fn eq(&self, other: &Self) -> bool {
-        self.0.message_id() == other.0.message_id()
+/// The secret key of a tracker's [`IdKey`]s.
+#[derive(Clone, Copy)]
+struct IdHasher {
+    k0: u64,
+    k1: u64,
+}
+
+impl std::fmt::Debug for IdHasher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("IdHasher(<secret>)")
     }
 }
 
-impl Eq for IdKey {}
+impl IdHasher {
+    fn random() -> IdHasher {
+        let (k0, k1) = crate::hashers::secret_key();
+        IdHasher { k0, k1 }
+    }
 
-impl Borrow<str> for IdKey {
-    fn borrow(&self) -> &str {
-        self.0.message_id()
+    fn key(&self, id: &str) -> IdKey {
+        let mut h = SipHasher13::new_with_keys(self.k0, self.k1);
+        h.write(id.as_bytes());
+        IdKey(h.finish128().as_u128())
     }
 }
 
@@ -55,15 +73,27 @@ enum Slots {
 }
 
 /// Every unacked delivery made to one connection.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct DeliveryTracker {
-    /// Keyed by message id. Ids are chosen by publishers and a `fetch` may
-    /// put a whole queue here, so this map keeps std's keyed SipHash: with an
+    /// Keyed by message id, as a keyed hash ([`IdKey`]): ids are chosen by
+    /// publishers and a `fetch` may put a whole queue here, so with an
     /// unkeyed hash a publisher could choose colliding ids and slow every
     /// consumer of its messages down.
-    by_id: HashMap<IdKey, Slots>,
+    by_id: HashMap<IdKey, Slots, BuildIntHasher>,
+    /// The key of `by_id`'s keys.
+    ids: IdHasher,
     /// Deliveries in `by_id`, counting each slot.
     len: usize,
+}
+
+impl Default for DeliveryTracker {
+    fn default() -> DeliveryTracker {
+        DeliveryTracker {
+            by_id: HashMap::default(),
+            ids: IdHasher::random(),
+            len: 0,
+        }
+    }
 }
 
 impl DeliveryTracker {
@@ -85,9 +115,8 @@ impl DeliveryTracker {
             seq: d.seq,
         };
         self.len += 1;
-        // One hash of the id: the common case is a new id, which needs the key
-        // (an `Arc` clone) anyway.
-        match self.by_id.entry(IdKey(d.msg.clone())) {
+        // One hash of the id, and one probe: the common case is a new id.
+        match self.by_id.entry(self.ids.key(d.msg.message_id())) {
             Entry::Vacant(slot) => {
                 slot.insert(Slots::One(entry));
             }
@@ -109,7 +138,7 @@ impl DeliveryTracker {
     pub fn take(&mut self, id: &str, queue: Option<&str>, out: &mut Vec<Outstanding>) -> usize {
         // One hash of the id: the common case (the id's only delivery, from
         // the named queue) leaves nothing to put back.
-        let Some((key, slots)) = self.by_id.remove_entry(id) else {
+        let Some((key, slots)) = self.by_id.remove_entry(&self.ids.key(id)) else {
             return 0;
         };
         let before = out.len();
@@ -176,6 +205,7 @@ impl DeliveryTracker {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::message::Message;
 
     fn delivery(id: &str, queue: &str, seq: u64) -> Delivery {
         Delivery {
@@ -223,5 +253,22 @@ mod tests {
         assert_eq!(t.take("m1", None, &mut out), 2);
         assert!(t.is_empty());
         assert_eq!(t.take("m1", None, &mut out), 0);
+    }
+
+    #[test]
+    fn many_ids_each_find_their_own_delivery() {
+        let mut t = DeliveryTracker::default();
+        for n in 0..10_000u64 {
+            t.record(&delivery(&format!("id-{n}"), "qa", n));
+        }
+        let mut out = Vec::new();
+        for n in (0..10_000u64).rev() {
+            assert_eq!(t.take(&format!("id-{n}"), None, &mut out), 1, "{n}");
+            assert_eq!(out.pop().map(|o| o.seq), Some(n));
+        }
+        assert!(t.is_empty());
+        // Each tracker has its own secret key.
+        let (a, b) = (IdHasher::random(), IdHasher::random());
+        assert_ne!(a.key("id-1"), b.key("id-1"));
     }
 }
