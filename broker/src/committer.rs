@@ -58,6 +58,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::context::ShardLocal;
 use crate::file_deleter::{self, FileDeleter};
+use crate::log_file::LogFile;
 use ciphermq_admin::stats::ShardStats;
 
 type IoResult<T> = Result<T, GlommioError<()>>;
@@ -124,22 +125,23 @@ impl Stages {
 /// Open segment files a shard keeps at most: every queue written to holds
 /// one, and a client that declares many queues must not run the process out
 /// of descriptors. Past it the least recently written file is closed (and
-/// opened again when next written).
-pub const MAX_OPEN_FILES: usize = 1024;
+/// opened again when next written). Each holds two descriptors where direct
+/// writes work ([`LogFile`]): 1,024 a shard.
+pub const MAX_OPEN_FILES: usize = 512;
 
 /// Open segment files of this shard's queues, shared by the write and sync
 /// stages (borrowed only between awaits).
 #[derive(Default)]
 struct Files {
     /// Each with the round it was last used in.
-    open: HashMap<PathBuf, (Arc<File>, u64)>,
+    open: HashMap<PathBuf, (Arc<LogFile>, u64)>,
     /// Counts uses, for "least recently used".
     clock: u64,
 }
 
 impl Files {
     /// The open file at `path`, marked as just used.
-    fn get(&mut self, path: &Path) -> Option<Arc<File>> {
+    fn get(&mut self, path: &Path) -> Option<Arc<LogFile>> {
         self.clock += 1;
         let (file, used) = self.open.get_mut(path)?;
         *used = self.clock;
@@ -149,7 +151,7 @@ impl Files {
     /// Keeps `file` open for `path`, closing the least recently used one
     /// when [`MAX_OPEN_FILES`] are open (a scan, but only when a file is
     /// opened at the cap: opening costs a system call anyway).
-    fn insert(&mut self, path: PathBuf, file: Arc<File>) {
+    fn insert(&mut self, path: PathBuf, file: Arc<LogFile>) {
         if self.open.len() >= MAX_OPEN_FILES {
             let oldest = self
                 .open
@@ -172,7 +174,7 @@ impl Files {
 
 /// The file of `job`, creating its directory and the file when new, after
 /// cutting back what a failed job left (see [`cut`]).
-async fn prepare(files: &RefCell<Files>, job: &CommitJob) -> IoResult<Arc<File>> {
+async fn prepare(files: &RefCell<Files>, job: &CommitJob) -> IoResult<Arc<LogFile>> {
     if job.create_dir {
         let dir = job.dir.clone();
         let shared = job.fence.is_some();
@@ -261,7 +263,7 @@ fn sync_parent(dir: &Path) -> std::io::Result<()> {
 /// durable when someone waits for them.
 async fn write(
     job: &CommitJob,
-    file: &Arc<File>,
+    file: &Arc<LogFile>,
     bytes: Vec<u8>,
     stats: &ShardStats,
 ) -> IoResult<Vec<u8>> {
@@ -286,11 +288,12 @@ async fn write(
 /// `{name}.displaced-{unix ms}` and logged, never truncated. Never through
 /// a symbolic link, and new files are 0600 whatever the umask
 /// ([`segment::open_options`]).
-async fn open(path: &Path, create: bool) -> IoResult<Arc<File>> {
+async fn open(path: &Path, create: bool) -> IoResult<Arc<LogFile>> {
     let path = path.to_path_buf();
     let file = blocking(move || {
         if !create {
-            return segment::open_options().write(true).open(&path);
+            let file = segment::open_options().write(true).open(&path)?;
+            return Ok(LogFile::new(file, &path));
         }
         let new = || {
             segment::open_options()
@@ -309,7 +312,7 @@ async fn open(path: &Path, create: bool) -> IoResult<Arc<File>> {
             other => other?,
         };
         file.write_all_at(&FILE_HEADER, 0)?;
-        Ok(file)
+        Ok(LogFile::new(file, &path))
     })
     .await?;
     Ok(Arc::new(file))
@@ -327,7 +330,7 @@ async fn open(path: &Path, create: bool) -> IoResult<Arc<File>> {
 /// thread free to run on any core took durable publishing from 66% to 76%
 /// of the in-memory rate (docs/BENCHMARKS.md).
 async fn persist<B: AsRef<[u8]> + Send + 'static>(
-    file: &Arc<File>,
+    file: &Arc<LogFile>,
     bytes: B,
     offset: u64,
     sync: bool,
@@ -409,7 +412,7 @@ struct WrittenRound {
     taken: Instant,
     jobs: Vec<CommitJob>,
     /// Per job: its file, its bytes written (and synced when awaited).
-    written: Vec<IoResult<Arc<File>>>,
+    written: Vec<IoResult<Arc<LogFile>>>,
 }
 
 /// Runs commit rounds for one shard until the executor ends (started by
@@ -581,7 +584,7 @@ async fn write_round(
     ))
     .await;
     let mut spent = Vec::with_capacity(outcomes.len());
-    let written: Vec<IoResult<Arc<File>>> = outcomes
+    let written: Vec<IoResult<Arc<LogFile>>> = outcomes
         .into_iter()
         .map(|outcome| {
             outcome.map(|(file, bytes)| {
@@ -755,7 +758,7 @@ mod tests {
     #[test]
     fn open_files_are_capped_closing_the_least_recently_used() {
         let mut files = Files::default();
-        let null = || Arc::new(File::open("/dev/null").unwrap());
+        let null = || Arc::new(LogFile::buffered(File::open("/dev/null").unwrap()));
         for i in 0..MAX_OPEN_FILES {
             files.insert(PathBuf::from(format!("/q/{i}")), null());
         }

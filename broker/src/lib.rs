@@ -77,6 +77,7 @@ pub mod handshake_gate;
 pub mod identity;
 pub mod line_buffer;
 mod line_clock;
+pub mod log_file;
 pub mod logging;
 pub mod nudge;
 pub mod policy;
