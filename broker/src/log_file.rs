@@ -191,7 +191,9 @@ mod tests {
         let mut expected = Vec::new();
         let mut seed = 7u64;
         for round in 0..300 {
-            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             // Sizes from a few bytes to past a chunk, so every case occurs.
             let len = match round % 5 {
                 0 => (seed >> 40) as usize % 100,
