@@ -133,11 +133,6 @@ impl LogFile {
     pub fn sync_data(&self) -> io::Result<()> {
         self.file.sync_data()
     }
-
-    /// The descriptor through the page cache.
-    pub fn file(&self) -> &File {
-        &self.file
-    }
 }
 
 fn same_file(a: &File, b: &File) -> bool {
