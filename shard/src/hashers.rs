@@ -9,8 +9,9 @@
 //! in a table of their own: [`crate::dedup`].)
 //!
 //! Maps keyed by bytes a client chooses keep a keyed hash: queue names the
-//! std hasher; a delivery tracker's message ids a keyed 128-bit hash taken
-//! once per id, which then stands for the id (`crate::tracker`).
+//! std hasher; a delivery tracker's message ids the dedup hash under a key
+//! of its own, taken once per id, which then stands for the id
+//! (`crate::tracker`).
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -74,14 +75,6 @@ impl Hasher for IntHasher {
     fn write_usize(&mut self, n: usize) {
         self.write_u64(n as u64);
     }
-}
-
-/// Two random 64-bit words from the process's random source: the secret
-/// key of a keyed hash (the dedup hash, a delivery tracker's id hash).
-pub(crate) fn secret_key() -> (u64, u64) {
-    use std::hash::BuildHasher;
-    let state = std::hash::RandomState::new();
-    (state.hash_one(1u8), state.hash_one(2u8))
 }
 
 /// Builds [`IntHasher`]s.

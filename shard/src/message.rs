@@ -1,7 +1,7 @@
 //! The message a publish stores: immutable, shared by every queue it was routed
 //! to (fan-out copies share one allocation), across shards.
 
-use std::hash::Hasher;
+use std::hash::{BuildHasher, Hasher};
 use std::sync::Arc;
 
 use siphasher::sip128::{Hasher128, SipHasher13};
@@ -153,8 +153,15 @@ impl Default for DedupHasher {
 impl DedupHasher {
     /// A key from the process's random source.
     pub fn random() -> DedupHasher {
-        let (k0, k1) = crate::hashers::secret_key();
-        DedupHasher { k0, k1 }
+        let state = std::hash::RandomState::new();
+        let mut a = state.build_hasher();
+        a.write_u8(1);
+        let mut b = state.build_hasher();
+        b.write_u8(2);
+        DedupHasher {
+            k0: a.finish(),
+            k1: b.finish(),
+        }
     }
 
     /// The key as stored.

@@ -7,9 +7,8 @@ use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
-use siphasher::sip128::{Hasher128, SipHasher13};
-
 use crate::hashers::BuildIntHasher;
+use crate::message::DedupHasher;
 use crate::placement::ShardId;
 use crate::queue::Delivery;
 
@@ -24,44 +23,25 @@ pub struct Outstanding {
     pub seq: u64,
 }
 
-/// A message id as the tracker keys it: its 128-bit SipHash-1-3 under the
-/// tracker's secret key. Two ids share one with probability 2^-128, and
-/// nobody without the key can choose ids that collide (publishers choose
-/// ids, and a consumer's tracker may hold a whole queue). Comparing two
-/// reads no message: an ack's lookup touches the map alone.
+/// A message id as the tracker keys it: its 128-bit keyed hash (the dedup
+/// hash, with no sender: an ack names the id alone) under the tracker's own
+/// secret key. Two ids share one with probability 2^-128, and nobody
+/// without the key can choose ids that collide (publishers choose ids, and
+/// a consumer's tracker may hold a whole queue). Comparing two reads no
+/// message: an ack's lookup touches the map alone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct IdKey(u128);
+
+impl IdKey {
+    fn of(ids: &DedupHasher, id: &str) -> IdKey {
+        IdKey(ids.key("", id).0)
+    }
+}
 
 impl Hash for IdKey {
     fn hash<H: Hasher>(&self, state: &mut H) {
         // Already a keyed hash: its low half is as good as any.
         state.write_u64(self.0 as u64);
-    }
-}
-
-/// The secret key of a tracker's [`IdKey`]s.
-#[derive(Clone, Copy)]
-struct IdHasher {
-    k0: u64,
-    k1: u64,
-}
-
-impl std::fmt::Debug for IdHasher {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("IdHasher(<secret>)")
-    }
-}
-
-impl IdHasher {
-    fn random() -> IdHasher {
-        let (k0, k1) = crate::hashers::secret_key();
-        IdHasher { k0, k1 }
-    }
-
-    fn key(&self, id: &str) -> IdKey {
-        let mut h = SipHasher13::new_with_keys(self.k0, self.k1);
-        h.write(id.as_bytes());
-        IdKey(h.finish128().as_u128())
     }
 }
 
@@ -73,27 +53,18 @@ enum Slots {
 }
 
 /// Every unacked delivery made to one connection.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct DeliveryTracker {
     /// Keyed by message id, as a keyed hash ([`IdKey`]): ids are chosen by
     /// publishers and a `fetch` may put a whole queue here, so with an
     /// unkeyed hash a publisher could choose colliding ids and slow every
     /// consumer of its messages down.
     by_id: HashMap<IdKey, Slots, BuildIntHasher>,
-    /// The key of `by_id`'s keys.
-    ids: IdHasher,
+    /// The secret key of `by_id`'s keys, this tracker's own (random by
+    /// default).
+    ids: DedupHasher,
     /// Deliveries in `by_id`, counting each slot.
     len: usize,
-}
-
-impl Default for DeliveryTracker {
-    fn default() -> DeliveryTracker {
-        DeliveryTracker {
-            by_id: HashMap::default(),
-            ids: IdHasher::random(),
-            len: 0,
-        }
-    }
 }
 
 impl DeliveryTracker {
@@ -116,7 +87,7 @@ impl DeliveryTracker {
         };
         self.len += 1;
         // One hash of the id, and one probe: the common case is a new id.
-        match self.by_id.entry(self.ids.key(d.msg.message_id())) {
+        match self.by_id.entry(IdKey::of(&self.ids, d.msg.message_id())) {
             Entry::Vacant(slot) => {
                 slot.insert(Slots::One(entry));
             }
@@ -138,7 +109,7 @@ impl DeliveryTracker {
     pub fn take(&mut self, id: &str, queue: Option<&str>, out: &mut Vec<Outstanding>) -> usize {
         // One hash of the id: the common case (the id's only delivery, from
         // the named queue) leaves nothing to put back.
-        let Some((key, slots)) = self.by_id.remove_entry(&self.ids.key(id)) else {
+        let Some((key, slots)) = self.by_id.remove_entry(&IdKey::of(&self.ids, id)) else {
             return 0;
         };
         let before = out.len();
@@ -268,7 +239,7 @@ mod tests {
         }
         assert!(t.is_empty());
         // Each tracker has its own secret key.
-        let (a, b) = (IdHasher::random(), IdHasher::random());
-        assert_ne!(a.key("id-1"), b.key("id-1"));
+        let (a, b) = (DedupHasher::random(), DedupHasher::random());
+        assert_ne!(IdKey::of(&a, "id-1"), IdKey::of(&b, "id-1"));
     }
 }
