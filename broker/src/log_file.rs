@@ -158,6 +158,15 @@ fn aligned_middle(offset: u64, len: usize) -> (usize, usize) {
 mod tests {
     use super::*;
 
+    /// Whether the file system of `path` lets it be opened for direct writes.
+    fn takes_direct(path: &Path) -> bool {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(path)
+            .is_ok()
+    }
+
     #[test]
     fn the_middle_is_whole_blocks_between_the_unaligned_ends() {
         assert_eq!(aligned_middle(0, 10_000), (0, 8192));
@@ -187,11 +196,7 @@ mod tests {
         let direct_here = log.is_direct();
         // Where the file system takes O_DIRECT (the test directory is on a
         // real disk here), the direct path is the one tested.
-        let takes_direct = std::fs::OpenOptions::new()
-            .write(true)
-            .custom_flags(libc::O_DIRECT)
-            .open(&path)
-            .is_ok();
+        let takes_direct = takes_direct(&path);
         assert_eq!(
             direct_here, takes_direct,
             "direct writes used where possible"
@@ -268,11 +273,7 @@ mod tests {
         // A round written and never synced: no ACK would have left for it.
         log.write_all_at(&vec![0xee; 50_000], synced.len() as u64)
             .unwrap();
-        let takes_direct = std::fs::OpenOptions::new()
-            .write(true)
-            .custom_flags(libc::O_DIRECT)
-            .open(&path)
-            .is_ok();
+        let takes_direct = takes_direct(&path);
         assert_eq!(
             log.is_direct(),
             takes_direct,
