@@ -22,7 +22,7 @@
 #   TP_CONSUMERS throughput's consumer counts ("1"; "0 1" adds publish-only
 #               runs, named ...-c0)
 #   PORT        CipherMQ port              (5917; must be free)
-#   SECTIONS    any of: throughput latency durability rss idle pgbridge cluster shared scaleout ab
+#   SECTIONS    any of: throughput drain latency durability rss idle pgbridge cluster shared scaleout ab
 #               restart backlog tail mixed load soak (default: the first six)
 #               durability: the price of durability as adjacent pairs
 #               (durable run, then in-memory run, RUNS times), 1 KiB, 1 shard,
@@ -49,6 +49,10 @@
 #               this tree's, durable, AB_SIZE bytes (1024), 1 shard,
 #               1 consumer, RUNS pairs per PUBLISHERS count; the ratio is
 #               taken within each pair
+#               drain: consume-only side by side: DRAIN_COUNT messages
+#               of each SIZES published with no consumer attached (durable,
+#               1 shard, 1 publisher), then one consumer drains them; the
+#               consume rate is over the drain alone (--consume-backlog)
 #               restart: RESTART_COUNT 1 KiB messages queued with no
 #               consumer, a clean stop, then the time until the restarted
 #               broker (recovering them) listens, and its memory
@@ -137,6 +141,7 @@ RESTART_COUNT=${RESTART_COUNT:-1000000}
 BACKLOG_COUNT=${BACKLOG_COUNT:-20000000}
 BACKLOG_BUDGET_MB=${BACKLOG_BUDGET_MB:-256}
 BACKLOG_RAM_COUNT=${BACKLOG_RAM_COUNT:-2000000}
+DRAIN_COUNT=${DRAIN_COUNT:-500000}
 PGDB=${PGDB:-ciphermq_bench}
 if [[ -n "${QUICK:-}" ]]; then
   RUNS=1 DURATION=3s STORAGES=memory SHARDS=1 SIZES=1024 PUBLISHERS=1
@@ -367,6 +372,16 @@ if has throughput; then
         done
       done
     done
+  done
+fi
+
+if has drain; then
+  echo "== drain: $DRAIN_COUNT messages published with no consumer, then drained by one (consume-only)"
+  QUEUE_CAP=${QUEUE_CAP:-100000000} start_broker durable 1
+  for size in $SIZES; do
+    bench "drain-durable-s1-b$size" "durable, 1 shard, consume-only ($DRAIN_COUNT queued)" \
+      --target compare --count "$DRAIN_COUNT" --size "$size" --publishers 1 --consumers 1 \
+      --consume-backlog --delete-queues
   done
 fi
 

@@ -106,6 +106,38 @@ def throughput(out, lines):
     lines.append("")
 
 
+def drain(out, lines):
+    """Consume-only: a backlog published first, then drained by one consumer."""
+    rows = []
+    for p in sorted(out.glob("drain-*.json")):
+        m = re.match(r"drain-(\w+)-s(\d+)-b(\d+)\.json", p.name)
+        if m:
+            rows.append((int(m.group(3)), load(p)))
+    if not rows:
+        return
+    lines.append("### Consume-only: draining a backlog (same run)\n")
+    lines.append(
+        "| body | queued | CipherMQ consume/s | RabbitMQ consume/s | NATS consume/s | vs RabbitMQ | vs NATS "
+        "| load generator CPU µs/msg: CipherMQ / RabbitMQ / NATS | CipherMQ broker CPU µs/msg (publish and drain) | complete |"
+    )
+    lines.append("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    for size, r in sorted(rows, key=lambda x: x[0]):
+        s = r["summary"]
+        c, q, j = s.get("ciphermq"), s.get("rabbitmq"), s.get("nats")
+        if not c:
+            continue
+        rate = lambda x: x["consume_msgs_per_sec"] if x else 0
+        cpu = lambda x, key="client_cpu_us_per_msg": f"{x[key]:.1f}" if x and x.get(key) else "-"
+        done = all(x["complete"] for x in (c, q, j) if x)
+        queued = n(r["runs"][0]["acked"]) if r.get("runs") else "-"
+        lines.append(
+            f"| {body(size)} | {queued} | {n(rate(c))} | {n(rate(q))} | {n(rate(j))} "
+            f"| {ratio(rate(c), rate(q))} | {ratio(rate(c), rate(j))} "
+            f"| {cpu(c)} / {cpu(q)} / {cpu(j)} | {cpu(c, 'broker_cpu_us_per_msg')} | {'yes' if done else 'NO'} |"
+        )
+    lines.append("")
+
+
 def latency(out, lines):
     files = sorted(out.glob("latency-*.json"))
     if not files:
@@ -593,6 +625,7 @@ def main():
     if machine.exists():
         lines.append("```\n" + machine.read_text().strip() + "\n```\n")
     throughput(out, lines)
+    drain(out, lines)
     latency(out, lines)
     durability(out, lines)
     ab(out, lines)

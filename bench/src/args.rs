@@ -163,6 +163,12 @@ pub struct LoadArgs {
     /// flushes after every line costs the broker (a TLS record a message).
     #[arg(long)]
     pub flush_each: bool,
+    /// Consumers start only once every publish is acknowledged, and
+    /// consume msg/s is measured from their start to the last delivery: a
+    /// consume-only figure, draining the backlog the publishers left. The
+    /// publish → delivery latency then includes the time queued.
+    #[arg(long)]
+    pub consume_backlog: bool,
     /// CipherMQ: delete the bench queues after each run (RabbitMQ's are
     /// deleted and NATS's stream too), so that what a publish-only run left
     /// queued does not weigh on the next run.
@@ -248,6 +254,9 @@ impl LoadArgs {
         }
         if self.runs == 0 {
             bail!("--runs must be at least 1");
+        }
+        if self.consume_backlog && (self.consumers == 0 || self.rate.is_some()) {
+            bail!("--consume-backlog needs at least one consumer and no --rate");
         }
         if self.count == Some(0) {
             bail!("--count must be at least 1");

@@ -199,7 +199,8 @@ pub struct RunResult {
     pub undecryptable: u64,
     /// From the first publish to the last acknowledgement, seconds.
     pub publish_secs: f64,
-    /// From the first publish to the last delivery, seconds.
+    /// From the first publish (with `--consume-backlog`: from the
+    /// consumers' start) to the last delivery, seconds.
     pub consume_secs: f64,
     /// Acknowledged publishes per second.
     pub publish_msgs_per_sec: f64,
@@ -256,7 +257,7 @@ impl RunResult {
     pub fn new(target: &'static str, run: usize, size: usize, o: &Outcome) -> RunResult {
         let secs = |end_us: u64| end_us.saturating_sub(o.t0_us) as f64 / 1e6;
         let publish_secs = secs(o.last_ack_us);
-        let consume_secs = secs(o.last_delivery_us);
+        let consume_secs = o.last_delivery_us.saturating_sub(o.consume_t0_us) as f64 / 1e6;
         let per_sec = |n: u64, s: f64| if s > 0.0 { n as f64 / s } else { 0.0 };
         let publish = per_sec(o.acked, publish_secs);
         let consume = per_sec(o.delivered, consume_secs);

@@ -355,6 +355,10 @@ impl ConsumerCtx {
 pub struct Outcome {
     /// Clock time when publishing started.
     pub t0_us: u64,
+    /// Clock time when consuming started: `t0_us`, or with
+    /// `--consume-backlog` when the consumers were started after the last
+    /// acknowledgement.
+    pub consume_t0_us: u64,
     /// Publishes written.
     pub sent: u64,
     /// Publishes acknowledged.
@@ -404,31 +408,34 @@ where
     let (stop_tx, stop_rx) = watch::channel(false);
     let id_prefix: Arc<str> = body.id_prefix().into();
 
-    let mut consumers = Vec::new();
-    let mut readies = Vec::new();
-    for index in 0..args.consumers {
-        let (ready, ready_rx) = oneshot::channel();
-        readies.push(ready_rx);
-        consumers.push(tokio::spawn(consumer(ConsumerCtx {
-            index,
-            queue: index % args.queues,
-            ready: Some(ready),
-            stop: stop_rx.clone(),
-            clock,
-            stats: stats.clone(),
-            id_prefix: id_prefix.clone(),
-            opener: opener.clone(),
-            latency: Latencies::default(),
-        })));
-    }
-    for (i, ready) in readies.into_iter().enumerate() {
-        if ready.await.is_err() {
-            // The consumer failed before subscribing: surface its error.
-            let _ = stop_tx.send(true);
-            consumers.remove(i).await??;
-            anyhow::bail!("consumer {i} stopped before subscribing");
-        }
-    }
+    let start_consumers = || {
+        let (consumers, readies): (Vec<_>, Vec<_>) = (0..args.consumers)
+            .map(|index| {
+                let (ready, ready_rx) = oneshot::channel();
+                let task = tokio::spawn(consumer(ConsumerCtx {
+                    index,
+                    queue: index % args.queues,
+                    ready: Some(ready),
+                    stop: stop_rx.clone(),
+                    clock,
+                    stats: stats.clone(),
+                    id_prefix: id_prefix.clone(),
+                    opener: opener.clone(),
+                    latency: Latencies::default(),
+                }));
+                (task, ready_rx)
+            })
+            .unzip();
+        subscribed(consumers, readies, &stop_tx)
+    };
+    // Normally consumers subscribe first and publishing waits for them;
+    // with `--consume-backlog` they start only once every publish is
+    // acknowledged, so the drain is measured alone.
+    let mut consumers = if args.consume_backlog {
+        Vec::new()
+    } else {
+        start_consumers().await?
+    };
 
     let t0_us = clock.now_us();
     let total = args.total();
@@ -510,6 +517,11 @@ where
         return Err(e.context("a publisher failed"));
     }
 
+    let mut consume_t0_us = t0_us;
+    if args.consume_backlog {
+        consume_t0_us = clock.now_us();
+        consumers = start_consumers().await?;
+    }
     let acked = stats.acked.load(Ordering::Relaxed);
     let expected = if args.consumers == 0 {
         0
@@ -543,6 +555,7 @@ where
 
     Ok(Outcome {
         t0_us,
+        consume_t0_us,
         sent: stats.sent.load(Ordering::Relaxed),
         acked,
         nacked: stats.nacked.load(Ordering::Relaxed),
@@ -556,6 +569,24 @@ where
         e2e_latency,
         send_lag,
     })
+}
+
+/// Waits until every consumer in `consumers` has subscribed; a consumer
+/// that failed first stops the run with its error.
+async fn subscribed(
+    mut consumers: Vec<tokio::task::JoinHandle<Result<Latencies>>>,
+    readies: Vec<oneshot::Receiver<()>>,
+    stop_tx: &watch::Sender<bool>,
+) -> Result<Vec<tokio::task::JoinHandle<Result<Latencies>>>> {
+    for (i, ready) in readies.into_iter().enumerate() {
+        if ready.await.is_err() {
+            // The consumer failed before subscribing: surface its error.
+            let _ = stop_tx.send(true);
+            consumers.remove(i).await??;
+            anyhow::bail!("consumer {i} stopped before subscribing");
+        }
+    }
+    Ok(consumers)
 }
 
 /// Limit on the bytes a publisher queues before flushing, so the first

@@ -31,6 +31,7 @@ fn run(publish_rate: u64, consume_rate: u64, expected: u64, ack_ms: u64) -> RunR
     }
     let outcome = Outcome {
         t0_us: 0,
+        consume_t0_us: 0,
         sent: publish_rate * 10,
         acked: publish_rate * 10,
         nacked: 0,
@@ -211,4 +212,50 @@ fn durable_over_memory_ratio_is_taken_within_each_pair() {
             .starts_with("| 1 | 3 | **60%** (50%–70%) | 60,000 | 100,000 | 3.00 |"),
         "{text}"
     );
+}
+
+/// A drain run (`--consume-backlog`): `rate` deliveries a second from the
+/// consumers' start at 10 s, after 200,000 publishes acked in the first 10 s.
+fn drain_run(target: &'static str, rate: u64) -> RunResult {
+    let drained_us = 200_000 * 1_000_000 / rate;
+    let outcome = Outcome {
+        t0_us: 0,
+        consume_t0_us: 10_000_000,
+        sent: 200_000,
+        acked: 200_000,
+        nacked: 0,
+        delivered: 200_000,
+        expected: 200_000,
+        foreign: 0,
+        undecryptable: 0,
+        last_ack_us: 10_000_000,
+        last_delivery_us: 10_000_000 + drained_us,
+        ack_latency: Latencies::default(),
+        e2e_latency: Latencies::default(),
+        send_lag: crate::scenario::histogram(),
+    };
+    RunResult::new(target, 1, 1024, &outcome)
+}
+
+#[test]
+fn a_drain_s_consume_rate_counts_from_the_consumers_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let runs = vec![
+        drain_run("ciphermq", 400_000),
+        drain_run("rabbitmq", 20_000),
+        drain_run("nats", 100_000),
+    ];
+    // Measured from the first publish, CipherMQ's rate would be under
+    // 20,000 msg/s: the publishing phase must not count.
+    assert_eq!(runs[0].consume_msgs_per_sec.round(), 400_000.0);
+    assert_eq!(runs[0].publish_msgs_per_sec.round(), 20_000.0);
+    write(dir.path(), "drain-durable-s1-b1024", 1, runs);
+    let text = summarize(dir.path());
+
+    assert!(
+        row(&text, "| 1 KiB |")
+            .starts_with("| 1 KiB | 200,000 | 400,000 | 20,000 | 100,000 | 20.00x | 4.00x |"),
+        "{text}"
+    );
+    assert!(row(&text, "| 1 KiB |").ends_with("| yes |"), "{text}");
 }
