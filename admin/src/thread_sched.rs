@@ -7,7 +7,7 @@
 //! the shard's turn on a CPU, and no histogram of the broker's own steps
 //! shows it. On a 2-core machine at half its peak rate, the shard thread
 //! waited for a CPU about a third of the time it was ready to run
-//! (docs/BENCHMARKS.md).
+//! (docs/benchmarks-journal.md).
 
 use std::fs;
 use std::os::unix::fs::FileExt as _;

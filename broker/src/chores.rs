@@ -10,7 +10,7 @@
 //! they take about half of the shard's thread while they last, never all of
 //! it; a purge's ack records also go out at the pace of the commits, a
 //! slice or two per round, so that publishes committed beside them are not
-//! held behind megabytes of them. (Measured in docs/BENCHMARKS.md, "Large
+//! held behind megabytes of them. (Measured in docs/benchmarks-journal.md, "Large
 //! purges and deletions": slices alone, back to back, still let a purge of
 //! a million messages crowd a two-core machine into 50-120 ms stalls.)
 

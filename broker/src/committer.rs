@@ -8,25 +8,10 @@
 //! of its own, sharing the shard fairly with the connections (they yield
 //! when glommio asks, `connection.rs`).
 //!
-//! The queue does not ask glommio for low latency (`Latency::Matters`): with
-//! such a queue in the executor, a shard on this kernel (6.18) now and then
-//! slept through its completions and its own timers for 0.3-1 s, ended only
-//! by an unrelated 1 s timer (10-25% of 10 s runs at 5,000 msg/s; none in 20
-//! runs without it and with a 3 ms preempt timer, `server.rs` PREEMPT_TIMER,
-//! docs/BENCHMARKS.md "Tail latency"). Those sleeps were glommio parking
-//! with work runnable; the nudge thread now ends them (`nudge.rs`). Measured
-//! again with it, a 1 ms latency request gained nothing at half the peak
-//! rate and held 80% of it less often (docs/BENCHMARKS.md "The shard's long
-//! sleeps"). A request equal to the preempt period, whose only effect is
-//! that each finished blocking call ends the running queue's turn at once,
-//! gained nothing either: at half the peak the shard already notices a
-//! finished `fdatasync` within 1 ms at p99 (`ciphermq_commit_wake_seconds`,
-//! docs/BENCHMARKS.md "Where the 50% tail is"). At full rate with one
-//! publisher and one consumer the same request raised throughput by a
-//! tenth, but delayed deliveries behind four publishers by about half and
-//! `ACK`s at half the peak by about a sixth at the median (docs/BENCHMARKS.md
-//! "What a message costs at 5,000 msg/s"): a busy shard pays for every turn
-//! it ends early.
+//! The queue does not ask glommio for low latency (`Latency::Matters`): a
+//! busy shard pays for every turn it ends early, and such a queue once let
+//! the shard sleep through its completions (docs/DECISIONS.md, "The commit
+//! queue does not ask glommio for low latency").
 //!
 //! Rounds are pipelined two deep: once a round's bytes are durable, its
 //! directory syncs and answers run in their own task while the next round is
@@ -323,12 +308,9 @@ async fn open(path: &Path, create: bool) -> IoResult<Arc<LogFile>> {
 /// each shard one, unbound); the shard awaits it without blocking. Gives
 /// `bytes` back, for the shard to fill again (`log::buffer_pool`).
 ///
-/// Through io_uring both steps went to a kernel worker bound to the shard's
-/// own core: the page-cache copy and the fsync waited until the busy shard
-/// left the core, and each step needed a turn of the shard's reactor to
-/// notice it was done. Measured on the benchmark machine, one call on a
-/// thread free to run on any core took durable publishing from 66% to 76%
-/// of the in-memory rate (docs/BENCHMARKS.md).
+/// Not through io_uring: there both steps went to a kernel worker bound to
+/// the shard's own core and waited for the busy shard to leave it
+/// (docs/DECISIONS.md, "Commits stay on the blocking-I/O thread").
 async fn persist<B: AsRef<[u8]> + Send + 'static>(
     file: &Arc<LogFile>,
     bytes: B,

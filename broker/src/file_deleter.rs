@@ -17,7 +17,7 @@
 //! therefore renames the file out of the log (`*.freeing`, which recovery
 //! deletes and never reads), makes the rename durable, and shrinks it
 //! [`STEP_BYTES`] at a time before unlinking it: each commit then carries at
-//! most one step (p99 7-10 ms; docs/BENCHMARKS.md "Latency under load").
+//! most one step (p99 7-10 ms; docs/benchmarks-journal.md "Latency under load").
 //!
 //! File names are never reused within a run (segments are named by their
 //! first sequence number, dedup files by a counter), so a deletion that

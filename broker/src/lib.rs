@@ -40,7 +40,8 @@
 //!   each command does in it; tested line by line against a real shard.
 //! - [`context`]: settings and services a connection reaches.
 //! - [`storage`], [`committer`]: the data directory recovered at start-up, and
-//!   each shard's group committer (io_uring writes, `fdatasync`, then `ACK`s).
+//!   each shard's group committer (writes and `fdatasync` on a blocking-I/O
+//!   thread, then `ACK`s).
 //! - [`backlog_reader`]: each shard's reads of queued bodies kept on disk
 //!   only (past the memory budget), ahead of the consumers.
 //! - [`chores`]: what a purge or a deletion leaves to settle and free, done

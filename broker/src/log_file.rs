@@ -7,7 +7,7 @@
 //! backs lazily, each fresh page-cache page also costs the host a fault:
 //! there the kernel's copy was the broker's largest single cost when
 //! publishing (44% of its CPU at 16 KiB bodies, 30% at 1 KiB;
-//! docs/BENCHMARKS.md). A direct write hands the device the broker's own
+//! docs/DECISIONS.md). A direct write hands the device the broker's own
 //! (reused) buffer instead: paired, a third more publishes a second at
 //! 16 KiB and 8% more with a consumer at 1 KiB; publishing 1 KiB alone
 //! into pages the host already backs, about even.

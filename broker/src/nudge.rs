@@ -9,7 +9,7 @@
 //! nothing of theirs is in flight (a connection with bytes left to read
 //! polls no socket, a committer with a round to take waits on no thread),
 //! so the shard slept until its next timer: 0.3-1 s when the stall watch's
-//! own task was the one waiting (docs/BENCHMARKS.md "Tail latency" and
+//! own task was the one waiting (docs/benchmarks-journal.md "Tail latency" and
 //! "The shard's long sleeps"). Outside the broker, a glommio executor with a
 //! 20 µs preempt timer and one always-runnable task sleeps like this several
 //! times a second.

@@ -40,20 +40,10 @@ use ciphermq_admin::stats::{BrokerStats, Lifecycle};
 /// `fdatasync` and its answers (the committer's queue does not ask for low
 /// latency, `committer.rs` says why), and, for a consumer woken by nothing
 /// else, between its acks reaching the socket and the deliveries they make
-/// room for (`serving.rs`: a full consumer is woken by the publishes that
-/// wait for it instead). Connections yield when it is reached
-/// (`connection.rs`). Measured (docs/BENCHMARKS.md "Tail latency" and "One
-/// consumer behind 16 publishers"): 100 ms cost 14% of one pipelined
-/// publisher's rate; 500 µs brought back the 0.3-1 s sleeps in 6 of 20 runs;
-/// 3 ms gave none in 20. 1 and 2 ms let one consumer at a prefetch of 1,000
-/// keep up with 16 publishers, but in 10-minute soaks at half the peak they
-/// brought the sleeps back (ACK p99 78, 149 and 225 ms against 42 and 48
-/// ms), so the period stays at 3 ms. Those sleeps were glommio parking with
-/// work runnable, which the nudge thread now cuts short (`nudge.rs`).
-/// Measured again with it (docs/BENCHMARKS.md "The shard's long sleeps"):
-/// 1 ms held 80% of the peak rate where 3 ms did not, but its 10-minute soak
-/// at half the peak was worse (ACK p99 31.8 against 19.7 ms, 81 windows over
-/// 50 ms against 14), so 3 ms stays.
+/// room for (`serving.rs`). Connections yield when it is reached
+/// (`connection.rs`). Shorter periods either brought back long sleeps or
+/// made soaks at half the peak worse; longer ones cost a pipelined
+/// publisher's rate (docs/DECISIONS.md, "The preempt timer is 3 ms").
 pub const PREEMPT_TIMER: std::time::Duration = std::time::Duration::from_millis(3);
 
 /// Locked memory each executor asks for (io_uring registered buffers).

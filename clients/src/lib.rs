@@ -24,8 +24,8 @@
 //!   listed; the `ciphermq-pki` binary is a thin shell over it.
 //! - The sender: `sender::run_sender` (encryption stage and a pump over a
 //!   [`Publisher`]), `message_source` (templates, files, stdin), `sender_config`.
-//! - The receiver: `receiver::run_receiver` (setup, consume, batch, ack; still on
-//!   the line-level [`connection`]), its ordered parallel decryption stage
+//! - The receiver: `receiver::run_receiver` (setup, consume, batch, ack, on
+//!   the typed [`client`]), its ordered parallel decryption stage
 //!   (`opener`), `journal` (the output file and the dedup set), `receiver_config`.
 //! - Shared plumbing: `client_config` (`tls`/`logging` sections, JSON loading),
 //!   `logging`, `progress`.

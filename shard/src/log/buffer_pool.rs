@@ -5,7 +5,7 @@
 //! back to the kernel, and the next round's buffer was mapped fresh: every
 //! page faulted and was zeroed while the shard copied records into it
 //! (`clear_page` under `record::encode`, 2% of a shard's samples at 16 KiB
-//! bodies, docs/BENCHMARKS.md). The committer hands written buffers back to
+//! bodies, docs/benchmarks-journal.md). The committer hands written buffers back to
 //! the shard instead, and a log starting a round takes one of them.
 //!
 //! What the pool holds is bounded per shard (a few buffers, at most

@@ -7,7 +7,8 @@
 //!   by record, damage told from a torn end, listing a queue's files.
 //! - [`queue_log`]: the write side of one queue's log, without I/O: it encodes
 //!   records into a pending buffer and hands [`CommitJob`]s to the shard's
-//!   committer, which writes them with io_uring, `fdatasync`s, and reports back.
+//!   committer, which writes them (`pwrite` and `fdatasync` on its blocking-I/O
+//!   thread) and reports back.
 //! - [`buffer_pool`]: written commit buffers handed back for later rounds.
 //! - [`dedup_file`]: ids acked within the dedup window, carried out of
 //!   segments before those are deleted.
