@@ -14,10 +14,10 @@ use ciphermq_admin::{Access, BrokerView, Limits, TlsExpiries};
 use ciphermq_shard::topology::TopologyStore;
 use rustls_pki_types::CertificateDer;
 
-use crate::acl::Role;
+use crate::access::acl::Role;
+use crate::access::identity::identify;
 use crate::cluster::ClusterNode;
-use crate::context::Shared;
-use crate::identity::identify;
+use crate::runtime::context::Shared;
 
 /// [`BrokerView`] over the state every shard shares.
 pub(crate) struct AdminView {

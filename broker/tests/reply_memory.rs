@@ -5,7 +5,7 @@
 //! grow the broker by at most 8 MB each: a batch holds at most
 //! `performance.max_batch_elements`, and pending replies at most
 //! `performance.max_pending_reply_bytes` (the reply queue's own tests,
-//! `broker/src/replies.rs`, check what it counts).
+//! `broker/src/conn/replies.rs`, check what it counts).
 
 mod common;
 

@@ -958,7 +958,7 @@ impl Shard {
             if deliveries.is_empty() {
                 // Every consumer is full: wake them, so each reads the acks
                 // its socket may hold before glommio's reactor sees them
-                // (broker/src/serving.rs). A few per publish: a queue with
+                // (broker/src/conn/serving.rs). A few per publish: a queue with
                 // thousands of full consumers must not cost thousands of
                 // lookups a publish.
                 for conn in q.full_consumers().take(MAX_NUDGES) {

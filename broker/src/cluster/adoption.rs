@@ -36,7 +36,7 @@ use super::manifest::{Manifest, QueueEntry};
 use super::moves::{remove_dir, Handover, StepError};
 use super::shared_logs::SharedLogs;
 use super::ClusterNode;
-use crate::context::Shared;
+use crate::runtime::context::Shared;
 
 /// How long the adopter waits before trying a failed adoption again.
 const RETRY: Duration = Duration::from_secs(1);

@@ -16,7 +16,7 @@ use ciphermq_cluster::{ClusterError, Coordinator, PgCoordinator};
 
 use super::manifest::Manifest;
 use super::ClusterNode;
-use crate::context::Shared;
+use crate::runtime::context::Shared;
 
 /// What this node last wrote, and for which state of the topology and the
 /// placements.

@@ -39,7 +39,7 @@ use super::moves::{
     unpack, Handover, Moves, StepError,
 };
 use super::{ClusterNode, Residence};
-use crate::context::Shared;
+use crate::runtime::context::Shared;
 
 /// Bytes per row of `cluster_handback_parts`.
 const PART_BYTES: usize = 4 << 20;

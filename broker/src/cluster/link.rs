@@ -36,8 +36,8 @@ use super::catalogue::OwnerCatalogue;
 use super::handback::Handbacks;
 use super::moves::{Handover, Moves};
 use super::{ClusterNode, ClusterStartError, Job};
-use crate::acl::Role;
-use crate::context::Shared;
+use crate::access::acl::Role;
+use crate::runtime::context::Shared;
 
 /// How often placement changes are polled.
 const POLL: Duration = Duration::from_millis(200);

@@ -10,7 +10,7 @@ use ciphermq_proto::ExchangeKind;
 use ciphermq_shard::topology::{Actor, Topology, TopologyChange};
 use serde::{Deserialize, Serialize};
 
-use crate::context::Shared;
+use crate::runtime::context::Shared;
 
 /// An owner's queues, each with the bindings that lead to it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

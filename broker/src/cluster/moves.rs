@@ -48,7 +48,7 @@ use ciphermq_shard::{shard_of, DedupHasher, MeshInjector};
 
 use super::manifest::Manifest;
 use super::ClusterNode;
-use crate::context::Shared;
+use crate::runtime::context::Shared;
 
 /// How long a move may take from its start on the old node to its finish
 /// on the new one before the old node gives it up and serves the owner
@@ -764,7 +764,7 @@ fn take_out(
     // A receiver's connections end here (their unacked deliveries come
     // again from the new node); an admin owning queues is not cut off,
     // least of all the connection that asked for the move.
-    if shared.policy.current().acl.role_of(owner) == crate::acl::Role::Receiver {
+    if shared.policy.current().acl.role_of(owner) == crate::access::acl::Role::Receiver {
         shared.policy.close_connections_of(owner);
     }
     let keep_in = match how {

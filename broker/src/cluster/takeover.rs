@@ -15,7 +15,7 @@ use ciphermq_cluster::{ClusterError, Coordinator, PgCoordinator, Placement};
 
 use super::manifest::Manifest;
 use super::ClusterNode;
-use crate::context::Shared;
+use crate::runtime::context::Shared;
 
 /// Declares here the queues and bindings of every owner `changes` hand to
 /// this node from another; call before applying `changes`. Fails (and

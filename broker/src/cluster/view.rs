@@ -11,7 +11,7 @@ use ciphermq_cluster::{NodeInfo, Placement};
 
 /// Where one owner lives.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Home {
+pub(crate) struct Home {
     /// The node holding it.
     pub node_id: Arc<str>,
     /// That node's address for clients.
@@ -32,7 +32,7 @@ impl Home {
 
 /// What a command about `owner` should do on this node.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Residence {
+pub(crate) enum Residence {
     /// The owner lives here: serve it.
     Here,
     /// It lives on another node: `<owner> <node_id> <host:port> <epoch>`,
@@ -53,7 +53,7 @@ pub enum Residence {
 /// a change copies it in O(1) and inserts in O(log n), so placing many
 /// owners one by one does not copy the whole map each time.
 #[derive(Debug, Default)]
-pub struct Placements {
+pub(crate) struct Placements {
     owners: imbl::HashMap<Arc<str>, Home>,
     /// Owners held here that are being moved away.
     leaving: imbl::HashSet<Arc<str>>,
@@ -68,7 +68,7 @@ pub struct Placements {
 
 impl Placements {
     /// Where `owner` lives, judged from `node_id`'s point of view.
-    pub fn residence(&self, owner: &str, node_id: &str) -> Residence {
+    pub(crate) fn residence(&self, owner: &str, node_id: &str) -> Residence {
         if self.fenced {
             return Residence::Fenced;
         }
@@ -89,13 +89,13 @@ impl Placements {
     }
 
     /// The owner's home, if it has one.
-    pub fn home(&self, owner: &str) -> Option<&Home> {
+    pub(crate) fn home(&self, owner: &str) -> Option<&Home> {
         self.owners.get(owner)
     }
 
     /// The epoch of the copy of `owner` this node stores: the one a move
     /// to this node will give it while it arrives, else its placement's.
-    pub fn stored_epoch(&self, owner: &str) -> u64 {
+    pub(crate) fn stored_epoch(&self, owner: &str) -> u64 {
         match self.arriving.get(owner) {
             Some(epoch) => *epoch,
             None => self.owners.get(owner).map_or(0, |home| home.epoch),
@@ -104,17 +104,17 @@ impl Placements {
 
     /// Whether a move is bringing `owner` here (its queues may be here
     /// before its placement says so).
-    pub fn is_arriving(&self, owner: &str) -> bool {
+    pub(crate) fn is_arriving(&self, owner: &str) -> bool {
         self.arriving.contains_key(owner)
     }
 
     /// `OK nodes <node_id>@<host:port> …`, live nodes by id.
-    pub fn nodes_line(&self) -> &str {
+    pub(crate) fn nodes_line(&self) -> &str {
         &self.nodes_line
     }
 
     /// How many owners each node holds, by node id.
-    pub fn owners_per_node(&self) -> HashMap<Arc<str>, usize> {
+    pub(crate) fn owners_per_node(&self) -> HashMap<Arc<str>, usize> {
         let mut counts = HashMap::new();
         for home in self.owners.values() {
             *counts.entry(home.node_id.clone()).or_default() += 1;
@@ -123,24 +123,19 @@ impl Placements {
     }
 
     /// Every placed owner with its home, in no order.
-    pub fn owners(&self) -> impl Iterator<Item = (&Arc<str>, &Home)> {
+    pub(crate) fn owners(&self) -> impl Iterator<Item = (&Arc<str>, &Home)> {
         self.owners.iter()
     }
 
     /// How many owners are placed.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.owners.len()
-    }
-
-    /// Whether no owner is placed.
-    pub fn is_empty(&self) -> bool {
-        self.owners.is_empty()
     }
 }
 
 /// The snapshot and its version (bumped on every change).
 #[derive(Debug)]
-pub struct PlacementView {
+pub(crate) struct PlacementView {
     version: AtomicU64,
     current: RwLock<Arc<Placements>>,
 }
@@ -163,12 +158,12 @@ impl Default for PlacementView {
 impl PlacementView {
     /// The version of the current snapshot: compare before taking it.
     #[inline]
-    pub fn version(&self) -> u64 {
+    pub(crate) fn version(&self) -> u64 {
         self.version.load(Ordering::Acquire)
     }
 
     /// The current snapshot and its version.
-    pub fn current(&self) -> (u64, Arc<Placements>) {
+    pub(crate) fn current(&self) -> (u64, Arc<Placements>) {
         let guard = self.current.read().unwrap_or_else(PoisonError::into_inner);
         (self.version(), guard.clone())
     }
@@ -176,7 +171,7 @@ impl PlacementView {
     /// Applies placements heard from the coordinator. A placement whose
     /// epoch is lower than the one held is ignored: epochs only rise.
     /// Returns how many changed.
-    pub fn apply(&self, placements: &[Placement]) -> usize {
+    pub(crate) fn apply(&self, placements: &[Placement]) -> usize {
         self.update(|state| {
             let mut changed = 0;
             for p in placements {
@@ -196,7 +191,7 @@ impl PlacementView {
 
     /// Marks `owner` as being moved away (`true`), or no longer (`false`):
     /// while it is, commands about it wait ([`Residence::Moving`]).
-    pub fn set_leaving(&self, owner: &str, leaving: bool) {
+    pub(crate) fn set_leaving(&self, owner: &str, leaving: bool) {
         self.update(|state| {
             if leaving {
                 usize::from(state.leaving.insert(Arc::from(owner)).is_none())
@@ -207,7 +202,7 @@ impl PlacementView {
     }
 
     /// Marks `owner` as arriving here at `epoch` (`None`: no longer).
-    pub fn set_arriving(&self, owner: &str, epoch: Option<u64>) {
+    pub(crate) fn set_arriving(&self, owner: &str, epoch: Option<u64>) {
         self.update(|state| match epoch {
             Some(e) => usize::from(state.arriving.insert(Arc::from(owner), e) != Some(e)),
             None => usize::from(state.arriving.remove(owner).is_some()),
@@ -215,13 +210,13 @@ impl PlacementView {
     }
 
     /// Marks this node fenced: from now on it serves no owner.
-    pub fn fence(&self) {
+    pub(crate) fn fence(&self) {
         self.update(|state| usize::from(!std::mem::replace(&mut state.fenced, true)));
     }
 
     /// Replaces the live node list (for `nodes`); a node's new address also
     /// becomes its owners' address.
-    pub fn set_nodes(&self, nodes: &[NodeInfo]) -> bool {
+    pub(crate) fn set_nodes(&self, nodes: &[NodeInfo]) -> bool {
         let mut line = String::from("OK nodes");
         for n in nodes {
             line.push(' ');

@@ -26,9 +26,9 @@ use ciphermq_shard::{Mailbox, Mesh, MeshEndpoint, MeshInbound, Shard};
 
 use super::Session;
 use crate::config::Config;
-use crate::connection::Identity;
-use crate::context::ShardLocal;
-use crate::server;
+use crate::conn::connection::Identity;
+use crate::runtime::context::ShardLocal;
+use crate::runtime::server;
 use crate::storage::Storage;
 
 mod confinement;
@@ -108,7 +108,7 @@ receiver_cns = [{receivers}]
     )
 }
 
-/// A server TLS configuration that can serve nothing: [`crate::context::Shared`]
+/// A server TLS configuration that can serve nothing: [`crate::runtime::context::Shared`]
 /// holds one, and sessions never use it.
 fn unused_tls() -> Arc<rustls::ServerConfig> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
@@ -127,7 +127,7 @@ impl Broker {
         let text = config_text(backing, receivers, extra);
         let config = Config::parse_unchecked(&text, data.path()).expect("test config");
         let storage = Storage::open(&config, 1).expect("storage opens");
-        let tls = crate::tls::TlsMaterial::from_server_config(unused_tls());
+        let tls = crate::tls::material::TlsMaterial::from_server_config(unused_tls());
         let shared = server::shared_state(&config, 1, &storage, tls);
         let queue_settings = server::queue_settings(&config, &storage, 1);
         let MeshEndpoint { outbound, inbound } = Mesh::build(1).pop().expect("one endpoint");
