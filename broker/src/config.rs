@@ -1778,10 +1778,13 @@ impl Config {
             ("acl.monitor_cns", &self.acl.monitor_cns),
         ] {
             for (i, cn) in cns.iter().enumerate() {
-                if !is_valid_cn(cn) {
+                // The wire protocol's name rule: a CN names queues and keys.
+                if !ciphermq_proto::is_valid_name(cn) {
                     return Err(ConfigError::invalid(
                         format!("{list}[{i}]"),
-                        format!("{cn:?} is not a valid CN (must match [A-Za-z0-9_.:-]{{1,255}})"),
+                        format!(
+                            "{cn:?} is not a valid CN (must match [A-Za-z0-9_.:-]{{1,255}}, and not be \".\" or \"..\")"
+                        ),
                     ));
                 }
             }
@@ -2094,14 +2097,6 @@ fn decode_aes_key(key: &str, value: &str) -> Result<[u8; 32], ConfigError> {
             ),
         )
     })
-}
-
-/// The name rule of the wire protocol, applied to certificate CNs.
-fn is_valid_cn(cn: &str) -> bool {
-    (1..=255).contains(&cn.len())
-        && cn
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b':' | b'-'))
 }
 
 /// `tls.uri_san_prefix`: a URI's start (a scheme, then anything) ending
@@ -2993,6 +2988,16 @@ mod tests {
             "{e}"
         );
         assert!(err("[acl]\nadmin_cns = [\"\"]").starts_with("acl.admin_cns[0]:"));
+        // The same rule as the wire protocol's names: no CN can be `.` or
+        // `..`, which no certificate could then use as a queue's owner.
+        for dots in [".", ".."] {
+            let e = err(&format!("[acl]\nsender_cns = [\"{dots}\"]\n"));
+            assert!(
+                e.starts_with(&format!("acl.sender_cns[0]: \"{dots}\" is not a valid CN")),
+                "{e}"
+            );
+        }
+        assert!(parse("[acl]\nsender_cns = [\"a..b\"]\n").is_ok());
     }
 
     #[test]
