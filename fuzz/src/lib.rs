@@ -9,7 +9,7 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use ciphermq_shard::log::dedup_file::dedup_path;
+use ciphermq_shard::dedup::file::dedup_path;
 use ciphermq_shard::log::record::SYNC;
 use ciphermq_shard::log::segment::FILE_HEADER;
 use ciphermq_shard::log::segment_path;

@@ -10,10 +10,10 @@ use std::time::Instant;
 
 use ciphermq_proto::NackReason;
 
+use crate::dedup::DedupKey;
 use crate::log::buffer_pool::BufferPool;
 use crate::log::{queue_dir, unix_ms, CommitJob, LogPlacement, MirrorWatermarks, QueueLog};
 use crate::mesh::Origin;
-use crate::message::DedupKey;
 use crate::pending::Resolver;
 use crate::queue::{Queue, QueueSettings};
 

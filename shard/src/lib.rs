@@ -16,8 +16,9 @@
 //! - [`durability`]: a shard's logs, group-commit rounds and waiting publishes.
 //! - [`backlog`]: ready messages whose bodies are only in the log (past the
 //!   memory budget), and decoding them when they are read back.
-//! - [`dedup`]: the ids a queue remembers (stored, or acked within the
-//!   window), about 15 bytes each.
+//! - [`dedup`]: deduplication in one place: the key of an id, the ids a
+//!   queue remembers (stored, or acked within the window, about 15 bytes
+//!   each), and the dedup files that carry acked ids past their segments.
 //! - [`queue`]: one queue's state machine: ready messages, unacked deliveries,
 //!   competing consumers, dedup, dead-lettering.
 //! - [`mailbox`]: how a shard hands replies and deliveries to a connection task.
@@ -36,11 +37,12 @@
 //! queue logs, read back and repaired by [`log`]'s recovery before any shard
 //! serves.
 
-// One use, a prefetch hint (`prefetch`), which cannot affect memory safety.
+// One use, a prefetch hint (`cache_hint`), which cannot affect memory safety.
 #![deny(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod backlog;
+mod cache_hint;
 pub mod dedup;
 pub mod durability;
 pub mod hashers;
@@ -51,7 +53,6 @@ pub mod mesh;
 pub mod message;
 pub mod pending;
 pub mod placement;
-mod prefetch;
 pub mod queue;
 pub mod quota;
 pub mod routing;
@@ -59,13 +60,14 @@ pub mod shard;
 pub mod topology;
 pub mod tracker;
 
+pub use dedup::{DedupHasher, DedupKey};
 pub use durability::{Durability, QueueRemoval};
 pub use log::{CommitJob, RecoveredQueue};
 pub use mailbox::{Completion, ConnEvent, Mailbox};
 pub use mesh::{
     Mesh, MeshEndpoint, MeshInbound, MeshInjector, MeshOutbound, Origin, ShardMsg, ShardTask,
 };
-pub use message::{DedupHasher, DedupKey, Message, Route};
+pub use message::{Message, Route};
 pub use placement::{shard_of, ConnRef, ShardId};
 pub use queue::{Delivery, QueueSettings};
 pub use quota::{Quotas, Resource, Usage};

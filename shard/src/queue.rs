@@ -12,9 +12,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::backlog::{Absorbed, DiskBacklog};
+use crate::dedup::{DedupHasher, DedupKey};
 use crate::dedup::{IdSet, Tick};
 use crate::log::record::{message_record_bytes, Framing};
-use crate::message::{DedupHasher, DedupKey, Message};
+use crate::message::Message;
 use crate::placement::{ConnRef, ShardId};
 
 /// Limits every queue applies.

@@ -19,11 +19,12 @@ use std::time::Instant;
 use ciphermq_proto::NackReason;
 
 use crate::backlog::ReadJob;
+use crate::dedup::DedupKey;
 use crate::durability::{Durability, QueueRemoval, TicketKind};
 use crate::log::{unix_ms, CommitJob, QueueLog, RecoveredQueue};
 use crate::mailbox::{Completion, ConnEvent, Mailbox};
 use crate::mesh::{MeshOutbound, Origin, ShardMsg};
-use crate::message::{DedupKey, Message};
+use crate::message::Message;
 use crate::pending::Resolver;
 use crate::placement::{ConnRef, ShardId};
 use crate::queue::{Delivery, Enqueued, Entry, HeldBytes, Queue, QueueFull, QueueSettings};

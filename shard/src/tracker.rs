@@ -7,8 +7,8 @@ use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
+use crate::dedup::DedupHasher;
 use crate::hashers::BuildIntHasher;
-use crate::message::DedupHasher;
 use crate::placement::ShardId;
 use crate::queue::Delivery;
 

@@ -5,7 +5,7 @@
 use std::fs;
 use std::path::Path;
 
-use ciphermq_shard::log::dedup_file::dedup_path;
+use ciphermq_shard::dedup::file::dedup_path;
 use ciphermq_shard::log::record::{encode, Record};
 use ciphermq_shard::log::segment::FILE_HEADER;
 use ciphermq_shard::log::{recover_queue, segment_path, RecoveredQueue};

@@ -31,8 +31,8 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use ciphermq_shard::dedup::file::DedupWrite;
 use ciphermq_shard::durability::deleted_dir;
-use ciphermq_shard::log::dedup_file::DedupWrite;
 use ciphermq_shard::log::segment::{self, FILE_HEADER, FILE_HEADER_BYTES};
 use ciphermq_shard::log::{unix_ms, LogFence};
 use ciphermq_shard::{CommitJob, QueueRemoval, Shard};

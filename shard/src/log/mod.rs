@@ -10,8 +10,9 @@
 //!   committer, which writes them (`pwrite` and `fdatasync` on its blocking-I/O
 //!   thread) and reports back.
 //! - [`buffer_pool`]: written commit buffers handed back for later rounds.
-//! - [`dedup_file`]: ids acked within the dedup window, carried out of
-//!   segments before those are deleted.
+//! - The dedup files beside a queue's segments (ids acked within the
+//!   window, carried out of segments before those are deleted) are
+//!   [`crate::dedup::file`].
 //! - [`placement`]: logs kept on shared storage instead, each with the
 //!   fence checked before its `ACK`s.
 //! - [`mirror`]: how the metadata mirror holds back segment deletion until it
@@ -26,7 +27,6 @@
 
 pub mod buffer_pool;
 pub mod crc;
-pub mod dedup_file;
 pub mod mirror;
 pub mod placement;
 pub mod queue_log;

@@ -23,7 +23,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use crate::log::dedup_file::{DedupFiles, DedupWrite, RecoveredDedupFile};
+use crate::dedup::file::{DedupFiles, DedupWrite, RecoveredDedupFile};
 use crate::log::mirror::mirrored;
 use crate::log::record::{encode, PackedSeqs, Record};
 use crate::log::recovery::RecoveredSegment;

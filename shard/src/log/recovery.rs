@@ -18,11 +18,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::backlog::{DiskBacklog, Run};
+use crate::dedup::file::RecoveredDedupFile;
+use crate::dedup::{DedupHasher, DedupKey};
 use crate::dedup::{IdSet, Tick};
-use crate::log::dedup_file::RecoveredDedupFile;
 use crate::log::record::{padding, Framing, Record, SYNC};
 use crate::log::segment::{self, End, Step, FILE_HEADER};
-use crate::message::{DedupHasher, DedupKey, Message};
+use crate::message::Message;
 
 /// A segment found on disk.
 #[derive(Debug, Clone)]
@@ -1458,7 +1459,7 @@ mod tests {
     #[test]
     fn damage_in_a_dedup_file_costs_only_its_record() {
         let dir = tempfile::tempdir().unwrap();
-        let path = crate::log::dedup_file::dedup_path(dir.path(), 0);
+        let path = crate::dedup::file::dedup_path(dir.path(), 0);
         let mut one = Vec::new();
         DedupEntries::pack(&[(1, 10)], &mut one);
         let mut two = Vec::new();

@@ -28,8 +28,8 @@ use std::io;
 use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 
+use crate::dedup::file::dedup_number;
 use crate::log::crc;
-use crate::log::dedup_file::dedup_number;
 use crate::log::record::{decode, Decoded, Framing, Record, HEADER_BYTES, SYNC};
 
 /// The first bytes of every log file this version writes.

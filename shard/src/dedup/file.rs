@@ -12,9 +12,9 @@ use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::dedup::DedupKey;
 use crate::log::record::{encode_dedup, DEDUP_ENTRY_BYTES, HEADER_BYTES};
 use crate::log::segment::FILE_HEADER_BYTES;
-use crate::message::DedupKey;
 
 /// A dedup file found by recovery.
 #[derive(Debug, Clone)]

@@ -22,7 +22,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::message::DedupKey;
+use crate::dedup::DedupKey;
 
 /// A moment, in 1/16 s since the process's first use of one: 4 bytes where
 /// an `Instant` takes 16.
@@ -386,7 +386,7 @@ impl IdSet {
         let probe = Slot::of(key, 0);
         let t = &self.tables[self.table_of(probe)];
         if let Some(slot) = t.slots.get(t.home(probe.hi)) {
-            crate::prefetch::prefetch(slot);
+            crate::cache_hint::prefetch(slot);
         }
     }
 
