@@ -201,6 +201,7 @@ impl Table {
 
     /// Adds an id known to be absent.
     fn insert_new(&mut self, slot: Slot) {
+        debug_assert!(self.find(slot).is_none(), "an id held twice");
         if (self.len + 1) * 8 > self.slots.len() * 7 {
             let cap = self.slots.len();
             self.resize((cap + cap / 4).max(8));
@@ -213,6 +214,10 @@ impl Table {
             if s.is_empty() {
                 self.slots[i] = cur;
                 self.len += 1;
+                debug_assert!(
+                    self.len * 8 <= self.slots.len() * 7,
+                    "a table past 7/8 full"
+                );
                 return;
             }
             let sd = self.distance(i);
@@ -458,6 +463,7 @@ impl IdSet {
         if self.len > SPLIT_AT * self.tables.len() && self.level < MAX_LEVEL {
             self.split_one();
         }
+        debug_assert!(self.acked <= self.len, "more acked ids than ids");
     }
 
     /// Forgets `key`; returns what it was remembered as (expired or not).
@@ -516,6 +522,8 @@ impl IdSet {
             self.level += 1;
             self.split = 0;
         }
+        // Linear hashing: 2^level tables, plus those split in this round.
+        debug_assert_eq!(self.tables.len(), (1 << self.level) + self.split);
         self.slots -= old.slots.len();
         for s in old.slots {
             if !s.is_empty() {
