@@ -1,7 +1,7 @@
 //! A shard's durable side: the logs of its queues, what waits for the next
 //! group commit, and the publishes (tickets) to answer once it is done.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -11,6 +11,7 @@ use std::time::Instant;
 use ciphermq_proto::NackReason;
 
 use crate::dedup::DedupKey;
+use crate::hashers::{NameMap, NameSet};
 use crate::log::buffer_pool::BufferPool;
 use crate::log::{queue_dir, unix_ms, CommitJob, LogPlacement, MirrorWatermarks, QueueLog};
 use crate::mesh::Origin;
@@ -130,7 +131,7 @@ impl DiskSpace {
 pub struct Durability {
     data_dir: PathBuf,
     segment_bytes: u64,
-    logs: HashMap<Arc<str>, QueueLog>,
+    logs: NameMap<Arc<str>, QueueLog>,
     dirty: Vec<Arc<str>>,
     committer: Option<Waker>,
     /// Broker-assigned numbers: the one-multiplication hasher suffices.
@@ -144,7 +145,7 @@ pub struct Durability {
     removals: Vec<QueueRemoval>,
     /// Deleted queues whose removal has not finished: jobs of their logs
     /// still in flight finish as durable (there is nothing left to keep).
-    retired: HashSet<Arc<str>>,
+    retired: NameSet<Arc<str>>,
     /// Written commit buffers for later rounds.
     buffers: BufferPool,
     /// Ids carried out of segments about to be deleted, kept between rounds
@@ -169,7 +170,7 @@ impl Durability {
         Durability {
             data_dir,
             segment_bytes,
-            logs: HashMap::new(),
+            logs: NameMap::default(),
             dirty: Vec::new(),
             committer: None,
             tickets: HashMap::default(),
@@ -177,7 +178,7 @@ impl Durability {
             mirror,
             disk,
             removals: Vec::new(),
-            retired: HashSet::new(),
+            retired: NameSet::default(),
             buffers: BufferPool::default(),
             carried: Vec::new(),
             placement: None,
@@ -345,9 +346,8 @@ impl Durability {
     /// Marks dirty the logs with deletions due: acked segments the mirror
     /// has read since they were held, dedup files past the window. Call
     /// about once a second.
-    pub(crate) fn housekeeping(&mut self, window_ms: u64) {
+    pub(crate) fn housekeeping(&mut self, window_ms: u64, now_ms: u64) {
         self.buffers.tidy();
-        let now_ms = unix_ms();
         let mut woke = false;
         let reclaim = self.disk.is_low();
         for (queue, log) in self.logs.iter_mut() {
@@ -439,14 +439,14 @@ impl Durability {
     /// into the active segment (the same job writes and syncs them first).
     pub(crate) fn take_jobs(
         &mut self,
-        queues: &mut HashMap<Arc<str>, Queue>,
+        queues: &mut NameMap<Arc<str>, Queue>,
         settings: &QueueSettings,
         now: Instant,
+        now_ms: u64,
         out: &mut Vec<CommitJob>,
     ) {
         let mut still_dirty = Vec::new();
         let mut carried = std::mem::take(&mut self.carried);
-        let now_ms = unix_ms();
         let window_ms = settings.dedup_window.as_millis() as u64;
         let reclaim = self.disk.is_low();
         for queue in std::mem::take(&mut self.dirty) {
@@ -534,7 +534,13 @@ mod tests {
     fn commit(d: &mut Durability) -> usize {
         let mut jobs = Vec::new();
         let settings = QueueSettings::default();
-        d.take_jobs(&mut HashMap::new(), &settings, Instant::now(), &mut jobs);
+        d.take_jobs(
+            &mut NameMap::default(),
+            &settings,
+            Instant::now(),
+            unix_ms(),
+            &mut jobs,
+        );
         let mut job = jobs.pop().expect("a job");
         let bytes = std::mem::take(&mut job.bytes);
         let capacity = bytes.capacity();
@@ -548,12 +554,12 @@ mod tests {
     /// committer does; returns it with the dedup entries it carried.
     fn carry_round(
         d: &mut Durability,
-        queues: &mut HashMap<Arc<str>, Queue>,
+        queues: &mut NameMap<Arc<str>, Queue>,
         settings: &QueueSettings,
         now: Instant,
     ) -> (CommitJob, usize) {
         let mut jobs = Vec::new();
-        d.take_jobs(queues, settings, now, &mut jobs);
+        d.take_jobs(queues, settings, now, unix_ms(), &mut jobs);
         let job = jobs.pop().expect("a job");
         let mut carried = 0;
         let mut bytes: &[u8] = job.dedup_write.as_ref().map_or(&[], |w| &w.bytes);
@@ -600,7 +606,7 @@ mod tests {
             d.log(&name, seq).append_message(seq, &msg);
             q.enqueue(msg, now, &settings).expect("stored");
         }
-        let mut queues = HashMap::from([(name.clone(), q)]);
+        let mut queues: NameMap<_, _> = [(name.clone(), q)].into_iter().collect();
         let (job, _) = carry_round(&mut d, &mut queues, &settings, now);
         assert!(job.delete.is_empty());
 
@@ -674,13 +680,13 @@ mod tests {
         append(&mut d, &queue, &mut seq, 999);
         assert_eq!(commit(&mut d), written, "and filled it without growing it");
 
-        d.housekeeping(120_000);
+        d.housekeeping(120_000, unix_ms());
         assert_eq!(
             d.buffers.bytes(),
             first + written,
             "in use since the last housekeeping"
         );
-        d.housekeeping(120_000);
+        d.housekeeping(120_000, unix_ms());
         assert_eq!(d.buffers.bytes(), 0, "kept through a quiet second");
     }
 }

@@ -12,9 +12,16 @@
 //! std hasher; a delivery tracker's message ids the dedup hash under a key
 //! of its own, taken once per id, which then stands for the id
 //! (`crate::tracker`).
+//!
+//! The maps a shard walks in order to decide things (its queues and their
+//! logs) hash names with [`NameState`]: std's keyed hash, except on a
+//! thread a simulation has asked for a fixed key, so that the order of a
+//! walk, and everything it decides, replays from the simulation's seed.
 
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
+use std::cell::Cell;
+use std::collections::hash_map::{DefaultHasher, RandomState};
+use std::collections::{HashMap, HashSet};
+use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
 
 /// The 64-bit golden-ratio constant (odd, so multiplying by it is a bijection).
 const GOLDEN: u64 = 0x9e37_79b9_7f4a_7c15;
@@ -81,6 +88,55 @@ impl Hasher for IntHasher {
 pub type BuildIntHasher = BuildHasherDefault<IntHasher>;
 /// A map keyed by broker-assigned integers.
 pub type IntMap<K, V> = HashMap<K, V, BuildIntHasher>;
+
+thread_local! {
+    static FIXED_NAME_KEY: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Builds the hashers of maps keyed by queue names: a random key per map
+/// (std's `RandomState`), or on a simulation's thread a fixed one (see
+/// [`fix_name_hashing_for_simulation`]).
+#[derive(Debug, Clone)]
+pub enum NameState {
+    /// std's keyed SipHash, a random key per map.
+    Random(RandomState),
+    /// SipHash under a fixed key: the same iteration order in every run.
+    Fixed,
+}
+
+impl Default for NameState {
+    fn default() -> NameState {
+        if FIXED_NAME_KEY.with(Cell::get) {
+            NameState::Fixed
+        } else {
+            NameState::Random(RandomState::new())
+        }
+    }
+}
+
+impl BuildHasher for NameState {
+    type Hasher = DefaultHasher;
+
+    #[inline]
+    fn build_hasher(&self) -> DefaultHasher {
+        match self {
+            NameState::Random(state) => state.build_hasher(),
+            NameState::Fixed => DefaultHasher::new(),
+        }
+    }
+}
+
+/// A map keyed by queue names.
+pub type NameMap<K, V> = HashMap<K, V, NameState>;
+/// A set of queue names.
+pub type NameSet<K> = HashSet<K, NameState>;
+
+/// Makes every name map created later on this thread hash under a fixed
+/// key, so a simulation's runs replay exactly. Only for simulations: a
+/// fixed key lets whoever names queues choose colliding names.
+pub fn fix_name_hashing_for_simulation() {
+    FIXED_NAME_KEY.with(|fixed| fixed.set(true));
+}
 
 #[cfg(test)]
 mod tests {

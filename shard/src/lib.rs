@@ -2,6 +2,8 @@
 //!
 //! Map:
 //! - [`placement`]: which shard owns a connection or a queue (FNV-1a of a CN).
+//! - [`clock`]: where a shard reads the time (the system's, or a
+//!   simulation's).
 //! - [`message`]: the immutable, shared message a publish stores.
 //! - [`topology`]: exchanges, queues and bindings; one writer at a time, and a
 //!   read-mostly snapshot every shard routes against without locking. Saving
@@ -43,6 +45,7 @@
 
 pub mod backlog;
 mod cache_hint;
+pub mod clock;
 pub mod dedup;
 pub mod durability;
 pub mod hashers;
@@ -60,6 +63,7 @@ pub mod shard;
 pub mod topology;
 pub mod tracker;
 
+pub use clock::{Clock, ManualClock};
 pub use dedup::{DedupHasher, DedupKey};
 pub use durability::{Durability, QueueRemoval};
 pub use log::{CommitJob, RecoveredQueue};

@@ -11,7 +11,7 @@ mod take_back;
 pub use take_back::TakenBack;
 
 use std::collections::hash_map::Entry as MapEntry;
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Instant;
@@ -19,9 +19,11 @@ use std::time::Instant;
 use ciphermq_proto::NackReason;
 
 use crate::backlog::ReadJob;
+use crate::clock::Clock;
 use crate::dedup::DedupKey;
 use crate::durability::{Durability, QueueRemoval, TicketKind};
-use crate::log::{unix_ms, CommitJob, QueueLog, RecoveredQueue};
+use crate::hashers::{NameMap, NameSet};
+use crate::log::{CommitJob, QueueLog, RecoveredQueue};
 use crate::mailbox::{Completion, ConnEvent, Mailbox};
 use crate::mesh::{MeshOutbound, Origin, ShardMsg};
 use crate::message::Message;
@@ -182,7 +184,7 @@ pub struct Shard {
     id: ShardId,
     settings: QueueSettings,
     topology: TopologyView,
-    queues: HashMap<Arc<str>, Queue>,
+    queues: NameMap<Arc<str>, Queue>,
     /// Body bytes all of `queues` hold: what `settings.shard_bytes` caps.
     held: HeldBytes,
     conns: HashMap<u64, Rc<Mailbox>, crate::hashers::BuildIntHasher>,
@@ -214,7 +216,9 @@ pub struct Shard {
     last_spill_search: Option<Instant>,
     /// Queues of owners being moved to another node (see `moving`): not
     /// created again by a publish or a consume while they are.
-    frozen: HashSet<Arc<str>>,
+    frozen: NameSet<Arc<str>>,
+    /// Where the shard reads the time it is not handed.
+    clock: Clock,
 }
 
 impl Shard {
@@ -230,7 +234,7 @@ impl Shard {
             id: out.shard(),
             settings,
             topology: TopologyView::new(store),
-            queues: HashMap::new(),
+            queues: NameMap::default(),
             held: HeldBytes::default(),
             conns: HashMap::default(),
             next_conn: 1,
@@ -249,8 +253,20 @@ impl Shard {
             backlog: BacklogReads::default(),
             dead_lettered: 0,
             last_spill_search: None,
-            frozen: HashSet::new(),
+            frozen: NameSet::default(),
+            clock: Clock::System,
         }
+    }
+
+    /// Makes the shard read the time from `clock` (a simulation's) wherever
+    /// it is not handed it.
+    pub fn set_clock(&mut self, clock: Clock) {
+        self.clock = clock;
+    }
+
+    /// The clock the shard reads.
+    pub fn clock(&self) -> &Clock {
+        &self.clock
     }
 
     /// Rebuilds a queue this shard owns from its recovered log.
@@ -275,7 +291,7 @@ impl Shard {
             &recovered.acked,
             &self.settings,
             now,
-            unix_ms(),
+            self.clock.unix_ms(),
         );
         let purging = queue.purging_len();
         tracing::info!(queue = %name, ready = queue.ready_len(), purging, "queue recovered");
@@ -311,7 +327,13 @@ impl Shard {
     /// Takes this round's commit jobs: one per dirty log.
     pub fn take_commit_jobs(&mut self, out: &mut Vec<CommitJob>) {
         if let Some(d) = &mut self.durable {
-            d.take_jobs(&mut self.queues, &self.settings, Instant::now(), out);
+            d.take_jobs(
+                &mut self.queues,
+                &self.settings,
+                self.clock.now(),
+                self.clock.unix_ms(),
+                out,
+            );
         }
     }
 
@@ -426,7 +448,7 @@ impl Shard {
         if held <= cap {
             return;
         }
-        let now = Instant::now();
+        let now = self.clock.now();
         if self
             .last_spill_search
             .is_some_and(|t| now.duration_since(t) < SPILL_SEARCH_EVERY)
@@ -564,7 +586,7 @@ impl Shard {
             done += q.settle_purged(budget - done, now, &self.settings, &mut settled);
             if let (Some(d), false) = (&mut self.durable, settled.is_empty()) {
                 let log = d.log(q.name(), q.next_seq());
-                let at = unix_ms();
+                let at = self.clock.unix_ms();
                 for &(seq, key) in &settled {
                     log.append_ack(seq, at, Some(key));
                 }
@@ -651,7 +673,7 @@ impl Shard {
         );
         if let (Some(d), false) = (&mut self.durable, purged.is_empty()) {
             let log = d.log(q.name(), q.next_seq());
-            let at = unix_ms();
+            let at = self.clock.unix_ms();
             for &(seq, key) in &purged {
                 log.append_ack(seq, at, Some(key));
             }
@@ -704,7 +726,8 @@ impl Shard {
             return;
         };
         if let Some(d) = &mut self.durable {
-            d.log(queue, next).append_ack(seq, unix_ms(), Some(key));
+            d.log(queue, next)
+                .append_ack(seq, self.clock.unix_ms(), Some(key));
         }
     }
 
@@ -951,7 +974,7 @@ impl Shard {
             q.dispatch(&self.settings, now, &mut deliveries, &mut dead);
             if let (Some(d), false) = (&mut self.durable, deliveries.is_empty()) {
                 let log = d.log(q.name(), q.next_seq());
-                let at = unix_ms();
+                let at = self.clock.unix_ms();
                 for (_, delivery) in &deliveries {
                     log.append_delivered(delivery.seq, delivery.count, at);
                 }
@@ -1321,7 +1344,7 @@ impl Shard {
             let bytes: usize = out.iter().map(|d| d.msg.body().len()).sum();
             if let (Some(d), false) = (&mut self.durable, out.len() == before) {
                 let log = d.log(q.name(), q.next_seq());
-                let at = unix_ms();
+                let at = self.clock.unix_ms();
                 for delivery in &out[before..] {
                     log.append_delivered(delivery.seq, delivery.count, at);
                 }
@@ -1381,7 +1404,7 @@ impl Shard {
         };
         if let Some(d) = &mut self.durable {
             d.log(q.name(), q.next_seq())
-                .append_ack(seq, unix_ms(), Some(key));
+                .append_ack(seq, self.clock.unix_ms(), Some(key));
         }
         self.dispatch(queue, now);
     }
@@ -1424,7 +1447,7 @@ impl Shard {
         );
         if let (Some(d), false) = (&mut self.durable, acked.is_empty()) {
             let log = d.log(q.name(), q.next_seq());
-            let at = unix_ms();
+            let at = self.clock.unix_ms();
             for &(seq, key) in &acked {
                 log.append_ack(seq, at, Some(key));
             }
@@ -1478,7 +1501,7 @@ impl Shard {
     /// rest as chores.
     fn conn_closed(&mut self, conn: ConnRef) {
         self.waiting_fetches.retain(|f| f.origin.conn != conn);
-        let now = Instant::now();
+        let now = self.clock.now();
         let names: Vec<Arc<str>> = self.queues.keys().cloned().collect();
         let mut budget = GIVE_BACK_AT_CLOSE;
         for name in names {
@@ -1530,7 +1553,10 @@ impl Shard {
     /// a second.
     pub fn sweep(&mut self, now: Instant) {
         if let Some(d) = &mut self.durable {
-            d.housekeeping(self.settings.dedup_window.as_millis() as u64);
+            d.housekeeping(
+                self.settings.dedup_window.as_millis() as u64,
+                self.clock.unix_ms(),
+            );
         }
         for name in std::mem::take(&mut self.read_retry) {
             self.want_read(&name);

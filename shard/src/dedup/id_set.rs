@@ -32,13 +32,13 @@ pub(crate) struct Tick(pub(crate) u32);
 impl Tick {
     const PER_SEC: u128 = 16;
 
-    fn epoch() -> Instant {
+    pub(crate) fn origin() -> Instant {
         static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
         *EPOCH.get_or_init(Instant::now)
     }
 
     fn ticks(t: Instant) -> u128 {
-        t.saturating_duration_since(Tick::epoch()).as_nanos() * Tick::PER_SEC
+        t.saturating_duration_since(Tick::origin()).as_nanos() * Tick::PER_SEC
     }
 
     /// An expiry at `t`, rounded up: never earlier than asked.
@@ -71,7 +71,7 @@ impl Tick {
 
     /// Time from `now` until this tick.
     pub(crate) fn left(self, now: Instant) -> Duration {
-        let at = Tick::epoch() + Duration::from_nanos((u64::from(self.0) * 1_000_000_000) / 16);
+        let at = Tick::origin() + Duration::from_nanos((u64::from(self.0) * 1_000_000_000) / 16);
         at.saturating_duration_since(now)
     }
 }

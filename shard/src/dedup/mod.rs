@@ -19,3 +19,9 @@ pub mod key;
 pub(crate) use id_set::Tick;
 pub use id_set::{IdSet, IdState};
 pub use key::{DedupHasher, DedupKey};
+
+/// The instant the dedup window's ticks count from (a simulated clock
+/// starts there, so its expiries round the same way in every run).
+pub(crate) fn tick_origin() -> std::time::Instant {
+    Tick::origin()
+}

@@ -37,7 +37,7 @@ pub mod segment;
 pub use mirror::MirrorWatermarks;
 pub use placement::{LogFence, LogPlacement, PlacedLog};
 pub use queue_log::{CommitJob, QueueLog};
-pub use recovery::{recover_queue, Damage, RecoveredQueue};
+pub use recovery::{recover_queue, recover_queue_at, Damage, RecoveredQueue};
 pub use segment::{segment_base, segment_path};
 
 use std::path::{Path, PathBuf};

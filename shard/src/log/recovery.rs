@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::backlog::{DiskBacklog, Run};
+use crate::clock::Clock;
 use crate::dedup::file::RecoveredDedupFile;
 use crate::dedup::{DedupHasher, DedupKey};
 use crate::dedup::{IdSet, Tick};
@@ -531,6 +532,17 @@ pub fn recover_queue(
     hasher: &DedupHasher,
     window_ms: u64,
 ) -> io::Result<RecoveredQueue> {
+    recover_queue_at(dir, hasher, window_ms, &Clock::System)
+}
+
+/// [`recover_queue`] with the dedup window judged at `clock`'s present
+/// (a simulation's).
+pub fn recover_queue_at(
+    dir: &Path,
+    hasher: &DedupHasher,
+    window_ms: u64,
+    clock: &Clock,
+) -> io::Result<RecoveredQueue> {
     let listing = segment::list(dir)?;
     // Files whose deletion a crash interrupted hold acked records only.
     for path in &listing.freeing {
@@ -544,7 +556,7 @@ pub fn recover_queue(
         ..RecoveredQueue::default()
     };
     let mut buf = Vec::new();
-    let window = Window::new(window_ms);
+    let window = Window::new(window_ms, clock);
     for (number, path) in listing.dedup_files {
         let mut newest_ms = 0u64;
         let mut dedup = std::mem::take(&mut out.dedup);
@@ -909,11 +921,11 @@ struct Window {
 }
 
 impl Window {
-    fn new(window_ms: u64) -> Window {
+    fn new(window_ms: u64, clock: &Clock) -> Window {
         Window {
             window_ms,
-            now: Instant::now(),
-            now_ms: crate::log::unix_ms(),
+            now: clock.now(),
+            now_ms: clock.unix_ms(),
         }
     }
 
