@@ -1,0 +1,325 @@
+//! The committer and the backlog reader, run synchronously over
+//! [`SimDisk`], with faults where the seed puts them.
+//!
+//! They do what the broker's (`broker/src/storage/committer.rs`,
+//! `backlog_reader.rs`) do with each job, in the same order: make the
+//! directory, cut back what a failed job left, create the file with its
+//! header, write the carried dedup ids and sync them, write the records
+//! and sync them when anyone waits, report the write, sync the directory of
+//! a new file, report the commit, delete what the job frees. Rounds are
+//! pipelined two deep as there: a round is written before the previous
+//! one's directory syncs and answers.
+
+use std::path::{Path, PathBuf};
+
+use ciphermq_shard::backlog::ReadJob;
+use ciphermq_shard::log::segment::FILE_HEADER;
+use ciphermq_shard::{CommitJob, QueueRemoval, Shard};
+
+use crate::disk::SimDisk;
+use crate::rng::Rng;
+
+/// How often each storage call fails, per thousand (0: never).
+#[derive(Debug, Clone, Copy)]
+pub struct Faults {
+    /// A write, a sync, a create or a cut fails.
+    pub io_per_mille: u64,
+    /// A backlog read fails.
+    pub read_per_mille: u64,
+}
+
+/// A round written and not yet finished.
+#[derive(Debug)]
+pub struct WrittenRound {
+    jobs: Vec<CommitJob>,
+    written: Vec<bool>,
+}
+
+/// One shard's committer: at most one written round waits for its finish.
+#[derive(Debug, Default)]
+pub struct Committer {
+    written: Option<WrittenRound>,
+    removals: u64,
+}
+
+/// Fails a storage call `faults.io_per_mille` times in a thousand.
+fn fault(rng: &mut Rng, faults: Faults, what: &str) -> std::io::Result<()> {
+    if rng.chance(faults.io_per_mille) {
+        return Err(std::io::Error::other(format!("simulated {what} failure")));
+    }
+    Ok(())
+}
+
+impl Committer {
+    /// Whether a call to [`Committer::step`] would do anything.
+    pub fn has_work(&self, shard: &Shard) -> bool {
+        self.written.is_some() || shard.has_commit_work()
+    }
+
+    /// One move of the committer: finish the written round, or take,
+    /// write and (pipelined) keep the next. Returns a line saying what it
+    /// did, for the trace.
+    pub fn step(
+        &mut self,
+        shard: &mut Shard,
+        disk: &mut SimDisk,
+        rng: &mut Rng,
+        faults: Faults,
+    ) -> Option<String> {
+        if !shard.has_commit_work() || (self.written.is_some() && rng.chance(400)) {
+            let round = self.written.take()?;
+            let n = round.jobs.len();
+            finish(round, shard, disk, rng, faults);
+            return Some(format!("finished a round of {n} jobs"));
+        }
+        let mut jobs = Vec::new();
+        let mut removals = Vec::new();
+        shard.take_commit_jobs(&mut jobs);
+        shard.take_removals(&mut removals);
+        if !removals.is_empty() {
+            if let Some(previous) = self.written.take() {
+                finish(previous, shard, disk, rng, faults);
+            }
+            for removal in removals {
+                self.remove_dir(removal, shard, disk, rng, faults);
+            }
+        }
+        let n = jobs.len();
+        let round = write_round(jobs, shard, disk, rng, faults);
+        if let Some(previous) = self.written.take() {
+            finish(previous, shard, disk, rng, faults);
+        }
+        self.written = Some(round);
+        Some(format!("wrote a round of {n} jobs"))
+    }
+
+    /// Moves a deleted queue's directory aside durably, then frees it.
+    fn remove_dir(
+        &mut self,
+        removal: QueueRemoval,
+        shard: &mut Shard,
+        disk: &mut SimDisk,
+        rng: &mut Rng,
+        faults: Faults,
+    ) {
+        self.removals += 1;
+        let aside = ciphermq_shard::durability::deleted_dir(&removal.dir, self.removals);
+        let result = (|| -> std::io::Result<Option<PathBuf>> {
+            fault(rng, faults, "rename")?;
+            match disk.rename_dir(&removal.dir, &aside) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+                Err(e) => return Err(e),
+            }
+            fault(rng, faults, "directory sync")?;
+            if let Some(parent) = removal.dir.parent() {
+                disk.sync_dir(parent);
+            }
+            Ok(Some(aside))
+        })();
+        let result = match result {
+            Ok(aside) => {
+                if let Some(aside) = aside {
+                    disk.remove_dir(&aside);
+                }
+                Ok(())
+            }
+            Err(e) => Err(format!("{}: {e}", removal.dir.display())),
+        };
+        shard.removal_done(&removal.queue);
+        removal.done.resolve(result);
+    }
+}
+
+/// Writes every job of a round and reports each write to the shard.
+fn write_round(
+    mut jobs: Vec<CommitJob>,
+    shard: &mut Shard,
+    disk: &mut SimDisk,
+    rng: &mut Rng,
+    faults: Faults,
+) -> WrittenRound {
+    let mut written = Vec::with_capacity(jobs.len());
+    for job in &mut jobs {
+        let bytes = std::mem::take(&mut job.bytes);
+        let ok = prepare(job, disk, rng, faults)
+            .and_then(|()| write(job, &bytes, disk, rng, faults))
+            .is_ok();
+        written.push(ok);
+        shard.recycle_commit_buffer(bytes);
+    }
+    for (job, ok) in jobs.iter().zip(&written) {
+        shard.commit_written(job, *ok);
+    }
+    WrittenRound { jobs, written }
+}
+
+/// The job's directory and file, after cutting back what a failed job left.
+fn prepare(
+    job: &CommitJob,
+    disk: &mut SimDisk,
+    rng: &mut Rng,
+    faults: Faults,
+) -> std::io::Result<()> {
+    if job.create_dir {
+        fault(rng, faults, "mkdir")?;
+        disk.create_dir(&job.dir)?;
+    }
+    if !job.cuts.is_empty() {
+        for (path, len) in &job.cuts {
+            fault(rng, faults, "cut")?;
+            disk.cut(path, *len, &FILE_HEADER)?;
+        }
+        fault(rng, faults, "directory sync")?;
+        disk.sync_dir(&job.dir);
+    }
+    let cut_here = job.cuts.iter().any(|(p, _)| *p == job.path);
+    if job.create && !cut_here {
+        fault(rng, faults, "create")?;
+        create(disk, &job.path)?;
+    }
+    Ok(())
+}
+
+/// Creates a log or dedup file with its header; one found in the way is
+/// moved aside, never written over (as the broker does).
+fn create(disk: &mut SimDisk, path: &Path) -> std::io::Result<()> {
+    match disk.create(path, &FILE_HEADER) {
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            let mut aside = path.as_os_str().to_owned();
+            aside.push(".displaced");
+            std::fs::rename(path, &aside)?;
+            disk.create(path, &FILE_HEADER)
+        }
+        other => other,
+    }
+}
+
+/// Writes the carried dedup ids (synced), then the records, synced when
+/// anyone waits for them.
+fn write(
+    job: &CommitJob,
+    bytes: &[u8],
+    disk: &mut SimDisk,
+    rng: &mut Rng,
+    faults: Faults,
+) -> std::io::Result<()> {
+    if let Some(w) = &job.dedup_write {
+        if w.cut {
+            fault(rng, faults, "cut")?;
+            disk.cut(&w.path, w.offset, &FILE_HEADER)?;
+        }
+        if w.create && !w.cut {
+            fault(rng, faults, "create")?;
+            create(disk, &w.path)?;
+        }
+        write_bytes(disk, &w.path, w.offset, &w.bytes, rng, faults)?;
+        disk.sync(&w.path, rng.chance(faults.io_per_mille))?;
+        if w.create || w.cut {
+            fault(rng, faults, "directory sync")?;
+            disk.sync_dir(&job.dir);
+        }
+    }
+    let sync = (!bytes.is_empty() && (!job.waiters.is_empty() || !job.message_seqs.is_empty()))
+        || job.create;
+    if bytes.is_empty() && !sync {
+        return Ok(());
+    }
+    write_bytes(disk, &job.path, job.offset, bytes, rng, faults)?;
+    if sync {
+        disk.sync(&job.path, rng.chance(faults.io_per_mille))?;
+    }
+    Ok(())
+}
+
+/// A write that may fail part way, leaving a prefix of `bytes` behind.
+fn write_bytes(
+    disk: &mut SimDisk,
+    path: &Path,
+    offset: u64,
+    bytes: &[u8],
+    rng: &mut Rng,
+    faults: Faults,
+) -> std::io::Result<()> {
+    if rng.chance(faults.io_per_mille) {
+        let part = rng.below(bytes.len() as u64 + 1) as usize;
+        let _ = disk.write(path, offset, &bytes[..part]);
+        return Err(std::io::Error::other("simulated write failure"));
+    }
+    disk.write(path, offset, bytes)
+}
+
+/// Syncs the directories of new files, reports every job's commit, and
+/// deletes what the jobs free.
+fn finish(
+    round: WrittenRound,
+    shard: &mut Shard,
+    disk: &mut SimDisk,
+    rng: &mut Rng,
+    faults: Faults,
+) {
+    let WrittenRound { jobs, written } = round;
+    for (job, ok) in jobs.into_iter().zip(written) {
+        let mut io_ok = ok;
+        if io_ok && job.create {
+            if rng.chance(faults.io_per_mille) {
+                io_ok = false;
+            } else {
+                disk.sync_dir(&job.dir);
+            }
+        }
+        let durable = shard.commit_done(&job, io_ok);
+        if !io_ok {
+            shard.note_storage(&job.queue, Some("simulated I/O failure"));
+        } else if durable {
+            shard.note_storage(&job.queue, None);
+        }
+        for (_, path) in &job.delete {
+            disk.remove(path);
+        }
+        for path in &job.dedup_delete {
+            disk.remove(path);
+        }
+    }
+}
+
+/// Reads the backlog the shard asks for, failing `faults.read_per_mille`
+/// reads in a thousand.
+pub fn read_backlog(
+    shard: &mut Shard,
+    rng: &mut Rng,
+    faults: Faults,
+    now: std::time::Instant,
+) -> usize {
+    let mut jobs: Vec<ReadJob> = Vec::new();
+    shard.take_read_jobs(&mut jobs);
+    let n = jobs.len();
+    for job in jobs {
+        if rng.chance(faults.read_per_mille) {
+            shard.read_done(&job, Err("simulated read failure".to_string()), now);
+            continue;
+        }
+        match read(&job.path, job.offset, job.len) {
+            Ok(data) => shard.read_done(&job, Ok(&data), now),
+            Err(e) => shard.read_done(&job, Err(e.to_string()), now),
+        }
+    }
+    n
+}
+
+/// Up to `len` bytes of `path` from `offset` (fewer at its end).
+fn read(path: &Path, offset: u64, len: usize) -> std::io::Result<Vec<u8>> {
+    use std::os::unix::fs::FileExt;
+    let file = std::fs::File::open(path)?;
+    let mut buf = vec![0u8; len];
+    let mut got = 0;
+    while got < len {
+        let n = file.read_at(&mut buf[got..], offset + got as u64)?;
+        if n == 0 {
+            break;
+        }
+        got += n;
+    }
+    buf.truncate(got);
+    Ok(buf)
+}
