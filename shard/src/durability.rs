@@ -73,11 +73,13 @@ pub(crate) enum TicketKind {
     Publish,
     /// Answer a `purge_queue` of `count` messages.
     Purge { count: u64 },
-    /// Append the ack of a dead-lettered message to its source queue.
+    /// Append the ack of a dead-lettered message to its source queue; if
+    /// the dead-letter queue's commit failed, store `msg` there again.
     AckAfter {
         queue: Arc<str>,
         seq: u64,
         key: crate::DedupKey,
+        msg: Arc<crate::message::Message>,
     },
 }
 
@@ -404,6 +406,7 @@ impl Durability {
         queue: Arc<str>,
         seq: u64,
         key: crate::DedupKey,
+        msg: Arc<crate::message::Message>,
     ) -> u64 {
         let id = self.next_ticket;
         self.next_ticket += 1;
@@ -411,7 +414,12 @@ impl Durability {
             conn: crate::placement::ConnRef { shard: 0, id: 0 },
             seq: 0,
         };
-        let kind = TicketKind::AckAfter { queue, seq, key };
+        let kind = TicketKind::AckAfter {
+            queue,
+            seq,
+            key,
+            msg,
+        };
         self.tickets.insert(
             id,
             Ticket {

@@ -219,6 +219,9 @@ pub struct Shard {
     frozen: NameSet<Arc<str>>,
     /// Where the shard reads the time it is not handed.
     clock: Clock,
+    /// Dead letters whose dead-letter commit failed: (source queue, seq
+    /// there, message), stored again at the next sweep.
+    dead_retry: Vec<(Arc<str>, u64, Arc<Message>)>,
 }
 
 impl Shard {
@@ -255,6 +258,7 @@ impl Shard {
             last_spill_search: None,
             frozen: NameSet::default(),
             clock: Clock::System,
+            dead_retry: Vec::new(),
         }
     }
 
@@ -425,10 +429,20 @@ impl Shard {
                     let durable = t.outcome;
                     self.complete(t.origin, Completion::Purged { count, durable });
                 }
-                TicketKind::AckAfter { queue, seq, key } if t.outcome.is_ok() => {
-                    self.log_ack(&queue, seq, key)
+                TicketKind::AckAfter {
+                    queue, seq, key, ..
+                } if t.outcome.is_ok() => self.log_ack(&queue, seq, key),
+                // The dead-letter queue's commit failed and its copy is
+                // gone; the source forgot the message when it gave up on
+                // it. Stored there again at the next sweep (not at once: a
+                // failing disk would have the committer retry in a loop),
+                // or it would be served by neither queue until a restart
+                // read it back from the source's log.
+                TicketKind::AckAfter {
+                    queue, seq, msg, ..
+                } => {
+                    self.dead_retry.push((queue, seq, msg));
                 }
-                TicketKind::AckAfter { .. } => {}
             }
         }
     }
@@ -1070,23 +1084,58 @@ impl Shard {
                 message_id = entry.msg.message_id(),
                 "dead-lettered after max deliveries"
             );
-            let Some(dlq) = self.queues.get_mut(&dlq_name_arc) else {
+            if !self.enqueue_dead(&dlq_name_arc, source.as_ref(), entry.seq, entry.msg) {
                 break;
-            };
-            let seq = dlq.enqueue_dead(entry.msg.clone());
-            let next = dlq.next_seq();
-            self.dead_lettered += 1;
-            if let (Some(d), Some(source)) = (&mut self.durable, &source) {
-                // The source forgets the message only once the dead-letter
-                // queue has it on disk: a crash in between keeps it in both.
-                let key = entry.msg.dedup_key(&self.settings.dedup_hasher);
-                let id = d.new_deferred_ack(source.clone(), entry.seq, key);
-                let log = d.log(&dlq_name_arc, next);
-                log.append_message(seq, &entry.msg);
-                log.add_waiter(id);
             }
+            self.dead_lettered += 1;
         }
         self.dispatch(&dlq_name, now);
+    }
+
+    /// Stores a given-up message of `source` (its `seq` there) in the
+    /// dead-letter queue `dlq`; with logs, the source's ack waits for the
+    /// dead-letter queue's commit. False if `dlq` is not here.
+    fn enqueue_dead(
+        &mut self,
+        dlq: &Arc<str>,
+        source: Option<&Arc<str>>,
+        seq: u64,
+        msg: Arc<Message>,
+    ) -> bool {
+        let Some(q) = self.queues.get_mut(dlq) else {
+            return false;
+        };
+        let dead_seq = q.enqueue_dead(msg.clone());
+        let next = q.next_seq();
+        if let (Some(d), Some(source)) = (&mut self.durable, source) {
+            // The source forgets the message only once the dead-letter
+            // queue has it on disk: a crash in between keeps it in both.
+            let key = msg.dedup_key(&self.settings.dedup_hasher);
+            let log_msg = msg.clone();
+            let id = d.new_deferred_ack(source.clone(), seq, key, msg);
+            let log = d.log(dlq, next);
+            log.append_message(dead_seq, &log_msg);
+            log.add_waiter(id);
+        }
+        true
+    }
+
+    /// A dead-lettered message whose dead-letter commit failed: stored in
+    /// the dead-letter queue again (its source still has it on disk,
+    /// unacked, so a crash meanwhile loses nothing). Dropped if the source
+    /// queue is gone (deleted: nothing is owed).
+    fn store_dead_letter(&mut self, source: &Arc<str>, seq: u64, msg: Arc<Message>) {
+        if !self.queues.contains_key(source) {
+            return;
+        }
+        let dlq_name = ciphermq_proto::name::dead_letter_queue_of(source).into_owned();
+        let Some(dlq) = self.queue_mut(&dlq_name).map(|q| q.name().clone()) else {
+            return;
+        };
+        let now = self.clock.now();
+        if self.enqueue_dead(&dlq, Some(source), seq, msg) {
+            self.dispatch(&dlq_name, now);
+        }
     }
 
     /// Registers a consumer; `Some` when finished here, `None` when the queue's
@@ -1560,6 +1609,9 @@ impl Shard {
         }
         for name in std::mem::take(&mut self.read_retry) {
             self.want_read(&name);
+        }
+        for (source, seq, msg) in std::mem::take(&mut self.dead_retry) {
+            self.store_dead_letter(&source, seq, msg);
         }
         self.wake_budget_waiting();
         // A restart brings bodies back into memory with no commit to follow.
