@@ -162,6 +162,67 @@ impl BindingRule for OwnerRule {
     }
 }
 
+/// What a step does.
+#[derive(Debug, Clone, Copy)]
+enum Action {
+    Publish,
+    PublishAgain,
+    Ack,
+    Nack,
+    Fetch,
+    Consume,
+    Commit,
+    Read,
+    Chores,
+    Purge,
+    Delete,
+    Redeclare,
+    Reconnect,
+    Crash,
+}
+
+/// How often each action comes, drawn per seed: some runs publish far
+/// faster than they consume (backlogs past the memory budget), some commit
+/// rarely (long rounds), some crash often.
+#[derive(Debug)]
+struct Mix(Vec<(Action, u64)>);
+
+impl Mix {
+    fn draw(rng: &mut Rng) -> Mix {
+        let mut weight = |lo, hi| rng.between(lo, hi);
+        Mix(vec![
+            (Action::Publish, weight(200, 450)),
+            (Action::PublishAgain, weight(20, 80)),
+            (Action::Ack, weight(40, 220)),
+            (Action::Nack, weight(10, 60)),
+            (Action::Fetch, weight(20, 80)),
+            (Action::Consume, weight(10, 40)),
+            (Action::Commit, weight(80, 200)),
+            (Action::Read, weight(20, 80)),
+            (Action::Chores, weight(10, 40)),
+            (Action::Purge, weight(1, 12)),
+            (Action::Delete, weight(1, 8)),
+            (Action::Redeclare, weight(5, 12)),
+            (Action::Reconnect, weight(3, 12)),
+            (Action::Crash, weight(1, 5)),
+        ])
+    }
+
+    fn total(&self) -> u64 {
+        self.0.iter().map(|(_, w)| w).sum()
+    }
+
+    fn pick(&self, mut roll: u64) -> Action {
+        for &(action, weight) in &self.0 {
+            if roll < weight {
+                return action;
+            }
+            roll -= weight;
+        }
+        Action::Commit
+    }
+}
+
 /// A message held by a connection, unacked.
 #[derive(Debug, Clone)]
 struct Held {
@@ -246,6 +307,8 @@ struct World {
     step: u64,
     trace: VecDeque<String>,
     summary: Summary,
+    /// This run's mix of actions.
+    mix: Mix,
     last_sweep: Duration,
 }
 
@@ -331,6 +394,7 @@ impl World {
                 read_per_mille: 0,
             }
         };
+        let mix = Mix::draw(&mut rng);
         let store = Arc::new(TopologyStore::new(shards));
         store.set_binding_rule(Arc::new(OwnerRule));
         let defs = queue_defs();
@@ -363,6 +427,7 @@ impl World {
                 ..Summary::default()
             },
             last_sweep: Duration::ZERO,
+            mix,
         };
         for (name, kind) in [("x", ExchangeKind::Direct), ("f", ExchangeKind::Fanout)] {
             world.change(TopologyChange::DeclareExchange {
@@ -624,20 +689,20 @@ impl World {
             _ => self.rng.below(40),
         });
         self.manual.advance(by);
-        let roll = self.rng.below(1000);
-        match roll {
-            0..=349 => self.publish(),
-            350..=399 => self.publish_again(),
-            400..=579 => self.ack(),
-            580..=629 => self.requeue(),
-            630..=689 => self.fetch(),
-            690..=719 => self.consume(),
-            720..=879 => {
+        let roll = self.rng.below(self.mix.total());
+        match self.mix.pick(roll) {
+            Action::Publish => self.publish(),
+            Action::PublishAgain => self.publish_again(),
+            Action::Ack => self.ack(),
+            Action::Nack => self.requeue(),
+            Action::Fetch => self.fetch(),
+            Action::Consume => self.consume(),
+            Action::Commit => {
                 let shard = self.rng.below(self.shards.len() as u64) as usize;
                 self.commit(shard);
                 Ok(())
             }
-            880..=929 => {
+            Action::Read => {
                 let shard = self.rng.below(self.shards.len() as u64) as usize;
                 let now = self.clock.now();
                 let n = read_backlog(&mut self.shards[shard], &mut self.rng, self.faults, now);
@@ -646,19 +711,19 @@ impl World {
                 }
                 Ok(())
             }
-            930..=959 => {
+            Action::Chores => {
                 self.chores();
                 Ok(())
             }
-            960..=969 => self.purge(),
-            970..=975 => self.delete(),
-            976..=985 => self.redeclare(),
-            986..=994 => {
+            Action::Purge => self.purge(),
+            Action::Delete => self.delete(),
+            Action::Redeclare => self.redeclare(),
+            Action::Reconnect => {
                 self.reconnect();
                 Ok(())
             }
-            _ if self.opts.crashes && roll >= 997 => self.crash(),
-            _ => Ok(()),
+            Action::Crash if self.opts.crashes => self.crash(),
+            Action::Crash => Ok(()),
         }
     }
 
@@ -719,7 +784,13 @@ impl World {
         if self.model.msgs.is_empty() {
             return Ok(());
         }
-        let m = self.rng.below(self.model.msgs.len() as u64) as usize;
+        // Mostly one of the latest: the dedup window is about recent ids.
+        let n = self.model.msgs.len() as u64;
+        let m = if self.rng.chance(700) {
+            (n - 1 - self.rng.below(n.min(64))) as usize
+        } else {
+            self.rng.below(n) as usize
+        };
         let msg = &self.model.msgs[m];
         if msg.in_flight > 0 || msg.attempts >= 4 {
             return Ok(());

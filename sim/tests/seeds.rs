@@ -61,7 +61,13 @@ fn a_seed_replays_exactly() {
     let opts = Options::default();
     let first = run(7, &opts).expect("seed 7 passes");
     let second = run(7, &opts).expect("seed 7 passes");
-    assert_eq!(first.trace_digest, second.trace_digest, "the same run twice");
+    assert_eq!(
+        first.trace_digest, second.trace_digest,
+        "the same run twice"
+    );
     let other = run(8, &opts).expect("seed 8 passes");
-    assert_ne!(first.trace_digest, other.trace_digest, "another seed, another run");
+    assert_ne!(
+        first.trace_digest, other.trace_digest,
+        "another seed, another run"
+    );
 }
