@@ -1,7 +1,8 @@
 //! The CipherMQ broker: thread-per-core, mutual TLS, payloads it cannot read.
 //!
 //! Map (one folder per part of the broker; `ls broker/src` reads the same):
-//! - [`config`]: the typed `config.toml`, validated before anything binds.
+//! - [`config`]: the typed `config.toml`, validated before anything binds; a
+//!   file per section, with its defaults and checks.
 //! - [`logging`]: the console and JSON file sinks, chosen so each line is stored once.
 //! - `runtime`: starting and stopping: [`start`] and the running broker's
 //!   handle ([`BrokerHandle`]), one pinned glommio executor per shard, the
