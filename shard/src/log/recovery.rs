@@ -867,6 +867,10 @@ fn replay(scan: FileScan, window: &Window, live: &mut LiveRuns, out: &mut Recove
                 next_seq = next_seq.max(seq.saturating_add(1));
             }
             Event::Ack { seq, at_ms, key } => {
+                // Every seq a record names was handed out, its message's
+                // record on disk or not (a failed commit cuts that record,
+                // not a later ack of its delivery): never handed out again.
+                next_seq = next_seq.max(seq.saturating_add(1));
                 if live.ack(seq) {
                     match key {
                         Some(key) => window.acked(DedupKey(key), at_ms, seq, out),
@@ -883,12 +887,16 @@ fn replay(scan: FileScan, window: &Window, live: &mut LiveRuns, out: &mut Recove
                 }
             }
             Event::Delivered { seq, count } => {
+                next_seq = next_seq.max(seq.saturating_add(1));
                 if live.holds(seq) {
                     let n = live.deliveries.entry(seq).or_insert(0);
                     *n = (*n).max(count);
                 }
             }
             Event::Purge { upto, mut kept } => {
+                // A purge takes every seq below `upto` not kept: one handed
+                // out again would be taken by it at the next restart.
+                next_seq = next_seq.max(upto);
                 kept.sort_unstable();
                 live.purges.push((upto, kept));
             }

@@ -132,6 +132,43 @@ fn a_purge_record_keeps_purged_messages_out_of_the_backlog() {
     assert_eq!(q.next_seq, 9);
 }
 
+/// A seq handed out whose message record is not on disk (its commit
+/// failed, or a crash tore it off) but that a later record names (a purge
+/// that reached past it, an ack or a delivery count of it) is never handed
+/// out again: the next message would be taken by that purge, or acked by
+/// that ack, at the next restart. Found by the simulation (seed 1864).
+#[test]
+fn seqs_a_record_names_are_never_handed_out_again() {
+    let hasher = DedupHasher::random();
+    let none = {
+        let mut b = Vec::new();
+        PackedSeqs::pack(&[], &mut b);
+        b
+    };
+    let cases: [(&str, Record<'_>, u64); 3] = [
+        (
+            "a purge that reached past the lost message",
+            Record::Purge {
+                upto: 3,
+                kept: PackedSeqs::new(&none).unwrap(),
+            },
+            3,
+        ),
+        ("an ack of the lost message", acked(2, &hasher, "c"), 3),
+        ("a delivery count of the lost message", delivered(2), 3),
+    ];
+    for (what, record, want) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        // Messages 0 and 1 on disk; message 2's record was cut.
+        write(
+            &segment_path(dir.path(), 0),
+            &[msg(0, "a"), msg(1, "b"), record],
+        );
+        let q = recover_queue(dir.path(), &hasher, WINDOW).unwrap();
+        assert_eq!(q.next_seq, want, "{what}");
+    }
+}
+
 #[test]
 fn restores_unacked_in_order_with_counts() {
     let dir = tempfile::tempdir().unwrap();
