@@ -54,7 +54,10 @@ pub struct Copy {
     pub allowed: u32,
     /// Sequence numbers delivered from the queue itself.
     pub seqs: BTreeSet<u64>,
-    /// When a consumer acked it, in simulated ms (the latest ack).
+    /// When a consumer first acked it, in simulated ms. The first, not the
+    /// latest: an ack of a delivery that `ack_wait` had already taken back
+    /// (and redelivered) does nothing, so only the first surely counts, and
+    /// a window judged from it is never longer than the broker's.
     pub acked_at: Option<u64>,
     /// Purged or deleted meanwhile: not judged for loss, nor for dedup.
     pub exempt: bool,
@@ -316,7 +319,7 @@ impl Model {
     /// A consumer acked message `m` from queue `q` at `now_ms`.
     pub fn acked(&mut self, m: usize, q: usize, now_ms: u64) {
         if let Some(copy) = self.msgs[m].copies.get_mut(&q) {
-            copy.acked_at = Some(now_ms);
+            copy.acked_at.get_or_insert(now_ms);
         }
     }
 

@@ -9,6 +9,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use ciphermq_proto::{ExchangeKind, NackReason};
+use ciphermq_shard::backlog::READAHEAD_MESSAGES;
 use ciphermq_shard::durability::{is_deleted_dir_name, DiskSpace};
 use ciphermq_shard::log::{queue_dir, recover_queue_at};
 use ciphermq_shard::message::Route;
@@ -116,8 +117,14 @@ const SEGMENT_BYTES: u64 = 16 * 1024;
 /// Each shard's part of the memory budget.
 const SPILL_BYTES: u64 = 24 * 1024;
 const MAX_BODY: usize = 3_000;
+/// Commands a client has unanswered at most, as a connection's pending
+/// replies are bounded in the broker (a publisher's window).
+const WINDOW: usize = 64;
 /// Trace lines a failure shows besides those about its messages.
 const TRACE_LINES: usize = 60;
+/// Messages one backlog read brings back at most, beyond the read-ahead
+/// (a read in flight when the check runs).
+const READ_BATCH_MESSAGES: u64 = 1024;
 
 /// A queue of the simulated world: its owner and bindings.
 #[derive(Debug, Clone)]
@@ -239,6 +246,9 @@ enum Cmd {
         msg: usize,
         outcome: Result<(), NackReason>,
         remaining: u32,
+        /// Body bytes it stores, over all its queues (held in memory until
+        /// its commit: what the memory check allows for).
+        bytes: u64,
     },
     Purge {
         q: usize,
@@ -598,8 +608,13 @@ impl World {
                     )
                 })
                 .collect();
+            let purged: Vec<String> = recovered
+                .purged
+                .iter()
+                .map(|r| format!("{}..={} ({})", r.first_seq, r.last_seq, r.count))
+                .collect();
             self.note(format!(
-                "recovered {}: next seq {}, runs {runs:?}, damage {:?}, torn {:?}",
+                "recovered {}: next seq {}, runs {runs:?}, purging {purged:?}, damage {:?}, torn {:?}",
                 info.name,
                 recovered.next_seq,
                 recovered
@@ -761,6 +776,9 @@ impl World {
         let Some(c) = self.pick_conn(false) else {
             return Ok(());
         };
+        if self.conns[c].pending.len() >= WINDOW {
+            return Ok(());
+        }
         let to = *self.rng.pick(&RECEIVERS);
         let (exchange, key) = if self.rng.chance(250) {
             ("f", "")
@@ -814,6 +832,9 @@ impl World {
             return Ok(());
         }
         let c = *self.rng.pick(&conns);
+        if self.conns[c].pending.len() >= WINDOW {
+            return Ok(());
+        }
         let now_ms = self.now_ms();
         self.model.published_again(
             m,
@@ -871,6 +892,7 @@ impl World {
                         msg: m,
                         outcome: local,
                         remaining: remote,
+                        bytes: (body.len() * targets.len()) as u64,
                     },
                 );
             }
@@ -1277,6 +1299,7 @@ impl World {
                             msg,
                             outcome,
                             remaining,
+                            bytes,
                         }),
                         Completion::Enqueued(part),
                     ) => {
@@ -1288,6 +1311,7 @@ impl World {
                                     msg,
                                     outcome,
                                     remaining: remaining - 1,
+                                    bytes,
                                 },
                             );
                         } else {
@@ -1374,28 +1398,66 @@ impl World {
         Ok(())
     }
 
-    /// The bodies each shard holds stay within twice its part of the
-    /// budget beyond what its consumers hold unacked, however long the
-    /// backlog grows.
+    /// The bodies each shard holds in memory stay bounded however long the
+    /// backlog grows: a queue with messages on disk keeps at most a
+    /// read-ahead batch of them in memory (`READAHEAD_MESSAGES`, so that
+    /// consumers that keep up are served from memory), and the rest (queues
+    /// served from memory) stays within twice the shard's part of the budget
+    /// beyond what consumers hold unacked and what waits for its commit
+    /// (bounded by the clients' windows).
     fn check_memory(&mut self) -> Result<(), Violation> {
-        let held_by_clients: u64 = self
+        let unacked: u64 = self
             .conns
             .iter()
             .flat_map(|c| c.held.iter())
             .map(|h| h.bytes as u64)
             .sum();
+        let uncommitted: u64 = self
+            .conns
+            .iter()
+            .flat_map(|c| c.pending.values())
+            .map(|p| match p {
+                Cmd::Publish { bytes, .. } => *bytes,
+                _ => 0,
+            })
+            .sum();
         for (i, shard) in self.shards.iter().enumerate() {
+            let stats = shard.queue_stats();
+            let mut read_ahead = 0;
+            for q in stats.iter().filter(|q| q.on_disk > 0) {
+                let in_memory = q.ready as u64 - q.on_disk.min(q.ready as u64);
+                if in_memory > READAHEAD_MESSAGES as u64 + READ_BATCH_MESSAGES {
+                    return Err(Violation {
+                        invariant: invariant::MEMORY_BUDGET,
+                        detail: format!(
+                            "shard {i}: {} keeps {in_memory} of its {} ready messages in memory beside {} on disk",
+                            q.name, q.ready, q.on_disk
+                        ),
+                    });
+                }
+                read_ahead += q.memory_bytes;
+            }
             let held = shard.held_bytes();
-            let beyond = held.saturating_sub(held_by_clients);
+            let beyond = held.saturating_sub(unacked + uncommitted + read_ahead);
             let share = beyond as f64 / SPILL_BYTES as f64;
             if share > self.summary.worst_memory {
                 self.summary.worst_memory = share;
             }
             if beyond > 2 * SPILL_BYTES + MAX_BODY as u64 {
+                let queues: Vec<String> = stats
+                    .iter()
+                    .filter(|q| q.memory_bytes > 0)
+                    .map(|q| {
+                        format!(
+                            "{}: {} bytes in memory, {} ready ({} on disk), {} unacked",
+                            q.name, q.memory_bytes, q.ready, q.on_disk, q.unacked
+                        )
+                    })
+                    .collect();
                 return Err(Violation {
                     invariant: invariant::MEMORY_BUDGET,
                     detail: format!(
-                        "shard {i} holds {held} bytes, {beyond} beyond what consumers hold unacked ({held_by_clients}); its budget is {SPILL_BYTES}"
+                        "shard {i} holds {held} bytes, {beyond} beyond consumers' unacked ({unacked}), publishes waiting for commits ({uncommitted}) and read-ahead ({read_ahead}); its budget is {SPILL_BYTES}: {queues:?}"
                     ),
                 });
             }
