@@ -585,20 +585,23 @@ mod tests {
         (job, carried)
     }
 
-    /// A segment holding more acked ids than a round carries is deleted only
-    /// once every one of them is carried, a round's worth at a time, so no
-    /// round holds the shard for the whole segment and no id is lost; they
-    /// are written (and synced) once, by the job that deletes it.
-    #[test]
-    fn a_segments_ids_are_carried_over_rounds_before_it_is_deleted() {
-        let settings = QueueSettings {
+    /// Settings that carry acked ids out of deleted segments.
+    fn carrying() -> QueueSettings {
+        QueueSettings {
             max_len: usize::MAX,
             dedup_window: std::time::Duration::from_secs(60),
             carry_dedup: true,
             ..QueueSettings::default()
-        };
-        let now = Instant::now();
-        let n = 2 * CARRY_PER_ROUND as u64 + 10;
+        }
+    }
+
+    /// A log whose segment 0 holds `n` messages, every one acked; the
+    /// round that rolled past it is committed.
+    fn acked_segment(
+        n: u64,
+        settings: &QueueSettings,
+        now: Instant,
+    ) -> (Durability, NameMap<Arc<str>, Queue>, Arc<str>) {
         // Any segment size below the first round's bytes: that round rolls
         // the log, so all n messages lie in segment 0.
         let mut d = Durability::new(
@@ -612,10 +615,10 @@ mod tests {
         for seq in 0..n {
             let msg = Message::new(&format!("m{seq}"), "{}", Arc::from("s"));
             d.log(&name, seq).append_message(seq, &msg);
-            q.enqueue(msg, now, &settings).expect("stored");
+            q.enqueue(msg, now, settings).expect("stored");
         }
         let mut queues: NameMap<_, _> = [(name.clone(), q)].into_iter().collect();
-        let (job, _) = carry_round(&mut d, &mut queues, &settings, now);
+        let (job, _) = carry_round(&mut d, &mut queues, settings, now);
         assert!(job.delete.is_empty());
 
         let q = queues.get_mut(&name).unwrap();
@@ -623,19 +626,31 @@ mod tests {
         let mut acked = 0;
         loop {
             let mut out = Vec::new();
-            q.fetch(conn, 1000, &settings, now, &mut out, &mut Vec::new());
+            q.fetch(conn, 1000, settings, now, &mut out, &mut Vec::new());
             if out.is_empty() {
                 break;
             }
             for delivery in out {
-                let key = q.ack_keyed(delivery.seq, conn, now, &settings);
+                let key = q.ack_keyed(delivery.seq, conn, now, settings);
                 assert!(key.is_some());
                 d.log(&name, n).append_ack(delivery.seq, unix_ms(), key);
                 acked += 1;
             }
         }
         assert_eq!(acked, n);
+        (d, queues, name)
+    }
 
+    /// A segment holding more acked ids than a round carries is deleted only
+    /// once every one of them is carried, a round's worth at a time, so no
+    /// round holds the shard for the whole segment and no id is lost; they
+    /// are written (and synced) once, by the job that deletes it.
+    #[test]
+    fn a_segments_ids_are_carried_over_rounds_before_it_is_deleted() {
+        let settings = carrying();
+        let now = Instant::now();
+        let n = 2 * CARRY_PER_ROUND as u64 + 10;
+        let (mut d, mut queues, _) = acked_segment(n, &settings, now);
         let mut rounds = 0;
         let carried = loop {
             let (job, carried) = carry_round(&mut d, &mut queues, &settings, now);
@@ -658,6 +673,45 @@ mod tests {
             "every acked id written with the job that deletes its segment"
         );
         assert_eq!(rounds as u64, n.div_ceil(CARRY_PER_ROUND as u64));
+    }
+
+    /// When the job that carries a segment's acked ids fails, the segment
+    /// is not deleted with it (a crash would then forget ids inside the
+    /// window): a later job writes the ids again and deletes it. Found by
+    /// the simulation (seed 2906).
+    #[test]
+    fn a_failed_carry_keeps_its_segments_for_a_later_job() {
+        let settings = carrying();
+        let now = Instant::now();
+        // Enough for the first round to roll past segment 0.
+        let n = 200;
+        let (mut d, mut queues, _) = acked_segment(n, &settings, now);
+        let failed = loop {
+            let mut jobs = Vec::new();
+            d.take_jobs(&mut queues, &settings, now, unix_ms(), &mut jobs);
+            let job = jobs.pop().expect("a job");
+            if !job.delete.is_empty() {
+                break job;
+            }
+            d.job_written(&job, true);
+            assert!(d.job_done(&job, true));
+        };
+        assert_eq!(failed.delete.len(), 1, "segment 0 is due");
+        assert!(failed.dedup_write.is_some(), "with its ids");
+        assert!(
+            failed.delete_after_carry,
+            "its deletion waits for the carry"
+        );
+        d.job_written(&failed, false);
+        assert!(!d.job_done(&failed, false));
+
+        let (job, carried) = carry_round(&mut d, &mut queues, &settings, now);
+        assert_eq!(
+            job.delete.iter().map(|(base, _)| *base).collect::<Vec<_>>(),
+            [0],
+            "deleted by the next job"
+        );
+        assert_eq!(carried as u64, n, "which writes every id again first");
     }
 
     /// A written round's buffer carries the next round's bytes, so their

@@ -274,8 +274,10 @@ fn finish(
         } else if durable {
             shard.note_storage(&job.queue, None);
         }
-        for (_, path) in &job.delete {
-            disk.remove(path);
+        if durable || !job.delete_after_carry {
+            for (_, path) in &job.delete {
+                disk.remove(path);
+            }
         }
         for path in &job.dedup_delete {
             disk.remove(path);

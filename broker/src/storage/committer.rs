@@ -699,15 +699,21 @@ async fn sync_round(stages: Stages, files: Rc<RefCell<Files>>, round: WrittenRou
     if !jobs.is_empty() {
         local.stats.commit_round_latency.observe(taken.elapsed());
     }
-    // Fully acked segments go whatever the write did: on a full disk that is
-    // what frees space (QueueLog::give_back says why it is safe).
+    // Fully acked segments go whatever the write did when no carry of their
+    // ids waits (on a full disk deleting them is what frees space;
+    // QueueLog::give_back says why it is safe).
     let mut deletions = Vec::new();
     for (job, durable) in jobs.into_iter().zip(durable) {
         if !durable {
             // Reopened (and cut back) by the next job.
             files.borrow_mut().close(&job.path);
         }
-        deletions.extend(job.delete.into_iter().map(|(_, path)| path));
+        // Segments whose acked ids this job was to carry wait for a later
+        // job when it failed (the log kept them): see
+        // `CommitJob::delete_after_carry`.
+        if durable || !job.delete_after_carry {
+            deletions.extend(job.delete.into_iter().map(|(_, path)| path));
+        }
         deletions.extend(job.dedup_delete);
     }
     // Handed to the deleter: nothing waits for a deletion.

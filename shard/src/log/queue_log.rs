@@ -89,6 +89,11 @@ pub struct CommitJob {
     pub purges: Vec<(u64, Vec<u64>)>,
     /// Fully acked segments to delete after the write: (base, file).
     pub delete: Vec<(u64, PathBuf)>,
+    /// `delete` waits for this job's carry of their acked ids: if the job
+    /// fails, the segments are kept (the log deletes them with a later
+    /// job, after the carry is written again). False when disk space is
+    /// low: then they go whatever the write did, to free space.
+    pub delete_after_carry: bool,
     /// Dedup entries carried out of `delete`: written and synced first.
     pub dedup_write: Option<DedupWrite>,
     /// Dedup files entirely past the window, to delete.
@@ -516,6 +521,7 @@ impl QueueLog {
             message_offsets: std::mem::take(&mut self.message_offsets),
             acks: std::mem::take(&mut self.acks),
             purges: std::mem::take(&mut self.purges),
+            delete_after_carry: !reclaim && dedup_write.is_some() && !delete.is_empty(),
             delete,
             dedup_write,
             dedup_delete,
@@ -623,10 +629,24 @@ impl QueueLog {
     /// Queues again the acks of a failed job, once, when it finishes (their
     /// position among records is free). Its messages are the shard's to
     /// discard ([`QueueLog::forget_message`]). The segments it was to delete
-    /// go all the same: every message in them is acked, in memory, and on a
-    /// full disk deleting them is what frees space (their carried dedup
-    /// entries, if not written, go out with the next job).
+    /// are kept for a later job when their deletion waited for the job's
+    /// carry of their acked ids ([`CommitJob::delete_after_carry`]): deleted
+    /// before the carry is on disk, a crash would forget ids still inside
+    /// the dedup window. On a low disk they go all the same (every message
+    /// in them is acked, in memory, and deleting them is what frees space;
+    /// the carry goes out with the next job).
     fn give_back(&mut self, job: &CommitJob) {
+        if job.delete_after_carry {
+            // The oldest segments, in base order, ahead of those left.
+            for (base, path) in job.delete.iter().rev() {
+                self.segments.push_front(Segment {
+                    base: *base,
+                    path: path.clone(),
+                    live: 0,
+                    created: true,
+                });
+            }
+        }
         for &(seq, at, key) in &job.acks {
             encode(
                 &Record::Ack {
