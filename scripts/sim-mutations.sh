@@ -20,7 +20,7 @@ mutations=(
   "fifo|shard/src/queue.rs|None => self.ready.pop_front()?,|None => self.ready.pop_back()?,"
   "dedup-window|shard/src/dedup/id_set.rs|if !IdSet::expired(state, self.unit_now(now)) {|if state == STORED {"
   "confinement|shard/src/routing.rs|.is_none_or(\|owner\| owner == receiver)|.is_none_or(\|_owner\| true)"
-  "memory-budget|shard/src/shard.rs|if held <= cap {|if held <= cap \|\| part > 0 {"
+  "memory-budget|shard/src/shard/budget.rs|if held <= cap {|if held <= cap \|\| part > 0 {"
 )
 
 status=0
