@@ -10,6 +10,7 @@ mod chores;
 mod commit;
 mod dead_letter;
 mod deliver;
+mod inbox;
 mod lifecycle;
 mod moving;
 mod publish;
@@ -29,8 +30,8 @@ use crate::clock::Clock;
 use crate::dedup::DedupKey;
 use crate::durability::Durability;
 use crate::hashers::{NameMap, NameSet};
-use crate::mailbox::{Completion, ConnEvent, Mailbox};
-use crate::mesh::{MeshOutbound, Origin, ShardMsg};
+use crate::mailbox::Mailbox;
+use crate::mesh::{MeshOutbound, Origin};
 use crate::message::Message;
 use crate::placement::{ConnRef, ShardId};
 use crate::queue::{Delivery, Entry, HeldBytes, Queue, QueueSettings};
@@ -314,93 +315,6 @@ impl Shard {
             self.queues.insert(name, queue);
         }
         self.queues.get_mut(name)
-    }
-
-    fn complete(&mut self, origin: Origin, completion: Completion) {
-        if origin.conn.shard != self.id {
-            self.out
-                .send(origin.conn.shard, ShardMsg::Done { origin, completion });
-            return;
-        }
-        if let Some(mailbox) = self.conns.get(&origin.conn.id) {
-            mailbox.push(ConnEvent::Completed {
-                seq: origin.seq,
-                completion,
-            });
-        }
-    }
-
-    /// Handles one message from another shard.
-    pub fn handle(&mut self, msg: ShardMsg, now: Instant) {
-        match msg {
-            ShardMsg::Enqueue {
-                origin,
-                queues,
-                msg,
-            } => {
-                let mut outcome = Ok(());
-                let mut ticket = None;
-                for q in &queues {
-                    let stored = self.enqueue_local(q, msg.clone(), now, origin, &mut ticket);
-                    outcome = merge_outcome(outcome, stored);
-                }
-                match ticket.and_then(|id| self.durable.as_mut()?.tickets.get_mut(&id)) {
-                    // Answered after the group commit, refusals included.
-                    Some(t) => t.outcome = merge_outcome(t.outcome, outcome),
-                    None => self.complete(origin, Completion::Enqueued(outcome)),
-                }
-            }
-            ShardMsg::Consume {
-                origin,
-                queue,
-                prefetch,
-            } => {
-                self.consume_local(origin.conn, &queue, prefetch, now);
-                self.complete(origin, Completion::Consumed);
-            }
-            ShardMsg::Purge { origin, queue } => {
-                if let Some(count) = self.purge_local(origin, &queue, now) {
-                    let durable = Ok(());
-                    self.complete(origin, Completion::Purged { count, durable });
-                }
-            }
-            ShardMsg::Fetch { origin, queue, max } => {
-                if let Some(deliveries) = self.fetch_local(origin, &queue, max, now) {
-                    self.complete(origin, Completion::Fetched(deliveries));
-                }
-            }
-            ShardMsg::Done { origin, completion } => {
-                if let Some(mailbox) = self.conns.get(&origin.conn.id) {
-                    mailbox.push(ConnEvent::Completed {
-                        seq: origin.seq,
-                        completion,
-                    });
-                }
-            }
-            ShardMsg::Deliver { conn, delivery } => {
-                // A closed connection's deliveries are requeued by its ConnClosed.
-                if let Some(mailbox) = self.conns.get(&conn.id) {
-                    mailbox.push(ConnEvent::Delivery(delivery));
-                }
-            }
-            ShardMsg::Ack { conn, queue, seq } => self.ack_local(conn, &queue, seq, now),
-            ShardMsg::Requeue { conn, queue, seq } => self.requeue_local(conn, &queue, seq, now),
-            ShardMsg::ConnClosed { conn } => self.conn_closed(conn),
-            ShardMsg::DeleteQueue { queue, done } => self.delete_local(&queue, done),
-            ShardMsg::Run(task) => (task.0)(self, now),
-            ShardMsg::Barrier { done } => {
-                let _ = done.send(self.id);
-            }
-            ShardMsg::QueueDeleted {
-                conn,
-                queue,
-                consumer,
-            } => {
-                if let Some(mailbox) = self.conns.get(&conn.id) {
-                    mailbox.push(ConnEvent::QueueDeleted { queue, consumer });
-                }
-            }
-        }
     }
 
     /// Sends what the last piece of work buffered for other shards.
