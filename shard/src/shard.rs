@@ -4,6 +4,21 @@
 //! Every entry point is synchronous. What must happen on another shard is
 //! buffered in the outbound mesh; the driver calls [`Shard::flush`] after each
 //! piece of work.
+//!
+//! Map: this file holds the [`Shard`] struct, its small public types, `new`
+//! and the accessors; each file under `shard/` is an `impl Shard` block
+//! for one concern:
+//! - `publish`: routing a publish and storing it in this shard's queues.
+//! - `deliver`: dispatch to consumers, `consume`, `fetch`, `ack`,
+//!   `requeue`, and giving back what a closed connection owed.
+//! - `dead_letter`: moving given-up messages to their `{queue}.dlq`.
+//! - `commit`: the committer's jobs and what a finished one releases.
+//! - `budget`: the memory budget (bodies moved to disk, reads that wait).
+//! - `reads`: reading backlogs back from disk, and fetches that wait.
+//! - `chores`: work too large for one step, done a slice at a time.
+//! - `lifecycle`: restore, connections, purge, delete, the sweep.
+//! - `inbox`: messages from other shards, and answers to commands.
+//! - `moving`, `take_back`: an owner leaving the node, or taken back.
 
 mod budget;
 mod chores;
@@ -43,7 +58,8 @@ use crate::topology::{Topology, TopologyStore, TopologyView};
 pub enum PublishStatus {
     /// Finished: `ACK` on `Ok`, `NACK <reason>` on `Err`.
     Done(Result<(), NackReason>),
-    /// `remote` shards still have to report ([`Completion::Enqueued`] events,
+    /// `remote` shards still have to report
+    /// ([`Completion::Enqueued`](crate::mailbox::Completion::Enqueued) events,
     /// one per shard); `local` is the outcome of the queues on this shard.
     Pending {
         /// Outcome of the local part.
