@@ -4,6 +4,16 @@
 //!
 //! No I/O and no clock: the caller passes `now`, and deliveries are appended to
 //! a caller's buffer, so every rule here is unit-tested deterministically.
+//!
+//! Map: this file holds the [`Queue`] struct, its small public types, the
+//! constructors (`new`, `metered`, `restore`) and the accessors; each file
+//! under `queue/` is an `impl Queue` block for one concern:
+//! - `dedup`: the ids it remembers, forgotten and carried.
+//! - `enqueue`: messages coming in (publish, redelivered, dead letter).
+//! - `disk`: messages on disk: placement, spill, backlog reads.
+//! - `deliver`: dispatch, fetch, ack, requeue, redelivery, consumers.
+//! - `purge`: `purge_queue` and its settling, a deleted queue's messages.
+//! - `tests`: the unit tests.
 
 mod dedup;
 mod deliver;
