@@ -17,10 +17,10 @@ fi
 # invariant | file | text | replacement
 mutations=(
   "acked-not-lost|shard/src/log/queue_log.rs|if !io_ok \|\| job.epoch != self.epoch {|if job.epoch != self.epoch {"
-  "fifo|shard/src/queue.rs|None => self.ready.pop_front()?,|None => self.ready.pop_back()?,"
+  "fifo|shard/src/queue/deliver.rs|None => self.ready.pop_front()?,|None => self.ready.pop_back()?,"
   "dedup-window|shard/src/dedup/id_set.rs|if !IdSet::expired(state, self.unit_now(now)) {|if state == STORED {"
   "confinement|shard/src/routing.rs|.is_none_or(\|owner\| owner == receiver)|.is_none_or(\|_owner\| true)"
-  "memory-budget|shard/src/shard.rs|if held <= cap {|if held <= cap \|\| part > 0 {"
+  "memory-budget|shard/src/shard/budget.rs|if held <= cap {|if held <= cap \|\| part > 0 {"
 )
 
 status=0
