@@ -712,6 +712,10 @@ mod tests {
             "deleted by the next job"
         );
         assert_eq!(carried as u64, n, "which writes every id again first");
+        assert!(
+            !job.delete_after_carry,
+            "and deletes them even if it fails too (a full disk frees space so)"
+        );
     }
 
     /// A written round's buffer carries the next round's bytes, so their

@@ -936,21 +936,26 @@ impl World {
         }
     }
 
-    fn consume(&mut self) -> Result<(), Violation> {
-        let Some(c) = self.pick_conn(true) else {
-            return Ok(());
-        };
-        let readable: Vec<usize> = self
+    /// A receiver connection and one of its owner's queues (not a
+    /// dead-letter queue; with `unconsumed`, one it does not consume yet).
+    fn pick_own_queue(&mut self, unconsumed: bool) -> Option<(usize, usize, QueueInfo)> {
+        let c = self.pick_conn(true)?;
+        let own: Vec<usize> = self
             .readable(c)
             .into_iter()
-            .filter(|&(q, dlq)| !dlq && !self.conns[c].consuming.contains(&q))
+            .filter(|&(q, dlq)| !dlq && !(unconsumed && self.conns[c].consuming.contains(&q)))
             .map(|(q, _)| q)
             .collect();
-        if readable.is_empty() {
-            return Ok(());
+        if own.is_empty() {
+            return None;
         }
-        let q = *self.rng.pick(&readable);
-        let Some(info) = self.info(&self.defs[q].name) else {
+        let q = *self.rng.pick(&own);
+        let info = self.info(&self.defs[q].name)?;
+        Some((c, q, info))
+    }
+
+    fn consume(&mut self) -> Result<(), Violation> {
+        let Some((c, q, info)) = self.pick_own_queue(true) else {
             return Ok(());
         };
         let prefetch = self.rng.between(1, 8) as u32;
@@ -1102,20 +1107,7 @@ impl World {
     }
 
     fn purge(&mut self) -> Result<(), Violation> {
-        let Some(c) = self.pick_conn(true) else {
-            return Ok(());
-        };
-        let readable: Vec<usize> = self
-            .readable(c)
-            .into_iter()
-            .filter(|&(_, dlq)| !dlq)
-            .map(|(q, _)| q)
-            .collect();
-        if readable.is_empty() {
-            return Ok(());
-        }
-        let q = *self.rng.pick(&readable);
-        let Some(info) = self.info(&self.defs[q].name) else {
+        let Some((c, q, info)) = self.pick_own_queue(false) else {
             return Ok(());
         };
         let now = self.clock.now();

@@ -43,6 +43,10 @@ struct Segment {
     live: u64,
     /// The file exists on disk (created and its directory synced).
     created: bool,
+    /// A job that was to delete it failed before its carry of the
+    /// segment's acked ids was written: the next deletion does not wait for
+    /// the carry again (see [`CommitJob::delete_after_carry`]).
+    carry_failed: bool,
 }
 
 /// Writes to make durable, then waiters to release.
@@ -91,8 +95,10 @@ pub struct CommitJob {
     pub delete: Vec<(u64, PathBuf)>,
     /// `delete` waits for this job's carry of their acked ids: if the job
     /// fails, the segments are kept (the log deletes them with a later
-    /// job, after the carry is written again). False when disk space is
-    /// low: then they go whatever the write did, to free space.
+    /// job, after the carry is written again). Once only: when that later
+    /// job fails too (a disk really full, where the carry cannot be written
+    /// until space is freed), they go whatever the write did, as they do
+    /// whenever disk space is low: deleting acked segments is what frees it.
     pub delete_after_carry: bool,
     /// Dedup entries carried out of `delete`: written and synced first.
     pub dedup_write: Option<DedupWrite>,
@@ -194,6 +200,7 @@ impl QueueLog {
                 path: s.path.clone(),
                 live: s.live,
                 created: true,
+                carry_failed: false,
             });
         }
         match found.last() {
@@ -233,6 +240,7 @@ impl QueueLog {
             path,
             live: 0,
             created: false,
+            carry_failed: false,
         });
         self.written = FILE_HEADER_BYTES;
     }
@@ -498,8 +506,12 @@ impl QueueLog {
         // that deletes the segments (before it does), not once per round
         // with a sync each.
         let held = deleting == 0 && deletable > 0;
-        let delete: Vec<(u64, PathBuf)> = (0..deleting)
+        let popped: Vec<Segment> = (0..deleting)
             .filter_map(|_| self.segments.pop_front())
+            .collect();
+        let carry_failed = popped.iter().any(|s| s.carry_failed);
+        let delete: Vec<(u64, PathBuf)> = popped
+            .into_iter()
             .filter(|s| s.created)
             .map(|s| (s.base, s.path))
             .collect();
@@ -521,7 +533,10 @@ impl QueueLog {
             message_offsets: std::mem::take(&mut self.message_offsets),
             acks: std::mem::take(&mut self.acks),
             purges: std::mem::take(&mut self.purges),
-            delete_after_carry: !reclaim && dedup_write.is_some() && !delete.is_empty(),
+            delete_after_carry: !reclaim
+                && !carry_failed
+                && dedup_write.is_some()
+                && !delete.is_empty(),
             delete,
             dedup_write,
             dedup_delete,
@@ -644,6 +659,7 @@ impl QueueLog {
                     path: path.clone(),
                     live: 0,
                     created: true,
+                    carry_failed: true,
                 });
             }
         }
