@@ -943,7 +943,7 @@ impl World {
         let own: Vec<usize> = self
             .readable(c)
             .into_iter()
-            .filter(|&(q, dlq)| !dlq && !(unconsumed && self.conns[c].consuming.contains(&q)))
+            .filter(|&(q, dlq)| !(dlq || unconsumed && self.conns[c].consuming.contains(&q)))
             .map(|(q, _)| q)
             .collect();
         if own.is_empty() {
