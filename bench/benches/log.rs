@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ciphermq_shard::log::record::{decode, encode, Decoded, Framing, Record};
-use ciphermq_shard::log::QueueLog;
+use ciphermq_shard::log::{JobIo, QueueLog};
 use ciphermq_shard::{Message, Route};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 
@@ -108,7 +108,7 @@ fn log(c: &mut Criterion) {
                     .take_job(&queue, seq, false, u64::MAX)
                     .expect("appends make the log dirty");
                 log.job_written(&job, true);
-                log.job_done(&job, true);
+                log.job_done(&job, JobIo::Done);
                 left -= round;
             }
             timed

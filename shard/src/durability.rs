@@ -13,7 +13,7 @@ use ciphermq_proto::NackReason;
 use crate::dedup::DedupKey;
 use crate::hashers::{NameMap, NameSet};
 use crate::log::buffer_pool::BufferPool;
-use crate::log::{queue_dir, unix_ms, CommitJob, LogPlacement, MirrorWatermarks, QueueLog};
+use crate::log::{queue_dir, unix_ms, CommitJob, JobIo, LogPlacement, MirrorWatermarks, QueueLog};
 use crate::mesh::Origin;
 use crate::pending::Resolver;
 use crate::queue::{Queue, QueueSettings};
@@ -498,13 +498,13 @@ impl Durability {
 
     /// Records the end of a job (the caller releases its tickets); returns
     /// whether its records are durable (see [`QueueLog::job_done`]).
-    pub(crate) fn job_done(&mut self, job: &CommitJob, io_ok: bool) -> bool {
+    pub(crate) fn job_done(&mut self, job: &CommitJob, io: JobIo) -> bool {
         let Some(log) = self.logs.get_mut(&job.queue) else {
             // A deleted queue's: what waited for it is answered as stored,
             // as it was, into a queue that is now gone.
             return self.retired.contains(&job.queue);
         };
-        let ok = log.job_done(job, io_ok);
+        let ok = log.job_done(job, io);
         if log.is_dirty() && !self.dirty.contains(&job.queue) {
             self.dirty.push(job.queue.clone());
         }
@@ -554,13 +554,26 @@ mod tests {
         let capacity = bytes.capacity();
         d.job_written(&job, true);
         d.buffer_written(bytes);
-        assert!(d.job_done(&job, true));
+        assert!(d.job_done(&job, JobIo::Done));
         capacity
     }
 
     /// Takes one round's job of `queues`' only log and finishes it as the
     /// committer does; returns it with the dedup entries it carried.
     fn carry_round(
+        d: &mut Durability,
+        queues: &mut NameMap<Arc<str>, Queue>,
+        settings: &QueueSettings,
+        now: Instant,
+    ) -> (CommitJob, usize) {
+        let (job, carried) = take_carry(d, queues, settings, now);
+        d.job_written(&job, true);
+        assert!(d.job_done(&job, JobIo::Done));
+        (job, carried)
+    }
+
+    /// The next job, not finished yet, and how many ids it carries.
+    fn take_carry(
         d: &mut Durability,
         queues: &mut NameMap<Arc<str>, Queue>,
         settings: &QueueSettings,
@@ -580,9 +593,12 @@ mod tests {
                 other => panic!("not a dedup record: {other:?}"),
             }
         }
-        d.job_written(&job, true);
-        assert!(d.job_done(&job, true));
         (job, carried)
+    }
+
+    /// The bases of the segments `job` deletes.
+    fn deleted_bases(job: &CommitJob) -> Vec<u64> {
+        job.delete.iter().map(|(base, _)| *base).collect()
     }
 
     /// Settings that carry acked ids out of deleted segments.
@@ -677,25 +693,17 @@ mod tests {
 
     /// When the job that carries a segment's acked ids fails, the segment
     /// is not deleted with it (a crash would then forget ids inside the
-    /// window): a later job writes the ids again and deletes it. Found by
+    /// window): later jobs write the ids again, however many of them fail,
+    /// and the segment goes with the first whose carry is durable. Found by
     /// the simulation (seed 2906).
     #[test]
-    fn a_failed_carry_keeps_its_segments_for_a_later_job() {
+    fn a_failed_carry_keeps_its_segments_until_a_carry_is_written() {
         let settings = carrying();
         let now = Instant::now();
         // Enough for the first round to roll past segment 0.
         let n = 200;
         let (mut d, mut queues, _) = acked_segment(n, &settings, now);
-        let failed = loop {
-            let mut jobs = Vec::new();
-            d.take_jobs(&mut queues, &settings, now, unix_ms(), &mut jobs);
-            let job = jobs.pop().expect("a job");
-            if !job.delete.is_empty() {
-                break job;
-            }
-            d.job_written(&job, true);
-            assert!(d.job_done(&job, true));
-        };
+        let failed = first_deleting_job(&mut d, &mut queues, &settings, now);
         assert_eq!(failed.delete.len(), 1, "segment 0 is due");
         assert!(failed.dedup_write.is_some(), "with its ids");
         assert!(
@@ -703,19 +711,69 @@ mod tests {
             "its deletion waits for the carry"
         );
         d.job_written(&failed, false);
-        assert!(!d.job_done(&failed, false));
+        assert!(!d.job_done(&failed, JobIo::Failed));
+        assert!(!failed.deletes_segments(false, JobIo::Failed), "kept");
+
+        // Failing again and again does not wear the rule out.
+        for _ in 0..3 {
+            let (job, carried) = take_carry(&mut d, &mut queues, &settings, now);
+            assert_eq!(deleted_bases(&job), [0], "taken again by the next job");
+            assert_eq!(carried as u64, n, "which writes every id again first");
+            assert!(job.delete_after_carry, "and waits for its carry again");
+            d.job_written(&job, false);
+            assert!(!d.job_done(&job, JobIo::Failed));
+            assert!(!job.deletes_segments(false, JobIo::Failed), "kept");
+        }
 
         let (job, carried) = carry_round(&mut d, &mut queues, &settings, now);
-        assert_eq!(
-            job.delete.iter().map(|(base, _)| *base).collect::<Vec<_>>(),
-            [0],
-            "deleted by the next job"
-        );
-        assert_eq!(carried as u64, n, "which writes every id again first");
+        assert_eq!(deleted_bases(&job), [0], "deleted once a carry is durable");
+        assert_eq!(carried as u64, n);
+        assert!(job.deletes_segments(true, JobIo::Done));
+        let mut jobs = Vec::new();
+        d.take_jobs(&mut queues, &settings, now, unix_ms(), &mut jobs);
+        assert!(jobs.iter().all(|j| j.delete.is_empty()), "and only once");
+    }
+
+    /// A carry that failed for lack of space does not hold its segments:
+    /// deleting fully acked segments is what frees space. The ids still go
+    /// out with the next job.
+    #[test]
+    fn a_carry_failed_for_lack_of_space_lets_its_segments_go() {
+        let settings = carrying();
+        let now = Instant::now();
+        let n = 200;
+        let (mut d, mut queues, _) = acked_segment(n, &settings, now);
+        let full = first_deleting_job(&mut d, &mut queues, &settings, now);
+        assert!(full.delete_after_carry);
+        d.job_written(&full, false);
+        assert!(!d.job_done(&full, JobIo::OutOfSpace));
         assert!(
-            !job.delete_after_carry,
-            "and deletes them even if it fails too (a full disk frees space so)"
+            full.deletes_segments(false, JobIo::OutOfSpace),
+            "the committer deletes them"
         );
+
+        let (next, carried) = carry_round(&mut d, &mut queues, &settings, now);
+        assert!(next.delete.is_empty(), "the log did not keep them");
+        assert_eq!(carried as u64, n, "their ids are written all the same");
+    }
+
+    /// Finishes jobs until one deletes a segment, and returns that one.
+    fn first_deleting_job(
+        d: &mut Durability,
+        queues: &mut NameMap<Arc<str>, Queue>,
+        settings: &QueueSettings,
+        now: Instant,
+    ) -> CommitJob {
+        loop {
+            let mut jobs = Vec::new();
+            d.take_jobs(queues, settings, now, unix_ms(), &mut jobs);
+            let job = jobs.pop().expect("a job");
+            if !job.delete.is_empty() {
+                return job;
+            }
+            d.job_written(&job, true);
+            assert!(d.job_done(&job, JobIo::Done));
+        }
     }
 
     /// A written round's buffer carries the next round's bytes, so their

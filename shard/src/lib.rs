@@ -66,7 +66,7 @@ pub mod tracker;
 pub use clock::{Clock, ManualClock};
 pub use dedup::{DedupHasher, DedupKey};
 pub use durability::{Durability, QueueRemoval};
-pub use log::{CommitJob, RecoveredQueue};
+pub use log::{CommitJob, JobIo, RecoveredQueue};
 pub use mailbox::{Completion, ConnEvent, Mailbox};
 pub use mesh::{
     Mesh, MeshEndpoint, MeshInbound, MeshInjector, MeshOutbound, Origin, ShardMsg, ShardTask,

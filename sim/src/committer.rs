@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 use ciphermq_shard::backlog::ReadJob;
 use ciphermq_shard::log::segment::FILE_HEADER;
-use ciphermq_shard::{CommitJob, QueueRemoval, Shard};
+use ciphermq_shard::{CommitJob, JobIo, QueueRemoval, Shard};
 
 use crate::disk::SimDisk;
 use crate::rng::Rng;
@@ -268,13 +268,16 @@ fn finish(
                 disk.sync_dir(&job.dir);
             }
         }
-        let durable = shard.commit_done(&job, io_ok);
+        // Simulated faults are I/O errors, never a full disk: segments
+        // waiting for a carry are kept until it is written.
+        let io = if io_ok { JobIo::Done } else { JobIo::Failed };
+        let durable = shard.commit_done(&job, io);
         if !io_ok {
             shard.note_storage(&job.queue, Some("simulated I/O failure"));
         } else if durable {
             shard.note_storage(&job.queue, None);
         }
-        if durable || !job.delete_after_carry {
+        if job.deletes_segments(durable, io) {
             for (_, path) in &job.delete {
                 disk.remove(path);
             }

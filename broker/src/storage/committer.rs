@@ -35,7 +35,7 @@ use ciphermq_shard::dedup::file::DedupWrite;
 use ciphermq_shard::durability::deleted_dir;
 use ciphermq_shard::log::segment::{self, FILE_HEADER, FILE_HEADER_BYTES};
 use ciphermq_shard::log::{unix_ms, LogFence};
-use ciphermq_shard::{CommitJob, QueueRemoval, Shard};
+use ciphermq_shard::{CommitJob, JobIo, QueueRemoval, Shard};
 use futures_util::future::join_all;
 use glommio::io::Directory;
 use glommio::{GlommioError, Latency, Shares, Task};
@@ -590,17 +590,33 @@ async fn write_round(
     }
 }
 
+/// What the log must know of a job's I/O: a failure for lack of space frees
+/// the segments its carry was holding (`CommitJob::deletes_segments`).
+fn job_io(outcome: &IoResult<()>) -> JobIo {
+    match outcome {
+        Ok(()) => JobIo::Done,
+        Err(e) if os_error(e).is_some_and(|code| matches!(code, libc::ENOSPC | libc::EDQUOT)) => {
+            JobIo::OutOfSpace
+        }
+        Err(_) => JobIo::Failed,
+    }
+}
+
+/// The OS error number under a glommio error, if it carries one.
+fn os_error(e: &GlommioError<()>) -> Option<i32> {
+    match e {
+        GlommioError::IoError(e) => e.raw_os_error(),
+        GlommioError::EnhancedIoError { source, .. } => source.raw_os_error(),
+        _ => None,
+    }
+}
+
 /// Whether a failed write says the device is failing for every queue on
 /// it (full, over quota, read-only, or failing I/O), rather than one
 /// queue's own file or name.
 fn is_device_failure(e: &GlommioError<()>) -> bool {
-    let source = match e {
-        GlommioError::IoError(e) => e,
-        GlommioError::EnhancedIoError { source, .. } => source,
-        _ => return true,
-    };
     matches!(
-        source.raw_os_error(),
+        os_error(e),
         Some(libc::ENOSPC | libc::EDQUOT | libc::EROFS | libc::EIO) | None
     )
 }
@@ -669,11 +685,13 @@ async fn sync_round(stages: Stages, files: Rc<RefCell<Files>>, round: WrittenRou
     // The log decides what counts as durable: a job written after a failed
     // one of its queue fails too, whatever its own I/O said. Each queue's
     // failure is its own (`/api/queues`), until a write of it succeeds.
+    let outcomes: Vec<JobIo> = io.iter().map(job_io).collect();
     let durable: Vec<bool> = local.with_shard(|shard| {
         jobs.iter()
             .zip(&io)
-            .map(|(job, outcome)| {
-                let durable = shard.commit_done(job, outcome.is_ok());
+            .zip(&outcomes)
+            .map(|((job, outcome), &job_io)| {
+                let durable = shard.commit_done(job, job_io);
                 match outcome {
                     Err(e) => {
                         tracing::error!(queue = %job.queue, path = %job.path.display(), error = %e, "log write failed; publishes answered NACK storage, the file is cut back and written again");
@@ -700,18 +718,18 @@ async fn sync_round(stages: Stages, files: Rc<RefCell<Files>>, round: WrittenRou
         local.stats.commit_round_latency.observe(taken.elapsed());
     }
     // Fully acked segments go whatever the write did when no carry of their
-    // ids waits (on a full disk deleting them is what frees space;
+    // ids waits, or when space ran out (deleting them is what frees it;
     // QueueLog::give_back says why it is safe).
     let mut deletions = Vec::new();
-    for (job, durable) in jobs.into_iter().zip(durable) {
+    for ((job, durable), job_io) in jobs.into_iter().zip(durable).zip(outcomes) {
         if !durable {
             // Reopened (and cut back) by the next job.
             files.borrow_mut().close(&job.path);
         }
         // Segments whose acked ids this job was to carry wait for a later
-        // job when it failed (the log kept them): see
+        // job when it failed other than for space (the log kept them): see
         // `CommitJob::delete_after_carry`.
-        if durable || !job.delete_after_carry {
+        if job.deletes_segments(durable, job_io) {
             deletions.extend(job.delete.into_iter().map(|(_, path)| path));
         }
         deletions.extend(job.dedup_delete);

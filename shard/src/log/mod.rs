@@ -36,7 +36,7 @@ pub mod segment;
 
 pub use mirror::MirrorWatermarks;
 pub use placement::{LogFence, LogPlacement, PlacedLog};
-pub use queue_log::{CommitJob, QueueLog};
+pub use queue_log::{CommitJob, JobIo, QueueLog};
 pub use recovery::{recover_queue, recover_queue_at, Damage, RecoveredQueue};
 pub use segment::{segment_base, segment_path};
 

@@ -43,10 +43,26 @@ struct Segment {
     live: u64,
     /// The file exists on disk (created and its directory synced).
     created: bool,
-    /// A job that was to delete it failed before its carry of the
-    /// segment's acked ids was written: the next deletion does not wait for
-    /// the carry again (see [`CommitJob::delete_after_carry`]).
-    carry_failed: bool,
+}
+
+/// How a commit job's I/O went, as far as the log must tell failures apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JobIo {
+    /// Every write and sync succeeded.
+    Done,
+    /// A write or sync failed for lack of space (`ENOSPC`, `EDQUOT`):
+    /// deleting fully acked segments is what frees it, so they go even if
+    /// the carry of their ids did not make it.
+    OutOfSpace,
+    /// Any other failure: segments waiting for the job's carry are kept.
+    Failed,
+}
+
+impl JobIo {
+    /// The I/O succeeded.
+    pub fn is_done(self) -> bool {
+        self == JobIo::Done
+    }
 }
 
 /// Writes to make durable, then waiters to release.
@@ -94,11 +110,12 @@ pub struct CommitJob {
     /// Fully acked segments to delete after the write: (base, file).
     pub delete: Vec<(u64, PathBuf)>,
     /// `delete` waits for this job's carry of their acked ids: if the job
-    /// fails, the segments are kept (the log deletes them with a later
-    /// job, after the carry is written again). Once only: when that later
-    /// job fails too (a disk really full, where the carry cannot be written
-    /// until space is freed), they go whatever the write did, as they do
-    /// whenever disk space is low: deleting acked segments is what frees it.
+    /// fails, the segments are kept and the log deletes them with a later
+    /// job, after the carry is written again, however many jobs fail first.
+    /// They go whatever the write did only when space is short (the job
+    /// failed for lack of space, or disk space is low, when no job waits):
+    /// deleting acked segments is what frees it. See
+    /// [`CommitJob::deletes_segments`].
     pub delete_after_carry: bool,
     /// Dedup entries carried out of `delete`: written and synced first.
     pub dedup_write: Option<DedupWrite>,
@@ -107,6 +124,16 @@ pub struct CommitJob {
     /// The log's failure count when taken: a job older than the latest
     /// failure lies past an unknown end and cannot succeed.
     pub epoch: u64,
+}
+
+impl CommitJob {
+    /// Whether the committer deletes `delete` once the job is finished:
+    /// `durable` is what [`QueueLog::job_done`] answered. The one rule both
+    /// the committer and the log follow, so a segment is never both kept for
+    /// a later job and deleted.
+    pub fn deletes_segments(&self, durable: bool, io: JobIo) -> bool {
+        durable || !self.delete_after_carry || io == JobIo::OutOfSpace
+    }
 }
 
 /// One queue's log.
@@ -200,7 +227,6 @@ impl QueueLog {
                 path: s.path.clone(),
                 live: s.live,
                 created: true,
-                carry_failed: false,
             });
         }
         match found.last() {
@@ -240,7 +266,6 @@ impl QueueLog {
             path,
             live: 0,
             created: false,
-            carry_failed: false,
         });
         self.written = FILE_HEADER_BYTES;
     }
@@ -509,7 +534,6 @@ impl QueueLog {
         let popped: Vec<Segment> = (0..deleting)
             .filter_map(|_| self.segments.pop_front())
             .collect();
-        let carry_failed = popped.iter().any(|s| s.carry_failed);
         let delete: Vec<(u64, PathBuf)> = popped
             .into_iter()
             .filter(|s| s.created)
@@ -533,10 +557,7 @@ impl QueueLog {
             message_offsets: std::mem::take(&mut self.message_offsets),
             acks: std::mem::take(&mut self.acks),
             purges: std::mem::take(&mut self.purges),
-            delete_after_carry: !reclaim
-                && !carry_failed
-                && dedup_write.is_some()
-                && !delete.is_empty(),
+            delete_after_carry: !reclaim && dedup_write.is_some() && !delete.is_empty(),
             delete,
             dedup_write,
             dedup_delete,
@@ -574,13 +595,13 @@ impl QueueLog {
     }
 
     /// The oldest job not finished yet is done. Returns whether its records
-    /// are durable: `io_ok`, unless an earlier job failed since it was taken
+    /// are durable: its I/O succeeded (`io`), unless an earlier job failed since it was taken
     /// (its bytes then lie past an unknown end).
-    pub fn job_done(&mut self, job: &CommitJob, io_ok: bool) -> bool {
+    pub fn job_done(&mut self, job: &CommitJob, io: JobIo) -> bool {
         self.syncing = self.syncing.saturating_sub(1);
-        if !io_ok || job.epoch != self.epoch {
+        if !io.is_done() || job.epoch != self.epoch {
             self.cut_back(job);
-            self.give_back(job);
+            self.give_back(job, io);
             return false;
         }
         if let (Some(cell), Some(last)) = (&self.stored, job.message_seqs.last()) {
@@ -647,11 +668,11 @@ impl QueueLog {
     /// are kept for a later job when their deletion waited for the job's
     /// carry of their acked ids ([`CommitJob::delete_after_carry`]): deleted
     /// before the carry is on disk, a crash would forget ids still inside
-    /// the dedup window. On a low disk they go all the same (every message
-    /// in them is acked, in memory, and deleting them is what frees space;
-    /// the carry goes out with the next job).
-    fn give_back(&mut self, job: &CommitJob) {
-        if job.delete_after_carry {
+    /// the dedup window. When the job failed for lack of space they go all
+    /// the same (every message in them is acked, in memory, and deleting
+    /// them is what frees space; the carry goes out with the next job).
+    fn give_back(&mut self, job: &CommitJob, io: JobIo) {
+        if !job.deletes_segments(false, io) {
             // The oldest segments, in base order, ahead of those left.
             for (base, path) in job.delete.iter().rev() {
                 self.segments.push_front(Segment {
@@ -659,7 +680,6 @@ impl QueueLog {
                     path: path.clone(),
                     live: 0,
                     created: true,
-                    carry_failed: true,
                 });
             }
         }
@@ -699,7 +719,7 @@ mod tests {
     /// Writes and syncs `job`.
     fn finish(log: &mut QueueLog, job: &CommitJob) {
         log.job_written(job, true);
-        assert!(log.job_done(job, true));
+        assert!(log.job_done(job, JobIo::Done));
     }
 
     fn take(log: &mut QueueLog, next_seq: u64) -> CommitJob {
@@ -731,9 +751,9 @@ mod tests {
         let second = take(&mut log, 2);
         assert!(!second.create && !second.create_dir);
         assert_eq!(second.offset, H + job.bytes.len() as u64);
-        assert!(log.job_done(&job, true));
+        assert!(log.job_done(&job, JobIo::Done));
         log.job_written(&second, true);
-        assert!(log.job_done(&second, true));
+        assert!(log.job_done(&second, JobIo::Done));
         assert!(!log.is_dirty());
     }
 
@@ -752,8 +772,11 @@ mod tests {
         let third = take(&mut log, 3);
         log.job_written(&third, true);
         // The second's sync fails: the third lies after it, whatever its I/O.
-        assert!(!log.job_done(&second, false));
-        assert!(!log.job_done(&third, true), "written past an unknown end");
+        assert!(!log.job_done(&second, JobIo::Failed));
+        assert!(
+            !log.job_done(&third, JobIo::Done),
+            "written past an unknown end"
+        );
         log.forget_message(1);
         log.forget_message(2);
         log.append_message(3, &msg("d"));
@@ -786,14 +809,14 @@ mod tests {
         log.append_message(1, &msg("b"));
         let second = take(&mut log, 2);
         log.job_written(&second, false);
-        assert!(!log.job_done(&second, false));
+        assert!(!log.job_done(&second, JobIo::Failed));
         log.forget_message(1);
         log.append_message(2, &msg("c"));
         let retry = take(&mut log, 3);
         assert_eq!(retry.cuts, vec![(first.path.clone(), second.offset)]);
         // The cut itself fails: the next job cuts again, to the same length.
         log.job_written(&retry, false);
-        assert!(!log.job_done(&retry, false));
+        assert!(!log.job_done(&retry, JobIo::Failed));
         log.forget_message(2);
         log.append_message(3, &msg("d"));
         let again = take(&mut log, 4);
@@ -807,7 +830,7 @@ mod tests {
         log.append_message(0, &msg("a"));
         let first = take(&mut log, 1);
         log.job_written(&first, false);
-        assert!(!log.job_done(&first, false));
+        assert!(!log.job_done(&first, JobIo::Failed));
         log.forget_message(0);
         log.append_message(1, &msg("b"));
         let retry = take(&mut log, 2);
@@ -826,8 +849,8 @@ mod tests {
         let second = take(&mut log, 2);
         assert!(second.create, "rolled");
         log.job_written(&second, true);
-        assert!(!log.job_done(&first, false));
-        assert!(!log.job_done(&second, true));
+        assert!(!log.job_done(&first, JobIo::Failed));
+        assert!(!log.job_done(&second, JobIo::Done));
         log.forget_message(0);
         log.forget_message(1);
         log.append_message(2, &msg("c"));
@@ -858,7 +881,7 @@ mod tests {
         let deleting = take(&mut log, 2);
         assert_eq!(deleting.delete.len(), 1);
         log.job_written(&deleting, false);
-        assert!(!log.job_done(&deleting, false));
+        assert!(!log.job_done(&deleting, JobIo::Failed));
         assert!(
             log.segments.iter().all(|s| s.base != 0),
             "the spent segment is not listed again"

@@ -10,7 +10,7 @@ use ciphermq_proto::NackReason;
 
 use super::Shard;
 use crate::durability::{Durability, TicketKind};
-use crate::log::CommitJob;
+use crate::log::{CommitJob, JobIo};
 use crate::mailbox::Completion;
 use crate::queue::Queue;
 
@@ -70,15 +70,15 @@ impl Shard {
         }
     }
 
-    /// A commit job finished: `io_ok` means its I/O succeeded. Releases what
+    /// A commit job finished, its I/O as `io` says. Releases what
     /// waited for it (`NACK storage` when it failed) and returns whether its
     /// records are durable: not when an earlier job of its log failed after
     /// it was taken (its bytes lie past an unknown end, and are cut off).
-    pub fn commit_done(&mut self, job: &CommitJob, io_ok: bool) -> bool {
+    pub fn commit_done(&mut self, job: &CommitJob, io: JobIo) -> bool {
         let Some(d) = &mut self.durable else {
             return false;
         };
-        let ok = d.job_done(job, io_ok);
+        let ok = d.job_done(job, io);
         if !ok {
             if let Some(q) = self.queues.get_mut(&*job.queue) {
                 let gone = q.discard_unwritten(&job.message_seqs, &self.settings);
