@@ -95,6 +95,10 @@ impl TopologyStore {
     /// Makes `next` the current snapshot. Call with the writer lock held.
     pub(super) fn publish(&self, next: Topology) {
         let version = next.version;
+        debug_assert!(
+            version > self.version(),
+            "a published version not above the last"
+        );
         *self.current.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(next);
         self.version.store(version, Ordering::Release);
     }
