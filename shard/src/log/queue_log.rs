@@ -342,6 +342,7 @@ impl QueueLog {
         );
         self.acks.push((seq, acked_at_ms, key));
         if let Some(segment) = self.segment_of(seq) {
+            debug_assert!(segment.live > 0, "an ack in a segment with no live message");
             segment.live = segment.live.saturating_sub(1);
         }
     }
