@@ -329,6 +329,7 @@ impl DiskBacklog {
                                 segment,
                                 offset: u32::try_from(run.offset + pos as u64).unwrap_or(u32::MAX),
                             });
+                            debug_assert!(run.count > 0, "a run read back past its count");
                             run.count = run.count.saturating_sub(1);
                             run.bytes = run.bytes.saturating_sub(body_len);
                             self.len = self.len.saturating_sub(1);
@@ -387,6 +388,7 @@ impl DiskBacklog {
                     "backlog messages not found in their segment (damaged or missing); not served"
                 );
             }
+            debug_assert!(self.len >= run.count, "a run holds more than its backlog");
             done.lost = run.count;
             done.lost_bytes = run.bytes;
             self.len = self.len.saturating_sub(run.count);

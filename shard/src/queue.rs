@@ -217,6 +217,10 @@ impl HeldBytes {
     }
 
     fn sub(&self, n: u64) {
+        debug_assert!(
+            n <= self.0.total.get(),
+            "the meter gives back more than it holds"
+        );
         self.0.total.set(self.0.total.get().saturating_sub(n));
     }
 
@@ -227,6 +231,10 @@ impl HeldBytes {
 
     fn sub_bodies(&self, n: u64) {
         self.sub(n);
+        debug_assert!(
+            n <= self.0.bodies.get(),
+            "the meter gives back more body bytes than it holds"
+        );
         self.0.bodies.set(self.0.bodies.get().saturating_sub(n));
     }
 }
@@ -458,6 +466,7 @@ impl Queue {
     /// discarded).
     fn release_bytes(&mut self, entry: &Entry) {
         let n = entry.msg.body().len() as u64;
+        debug_assert!(n <= self.resident, "a released body was not resident");
         self.bytes = self.bytes.saturating_sub(n);
         self.resident = self.resident.saturating_sub(n);
         self.held.sub_bodies(n);

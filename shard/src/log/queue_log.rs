@@ -318,6 +318,14 @@ impl QueueLog {
                 active.path = segment_path(&self.dir, seq);
             }
         }
+        debug_assert!(
+            self.segments.back().is_none_or(|s| s.base <= seq),
+            "a message below its segment's base"
+        );
+        debug_assert!(
+            self.message_seqs.last().is_none_or(|&last| last < seq),
+            "messages appended out of sequence order"
+        );
         let route = msg.route();
         let at = self.pending.len();
         encode(
@@ -359,6 +367,7 @@ impl QueueLog {
         );
         self.acks.push((seq, acked_at_ms, key));
         if let Some(segment) = self.segment_of(seq) {
+            debug_assert!(segment.live > 0, "an ack in a segment with no live message");
             segment.live = segment.live.saturating_sub(1);
         }
     }
@@ -375,6 +384,7 @@ impl QueueLog {
     /// failed job and is cut from the file, so its segment stops holding it.
     pub fn forget_message(&mut self, seq: u64) {
         if let Some(segment) = self.segment_of(seq) {
+            debug_assert!(segment.live > 0, "a message forgotten in an empty segment");
             segment.live = segment.live.saturating_sub(1);
         }
     }
@@ -584,6 +594,7 @@ impl QueueLog {
     /// be taken while this one is synced. Its dedup entries, written and
     /// synced before its records, are done either way.
     pub fn job_written(&mut self, job: &CommitJob, ok: bool) {
+        debug_assert!(self.writing, "a job written that was not taken");
         self.writing = false;
         self.syncing += 1;
         if let Some(write) = &job.dedup_write {
@@ -595,9 +606,10 @@ impl QueueLog {
     }
 
     /// The oldest job not finished yet is done. Returns whether its records
-    /// are durable: its I/O succeeded (`io`), unless an earlier job failed since it was taken
-    /// (its bytes then lie past an unknown end).
+    /// are durable: its I/O succeeded (`io`), unless an earlier job failed
+    /// since it was taken (its bytes then lie past an unknown end).
     pub fn job_done(&mut self, job: &CommitJob, io: JobIo) -> bool {
+        debug_assert!(self.syncing > 0, "a job done that was not written");
         self.syncing = self.syncing.saturating_sub(1);
         if !io.is_done() || job.epoch != self.epoch {
             self.cut_back(job);

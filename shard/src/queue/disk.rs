@@ -45,6 +45,10 @@ impl Queue {
     /// `keep_head`: a queue with nothing on disk yet also keeps a read-ahead
     /// batch at its head (one with a backlog always does).
     pub fn spill(&mut self, want: u64, keep_head: bool) -> u64 {
+        debug_assert!(
+            !self.disk.is_empty() || self.tail.is_empty(),
+            "messages in `tail` with nothing on disk"
+        );
         let mut moved = Vec::new();
         let mut head = Vec::new();
         if !self.disk.is_empty() {
@@ -96,6 +100,7 @@ impl Queue {
         if !front.is_empty() {
             self.disk.prepend(front);
         }
+        debug_assert!(freed <= self.resident, "spilled more than was resident");
         self.resident = self.resident.saturating_sub(freed);
         self.held.sub_bodies(freed);
         self.recharge();

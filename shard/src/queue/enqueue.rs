@@ -57,6 +57,13 @@ impl Queue {
 
     fn push(&mut self, msg: Arc<Message>, deliveries: u32) -> u64 {
         let seq = self.next_seq;
+        debug_assert!(
+            self.tail
+                .back()
+                .or(self.ready.back())
+                .is_none_or(|e| e.seq < seq),
+            "a sequence number not above the newest ready message's"
+        );
         self.next_seq += 1;
         self.hold_bytes(&msg);
         let entry = Entry::unplaced(seq, msg, deliveries);

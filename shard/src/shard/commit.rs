@@ -112,6 +112,7 @@ impl Shard {
         for id in waiters {
             if let MapEntry::Occupied(mut e) = d.tickets.entry(*id) {
                 let t = e.get_mut();
+                debug_assert!(t.remaining > 0, "a ticket with no commit left to wait for");
                 t.remaining = t.remaining.saturating_sub(1);
                 if !ok {
                     t.outcome = Err(NackReason::Storage);

@@ -1,6 +1,13 @@
 use super::*;
-use std::sync::atomic::AtomicUsize;
-use std::time::Instant;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use ciphermq_proto::ExchangeKind;
+
+use crate::pending::Pending;
+use crate::placement::shard_of;
+use crate::quota::Resource;
 
 #[test]
 fn declares_are_idempotent_and_placed_by_owner() {
