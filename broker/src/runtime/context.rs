@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use ciphermq_pgbridge::PublicKeyStore;
+use ciphermq_keystore::PublicKeyStore;
 use ciphermq_shard::{Quotas, Shard, TopologyStore};
 
 use crate::access::identity::IdentityRule;
