@@ -37,7 +37,7 @@ use ciphermq_shard::{DedupHasher, RecoveredQueue, Topology, TopologyChange, Topo
 
 use crate::access::acl::Acl;
 use crate::config::{Config, DatabaseBackend, DatabaseSslMode, StorageMode};
-use ciphermq_admin::stats::StorageFindings;
+use ciphermq_stats::StorageFindings;
 use topology_file::TopologyFile;
 
 /// Why the data directory (or the Postgres bridge behind it) could not be
