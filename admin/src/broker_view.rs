@@ -1,5 +1,5 @@
 //! What the endpoint reads from the broker besides the figures in
-//! [`crate::stats`]: who a client is and what it may see, the limits in
+//! [`ciphermq_stats`]: who a client is and what it may see, the limits in
 //! force, who is connected and the topology. The broker implements
 //! [`BrokerView`] over its shared state, so this crate never reaches into
 //! the broker's internals and the broker depends on it, not the reverse.
@@ -11,7 +11,7 @@ use ciphermq_shard::topology::TopologyStore;
 use rustls_pki_types::CertificateDer;
 use serde::Serialize;
 
-use crate::stats::BrokerStats;
+use ciphermq_stats::BrokerStats;
 
 /// What a client may do on the endpoint, from the current ACL.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

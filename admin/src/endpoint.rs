@@ -2,7 +2,7 @@
 //!
 //! It runs on one dedicated OS thread with a tokio current-thread runtime,
 //! never on a shard: slow or hostile admin clients cost that thread only.
-//! It reads what the shards publish ([`crate::stats`], and through
+//! It reads what the shards publish ([`ciphermq_stats`], and through
 //! [`BrokerView`] the topology snapshot and the connection counts; the
 //! bridge's status) and never sends a
 //! shard anything, so no shard ever waits for it.

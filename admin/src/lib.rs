@@ -1,8 +1,9 @@
 //! What the CipherMQ broker reports, and how operators read it.
 //!
 //! Map:
-//! - [`stats`]: the figures every shard publishes without waiting (relaxed
-//!   counters, histograms, queue snapshots) and the broker's lifecycle.
+//! - The figures every shard publishes without waiting (relaxed counters,
+//!   histograms, queue snapshots) and the broker's lifecycle are the
+//!   `ciphermq-stats` crate's: the shards write them, this crate reads them.
 //! - [`broker_view`]: what else the endpoint reads from the broker (identity,
 //!   access, limits, connections, topology), as a trait the broker implements.
 //! - [`config`]: the `[admin]` section of the broker's config.
@@ -46,7 +47,6 @@ pub mod remote;
 mod routes;
 mod same_origin;
 mod slots;
-pub mod stats;
 mod status;
 pub mod thread_sched;
 

@@ -15,8 +15,8 @@ use crate::broker_view::TlsExpiries;
 use crate::config::QueueSeries;
 use crate::endpoint::AdminContext;
 use crate::slots::{Cap, SlotStats};
-use crate::stats::{HistogramSnapshot, ReasonCounters, ShardStats, ShardThread};
 use crate::status;
+use ciphermq_stats::{HistogramSnapshot, ReasonCounters, ShardStats, ShardThread};
 
 /// A metric family's type, as the `# TYPE` line spells it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -994,7 +994,10 @@ mod tests {
         );
         let text = e.finish();
         let buckets: Vec<&str> = text.lines().filter(|l| l.contains("_bucket{")).collect();
-        assert_eq!(buckets.len(), crate::stats::PUBLISH_ACK_BOUNDS_US.len() + 1);
+        assert_eq!(
+            buckets.len(),
+            ciphermq_stats::PUBLISH_ACK_BOUNDS_US.len() + 1
+        );
         assert_eq!(
             buckets[..4],
             [
@@ -1069,11 +1072,11 @@ mod tests {
 
     #[test]
     fn every_bucket_bound_prints_as_a_plain_decimal() {
-        for &us in crate::stats::FSYNC_BOUNDS_US
+        for &us in ciphermq_stats::FSYNC_BOUNDS_US
             .iter()
-            .chain(crate::stats::PUBLISH_ACK_BOUNDS_US)
-            .chain(crate::stats::COMMIT_ROUND_BOUNDS_US)
-            .chain(crate::stats::LOOP_LAG_BOUNDS_US)
+            .chain(ciphermq_stats::PUBLISH_ACK_BOUNDS_US)
+            .chain(ciphermq_stats::COMMIT_ROUND_BOUNDS_US)
+            .chain(ciphermq_stats::LOOP_LAG_BOUNDS_US)
         {
             let text = format_value(us as f64 / 1e6);
             assert!(

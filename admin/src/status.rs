@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use crate::broker_view::Limits;
 use crate::endpoint::AdminContext;
-use crate::stats::{BrokerStats, Lifecycle};
+use ciphermq_stats::{BrokerStats, Lifecycle};
 
 /// Whether the broker should receive traffic, and why not.
 #[derive(Debug, Clone, PartialEq)]
@@ -372,7 +372,7 @@ pub(crate) fn queues(ctx: &AdminContext) -> Vec<QueueEntry> {
 }
 
 /// Open connections by IP, CN and shard, from one snapshot. The shards'
-/// own counts ([`crate::stats::ShardStats::open_connections`]) are not
+/// own counts ([`ciphermq_stats::ShardStats::open_connections`]) are not
 /// used here: each is refreshed once a second by its shard, at its own
 /// moment, so beside the live total they could show a connection twice or
 /// not at all.

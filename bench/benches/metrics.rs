@@ -11,7 +11,7 @@
 
 use std::hint::black_box;
 
-use ciphermq_admin::stats::{Counter, Histogram, PUBLISH_ACK_BOUNDS_US};
+use ciphermq_stats::{Counter, Histogram, PUBLISH_ACK_BOUNDS_US};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter as PcCounter;

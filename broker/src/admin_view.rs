@@ -9,9 +9,9 @@ use std::sync::Arc;
 
 use ciphermq_admin::broker_view::ConnectionCounts;
 use ciphermq_admin::cluster_status::ClusterStatus;
-use ciphermq_admin::stats::BrokerStats;
 use ciphermq_admin::{Access, BrokerView, Limits, TlsExpiries};
 use ciphermq_shard::topology::TopologyStore;
+use ciphermq_stats::BrokerStats;
 use rustls_pki_types::CertificateDer;
 
 use crate::access::acl::Role;

@@ -33,7 +33,7 @@
 //!   moves, takeover, shared storage.
 //! - `admin_view`: what the admin endpoint (`ciphermq-admin`, on its own
 //!   thread) reads of this broker; the figures each shard publishes without
-//!   waiting are `ciphermq_admin::stats`.
+//!   waiting are `ciphermq_stats`.
 //!
 //! Invariants: a shard's state is touched only by its own thread; nothing on a
 //! shard blocks; replies leave in command order; a `RefCell` borrow never spans

@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
-use ciphermq_pgbridge::{register_and_wait, BridgeError, KeyStoreError, PgBridge};
+use ciphermq_keystore::{register_and_wait, KeyStoreError};
+use ciphermq_pgbridge::{BridgeError, PgBridge};
 use common::{wait_until, TestDb};
 
 const AES: [u8; 32] = [7u8; 32];

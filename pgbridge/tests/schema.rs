@@ -6,7 +6,8 @@ mod common;
 
 use std::time::Duration;
 
-use ciphermq_pgbridge::{register_and_wait, BridgeError, PgBridge, PgConfig};
+use ciphermq_keystore::register_and_wait;
+use ciphermq_pgbridge::{BridgeError, PgBridge, PgConfig};
 use common::TestDb;
 
 const AES: [u8; 32] = [7u8; 32];

@@ -16,7 +16,8 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use ciphermq_pgbridge::{register_and_wait, BridgeError, PgBridge, PgConfig, SslMode};
+use ciphermq_keystore::register_and_wait;
+use ciphermq_pgbridge::{BridgeError, PgBridge, PgConfig, SslMode};
 use ciphermq_shard::log::MirrorWatermarks;
 use common::{server_ca, tls_from_env, wait_until, LogWriter, TestDb, PATIENCE};
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};

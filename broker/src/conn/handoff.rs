@@ -188,7 +188,7 @@ pub(crate) async fn handshake(
             local
                 .stats
                 .connections_refused
-                .add(ciphermq_admin::stats::REFUSED_UNKNOWN_CLIENT);
+                .add(ciphermq_stats::REFUSED_UNKNOWN_CLIENT);
             log_throttled!(warn, REFUSED.with(|t| t.admit(Instant::now())), "refusals",
                 { %peer, reason = %e, },
                 "refused: no identity in the client certificate");
@@ -204,7 +204,7 @@ pub(crate) async fn handshake(
         local
             .stats
             .connections_refused
-            .add(ciphermq_admin::stats::REFUSED_UNKNOWN_CLIENT);
+            .add(ciphermq_stats::REFUSED_UNKNOWN_CLIENT);
         // Anyone our CA signed can be refused at will: one line a second.
         log_throttled!(warn, REFUSED.with(|t| t.admit(Instant::now())), "refusals",
             { %peer, %cn, },
@@ -223,7 +223,7 @@ pub(crate) async fn handshake(
             local
                 .stats
                 .connections_refused
-                .add(ciphermq_admin::stats::REFUSED_CONNECTION_LIMIT);
+                .add(ciphermq_stats::REFUSED_CONNECTION_LIMIT);
             log_throttled!(warn, REFUSED.with(|t| t.admit(Instant::now())), "refusals",
                 { %peer, %cn, reason = %e, },
                 "refused: connection limit");

@@ -10,11 +10,11 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
 
-use ciphermq_admin::stats;
 use ciphermq_proto::delivery::{format_u32, write_delivery};
 use ciphermq_proto::reply::{write_ack, write_line, write_nack};
 use ciphermq_proto::NackReason;
 use ciphermq_shard::{Completion, Delivery, Message};
+use ciphermq_stats as stats;
 
 /// One reply (or group of lines) in the making.
 #[derive(Debug)]

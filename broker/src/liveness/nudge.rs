@@ -37,7 +37,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Weak};
 use std::time::Duration;
 
-use ciphermq_admin::stats::ShardStats;
+use ciphermq_stats::ShardStats;
 
 use crate::liveness::pulse::{thread_asleep, Pulses};
 use crate::liveness::stall_watch::TICK;

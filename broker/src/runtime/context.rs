@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use ciphermq_pgbridge::PublicKeyStore;
+use ciphermq_keystore::PublicKeyStore;
 use ciphermq_shard::{Quotas, Shard, TopologyStore};
 
 use crate::access::identity::IdentityRule;
@@ -20,7 +20,7 @@ use crate::conn::serving::Serving;
 use crate::liveness::pulse::Pulses;
 use crate::tls::material::TlsMaterial;
 use crate::tls::store::TlsStore;
-use ciphermq_admin::stats::{BrokerStats, ShardStats};
+use ciphermq_stats::{BrokerStats, ShardStats};
 
 /// Connection-level settings taken from the config.
 #[derive(Debug, Clone)]

@@ -33,7 +33,7 @@ use crate::runtime::sys;
 use crate::storage::{Storage, StorageError};
 use crate::tls::material::TlsMaterial;
 use crate::tls::store::TlsStore;
-use ciphermq_admin::stats::{BrokerStats, Lifecycle};
+use ciphermq_stats::{BrokerStats, Lifecycle};
 
 /// How long a task queue runs before glommio looks at finished I/O again
 /// (default 100 ms). It bounds two waits on a busy shard: between a finished

@@ -27,9 +27,9 @@ use crate::conn::handshake_gate::HandshakeGate;
 use crate::runtime::context::{ShardLocal, Shared};
 use crate::runtime::shutdown::{drain_shard, InFlight, ShutdownSignal};
 use crate::storage::committer;
-use ciphermq_admin::stats::{ShardStats, ShardThread};
 use ciphermq_shard::log_throttle::LogThrottle;
 use ciphermq_shard::log_throttled;
+use ciphermq_stats::{ShardStats, ShardThread};
 
 /// What one shard's executor starts with.
 pub(crate) struct ShardStart {
@@ -107,7 +107,7 @@ pub(crate) async fn run_shard(
         state.restore_queue(name, queue, now);
     }
     let stats = ctx.shared.stats.shard(ctx.shard).clone();
-    ciphermq_admin::stats::enter(stats.clone());
+    ciphermq_stats::enter(stats.clone());
     note_threads(&stats);
     let local = Rc::new(ShardLocal::new(state, ctx.shared.clone(), stats));
     glommio::spawn_local(drain_mesh(local.clone(), inbound)).detach();

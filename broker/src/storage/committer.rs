@@ -44,7 +44,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crate::runtime::context::ShardLocal;
 use crate::storage::file_deleter::{self, FileDeleter};
 use crate::storage::log_file::LogFile;
-use ciphermq_admin::stats::ShardStats;
+use ciphermq_stats::ShardStats;
 
 type IoResult<T> = Result<T, GlommioError<()>>;
 

@@ -29,16 +29,15 @@ use std::time::Duration;
 
 use base64::Engine;
 use ciphermq_datadir::{self as data_dir, DataDirLock, StorageWarning};
-use ciphermq_pgbridge::{
-    FileKeyStore, MemoryKeyStore, PgBridge, PgConfig, PublicKeyStore, SslMode,
-};
+use ciphermq_keystore::{FileKeyStore, MemoryKeyStore, PublicKeyStore};
+use ciphermq_pgbridge::{PgBridge, PgConfig, SslMode};
 use ciphermq_shard::durability::is_deleted_dir_name;
 use ciphermq_shard::log::{queue_dir, recover_queue, MirrorWatermarks};
 use ciphermq_shard::{DedupHasher, RecoveredQueue, Topology, TopologyChange, TopologyStore};
 
 use crate::access::acl::Acl;
 use crate::config::{Config, DatabaseBackend, DatabaseSslMode, StorageMode};
-use ciphermq_admin::stats::StorageFindings;
+use ciphermq_stats::StorageFindings;
 use topology_file::TopologyFile;
 
 /// Why the data directory (or the Postgres bridge behind it) could not be
@@ -503,7 +502,7 @@ fn holds_sealed_keys(keys_dir: &Path) -> bool {
     entries.flatten().any(|entry| {
         let name = entry.file_name();
         let name = name.to_string_lossy();
-        name == ciphermq_pgbridge::file_store::CHECK_FILE
+        name == ciphermq_keystore::file_store::CHECK_FILE
             || (name.ends_with(".key") && !name.starts_with('.'))
     })
 }

@@ -20,11 +20,11 @@ use tokio_postgres::Client;
 use super::error::BridgeError;
 use super::link::{describe, Link, ATTEMPT_TIMEOUT};
 use super::status::StatusCell;
-use crate::keys::{
+use ciphermq_keystore::keys::{
     check_client_id, resolved, KeyStoreError, MemoryKeyStore, PublicKey, PublicKeyStore,
     Registration, RegistrationResult,
 };
-use crate::seal::{open, seal, NONCE_BYTES, TAG_BYTES};
+use ciphermq_keystore::seal::{open, seal, NONCE_BYTES, TAG_BYTES};
 
 /// Longest a registration waits for the database before it is answered
 /// `Unavailable` (the client may retry).

@@ -44,7 +44,7 @@ pub use link::describe;
 pub use status::BridgeStatus;
 pub use tls::{SslMode, UnknownSslMode};
 
-use crate::keys::{MemoryKeyStore, PublicKeyStore};
+use ciphermq_keystore::keys::{MemoryKeyStore, PublicKeyStore};
 use keys::{KeyCommand, KeyRefresh, KeyTask, PgKeyStore, COMMAND_QUEUE};
 use link::Link;
 use mirror::{LogSource, Mirror};

@@ -18,7 +18,7 @@ use super::link::{describe, Backoff, Conn, ATTEMPT_TIMEOUT};
 use super::mirror::load_watermarks;
 use super::schema;
 use super::tls::{is_local, PgTls};
-use crate::keys::MemoryKeyStore;
+use ciphermq_keystore::keys::MemoryKeyStore;
 
 /// Shortest time given to one attempt, even when the deadline is near.
 const MIN_ATTEMPT: Duration = Duration::from_secs(1);
@@ -145,5 +145,5 @@ fn warn_if_exposed(config: &PgConfig, tls: &PgTls, encrypted: bool) {
 }
 
 fn memory_len(memory: &MemoryKeyStore) -> usize {
-    crate::keys::PublicKeyStore::len(memory)
+    ciphermq_keystore::keys::PublicKeyStore::len(memory)
 }

@@ -13,6 +13,14 @@
 //! Code that has no shard context at hand (the broker's reply
 //! renderer) reaches its shard's stats through a thread-local set by
 //! [`enter`] when the shard starts; on other threads those hooks do nothing.
+//!
+//! Its own crate because the shards write these figures on every publish
+//! and the admin endpoint only reads them: the writing side (the broker's
+//! shards, connections and committer) depends on this crate, which needs
+//! only `ciphermq-proto` and `ciphermq-shard` and no HTTP stack, and
+//! `ciphermq-admin` depends on it to read.
+
+#![warn(missing_docs, unreachable_pub)]
 
 use std::cell::OnceCell;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicU8, Ordering};

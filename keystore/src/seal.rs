@@ -10,24 +10,24 @@ use rand::RngCore;
 use crate::keys::PublicKey;
 
 /// Bytes of the GCM nonce.
-pub(crate) const NONCE_BYTES: usize = 12;
+pub const NONCE_BYTES: usize = 12;
 /// Bytes of the GCM authentication tag.
-pub(crate) const TAG_BYTES: usize = 16;
+pub const TAG_BYTES: usize = 16;
 
 /// A sealed key, split the way the PostgreSQL table stores it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Sealed {
+pub struct Sealed {
     /// The random nonce of this write.
-    pub(crate) nonce: [u8; NONCE_BYTES],
+    pub nonce: [u8; NONCE_BYTES],
     /// The encrypted key, without the tag.
-    pub(crate) ciphertext: Vec<u8>,
+    pub ciphertext: Vec<u8>,
     /// The GCM tag.
-    pub(crate) tag: [u8; TAG_BYTES],
+    pub tag: [u8; TAG_BYTES],
 }
 
 /// Seals `key` for `client_id` with a fresh nonce; `None` only if the cipher
 /// refuses (it does not for 32-byte inputs).
-pub(crate) fn seal(cipher: &Aes256Gcm, client_id: &str, key: &PublicKey) -> Option<Sealed> {
+pub fn seal(cipher: &Aes256Gcm, client_id: &str, key: &PublicKey) -> Option<Sealed> {
     let mut nonce = [0u8; NONCE_BYTES];
     rand::thread_rng().fill_bytes(&mut nonce);
     let mut sealed = cipher
@@ -51,7 +51,7 @@ pub(crate) fn seal(cipher: &Aes256Gcm, client_id: &str, key: &PublicKey) -> Opti
 
 /// Opens a sealed key; `None` when it does not authenticate (wrong
 /// `aes_key`, another client's key, damage) or has the wrong shape.
-pub(crate) fn open(
+pub fn open(
     cipher: &Aes256Gcm,
     client_id: &str,
     nonce: &[u8],

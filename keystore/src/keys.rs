@@ -91,7 +91,7 @@ pub fn register_and_wait(
 /// Checks that `client_id` can name a stored key in every backend: file
 /// names (no separators, no leading dot, which would also collide with temp
 /// files) and PostgreSQL text (no NUL).
-pub(crate) fn check_client_id(client_id: &str) -> Result<(), KeyStoreError> {
+pub fn check_client_id(client_id: &str) -> Result<(), KeyStoreError> {
     let bad =
         client_id.is_empty() || client_id.starts_with('.') || client_id.contains(['/', '\\', '\0']);
     if bad {
