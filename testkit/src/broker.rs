@@ -70,6 +70,13 @@ impl RunningBroker {
         self.handle.as_ref()?.admin_addr()
     }
 
+    /// Takes the broker's handle, for a test that stops the broker itself
+    /// (through its stopper, to watch it drain): dropping this no longer
+    /// stops it.
+    pub fn take_handle(&mut self) -> BrokerHandle {
+        self.handle.take().expect("running")
+    }
+
     /// Stops the broker gracefully (blocks until its shards ended); nothing
     /// when it was stopped already.
     pub fn stop(&mut self) {
