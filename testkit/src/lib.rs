@@ -14,6 +14,8 @@
 //! depends on `ciphermq-broker` and `ciphermq-clients`, and a unit test
 //! inside either crate's `src/` would link two copies of that crate.
 
+#![warn(missing_docs)]
+
 pub mod broker;
 pub mod ca;
 pub mod config;
