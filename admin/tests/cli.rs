@@ -13,88 +13,50 @@ use std::time::Duration;
 use ciphermq_admin::remote::{Addresses, AdminEndpoint, BrokerPort, Credentials};
 use ciphermq_broker::{BrokerHandle, Config};
 use ciphermq_clients::connection::{Connection, TlsClientOptions};
-use ciphermq_clients::pki::{self, PkiOptions};
+use ciphermq_testkit::{pki, BrokerConfig, RunningBroker};
 
 /// A broker started from a config file, with its certificates.
 struct World {
+    // First: the broker stops before its directory is removed.
+    broker: RunningBroker,
     _dir: tempfile::TempDir,
     certs: PathBuf,
     config: PathBuf,
-    broker: Option<BrokerHandle>,
-}
-
-impl Drop for World {
-    fn drop(&mut self) {
-        if let Some(broker) = self.broker.take() {
-            broker.shutdown();
-        }
-    }
 }
 
 /// The config text; `receivers` are the receiver CNs.
-fn config_text(certs: &Path, data: &Path, receivers: &str) -> String {
-    format!(
-        r#"
-[server]
-address = "127.0.0.1:0"
-shards = 2
-
-[tls]
-cert_path = "{certs}/server.crt"
-key_path = "{certs}/server.key"
-ca_cert_path = "{certs}/ca.crt"
-
-[logging]
-console = false
-json_files = false
-
-[storage]
-data_dir = "{data}"
-mode = "memory"
-min_free_mb = 16
-
-[acl]
-admin_cns = ["admin"]
-sender_cns = ["sender_1"]
-receiver_cns = [{receivers}]
-monitor_cns = ["monitor_1"]
-
-[admin]
-enabled = true
-address = "127.0.0.1:0"
-"#,
-        certs = certs.display(),
-        data = data.display(),
-    )
+fn config_text(certs: &Path, data: &Path, receivers: &[&str]) -> String {
+    BrokerConfig::new(certs, data)
+        .admins(&["admin"])
+        .senders(&["sender_1"])
+        .receivers(receivers)
+        .monitors(&["monitor_1"])
+        .extra("\n[admin]\nenabled = true\naddress = \"127.0.0.1:0\"")
+        .text()
 }
 
 impl World {
     fn start() -> World {
         let dir = tempfile::tempdir().expect("tempdir");
-        let certs = dir.path().join("certs");
-        let mut opts = PkiOptions::new(certs.clone(), dir.path().join("keys"));
-        opts.client_cns = ["admin", "monitor_1", "sender_1", "receiver_1", "receiver_2"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-        pki::generate(&opts).expect("certificates");
+        let certs = pki::generate(
+            dir.path(),
+            &["admin", "monitor_1", "sender_1", "receiver_1", "receiver_2"],
+        )
+        .out_dir;
         let data = dir.path().join("data");
         std::fs::create_dir_all(&data).unwrap();
         let config = dir.path().join("config.toml");
-        std::fs::write(&config, config_text(&certs, &data, r#""receiver_1""#)).unwrap();
-        let broker =
-            ciphermq_broker::start(&Config::load(&config).expect("config")).expect("broker");
-        broker.reload_from(config.clone());
+        std::fs::write(&config, config_text(&certs, &data, &["receiver_1"])).unwrap();
         World {
+            broker: RunningBroker::start_file(&config),
             _dir: dir,
             certs,
             config,
-            broker: Some(broker),
         }
     }
 
     fn broker(&self) -> &BrokerHandle {
-        self.broker.as_ref().unwrap()
+        self.broker.handle()
     }
 
     /// Runs `ciphermq-admin` as `cn` with `args`.
@@ -490,15 +452,6 @@ async fn a_reader_that_stops_early_is_no_failure() {
     }
 }
 
-/// Certificates made by `ciphermq-pki` for `cns` in `dir/certs`.
-fn certificates(dir: &Path, cns: &[&str]) -> PathBuf {
-    let certs = dir.join("certs");
-    let mut opts = PkiOptions::new(certs.clone(), dir.join("keys"));
-    opts.client_cns = cns.iter().map(|s| s.to_string()).collect();
-    pki::generate(&opts).expect("certificates");
-    certs
-}
-
 /// A loopback address nothing listens on: a port the OS just gave out, its
 /// listener closed again.
 fn dead_address() -> String {
@@ -674,7 +627,7 @@ fn admin_in(cwd: &Path, args: &[&str]) -> Command {
 #[test]
 fn a_refused_endpoint_says_how_to_turn_the_admin_endpoint_on() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let certs = certificates(dir.path(), &["admin"]);
+    let certs = pki::generate(dir.path(), &["admin"]).out_dir;
     let dead = dead_address();
     let mut command = admin_in(dir.path(), &["status"]);
     command
@@ -745,7 +698,7 @@ fn a_refused_endpoint_says_how_to_turn_the_admin_endpoint_on() {
 async fn the_brokers_config_file_is_all_the_tool_needs() {
     let dir = tempfile::tempdir().expect("tempdir");
     let elsewhere = tempfile::tempdir().expect("tempdir");
-    certificates(dir.path(), &["admin", "sender_1"]);
+    pki::generate(dir.path(), &["admin", "sender_1"]);
     std::fs::create_dir_all(dir.path().join("data")).unwrap();
     let text = |server: &str, admin: &str| {
         format!(
@@ -779,9 +732,9 @@ address = "{admin}"
     };
     let config = dir.path().join("config.toml");
     std::fs::write(&config, text("127.0.0.1:0", "127.0.0.1:0")).unwrap();
-    let broker = ciphermq_broker::start(&Config::load(&config).expect("config")).expect("broker");
+    let mut broker = RunningBroker::start(&Config::load(&config).expect("config"));
     let endpoint = broker.admin_addr().expect("admin endpoint").to_string();
-    let port = broker.local_addr().to_string();
+    let port = broker.addr.clone();
 
     // Port 0 names no port: said, with the flag that does.
     let zero = failed(
@@ -880,5 +833,5 @@ address = "{admin}"
         assert!(std::time::Instant::now() < deadline, "still open: {text}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    broker.shutdown();
+    broker.stop();
 }

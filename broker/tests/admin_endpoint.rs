@@ -10,26 +10,18 @@ mod common;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use ciphermq_broker::{BrokerHandle, Config};
+use ciphermq_broker::Config;
 use ciphermq_clients::connection::{Connection, TlsClientOptions};
+use ciphermq_testkit::RunningBroker;
 use common::admin_http::{plain_request, request, Reply};
 use common::*;
 use serde_json::Value;
 
 /// A broker with the admin endpoint on a free port.
 struct AdminBroker {
-    handle: Option<BrokerHandle>,
+    broker: RunningBroker,
     addr: String,
     admin: SocketAddr,
-    _data: tempfile::TempDir,
-}
-
-impl Drop for AdminBroker {
-    fn drop(&mut self) {
-        if let Some(h) = self.handle.take() {
-            h.shutdown();
-        }
-    }
 }
 
 /// With the per-queue series (`admin.queue_metrics`), which the metrics
@@ -53,13 +45,12 @@ impl AdminBroker {
     fn start_with(shards: usize, durable: bool, extra: &str) -> AdminBroker {
         let data = tempfile::tempdir().expect("tempdir");
         let config = admin_config(shards, durable, data.path(), &format!("{extra}{ADMIN}"));
-        let handle = ciphermq_broker::start(&config).expect("broker starts");
-        let admin = handle.admin_addr().expect("admin endpoint enabled");
+        let broker = RunningBroker::start(&config).keeping(data);
+        let admin = broker.admin_addr().expect("admin endpoint enabled");
         AdminBroker {
-            addr: handle.local_addr().to_string(),
+            addr: broker.addr.clone(),
             admin,
-            handle: Some(handle),
-            _data: data,
+            broker,
         }
     }
 
@@ -463,7 +454,7 @@ async fn the_postgres_bridge_reports_through_status_and_metrics() {
 #[tokio::test]
 async fn ready_turns_503_once_the_broker_is_stopping() {
     let mut broker = AdminBroker::start(1, false);
-    let handle = broker.handle.take().expect("running");
+    let handle = broker.broker.take_handle();
     (handle.stopper())();
     let (status, json) = broker.get_json("sender_1", "/ready").await;
     assert_eq!(status, 503, "{json}");

@@ -12,7 +12,8 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use ciphermq_clients::connection::{ClientError, Connection, TlsClientOptions};
-use common::ca::{serial_of, tls_dir, TestCa};
+use ciphermq_testkit::ca::{serial_of, TestCa};
+use common::ca::tls_dir;
 use common::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -178,7 +179,7 @@ async fn assert_handshake_fails(broker: &TestBroker, cn: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kept_alive_connection_of_a_revoked_certificate_is_refused_at_its_next_request() {
-    let ca = TestCa::load();
+    let ca = TestCa::load_from(&pki().certs);
     let tls = tls_dir();
     let data = tempfile::tempdir().expect("tempdir");
     let crl = tls.path().join("ca.crl");

@@ -14,8 +14,8 @@ use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use ciphermq_broker::{BrokerHandle, Config};
 use ciphermq_clients::connection::TlsClientOptions;
+use ciphermq_testkit::RunningBroker;
 use common::admin_http::{request, Reply};
 use common::*;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -24,17 +24,8 @@ use tokio_rustls::client::TlsStream;
 
 /// A broker with the admin endpoint on a free port.
 struct AdminBroker {
-    handle: Option<BrokerHandle>,
+    _broker: RunningBroker,
     admin: SocketAddr,
-    _data: tempfile::TempDir,
-}
-
-impl Drop for AdminBroker {
-    fn drop(&mut self) {
-        if let Some(h) = self.handle.take() {
-            h.shutdown();
-        }
-    }
 }
 
 impl AdminBroker {
@@ -43,13 +34,11 @@ impl AdminBroker {
         let data = tempfile::tempdir().expect("tempdir");
         let admin = format!("\n[admin]\nenabled = true\naddress = \"127.0.0.1:0\"\n{limits}\n");
         let text = config_text(&pki().certs, data.path(), 1, &admin);
-        let config = Config::from_toml_str(&text, data.path()).expect("test config");
-        let handle = ciphermq_broker::start(&config).expect("broker starts");
-        let admin = handle.admin_addr().expect("admin endpoint enabled");
+        let broker = RunningBroker::start_text(&text, data.path()).keeping(data);
+        let admin = broker.admin_addr().expect("admin endpoint enabled");
         AdminBroker {
-            handle: Some(handle),
+            _broker: broker,
             admin,
-            _data: data,
         }
     }
 

@@ -12,7 +12,8 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use ciphermq_clients::connection::{ClientError, Connection, TlsClientOptions};
-use common::ca::{serial_of, tls_dir, TestCa};
+use ciphermq_testkit::ca::{serial_of, TestCa};
+use common::ca::tls_dir;
 use common::process::BrokerProcess;
 use common::*;
 
@@ -86,7 +87,7 @@ fn sample(metrics: &str, series: &str) -> Option<f64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reloaded_server_certificate_serves_new_handshakes_and_open_ones_go_on() {
-    let ca = TestCa::load();
+    let ca = TestCa::load_from(&pki().certs);
     let tls = tls_dir();
     let data = tempfile::tempdir().expect("tempdir");
     let config = write_config(tls.path(), data.path(), 2, ADMIN, false);
@@ -128,7 +129,7 @@ async fn a_reloaded_server_certificate_serves_new_handshakes_and_open_ones_go_on
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sighup_makes_the_broker_process_serve_its_new_certificate() {
-    let ca = TestCa::load();
+    let ca = TestCa::load_from(&pki().certs);
     let tls = tls_dir();
     let data = tempfile::tempdir().expect("tempdir");
     let config = write_config(tls.path(), data.path(), 1, "", false);
@@ -163,7 +164,7 @@ async fn sighup_makes_the_broker_process_serve_its_new_certificate() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_with_an_unusable_tls_file_changes_nothing_and_names_the_file() {
-    let ca = TestCa::load();
+    let ca = TestCa::load_from(&pki().certs);
     let tls = tls_dir();
     let data = tempfile::tempdir().expect("tempdir");
     let config = write_config(tls.path(), data.path(), 1, ADMIN, false);
@@ -248,7 +249,7 @@ async fn a_reload_with_an_unusable_tls_file_changes_nothing_and_names_the_file()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reloaded_crl_closes_revoked_sessions_and_refuses_their_handshakes() {
-    let ca = TestCa::load();
+    let ca = TestCa::load_from(&pki().certs);
     let tls = tls_dir();
     let data = tempfile::tempdir().expect("tempdir");
     let crl = tls.path().join("ca.crl");
@@ -304,7 +305,7 @@ async fn a_reloaded_crl_closes_revoked_sessions_and_refuses_their_handshakes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crl_past_its_next_update_still_revokes_and_a_foreign_crl_is_refused() {
-    let ca = TestCa::load();
+    let ca = TestCa::load_from(&pki().certs);
     let tls = tls_dir();
     let data = tempfile::tempdir().expect("tempdir");
     let crl = tls.path().join("ca.crl");

@@ -7,7 +7,8 @@
 mod common;
 
 use ciphermq_clients::connection::{ClientError, Connection, TlsClientOptions};
-use common::ca::{tls_dir, Issued, TestCa};
+use ciphermq_testkit::ca::{Issued, TestCa};
+use common::ca::tls_dir;
 use common::process::BrokerProcess;
 use common::*;
 
@@ -26,7 +27,7 @@ fn options(issued: &Issued) -> TlsClientOptions {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_certificate_with_two_cns_is_refused_and_the_reason_logged() {
-    let ca = TestCa::load();
+    let ca = TestCa::load_from(&pki().certs);
     let tls = tls_dir();
     let data = tempfile::tempdir().expect("tempdir");
     let dir = tls.path();

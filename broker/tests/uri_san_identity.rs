@@ -9,7 +9,8 @@ mod common;
 use std::path::Path;
 
 use ciphermq_clients::connection::{ClientError, Connection, TlsClientOptions};
-use common::ca::{tls_dir, Issued, TestCa};
+use ciphermq_testkit::ca::{Issued, TestCa};
+use common::ca::tls_dir;
 use common::*;
 use tokio_rustls::TlsConnector;
 
@@ -68,7 +69,7 @@ async fn admin_get(addr: std::net::SocketAddr, issued: &Issued, path: &str) -> O
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_uri_san_names_the_client_everywhere() {
-    let ca = TestCa::load();
+    let ca = TestCa::load_from(&pki().certs);
     let tls = tls_dir();
     let data = tempfile::tempdir().expect("tempdir");
     let dir = tls.path();
@@ -116,7 +117,7 @@ async fn the_uri_san_names_the_client_everywhere() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_certificate_without_one_usable_uri_san_is_refused_with_the_reason() {
-    let ca = TestCa::load();
+    let ca = TestCa::load_from(&pki().certs);
     let tls = tls_dir();
     let data = tempfile::tempdir().expect("tempdir");
     let dir = tls.path();

@@ -10,14 +10,15 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use ciphermq_broker::{BrokerHandle, Config};
 use ciphermq_clients::crypto::{self, PublicKey};
-use ciphermq_clients::pki::{self, PkiOptions};
 use ciphermq_clients::{
     Client, ClientConfig, ConnectError, Consumer, ConsumerError, DecryptError, Delivery,
     Disconnected, ExchangeKind, FilePins, KeyPins, MemoryPins, NackReason, PinStoreError,
     PublishError, Publisher, ReceiverKey, RequestError, RetryPolicy, Role, TlsClientOptions,
 };
+use ciphermq_testkit::broker::init_logging;
+use ciphermq_testkit::pki::TempPki;
+use ciphermq_testkit::{BrokerConfig, RunningBroker};
 use futures_util::future::join_all;
 use futures_util::StreamExt;
 
@@ -29,90 +30,34 @@ const WAIT: Duration = Duration::from_secs(10);
 
 /// The certificates, made once per test binary.
 fn certs() -> &'static PathBuf {
-    static CERTS: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
-    &CERTS
-        .get_or_init(|| {
-            let dir = tempfile::tempdir().expect("tempdir");
-            let mut opts = PkiOptions::new(dir.path().join("certs"), dir.path().join("keys"));
-            opts.client_cns = [
-                "admin",
-                "sender_1",
-                "sender_2",
-                "receiver_1",
-                "receiver_2",
-                "stranger",
-            ]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-            pki::generate(&opts).expect("generate PKI");
-            let certs = dir.path().join("certs");
-            (dir, certs)
-        })
-        .1
+    static PKI: OnceLock<TempPki> = OnceLock::new();
+    &PKI.get_or_init(|| {
+        TempPki::new(&[
+            "admin",
+            "sender_1",
+            "sender_2",
+            "receiver_1",
+            "receiver_2",
+            "stranger",
+        ])
+    })
+    .certs
 }
 
 /// A broker on its own threads, stopped on drop.
-struct Broker {
-    handle: Option<BrokerHandle>,
-    addr: String,
-    _data: tempfile::TempDir,
-}
-
-impl Drop for Broker {
-    fn drop(&mut self) {
-        if let Some(h) = self.handle.take() {
-            h.shutdown();
-        }
-    }
-}
+type Broker = RunningBroker;
 
 /// Starts a broker (in-memory storage, 2 shards) with `performance` keys added.
 fn broker(performance: &str) -> Broker {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_test_writer()
-        .try_init();
-    let certs = certs();
+    init_logging();
     let data = tempfile::tempdir().expect("tempdir");
-    let text = format!(
-        r#"
-[server]
-address = "127.0.0.1:0"
-shards = 2
-
-[tls]
-cert_path = "{certs}/server.crt"
-key_path = "{certs}/server.key"
-ca_cert_path = "{certs}/ca.crt"
-
-[logging]
-console = false
-json_files = false
-
-[storage]
-data_dir = "{data}"
-mode = "memory"
-min_free_mb = 16
-
-[performance]
-{performance}
-
-[acl]
-admin_cns = ["admin"]
-sender_cns = ["sender_1", "sender_2"]
-receiver_cns = ["receiver_1", "receiver_2"]
-"#,
-        certs = certs.display(),
-        data = data.path().display(),
-    );
-    let config = Config::from_toml_str(&text, data.path()).expect("test config");
-    let handle = ciphermq_broker::start(&config).expect("broker starts");
-    Broker {
-        addr: handle.local_addr().to_string(),
-        handle: Some(handle),
-        _data: data,
-    }
+    let text = BrokerConfig::new(certs(), data.path())
+        .admins(&["admin"])
+        .senders(&["sender_1", "sender_2"])
+        .receivers(&["receiver_1", "receiver_2"])
+        .extra(&format!("\n[performance]\n{performance}"))
+        .text();
+    RunningBroker::start_text(&text, data.path()).keeping(data)
 }
 
 /// A client configuration for `cn`, retrying quickly.

@@ -5,7 +5,8 @@ mod common;
 use ciphermq_clients::{ClientError, Connection, TlsClientOptions};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use common::{make_pki, start_echo_server, REFUSAL, REFUSED_CN};
+use ciphermq_testkit::pki::generate as make_pki;
+use common::{start_echo_server, REFUSAL, REFUSED_CN};
 
 #[tokio::test]
 async fn connect_reads_hello_and_request_gets_the_reply() {

@@ -25,7 +25,8 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
-use common::{make_pki, server_config};
+use ciphermq_testkit::pki::generate as make_pki;
+use common::server_config;
 
 const QUEUE: &str = "receiver_1_queue";
 

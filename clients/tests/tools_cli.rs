@@ -14,11 +14,11 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use ciphermq_broker::{BrokerHandle, Config};
-use ciphermq_clients::pki::{self, PkiOptions};
+use ciphermq_clients::pki::PkiOptions;
 use ciphermq_clients::{
     Client, ClientConfig, ReceiverConfig, SenderConfig, TlsClientOptions, TlsConfig,
 };
+use ciphermq_testkit::{pki, BrokerConfig, RunningBroker};
 use futures_util::future::join_all;
 
 /// Longest any run of a tool may take: a guard against a hang, never a
@@ -27,11 +27,7 @@ const HANG_GUARD: Duration = Duration::from_secs(120);
 
 /// Certificates for `sender_1` and `receiver_1` (with its X25519 pair) in `dir`.
 fn make_pki(dir: &Path) -> PkiOptions {
-    let mut opts = PkiOptions::new(dir.join("certs"), dir.join("keys"));
-    opts.client_cns = vec!["sender_1".into(), "receiver_1".into()];
-    opts.receiver_cns = vec!["receiver_1".into()];
-    pki::generate(&opts).expect("generate PKI");
-    opts
+    pki::generate_with_receivers(dir, &["sender_1", "receiver_1"], &["receiver_1"])
 }
 
 /// A port nobody listens on: bound, then released.
@@ -41,57 +37,17 @@ fn unused_port() -> u16 {
 }
 
 /// A broker on its own threads (in-memory storage), stopped on drop.
-struct Broker {
-    handle: Option<BrokerHandle>,
-    addr: String,
-    _data: tempfile::TempDir,
-}
-
-impl Drop for Broker {
-    fn drop(&mut self) {
-        if let Some(h) = self.handle.take() {
-            h.shutdown();
-        }
-    }
-}
+type Broker = RunningBroker;
 
 /// Starts a broker on `address` (`127.0.0.1:0` for any port).
 fn broker(certs: &Path, address: &str) -> Broker {
     let data = tempfile::tempdir().expect("tempdir");
-    let text = format!(
-        r#"
-[server]
-address = "{address}"
-shards = 2
-
-[tls]
-cert_path = "{certs}/server.crt"
-key_path = "{certs}/server.key"
-ca_cert_path = "{certs}/ca.crt"
-
-[logging]
-console = false
-json_files = false
-
-[storage]
-data_dir = "{data}"
-mode = "memory"
-min_free_mb = 16
-
-[acl]
-sender_cns = ["sender_1"]
-receiver_cns = ["receiver_1"]
-"#,
-        certs = certs.display(),
-        data = data.path().display(),
-    );
-    let config = Config::from_toml_str(&text, data.path()).expect("test config");
-    let handle = ciphermq_broker::start(&config).expect("broker starts");
-    Broker {
-        addr: handle.local_addr().to_string(),
-        handle: Some(handle),
-        _data: data,
-    }
+    let text = BrokerConfig::new(certs, data.path())
+        .address(address)
+        .senders(&["sender_1"])
+        .receivers(&["receiver_1"])
+        .text();
+    RunningBroker::start_text(&text, data.path()).keeping(data)
 }
 
 /// A receiver config file for `receiver_1` at `address`, writing to `output`.

@@ -6,10 +6,12 @@
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use ciphermq_broker::{BrokerHandle, Config};
+use ciphermq_broker::BrokerHandle;
 use ciphermq_clients::connection::{Connection, TlsClientOptions};
-use ciphermq_clients::pki::{self, PkiOptions};
 use ciphermq_shard::shard_of;
+use ciphermq_testkit::broker::init_logging;
+use ciphermq_testkit::pki::TempPki;
+use ciphermq_testkit::{BrokerConfig, RunningBroker};
 
 pub mod admin_http;
 pub mod blackhole;
@@ -17,8 +19,14 @@ pub mod ca;
 pub mod carry;
 pub mod cluster;
 pub mod hostile;
-pub mod pg;
 pub mod process;
+
+/// The disk watermark of test brokers ([`ciphermq_testkit::config`]).
+pub const TEST_MIN_FREE: &str = ciphermq_testkit::config::TEST_MIN_FREE;
+
+/// The drain bound of test brokers ([`ciphermq_testkit::config`]).
+pub const TEST_SHUTDOWN_TIMEOUT: &str = ciphermq_testkit::config::TEST_SHUTDOWN_TIMEOUT;
+pub use ciphermq_testkit::pg;
 
 /// Every CN the test PKI issues a certificate for.
 pub const CNS: &[&str] = &[
@@ -41,7 +49,8 @@ pub const CNS: &[&str] = &[
 
 /// A PKI shared by the tests of one binary (certificates are slow to make).
 pub struct Pki {
-    _dir: tempfile::TempDir,
+    _main: TempPki,
+    _rogue: TempPki,
     pub certs: PathBuf,
     /// A second, unrelated CA with a `sender_1` certificate.
     pub rogue_certs: PathBuf,
@@ -50,84 +59,46 @@ pub struct Pki {
 pub fn pki() -> &'static Pki {
     static PKI: OnceLock<Pki> = OnceLock::new();
     PKI.get_or_init(|| {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let mut opts = PkiOptions::new(dir.path().join("certs"), dir.path().join("keys"));
-        opts.client_cns = CNS.iter().map(|s| s.to_string()).collect();
-        pki::generate(&opts).expect("generate PKI");
-        let mut rogue = PkiOptions::new(dir.path().join("rogue"), dir.path().join("rogue-keys"));
-        rogue.client_cns = vec!["sender_1".into()];
-        pki::generate(&rogue).expect("generate rogue PKI");
+        let main = TempPki::new(CNS);
+        let rogue = TempPki::new(&["sender_1"]);
         Pki {
-            certs: dir.path().join("certs"),
-            rogue_certs: dir.path().join("rogue"),
-            _dir: dir,
+            certs: main.certs.clone(),
+            rogue_certs: rogue.certs.clone(),
+            _main: main,
+            _rogue: rogue,
         }
     })
 }
 
 /// A broker running on its own threads for one test.
 pub struct TestBroker {
-    handle: Option<BrokerHandle>,
+    broker: RunningBroker,
     pub addr: String,
     pub shards: usize,
-    _data: tempfile::TempDir,
 }
-
-impl Drop for TestBroker {
-    fn drop(&mut self) {
-        if let Some(h) = self.handle.take() {
-            h.shutdown();
-        }
-    }
-}
-
-/// The disk watermark of test brokers: low, so a machine short of space
-/// still runs the suite (the watermark's own tests set theirs).
-pub const TEST_MIN_FREE: &str = "min_free_mb = 16";
-
-/// The drain bound of test brokers (`server.shutdown_timeout_secs`): the
-/// bound shards had before it was a setting, so a test that leaves a client
-/// that does not read still stops in a few seconds.
-pub const TEST_SHUTDOWN_TIMEOUT: &str = "shutdown_timeout_secs = 5";
 
 /// The TOML of a test broker; `extra` is appended (whole sections).
 pub fn config_text(certs: &Path, data: &Path, shards: usize, extra: &str) -> String {
-    format!(
-        r#"
-[server]
-address = "127.0.0.1:0"
-shards = {shards}
-{shutdown_timeout}
-
-[tls]
-cert_path = "{certs}/server.crt"
-key_path = "{certs}/server.key"
-ca_cert_path = "{certs}/ca.crt"
-
-[logging]
-console = false
-json_files = false
-
-[storage]
-data_dir = "{data}"
-mode = "memory"
-{min_free}
-
-[acl]
-admin_cns = ["admin"]
-sender_cns = ["sender_1", "sender_2", "sender_3", "sender_4"]
-receiver_cns = ["receiver_1", "receiver_2", "receiver_1_2"]
-monitor_cns = ["monitor_1"]
-{extra}
-"#,
-        certs = certs.display(),
-        data = data.display(),
-        min_free = TEST_MIN_FREE,
-        shutdown_timeout = TEST_SHUTDOWN_TIMEOUT,
-    )
+    BrokerConfig::new(certs, data)
+        .shards(shards)
+        .short_shutdown()
+        .admins(&["admin"])
+        .senders(&["sender_1", "sender_2", "sender_3", "sender_4"])
+        .receivers(&["receiver_1", "receiver_2", "receiver_1_2"])
+        .monitors(&["monitor_1"])
+        .extra(extra)
+        .text()
 }
 
 impl TestBroker {
+    fn running(broker: RunningBroker, shards: usize) -> TestBroker {
+        TestBroker {
+            addr: broker.addr.clone(),
+            broker,
+            shards,
+        }
+    }
+
     pub fn start(shards: usize) -> TestBroker {
         TestBroker::start_with(shards, "")
     }
@@ -144,22 +115,12 @@ impl TestBroker {
         edit: impl FnOnce(String) -> String,
     ) -> TestBroker {
         // Broker logs for a failing test: RUST_LOG=ciphermq_broker=debug.
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-            .with_test_writer()
-            .try_init();
+        init_logging();
         let pki = pki();
         let data = tempfile::tempdir().expect("tempdir");
         let text = edit(config_text(&pki.certs, data.path(), shards, extra));
-        let config = Config::from_toml_str(&text, data.path()).expect("test config");
-        let handle = ciphermq_broker::start(&config).expect("broker starts");
-        let addr = handle.local_addr().to_string();
-        TestBroker {
-            handle: Some(handle),
-            addr,
-            shards,
-            _data: data,
-        }
+        let broker = RunningBroker::start_text(&text, data.path()).keeping(data);
+        TestBroker::running(broker, shards)
     }
 
     /// A durable broker over the data directory `data`, listening on `addr`
@@ -182,61 +143,36 @@ impl TestBroker {
         extra: &str,
         edit: impl FnOnce(String) -> String,
     ) -> TestBroker {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-            .with_test_writer()
-            .try_init();
+        init_logging();
         let text = edit(config_text(&pki().certs, data, shards, extra))
             .replace(r#"mode = "memory""#, r#"mode = "durable""#)
             .replace(
                 r#"address = "127.0.0.1:0""#,
                 &format!(r#"address = "{addr}""#),
             );
-        let config = Config::from_toml_str(&text, data).expect("test config");
-        let handle = ciphermq_broker::start(&config).expect("broker starts");
-        let addr = handle.local_addr().to_string();
-        TestBroker {
-            handle: Some(handle),
-            addr,
-            shards,
-            _data: tempfile::tempdir().expect("tempdir"),
-        }
+        TestBroker::running(RunningBroker::start_text(&text, data), shards)
     }
 
     /// A broker started from the config file `path` (`shards` as the file
     /// says), named as the file reloads read again.
     pub fn start_from_file(path: &Path, shards: usize) -> TestBroker {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-            .with_test_writer()
-            .try_init();
-        let config = Config::load(path).expect("test config");
-        let handle = ciphermq_broker::start(&config).expect("broker starts");
-        handle.reload_from(path.to_path_buf());
-        let addr = handle.local_addr().to_string();
-        TestBroker {
-            handle: Some(handle),
-            addr,
-            shards,
-            _data: tempfile::tempdir().expect("tempdir"),
-        }
+        init_logging();
+        TestBroker::running(RunningBroker::start_file(path), shards)
     }
 
     /// The running broker.
     pub fn handle(&self) -> &BrokerHandle {
-        self.handle.as_ref().expect("running")
+        self.broker.handle()
     }
 
     /// The admin endpoint's address, when the config enables it.
     pub fn admin_addr(&self) -> Option<std::net::SocketAddr> {
-        self.handle.as_ref()?.admin_addr()
+        self.broker.admin_addr()
     }
 
     /// Stops the broker gracefully (blocks until its shards ended).
     pub fn stop(&mut self) {
-        if let Some(h) = self.handle.take() {
-            h.shutdown();
-        }
+        self.broker.stop();
     }
 
     /// Connects as `cn` and checks the greeting.

@@ -1,40 +1,38 @@
-//! The broker as its own process: the real binary, started on a config file,
-//! stopped with a signal or killed, and its admin endpoint asked over mutual
-//! TLS. For tests whose promise spans processes (crashes, locks, files).
+//! The broker as its own process ([`ciphermq_testkit::process`]) run from
+//! this package's binary, connected to with the shared test PKI, and its
+//! admin endpoint asked over mutual TLS. For tests whose promise spans
+//! processes (crashes, locks, files).
 
-use std::io::{BufRead, BufReader};
+use std::ops::{Deref, DerefMut};
 use std::path::Path;
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::{mpsc, Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::process::{Command, ExitStatus};
+use std::time::Duration;
 
 use ciphermq_clients::connection::{Connection, TlsClientOptions};
 
+pub use ciphermq_testkit::process::Refused;
+
 use super::{pki, TIMEOUT};
 
-/// How long a broker may take to start (recovery of a large log included).
-pub const START_TIMEOUT: Duration = Duration::from_secs(60);
+/// The broker binary of this package.
+pub const BINARY: &str = env!("CARGO_BIN_EXE_ciphermq-broker");
 
-/// A running broker process.
-pub struct BrokerProcess {
-    child: Child,
-    /// Its client address.
-    pub addr: String,
-    /// Its admin endpoint, when enabled.
-    pub admin: Option<String>,
-    /// Its stdout lines (console logs when enabled), read on.
-    pub log: Arc<Mutex<Vec<String>>>,
+/// A running broker process: [`ciphermq_testkit::BrokerProcess`] (its
+/// fields and methods through `Deref`), with what needs the test PKI.
+pub struct BrokerProcess(ciphermq_testkit::BrokerProcess);
+
+impl Deref for BrokerProcess {
+    type Target = ciphermq_testkit::BrokerProcess;
+
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
 }
 
-/// A broker that exited before listening.
-#[derive(Debug)]
-pub struct Refused {
-    /// How it ended.
-    pub status: ExitStatus,
-    /// What it printed.
-    pub stdout: String,
-    /// What it printed on stderr.
-    pub stderr: String,
+impl DerefMut for BrokerProcess {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.0
+    }
 }
 
 impl BrokerProcess {
@@ -50,90 +48,16 @@ impl BrokerProcess {
         config: &Path,
         configure: impl FnOnce(&mut Command),
     ) -> Result<BrokerProcess, Refused> {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_ciphermq-broker"));
-        command
-            .arg("--config")
-            .arg(config)
-            .env("NO_COLOR", "1")
-            .env_remove("RUST_LOG")
-            .env_remove("NOTIFY_SOCKET")
-            .env_remove("WATCHDOG_USEC")
-            .env_remove("WATCHDOG_PID")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        configure(&mut command);
-        let mut child = command.spawn().expect("start the broker binary");
-        let (tx, rx) = mpsc::channel::<String>();
-        let stdout = child.stdout.take().expect("stdout");
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let kept = log.clone();
-        std::thread::spawn(move || {
-            let mut listening = false;
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                kept.lock().unwrap().push(line.clone());
-                if !listening {
-                    listening = line.starts_with("ciphermq-broker listening on ");
-                    if tx.send(line).is_err() {
-                        break;
-                    }
-                }
-            }
-        });
-        // Console logs are on stderr: kept with stdout's lines.
-        let stderr = child.stderr.take().expect("stderr");
-        let kept = log.clone();
-        let stderr = std::thread::spawn(move || {
-            let mut text = String::new();
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                text.push_str(&line);
-                text.push('\n');
-                kept.lock().unwrap().push(line);
-            }
-            text
-        });
-        let deadline = Instant::now() + START_TIMEOUT;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match rx.recv_timeout(left) {
-                Ok(line) => {
-                    let Some(rest) = line.strip_prefix("ciphermq-broker listening on ") else {
-                        continue;
-                    };
-                    let addr = rest.split_whitespace().next().unwrap_or("").to_owned();
-                    let admin = rest
-                        .split_once("admin endpoint on ")
-                        .map(|(_, a)| a.trim().to_owned());
-                    return Ok(BrokerProcess {
-                        child,
-                        addr,
-                        admin,
-                        log,
-                    });
-                }
-                Err(mpsc::RecvTimeoutError::Disconnected) => {
-                    let status = child.wait().expect("reap the broker");
-                    let stdout = log.lock().unwrap().join("\n");
-                    return Err(Refused {
-                        status,
-                        stdout,
-                        stderr: stderr.join().unwrap_or_default(),
-                    });
-                }
-                Err(mpsc::RecvTimeoutError::Timeout) => {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    panic!("the broker neither listened nor exited within {START_TIMEOUT:?}");
-                }
-            }
-        }
+        ciphermq_testkit::BrokerProcess::spawn_with(Path::new(BINARY), config, configure)
+            .map(BrokerProcess)
     }
 
     /// Starts the broker on `config`, which must work.
     pub fn start(config: &Path) -> BrokerProcess {
-        BrokerProcess::spawn(config).unwrap_or_else(|r| panic!("broker refused to start: {r:?}"))
+        BrokerProcess(ciphermq_testkit::BrokerProcess::start(
+            Path::new(BINARY),
+            config,
+        ))
     }
 
     /// Connects as `cn`.
@@ -146,71 +70,38 @@ impl BrokerProcess {
     }
 
     /// Stops it with SIGTERM (a graceful shutdown) and waits.
-    pub fn stop(mut self) -> ExitStatus {
-        let _ = Command::new("kill")
-            .arg("-TERM")
-            .arg(self.child.id().to_string())
-            .status();
-        let deadline = Instant::now() + START_TIMEOUT;
-        loop {
-            if let Some(status) = self.child.try_wait().expect("wait for the broker") {
-                return status;
-            }
-            if Instant::now() > deadline {
-                let _ = self.child.kill();
-                panic!("the broker did not stop within {START_TIMEOUT:?} of SIGTERM");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+    pub fn stop(self) -> ExitStatus {
+        self.0.stop()
     }
 
     /// Sends it `signal` (a name `kill` knows: `TERM`, `INT`, `HUP`).
     pub fn signal(&self, signal: &str) {
-        let status = Command::new("kill")
-            .arg(format!("-{signal}"))
-            .arg(self.child.id().to_string())
-            .status()
-            .expect("run kill");
-        assert!(status.success(), "kill -{signal} failed");
+        self.0.signal(signal)
     }
 
     /// How it ended, if it ends within `limit`.
     pub fn wait_timeout(&mut self, limit: Duration) -> Option<ExitStatus> {
-        let deadline = Instant::now() + limit;
-        loop {
-            if let Some(status) = self.child.try_wait().expect("wait for the broker") {
-                return Some(status);
-            }
-            if Instant::now() > deadline {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        self.0.wait_timeout(limit)
     }
 
     /// Kills it with SIGKILL: no shutdown at all.
-    pub fn kill(mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+    pub fn kill(self) {
+        self.0.kill()
     }
 
     /// Its process id.
     pub fn pid(&self) -> u32 {
-        self.child.id()
+        self.0.pid()
     }
 
     /// Everything it printed so far, one line each.
     pub fn log_text(&self) -> String {
-        self.log.lock().unwrap().join("\n")
+        self.0.log_text()
     }
 
     /// Whether its log has a line containing every one of `words`.
     pub fn logged(&self, words: &[&str]) -> bool {
-        self.log
-            .lock()
-            .unwrap()
-            .iter()
-            .any(|l| words.iter().all(|w| l.contains(w)))
+        self.0.logged(words)
     }
 
     /// `GET path` on its admin endpoint as `cn`: (status, body).
@@ -245,13 +136,6 @@ impl BrokerProcess {
     /// The sum of every labelled sample of `name` (over shards, say).
     pub async fn metric_sum(&self, name: &str) -> u64 {
         self.metric_sum_of(name, "").await
-    }
-}
-
-impl Drop for BrokerProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

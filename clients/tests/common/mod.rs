@@ -1,5 +1,6 @@
-//! Shared test helpers: a PKI in a temp dir and a tiny mTLS server that speaks just
-//! enough `ciphermq/1` (greeting, echo, `quit`) to exercise the client connection.
+//! Shared test helpers: a tiny mTLS server that speaks just enough `ciphermq/1`
+//! (greeting, echo, `quit`) to exercise the client connection. The PKI the tests
+//! make comes from the workspace's test kit (`ciphermq_testkit::pki`).
 
 #![allow(dead_code)]
 
@@ -7,7 +8,6 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
 
-use ciphermq_clients::pki::{self, PkiOptions};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
@@ -21,14 +21,6 @@ pub const REFUSED_CN: &str = "intruder";
 
 /// What the echo server answers a refused client.
 pub const REFUSAL: &str = "Access denied: unknown client (role=unknown)";
-
-/// Generates a PKI with the given clients into `dir/certs` and `dir/keys`.
-pub fn make_pki(dir: &Path, clients: &[&str]) -> PkiOptions {
-    let mut opts = PkiOptions::new(dir.join("certs"), dir.join("keys"));
-    opts.client_cns = clients.iter().map(|s| s.to_string()).collect();
-    pki::generate(&opts).expect("generate PKI");
-    opts
-}
 
 /// The Common Name of a DER certificate.
 pub fn common_name(der: &[u8]) -> String {

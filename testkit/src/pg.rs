@@ -6,8 +6,9 @@
 //! `database.ca_cert_path` for `require` and `verify-full`: scripts/test.sh
 //! runs the Postgres tests once more with `verify-full`. The helpers' own
 //! connections stay plaintext.
-
-#![allow(dead_code)]
+//!
+//! A database per test, rather than one shared, keeps tests that run at
+//! once from seeing each other's rows.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -41,6 +42,7 @@ pub fn tls_from_env() -> Option<(String, Option<PathBuf>)> {
 
 /// A database made for one test; dropped (with its connections) on drop.
 pub struct TestDb {
+    /// Its name, `ciphermq_b_<random>`.
     pub name: String,
 }
 
