@@ -81,6 +81,9 @@ pub(crate) enum TicketKind {
         key: crate::DedupKey,
         msg: Arc<crate::message::Message>,
     },
+    /// A deferred ack whose source queue left the shard (deleted, or its
+    /// owner moved away) before it was due: nothing is owed to it.
+    Dropped,
 }
 
 /// Something waiting for commits: a publish part, or a deferred ack.
@@ -397,6 +400,19 @@ impl Durability {
             },
         );
         id
+    }
+
+    /// Deferred acks owed to `queue` are dropped: it left the shard, and a
+    /// queue declared again under its name must not take them (an ack of a
+    /// seq it never stored would count against one of its own messages'
+    /// segments, which could then be deleted with that message unacked).
+    /// Walks every ticket: only on a queue's delete or move.
+    pub(crate) fn drop_deferred_acks(&mut self, queue: &str) {
+        for ticket in self.tickets.values_mut() {
+            if matches!(&ticket.kind, TicketKind::AckAfter { queue: q, .. } if **q == *queue) {
+                ticket.kind = TicketKind::Dropped;
+            }
+        }
     }
 
     /// A ticket that appends the ack of `seq` to `queue` once the one commit

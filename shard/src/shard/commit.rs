@@ -143,6 +143,7 @@ impl Shard {
                 } => {
                     self.dead_retry.push((queue, seq, msg));
                 }
+                TicketKind::Dropped => {}
             }
         }
     }

@@ -173,6 +173,32 @@ impl Shard {
     /// what they have, every consumer is told and every connection holding
     /// its deliveries forgets them, and its log goes to the committer.
     pub(super) fn delete_local(&mut self, name: &Arc<str>, done: Resolver<Result<(), String>>) {
+        self.take_off(name, |shard, q| {
+            for (conn, consumer) in q.holders() {
+                shard.tell_deleted(conn, name, consumer);
+            }
+            tracing::info!(queue = %name, ready = q.ready_len(), "queue deleted");
+        });
+        match &mut self.durable {
+            Some(d) => {
+                // What waited for a commit of the log is answered as stored,
+                // as it was, into a queue that is now gone (as when its job
+                // was in flight: [`Durability::job_done`]).
+                let waiters = d.retire(name, done);
+                self.release_waiters(&waiters, true);
+            }
+            None => done.resolve(Ok(())),
+        }
+    }
+
+    /// Takes queue `name` off the shard (deleted, or leaving the node):
+    /// `leaving` sees it first; its waiting fetches are answered with what
+    /// they have, its messages are freed a slice at a time (the rest of it,
+    /// and its bytes on the meter, go now), and nothing queued for it
+    /// (settles, reads, retries, acks a dead-lettering still owes it) stays
+    /// to be done to a queue declared again under its name. Its log is the
+    /// caller's.
+    pub(super) fn take_off(&mut self, name: &Arc<str>, leaving: impl FnOnce(&mut Self, &Queue)) {
         if let Some(mut q) = self.queues.remove(name) {
             let (mine, others) = std::mem::take(&mut self.waiting_fetches)
                 .into_iter()
@@ -182,12 +208,7 @@ impl Shard {
             for f in fetches {
                 self.complete(f.origin, Completion::Fetched(f.got));
             }
-            for (conn, consumer) in q.holders() {
-                self.tell_deleted(conn, name, consumer);
-            }
-            tracing::info!(queue = %name, ready = q.ready_len(), "queue deleted");
-            // Its messages are freed a slice at a time; the rest of it
-            // (and its bytes on the meter) goes now.
+            leaving(self, &q);
             let messages = q.take_messages();
             if !messages.is_empty() {
                 self.chores.drop.extend(messages);
@@ -198,15 +219,9 @@ impl Shard {
         self.to_read.retain(|q| q != name);
         self.read_retry.retain(|q| q != name);
         self.budget_waiting.retain(|q| q != name);
-        match &mut self.durable {
-            Some(d) => {
-                // What waited for a commit of the log is answered as stored,
-                // as it was, into a queue that is now gone (as when its job
-                // was in flight: [`Durability::job_done`]).
-                let waiters = d.retire(name, done);
-                self.release_waiters(&waiters, true);
-            }
-            None => done.resolve(Ok(())),
+        self.dead_retry.retain(|(q, ..)| q != name);
+        if let Some(d) = &mut self.durable {
+            d.drop_deferred_acks(name);
         }
     }
 

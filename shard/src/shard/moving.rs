@@ -16,7 +16,6 @@ use std::time::Instant;
 use crossbeam_channel::Sender;
 
 use super::Shard;
-use crate::mailbox::Completion;
 use crate::mesh::ShardMsg;
 use crate::pending::{pending, Pending};
 use crate::placement::ShardId;
@@ -86,27 +85,10 @@ impl Shard {
         for name in names {
             let (waiting, done) = pending();
             moved.push(waiting);
-            if let Some(mut q) = self.queues.remove(name) {
-                let (mine, others) = std::mem::take(&mut self.waiting_fetches)
-                    .into_iter()
-                    .partition(|f| f.queue == *name);
-                self.waiting_fetches = others;
-                let fetches: Vec<super::WaitingFetch> = mine;
-                for f in fetches {
-                    self.complete(f.origin, Completion::Fetched(f.got));
-                }
+            self.take_off(name, |_, q| {
                 tracing::info!(queue = %name, ready = q.ready_len(), unacked = q.unacked_len(), "queue leaves this node");
-                let messages = q.take_messages();
-                if !messages.is_empty() {
-                    self.chores.drop.extend(messages);
-                    self.chores.wake();
-                }
-            }
+            });
             self.frozen.remove(name);
-            self.chores.settle.retain(|q| q != name);
-            self.to_read.retain(|q| q != name);
-            self.read_retry.retain(|q| q != name);
-            self.budget_waiting.retain(|q| q != name);
             match (&mut self.durable, keep(name)) {
                 (Some(d), Some(keep)) => {
                     let waiters = d.detach(name, keep, done);
