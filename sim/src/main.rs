@@ -60,15 +60,25 @@ fn main() -> ExitCode {
     let mut failed = 0u64;
     let started = std::time::Instant::now();
     for seed in first..first.saturating_add(count) {
-        match run(seed, &opts) {
-            Ok(s) => {
+        // A failed assertion inside the shard is a finding like a broken
+        // invariant: name its seed and go on with the others.
+        match std::panic::catch_unwind(|| run(seed, &opts)) {
+            Ok(Ok(s)) => {
                 if count == 1 {
                     println!("seed {seed}: ok: {s:?}");
                 }
             }
-            Err(failure) => {
+            Ok(Err(failure)) => {
                 failed += 1;
                 eprintln!("{failure}");
+            }
+            Err(_) => {
+                failed += 1;
+                let shards = opts.shards.map(|n| format!(" --shards {n}"));
+                eprintln!(
+                    "seed {seed}: panicked (the message is above)\nreplay: ciphermq-sim --seed {seed}{}",
+                    shards.unwrap_or_default()
+                );
             }
         }
     }
