@@ -13,6 +13,10 @@
 //! Only integration tests (`tests/`) may use it, as a dev-dependency: it
 //! depends on `ciphermq-broker` and `ciphermq-clients`, and a unit test
 //! inside either crate's `src/` would link two copies of that crate.
+//!
+//! Its functions panic, with a message naming what failed, instead of
+//! returning errors: a test that cannot make its certificates or start its
+//! broker has failed, and the panic is its report.
 
 #![warn(missing_docs)]
 

@@ -9,7 +9,7 @@
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{mpsc, Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 /// How long a broker may take to start (recovery of a large log included).
@@ -74,7 +74,7 @@ impl BrokerProcess {
             let mut listening = false;
             for line in BufReader::new(stdout).lines() {
                 let Ok(line) = line else { break };
-                kept.lock().unwrap().push(line.clone());
+                lines(&kept).push(line.clone());
                 if !listening {
                     listening = line.starts_with("ciphermq-broker listening on ");
                     if tx.send(line).is_err() {
@@ -92,7 +92,7 @@ impl BrokerProcess {
                 let Ok(line) = line else { break };
                 text.push_str(&line);
                 text.push('\n');
-                kept.lock().unwrap().push(line);
+                lines(&kept).push(line);
             }
             text
         });
@@ -117,7 +117,7 @@ impl BrokerProcess {
                 }
                 Err(mpsc::RecvTimeoutError::Disconnected) => {
                     let status = child.wait().expect("reap the broker");
-                    let stdout = log.lock().unwrap().join("\n");
+                    let stdout = lines(&log).join("\n");
                     return Err(Refused {
                         status,
                         stdout,
@@ -195,17 +195,21 @@ impl BrokerProcess {
 
     /// Everything it printed so far, one line each.
     pub fn log_text(&self) -> String {
-        self.log.lock().unwrap().join("\n")
+        lines(&self.log).join("\n")
     }
 
     /// Whether its log has a line containing every one of `words`.
     pub fn logged(&self, words: &[&str]) -> bool {
-        self.log
-            .lock()
-            .unwrap()
+        lines(&self.log)
             .iter()
             .any(|l| words.iter().all(|w| l.contains(w)))
     }
+}
+
+/// The lines kept so far. A reader thread that panicked holding the lock
+/// left whole lines behind, so they are read all the same.
+fn lines(log: &Mutex<Vec<String>>) -> MutexGuard<'_, Vec<String>> {
+    log.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl Drop for BrokerProcess {
