@@ -11,6 +11,7 @@
 //! one's directory syncs and answers.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use ciphermq_shard::backlog::ReadJob;
 use ciphermq_shard::log::segment::FILE_HEADER;
@@ -26,13 +27,26 @@ pub struct Faults {
     pub io_per_mille: u64,
     /// A backlog read fails.
     pub read_per_mille: u64,
+    /// Of the jobs whose I/O failed, those that failed for lack of space
+    /// (`ENOSPC`): their fully acked segments go even if their dedup ids
+    /// were not carried (`CommitJob::deletes_segments`).
+    pub space_per_mille: u64,
+}
+
+impl Faults {
+    /// No storage call fails.
+    pub const NONE: Faults = Faults {
+        io_per_mille: 0,
+        read_per_mille: 0,
+        space_per_mille: 0,
+    };
 }
 
 /// A round written and not yet finished.
 #[derive(Debug)]
 pub struct WrittenRound {
     jobs: Vec<CommitJob>,
-    written: Vec<bool>,
+    written: Vec<JobIo>,
 }
 
 /// One shard's committer: at most one written round waits for its finish.
@@ -40,6 +54,10 @@ pub struct WrittenRound {
 pub struct Committer {
     written: Option<WrittenRound>,
     removals: u64,
+    /// Queues whose acked segments went without their dedup ids carried,
+    /// for lack of space, since [`Committer::take_forgotten`] was last
+    /// called.
+    forgotten: Vec<Arc<str>>,
 }
 
 /// Fails a storage call `faults.io_per_mille` times in a thousand.
@@ -51,6 +69,13 @@ fn fault(rng: &mut Rng, faults: Faults, what: &str) -> std::io::Result<()> {
 }
 
 impl Committer {
+    /// The queues that lost acked dedup ids for lack of space since the
+    /// last call: ids acked there until now may be stored again when
+    /// published again, as the contract allows when the disk is full.
+    pub fn take_forgotten(&mut self) -> Vec<Arc<str>> {
+        std::mem::take(&mut self.forgotten)
+    }
+
     /// Whether a call to [`Committer::step`] would do anything.
     pub fn has_work(&self, shard: &Shard) -> bool {
         self.written.is_some() || shard.has_commit_work()
@@ -69,7 +94,7 @@ impl Committer {
         if !shard.has_commit_work() || (self.written.is_some() && rng.chance(400)) {
             let round = self.written.take()?;
             let n = round.jobs.len();
-            finish(round, shard, disk, rng, faults);
+            finish(round, shard, disk, rng, faults, &mut self.forgotten);
             return Some(format!("finished a round of {n} jobs"));
         }
         let mut jobs = Vec::new();
@@ -78,7 +103,7 @@ impl Committer {
         shard.take_removals(&mut removals);
         if !removals.is_empty() {
             if let Some(previous) = self.written.take() {
-                finish(previous, shard, disk, rng, faults);
+                finish(previous, shard, disk, rng, faults, &mut self.forgotten);
             }
             for removal in removals {
                 self.remove_dir(removal, shard, disk, rng, faults);
@@ -87,7 +112,7 @@ impl Committer {
         let n = jobs.len();
         let round = write_round(jobs, shard, disk, rng, faults);
         if let Some(previous) = self.written.take() {
-            finish(previous, shard, disk, rng, faults);
+            finish(previous, shard, disk, rng, faults, &mut self.forgotten);
         }
         self.written = Some(round);
         Some(format!("wrote a round of {n} jobs"))
@@ -145,11 +170,17 @@ fn write_round(
         let ok = prepare(job, disk, rng, faults)
             .and_then(|()| write(job, &bytes, disk, rng, faults))
             .is_ok();
-        written.push(ok);
+        written.push(if ok {
+            JobIo::Done
+        } else if rng.chance(faults.space_per_mille) {
+            JobIo::OutOfSpace
+        } else {
+            JobIo::Failed
+        });
         shard.recycle_commit_buffer(bytes);
     }
-    for (job, ok) in jobs.iter().zip(&written) {
-        shard.commit_written(job, *ok);
+    for (job, io) in jobs.iter().zip(&written) {
+        shard.commit_written(job, io.is_done());
     }
     WrittenRound { jobs, written }
 }
@@ -250,32 +281,36 @@ fn write_bytes(
 }
 
 /// Syncs the directories of new files, reports every job's commit, and
-/// deletes what the jobs free.
+/// deletes what the jobs free; notes in `forgotten` the queues whose acked
+/// segments went without a durable carry of their dedup ids.
 fn finish(
     round: WrittenRound,
     shard: &mut Shard,
     disk: &mut SimDisk,
     rng: &mut Rng,
     faults: Faults,
+    forgotten: &mut Vec<Arc<str>>,
 ) {
     let WrittenRound { jobs, written } = round;
-    for (job, ok) in jobs.into_iter().zip(written) {
-        let mut io_ok = ok;
-        if io_ok && job.create {
+    for (job, mut io) in jobs.into_iter().zip(written) {
+        if io.is_done() && job.create {
             if rng.chance(faults.io_per_mille) {
-                io_ok = false;
+                io = JobIo::Failed;
             } else {
                 disk.sync_dir(&job.dir);
             }
         }
-        // Simulated faults are I/O errors, never a full disk: segments
-        // waiting for a carry are kept until it is written.
-        let io = if io_ok { JobIo::Done } else { JobIo::Failed };
         let durable = shard.commit_done(&job, io);
-        if !io_ok {
-            shard.note_storage(&job.queue, Some("simulated I/O failure"));
-        } else if durable {
-            shard.note_storage(&job.queue, None);
+        match io {
+            JobIo::Done if durable => shard.note_storage(&job.queue, None),
+            JobIo::Done => {}
+            JobIo::Failed => shard.note_storage(&job.queue, Some("simulated I/O failure")),
+            JobIo::OutOfSpace => shard.note_storage(&job.queue, Some("simulated full disk")),
+        }
+        // What the contract allows a full disk to cost, judged apart from
+        // the rule that carries it out (`CommitJob::deletes_segments`).
+        if io == JobIo::OutOfSpace && !durable && job.delete_after_carry && !job.delete.is_empty() {
+            forgotten.push(job.queue.clone());
         }
         if job.deletes_segments(durable, io) {
             for (_, path) in &job.delete {

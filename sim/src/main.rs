@@ -58,12 +58,15 @@ fn main() -> ExitCode {
         }
     }
     let mut failed = 0u64;
+    let (mut crashes, mut forgotten) = (0u64, 0u64);
     let started = std::time::Instant::now();
     for seed in first..first.saturating_add(count) {
         // A failed assertion inside the shard is a finding like a broken
         // invariant: name its seed and go on with the others.
         match std::panic::catch_unwind(|| run(seed, &opts)) {
             Ok(Ok(s)) => {
+                crashes += s.crashes;
+                forgotten += s.dedup_forgotten;
                 if count == 1 {
                     println!("seed {seed}: ok: {s:?}");
                 }
@@ -83,7 +86,8 @@ fn main() -> ExitCode {
         }
     }
     println!(
-        "{count} seeds from {first}, {} steps each: {failed} failed ({:.1} s)",
+        "{count} seeds from {first}, {} steps each: {failed} failed ({:.1} s); \
+         {crashes} crashes, {forgotten} full-disk deletions of acked segments",
         opts.steps,
         started.elapsed().as_secs_f64()
     );

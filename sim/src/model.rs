@@ -61,6 +61,9 @@ pub struct Copy {
     pub acked_at: Option<u64>,
     /// Purged or deleted meanwhile: not judged for loss, nor for dedup.
     pub exempt: bool,
+    /// Acked before a full disk made the queue delete acked segments
+    /// without carrying their dedup ids: a publish again may be stored.
+    pub forgotten: bool,
     /// Highest delivery count seen: near the limit it may have gone to the
     /// dead-letter queue, whose ack the clients cannot see.
     pub max_count: u32,
@@ -181,6 +184,7 @@ impl Model {
         for copy in msg.copies.values_mut() {
             let covered = acked
                 && !copy.exempt
+                && !copy.forgotten
                 && copy.max_count + 1 < max_deliveries
                 && match copy.acked_at {
                     None => true,
@@ -206,6 +210,19 @@ impl Model {
             if let Some(copy) = msg.copies.get_mut(&q) {
                 if copy.incarnation == incarnation {
                     copy.exempt = true;
+                }
+            }
+        }
+    }
+
+    /// Queue `q` deleted acked segments without carrying their dedup ids
+    /// (its disk was full): every id acked there so far may be forgotten.
+    pub fn dedup_forgotten(&mut self, q: usize) {
+        let incarnation = self.incarnation[q];
+        for msg in &mut self.msgs {
+            if let Some(copy) = msg.copies.get_mut(&q) {
+                if copy.incarnation == incarnation && copy.acked_at.is_some() {
+                    copy.forgotten = true;
                 }
             }
         }

@@ -72,6 +72,9 @@ pub struct Summary {
     pub crashes: u64,
     /// Commit rounds written.
     pub rounds: u64,
+    /// Jobs that failed for lack of space and deleted acked segments
+    /// without carrying their dedup ids.
+    pub dedup_forgotten: u64,
     /// Queues purged.
     pub purges: u64,
     /// Queues deleted.
@@ -397,12 +400,10 @@ impl World {
             Faults {
                 io_per_mille: 15,
                 read_per_mille: 30,
+                space_per_mille: 250,
             }
         } else {
-            Faults {
-                io_per_mille: 0,
-                read_per_mille: 0,
-            }
+            Faults::NONE
         };
         let mix = Mix::draw(&mut rng);
         let store = Arc::new(TopologyStore::new(shards));
@@ -687,10 +688,7 @@ impl World {
             self.settle()?;
         }
         self.note("final drain".into());
-        self.faults = Faults {
-            io_per_mille: 0,
-            read_per_mille: 0,
-        };
+        self.faults = Faults::NONE;
         self.drain()?;
         let names: Vec<String> = self.defs.iter().map(|d| d.name.clone()).collect();
         self.model.check_nothing_lost(&names)
@@ -753,6 +751,15 @@ impl World {
                 self.summary.rounds += 1;
             }
             self.note(format!("shard {shard} committer: {what}"));
+        }
+        for queue in self.committers[shard].take_forgotten() {
+            self.summary.dedup_forgotten += 1;
+            self.note(format!(
+                "shard {shard} committer: {queue}'s acked segments went without their dedup ids (no space)"
+            ));
+            if let Some(q) = self.defs.iter().position(|d| *d.name == *queue) {
+                self.model.dedup_forgotten(q);
+            }
         }
     }
 
