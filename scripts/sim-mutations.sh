@@ -17,6 +17,7 @@ fi
 # invariant | file | text | replacement
 mutations=(
   "acked-not-lost|shard/src/log/queue_log.rs|if !io.is_done() \|\| job.epoch != self.epoch {|if job.epoch != self.epoch {"
+  "acked-not-lost|shard/src/shard/commit.rs|d.fail_duplicates(&job.queue, &keys);|let _ = &keys;"
   "fifo|shard/src/queue/deliver.rs|None => self.ready.pop_front()?,|None => self.ready.pop_back()?,"
   "dedup-window|shard/src/dedup/id_set.rs|if !IdSet::expired(state, self.unit_now(now)) {|if state == STORED {"
   "confinement|shard/src/routing.rs|.is_none_or(\|owner\| owner == receiver)|.is_none_or(\|_owner\| true)"

@@ -142,6 +142,11 @@ pub struct Durability {
     /// Broker-assigned numbers: the one-multiplication hasher suffices.
     pub(crate) tickets: HashMap<u64, Ticket, crate::hashers::BuildIntHasher>,
     next_ticket: u64,
+    /// Publishes answered as duplicates, by ticket: the queue and id key of
+    /// each original. An original whose write then fails takes its
+    /// duplicates' `ACK` with it ([`Durability::fail_duplicates`]). Empty
+    /// unless a sender publishes an id again.
+    pub(crate) duplicates: HashMap<u64, Vec<(Arc<str>, DedupKey)>, crate::hashers::BuildIntHasher>,
     /// With the Postgres bridge: segments wait for it before deletion.
     mirror: Option<Arc<MirrorWatermarks>>,
     /// Free space on the data directory's filesystem.
@@ -180,6 +185,7 @@ impl Durability {
             committer: None,
             tickets: HashMap::default(),
             next_ticket: 1,
+            duplicates: HashMap::default(),
             mirror,
             disk,
             removals: Vec::new(),
@@ -529,6 +535,36 @@ impl Durability {
 
     /// Messages of a failed job that left their queue: their segments stop
     /// holding them.
+    /// Publish `ticket` was a duplicate of the message with `key` in
+    /// `queue`, which may not be durable yet: it waits for the queue's next
+    /// commit, which does not write that message.
+    pub(crate) fn note_duplicate(&mut self, ticket: u64, queue: &Arc<str>, key: DedupKey) {
+        self.duplicates
+            .entry(ticket)
+            .or_default()
+            .push((queue.clone(), key));
+    }
+
+    /// The writes of the messages with `keys` in `queue` failed: the
+    /// publishes answered as their duplicates are answered `NACK storage`
+    /// too, or they would be acknowledged for a message stored nowhere.
+    /// A walk over the few duplicates waiting, on a failure only.
+    pub(crate) fn fail_duplicates(&mut self, queue: &str, keys: &[DedupKey]) {
+        if self.duplicates.is_empty() || keys.is_empty() {
+            return;
+        }
+        for (ticket, originals) in &self.duplicates {
+            let failed = originals
+                .iter()
+                .any(|(q, key)| **q == *queue && keys.contains(key));
+            if failed {
+                if let Some(t) = self.tickets.get_mut(ticket) {
+                    t.outcome = Err(NackReason::Storage);
+                }
+            }
+        }
+    }
+
     pub(crate) fn forget_messages(&mut self, queue: &str, seqs: &[u64]) {
         if let Some(log) = self.logs.get_mut(queue) {
             for seq in seqs {

@@ -817,7 +817,7 @@ impl World {
             self.rng.below(n) as usize
         };
         let msg = &self.model.msgs[m];
-        if msg.in_flight > 0 || msg.attempts >= 4 {
+        if msg.attempts >= 4 {
             return Ok(());
         }
         let sender = msg.id.split('-').next().unwrap_or_default().to_string();

@@ -177,7 +177,14 @@ impl Queue {
     /// delivered stays owed to its consumer until acked, but its id is
     /// forgotten: the publisher's retry is stored again instead of being
     /// answered `ACK` as a duplicate of a message that is not on disk.
-    pub fn discard_unwritten(&mut self, seqs: &[u64], settings: &QueueSettings) -> Vec<u64> {
+    /// The forgotten ids' keys go to `keys`: publishes already answered as
+    /// their duplicates must not be acknowledged either.
+    pub fn discard_unwritten(
+        &mut self,
+        seqs: &[u64],
+        settings: &QueueSettings,
+        keys: &mut Vec<DedupKey>,
+    ) -> Vec<u64> {
         let mut gone = Vec::new();
         for &seq in seqs {
             // `ready` and `tail` are in sequence order.
@@ -196,6 +203,7 @@ impl Queue {
                 },
             };
             self.dedup.remove_stored(key);
+            keys.push(key);
             if let Some(entry) = entry {
                 self.release_bytes(&entry);
                 gone.push(seq);

@@ -102,7 +102,7 @@ fn the_byte_cap_counts_ready_and_unacked_bodies_and_frees_them_on_the_way_out() 
     assert_eq!(dead.len(), 1);
     assert_eq!(q.bytes(), 4);
     // A message whose write failed leaves and frees its bytes.
-    assert_eq!(q.discard_unwritten(&[3], &s), [3]);
+    assert_eq!(q.discard_unwritten(&[3], &s, &mut Vec::new()), [3]);
     assert_eq!(q.bytes(), 2);
     // A dead letter is never refused, even past the cap.
     let mut dlq = Queue::new(Arc::from("q.dlq"), 0);
@@ -186,7 +186,11 @@ fn an_unwritten_message_leaves_or_loses_its_id_so_a_retry_is_stored() {
     // "a" was delivered before its write failed; "b" waits; "c" was fine.
     let mut out = Vec::new();
     q.fetch(conn(1), 1, &s, now, &mut out, &mut Vec::new());
-    assert_eq!(q.discard_unwritten(&[0, 1], &s), [1], "only b leaves");
+    assert_eq!(
+        q.discard_unwritten(&[0, 1], &s, &mut Vec::new()),
+        [1],
+        "only b leaves"
+    );
     assert_eq!(q.ready_len(), 1);
     assert_eq!(q.unacked_len(), 1, "a stays owed to its consumer");
     // Both retries are stored again, not answered as duplicates.

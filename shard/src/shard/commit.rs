@@ -81,8 +81,10 @@ impl Shard {
         let ok = d.job_done(job, io);
         if !ok {
             if let Some(q) = self.queues.get_mut(&*job.queue) {
-                let gone = q.discard_unwritten(&job.message_seqs, &self.settings);
+                let mut keys = Vec::new();
+                let gone = q.discard_unwritten(&job.message_seqs, &self.settings, &mut keys);
                 d.forget_messages(&job.queue, &gone);
+                d.fail_duplicates(&job.queue, &keys);
             }
         } else if let Some(q) = self.queues.get_mut(&*job.queue) {
             q.place(
@@ -119,6 +121,9 @@ impl Shard {
                 }
                 if t.remaining == 0 {
                     finished.push(e.remove());
+                    if !d.duplicates.is_empty() {
+                        d.duplicates.remove(id);
+                    }
                 }
             }
         }

@@ -166,10 +166,15 @@ impl Shard {
             if let Enqueued::Stored(seq) = enqueued {
                 log.append_message(seq, &msg);
             }
-            // A duplicate waits too: its original may not be on disk yet.
+            // A duplicate waits too: its original may not be on disk yet,
+            // and if its write fails the duplicate is refused with it.
             log.add_waiter(id);
             if let Some(t) = d.tickets.get_mut(&id) {
                 t.remaining += 1;
+            }
+            if enqueued == Enqueued::Duplicate {
+                let key = msg.dedup_key(&self.settings.dedup_hasher);
+                d.note_duplicate(id, q.name(), key);
             }
         }
         if matches!(enqueued, Enqueued::Stored(_)) {
