@@ -36,6 +36,7 @@ mod limits;
 mod matrix;
 mod ownership;
 mod protocol;
+mod seeded;
 mod state;
 
 // ---------------------------------------------------------------------------
