@@ -131,7 +131,19 @@ pub struct Entry {
 /// The offset of a message whose record is not durable yet.
 pub const UNPLACED: u32 = u32::MAX;
 
+/// The segment of a delivered message whose write failed (with
+/// [`UNPLACED`]): still owed to its consumer, but stored nowhere, so
+/// settling it must not make its id count as stored or acked for the dedup
+/// window. Its publisher was answered `NACK storage`; its retry is stored
+/// anew.
+pub const UNWRITTEN: u64 = u64::MAX;
+
 impl Entry {
+    /// Whether its write failed after it was delivered ([`UNWRITTEN`]).
+    pub fn is_unwritten(&self) -> bool {
+        self.offset == UNPLACED && self.segment == UNWRITTEN
+    }
+
     /// Adds it to a backlog on disk (its body stays in its log only);
     /// returns its body bytes.
     fn push_to(&self, disk: &mut DiskBacklog) -> u64 {

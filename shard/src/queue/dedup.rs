@@ -28,6 +28,10 @@ impl Queue {
     }
 
     pub(super) fn forget(&mut self, entry: &Entry, now: Instant, settings: &QueueSettings) {
+        if entry.is_unwritten() {
+            // Its id was forgotten when its write failed, and stays so.
+            return;
+        }
         let key = entry.msg.dedup_key(&settings.dedup_hasher);
         self.forget_keyed(entry.seq, key, now, settings);
     }

@@ -217,7 +217,9 @@ impl Queue {
         self.drop_stale_deadlines();
         // A queue only consumed from must age its ids out too.
         self.expire_dedup(now);
-        self.forget_keyed(inflight.entry.seq, key, now, settings);
+        if !inflight.entry.is_unwritten() {
+            self.forget_keyed(inflight.entry.seq, key, now, settings);
+        }
         self.release_bytes(&inflight.entry);
         true
     }

@@ -6,7 +6,7 @@
 use std::collections::VecDeque;
 use std::time::Instant;
 
-use super::{Queue, QueueSettings, UNPLACED};
+use super::{Queue, QueueSettings, UNPLACED, UNWRITTEN};
 use crate::backlog::{Absorbed, DiskBacklog};
 use crate::dedup::DedupKey;
 
@@ -197,8 +197,13 @@ impl Queue {
             };
             let key = match &entry {
                 Some(e) => e.msg.dedup_key(&settings.dedup_hasher),
-                None => match self.unacked.get(&seq) {
-                    Some(inflight) => inflight.entry.msg.dedup_key(&settings.dedup_hasher),
+                None => match self.unacked.get_mut(&seq) {
+                    Some(inflight) => {
+                        // Owed to its consumer still; settling it later
+                        // must not bring its id back.
+                        inflight.entry.segment = UNWRITTEN;
+                        inflight.entry.msg.dedup_key(&settings.dedup_hasher)
+                    }
                     None => continue,
                 },
             };

@@ -68,7 +68,9 @@ impl Queue {
                 continue;
             };
             let key = entry.msg.dedup_key(&settings.dedup_hasher);
-            self.forget_keyed(entry.seq, key, now, settings);
+            if !entry.is_unwritten() {
+                self.forget_keyed(entry.seq, key, now, settings);
+            }
             self.release_bytes(&entry);
             settled.push((entry.seq, key));
             done += 1;

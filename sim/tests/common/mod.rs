@@ -215,6 +215,12 @@ impl Fixture {
     /// Fetches `q`'s one message and gives it back: past `max_deliveries`,
     /// it is dead-lettered (not committed yet).
     pub fn give_up_one(&mut self, seq: u64) {
+        let held = self.fetch_one(seq);
+        self.give_back(&held);
+    }
+
+    /// Fetches `q`'s one message (command `seq`) and holds it.
+    pub fn fetch_one(&mut self, seq: u64) -> ciphermq_shard::Outstanding {
         let info = self.store.snapshot().queue("q").cloned().expect("q");
         let now = self.clock.now();
         let Some(Completion::Fetched(got)) = self.shard.fetch(self.origin(seq), &info, 10, now)
@@ -226,7 +232,13 @@ impl Fixture {
         tracker.record(&got[0]);
         let mut owed = Vec::new();
         tracker.take(got[0].msg.message_id(), None, &mut owed);
-        self.shard.requeue(self.conn, &owed[0], now);
+        owed.pop().expect("the delivery is owed")
+    }
+
+    /// Gives a held delivery back (past `max_deliveries`: dead-lettered).
+    pub fn give_back(&mut self, held: &ciphermq_shard::Outstanding) {
+        let now = self.clock.now();
+        self.shard.requeue(self.conn, held, now);
     }
 
     /// The sweep a second later.
