@@ -10,13 +10,18 @@
 //!   `NACK <id> storage` only when the disk failed it, the ACL's
 //!   `Access denied` lines for a receiver using another's queue or a
 //!   sender consuming, `ACK_CONFIRMED`/`NACK_CONFIRMED` for a held
-//!   delivery and `Error: no outstanding delivery` for any other id;
+//!   delivery and `Error: no outstanding delivery` for any other id,
+//!   `OK ack_batch <q> <n>` with `n` the deliveries it settled;
 //! - **confinement**: a receiver is delivered only from its own queue, only
 //!   envelopes addressed to it, and only what a sender published;
 //! - **acked-not-lost**: after a last drain without faults, every publish
 //!   answered `ACK` was acked by its receiver (`ACK_CONFIRMED`) at some
 //!   point, across any number of crashes, unless its queue was purged or
 //!   it was given back so often it may have been dead-lettered.
+//!
+//! Receivers also close connections holding deliveries, and delete their
+//! queue and declare it again while everyone else keeps going; what races a
+//! deletion is allowed either outcome the contract gives it.
 //!
 //! The shard-level simulation (`sim/`) drives the shard directly, with
 //! more queues and two shards; this one adds what lies between a client's
@@ -69,6 +74,15 @@ enum Expect {
     /// A publish that a queue takes: `ACK <id>`, or `NACK <id> storage`
     /// when the disk failed it.
     Stored { id: String, msg: usize },
+    /// Either of two lines (a command racing a queue's deletion).
+    Either(String, String),
+    /// A publish to a queue being deleted and declared again: as
+    /// [`Expect::Stored`], or `NACK <id> no_route`; an `ACK` is not judged
+    /// for loss (the queue it reached may be the deleted one).
+    Flux { id: String, msg: usize },
+    /// `OK delete_queue <q>`, or its storage error (the queue is deleted
+    /// all the same; the next start removes its log).
+    DeleteQueue(String),
     /// `OK fetch <n>`, or the quota's error.
     Fetch,
     /// `OK purge_queue <q> <n>`, or the storage error of a purge.
@@ -124,6 +138,16 @@ struct World {
     trace: VecDeque<String>,
     crashes: u64,
     acks: u64,
+    /// A failure found where it cannot be returned (while sending).
+    failure: Option<Failure>,
+    /// The last deletion's log was not moved away: the next start finishes
+    /// it.
+    delete_failed: bool,
+    /// Receivers whose queue is being deleted and declared again.
+    flux: Vec<&'static str>,
+    /// Queue deletions and connections closed holding deliveries.
+    deletes: u64,
+    reconnects: u64,
 }
 
 /// A broken promise, with what led to it.
@@ -187,6 +211,11 @@ impl World {
             trace: VecDeque::new(),
             crashes: 0,
             acks: 0,
+            failure: None,
+            delete_failed: false,
+            flux: Vec::new(),
+            deletes: 0,
+            reconnects: 0,
         };
         world.boot().expect("the first start");
         world
@@ -196,6 +225,33 @@ impl World {
     /// in place of the one before; every client connects again.
     fn boot(&mut self) -> Result<(), Failure> {
         self.conns.clear();
+        // Deletions whose log was not moved away are finished before
+        // anything reads, as a start does.
+        let deleting: Vec<String> = self
+            .store
+            .snapshot()
+            .deleting()
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        for name in deleting {
+            self.disk.remove_dir(&queue_dir(&self.data, &name));
+            let mut removed = self
+                .store
+                .submit(ciphermq_shard::TopologyChange::QueueRemoved { name: name.clone() });
+            let mut waited = 0;
+            loop {
+                match removed.try_take() {
+                    Some(Ok(_)) => break,
+                    Some(Err(e)) => return Err(format!("removing {name} at start: {e}")),
+                    None if waited < 100_000 => {
+                        waited += 1;
+                        std::thread::yield_now();
+                    }
+                    None => return Err(format!("removing {name} at start: never saved")),
+                }
+            }
+        }
         let endpoint = Mesh::build(1).pop().expect("one endpoint");
         let durable = Durability::new(
             self.data.clone(),
@@ -260,8 +316,35 @@ impl World {
             None => line.clone(),
         };
         self.note(format!("{cn}#{c}: {shown}"));
+        // A connection executes nothing while a reply decided off the
+        // shard (a topology change being saved) is pending.
+        if let Err(e) = self.await_pending(c) {
+            self.failure.get_or_insert(e);
+            return;
+        }
         self.conns[c].owed.push_back((expect, shown));
         self.conns[c].client.session.execute(line.as_bytes());
+    }
+
+    /// Runs the shard until connection `c`'s replies decided off the shard
+    /// are in (a topology change saved by the saver thread, a deletion
+    /// finished by the committer).
+    fn await_pending(&mut self, c: usize) -> Result<(), Failure> {
+        let mut cx = Context::from_waker(Waker::noop());
+        for _ in 0..100_000 {
+            let session = &mut self.conns[c].client.session;
+            session.poll_pending_replies(&mut cx);
+            if session.pending_replies.is_empty() {
+                return Ok(());
+            }
+            self.pump(None)?;
+            // The saver is a thread of its own.
+            std::thread::yield_now();
+        }
+        Err(format!(
+            "{}#{c}: a reply decided off the shard never came",
+            self.conns[c].cn
+        ))
     }
 
     /// One random command.
@@ -283,7 +366,8 @@ impl World {
                         ),
                     );
                 }
-                _ => self.ack_unknown(c),
+                95..=97 => self.ack_unknown(c),
+                _ => self.reconnect(c),
             }
             return Ok(());
         }
@@ -331,6 +415,9 @@ impl World {
                 }
                 self.send(c, format!("purge_queue {own}"), Expect::Purge(own));
             }
+            84..=89 => self.ack_batch(c),
+            90..=92 => self.reconnect(c),
+            93 => return self.delete_and_declare(c),
             _ => self.garbage(c),
         }
         Ok(())
@@ -405,6 +492,124 @@ impl World {
             format!("ack {id}"),
             Expect::Exactly(format!("ACK_CONFIRMED {id}")),
         );
+    }
+
+    /// `ack_batch` of some held ids, one repeated and one never delivered:
+    /// `n` counts the deliveries settled (every one of an id held twice).
+    fn ack_batch(&mut self, c: usize) {
+        let cn = self.conns[c].cn;
+        let mut held: Vec<String> = self.conns[c].held.keys().cloned().collect();
+        held.sort();
+        let take = self.rng.below(held.len() as u64 + 1) as usize;
+        let mut ids: Vec<String> = Vec::new();
+        let mut settled = 0;
+        for _ in 0..take {
+            let id = self.rng.pick(&held).clone();
+            if let Some(n) = self.conns[c].held.remove(&id) {
+                settled += n;
+                self.msgs[self.by_id[&id]].consumed = true;
+                self.acks += 1;
+            }
+            ids.push(id);
+        }
+        ids.push(format!("never-{}", self.rng.below(1000)));
+        let own = format!("{cn}_queue");
+        let reply = format!("OK ack_batch {own} {settled}");
+        let expect = if self.flux.contains(&cn) {
+            Expect::Either(reply, format!("OK ack_batch {own} 0"))
+        } else {
+            Expect::Exactly(reply)
+        };
+        self.send(c, format!("ack_batch {own} {}", ids.join(" ")), expect);
+    }
+
+    /// Closes connection `c` (what it holds is given back, and redelivered
+    /// with a higher count) and opens another for its CN.
+    fn reconnect(&mut self, c: usize) {
+        let conn = self.conns.remove(c);
+        self.note(format!(
+            "{}#{c} closes holding {} deliveries",
+            conn.cn,
+            conn.held.len()
+        ));
+        self.reconnects += 1;
+        let cn = conn.cn;
+        drop(conn);
+        self.connect(cn);
+    }
+
+    /// Deletes the receiver's queue and declares and binds it again, each
+    /// command answered before the next is sent; every other command of
+    /// that receiver or routed to it meanwhile races the deletion.
+    fn delete_and_declare(&mut self, c: usize) -> Result<(), Failure> {
+        let cn = self.conns[c].cn;
+        let own = format!("{cn}_queue");
+        self.deletes += 1;
+        self.flux.push(cn);
+        for m in &mut self.msgs {
+            if m.to == cn {
+                m.exempt = true;
+            }
+        }
+        // Answers already owed race the deletion too.
+        for conn in &mut self.conns {
+            for (expect, _) in &mut conn.owed {
+                match expect {
+                    Expect::Stored { id, msg } if self.msgs[*msg].to == cn => {
+                        *expect = Expect::Flux {
+                            id: id.clone(),
+                            msg: *msg,
+                        };
+                    }
+                    Expect::Exactly(line)
+                        if conn.cn == cn
+                            && (line.starts_with("ACK_CONFIRMED ")
+                                || line.starts_with("NACK_CONFIRMED ")) =>
+                    {
+                        let id = line.split(' ').nth(1).unwrap_or_default();
+                        let gone = format!("Error: no outstanding delivery {id}");
+                        *expect = Expect::Either(line.clone(), gone);
+                    }
+                    _ => {}
+                }
+            }
+        }
+        self.delete_failed = false;
+        self.send(
+            c,
+            format!("delete_queue {own}"),
+            Expect::DeleteQueue(own.clone()),
+        );
+        self.settle(c)?;
+        for conn in &mut self.conns {
+            if conn.cn == cn {
+                conn.held.clear();
+                conn.consuming = false;
+            }
+        }
+        let c = if self.delete_failed {
+            // The name stays taken until a start removes the log.
+            self.crash()?;
+            (0..self.conns.len())
+                .find(|&c| self.conns[c].cn == cn)
+                .ok_or("no connection of the receiver after the restart")?
+        } else {
+            c
+        };
+        self.send(
+            c,
+            format!("declare_queue {own}"),
+            Expect::Exactly(format!("OK declare_queue {own}")),
+        );
+        self.settle(c)?;
+        self.send(
+            c,
+            format!("bind {own} ex {cn}"),
+            Expect::Exactly(format!("OK bind {own} ex {cn}")),
+        );
+        self.settle(c)?;
+        self.flux.retain(|r| *r != cn);
+        Ok(())
     }
 
     /// An ack or nack of an id the connection does not hold (senders may
@@ -489,6 +694,7 @@ impl World {
             if self.conns[c].owed.is_empty() {
                 return Ok(());
             }
+            self.await_pending(c)?;
             self.pump(None)?;
         }
         let (_, command) = &self.conns[c].owed[0];
@@ -527,6 +733,14 @@ impl World {
         if let Some(rest) = line.strip_prefix("Message: ") {
             return self.delivered(c, rest);
         }
+        if line == format!("Error: queue {cn}_queue deleted") && self.flux.contains(&cn) {
+            // Pushed to a consumer of a queue deleted meanwhile: its consume
+            // ended, and what it held from the queue is owed no more.
+            self.note(format!("{cn}#{c} <- {line}"));
+            self.conns[c].consuming = false;
+            self.conns[c].held.clear();
+            return Ok(());
+        }
         let Some((expect, command)) = self.conns[c].owed.pop_front() else {
             return Err(format!(
                 "{cn}#{c} read {line:?} with no command owed a reply"
@@ -534,6 +748,16 @@ impl World {
         };
         let ok = match &expect {
             Expect::Exactly(want) => line == want,
+            Expect::Either(a, b) => line == a || line == b,
+            Expect::Flux { id, msg } => {
+                if line == format!("ACK {id}") {
+                    self.msgs[*msg].acked = true;
+                    self.msgs[*msg].exempt = true;
+                    true
+                } else {
+                    line == format!("NACK {id} storage") || line == format!("NACK {id} no_route")
+                }
+            }
             Expect::AnyError => line.starts_with("Error: ") || line.starts_with("NACK "),
             Expect::Stored { id, msg } => {
                 if line == format!("ACK {id}") {
@@ -541,6 +765,14 @@ impl World {
                     true
                 } else {
                     line == format!("NACK {id} storage")
+                }
+            }
+            Expect::DeleteQueue(q) => {
+                if line.starts_with(&format!("Error: delete_queue {q}: storage: ")) {
+                    self.delete_failed = true;
+                    true
+                } else {
+                    line == format!("OK delete_queue {q}")
                 }
             }
             Expect::Fetch => {
@@ -651,6 +883,9 @@ impl World {
             .filter(|m| m.acked && !m.consumed && !m.exempt)
             .map(|m| m.id.as_str())
             .collect();
+        if let Some(e) = self.failure.take() {
+            return Err(e);
+        }
         if !lost.is_empty() {
             return Err(format!(
                 "acked-not-lost: {} ACKed publish(es) never reached their receiver: {lost:?}",
@@ -663,6 +898,9 @@ impl World {
     fn run(&mut self) -> Result<(), Failure> {
         for _ in 0..STEPS {
             self.act()?;
+            if let Some(e) = self.failure.take() {
+                return Err(e);
+            }
             match self.rng.below(100) {
                 0 => self.crash()?,
                 1..=59 => {
@@ -676,15 +914,31 @@ impl World {
     }
 }
 
-/// Runs seed `seed`; the error names the seed, what broke and the last
-/// lines before it.
-fn run_seed(seed: u64) -> Result<(u64, u64, usize), String> {
+/// What the seeds did, to show they did what they are for.
+#[derive(Debug, Default)]
+struct Counts {
+    crashes: u64,
+    /// Deliveries acked by receivers.
+    acks: u64,
+    /// Publishes answered `ACK`.
+    acked: u64,
+    deletes: u64,
+    reconnects: u64,
+}
+
+/// Runs seed `seed`, adding to `counts`; the error names the seed, what
+/// broke and the last lines before it.
+fn run_seed(seed: u64, counts: &mut Counts) -> Result<(), String> {
     ciphermq_shard::hashers::fix_name_hashing_for_simulation();
     let mut world = World::new(seed);
     match world.run() {
         Ok(()) => {
-            let acked = world.msgs.iter().filter(|m| m.acked).count();
-            Ok((world.crashes, world.acks, acked))
+            counts.crashes += world.crashes;
+            counts.acks += world.acks;
+            counts.acked += world.msgs.iter().filter(|m| m.acked).count() as u64;
+            counts.deletes += world.deletes;
+            counts.reconnects += world.reconnects;
+            Ok(())
         }
         Err(e) => {
             let trace: Vec<String> = world.trace.iter().map(|l| format!("  {l}")).collect();
@@ -706,16 +960,11 @@ fn session_sim_every_reply_and_acked_publish_holds_across_faults_and_crashes() {
         Some(seed) => vec![seed],
         None => (0..env_u64("CIPHERMQ_SESSION_SIM_RUNS").unwrap_or(RUNS)).collect(),
     };
-    let (mut crashes, mut acks, mut acked) = (0, 0, 0);
+    let mut counts = Counts::default();
     let mut failures = Vec::new();
     for &seed in &seeds {
-        match run_seed(seed) {
-            Ok((c, a, p)) => {
-                crashes += c;
-                acks += a;
-                acked += p;
-            }
-            Err(e) => failures.push(e),
+        if let Err(e) = run_seed(seed, &mut counts) {
+            failures.push(e);
         }
     }
     assert!(
@@ -726,11 +975,15 @@ fn session_sim_every_reply_and_acked_publish_holds_across_faults_and_crashes() {
         failures.join("\n\n")
     );
     // The runs did what they are for.
-    if seeds.len() >= 20 {
-        assert!(crashes as usize > seeds.len(), "crashes: {crashes}");
-        assert!(acked > seeds.len() * 20, "ACKed publishes: {acked}");
-        assert!(acks as usize > seeds.len() * 20, "consumer acks: {acks}");
+    let n = seeds.len() as u64;
+    if n >= 20 {
+        assert!(counts.crashes > n, "{counts:?}");
+        assert!(counts.acked > n * 20, "{counts:?}");
+        assert!(counts.acks > n * 20, "{counts:?}");
+        assert!(counts.deletes > n / 2, "{counts:?}");
+        assert!(counts.reconnects > n, "{counts:?}");
     }
+    eprintln!("{} seeds: {counts:?}", seeds.len());
 }
 
 #[test]
