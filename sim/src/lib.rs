@@ -13,6 +13,7 @@
 //! - [`committer`]: the broker's commit rounds and backlog reads, run
 //!   synchronously over the simulated disk, with faults.
 //! - [`model`]: what the clients know, and the invariants.
+//! - [`shard_on_disk`]: a durable shard over the simulated disk.
 //! - [`world`]: one run: the shards, the clients, crashes and restarts.
 //!
 //! What is real: the shard crate entire (queues, routing, confinement,
@@ -29,6 +30,7 @@ pub mod committer;
 pub mod disk;
 pub mod model;
 pub mod rng;
+pub mod shard_on_disk;
 pub mod world;
 
 pub use world::{run, Failure, Options, Summary};

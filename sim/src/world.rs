@@ -10,21 +10,22 @@ use std::time::Duration;
 
 use ciphermq_proto::{ExchangeKind, NackReason};
 use ciphermq_shard::backlog::READAHEAD_MESSAGES;
-use ciphermq_shard::durability::{is_deleted_dir_name, DiskSpace};
+use ciphermq_shard::durability::is_deleted_dir_name;
 use ciphermq_shard::log::{queue_dir, recover_queue_at};
 use ciphermq_shard::message::Route;
 use ciphermq_shard::pending::{pending, Pending};
 use ciphermq_shard::topology::{Actor, Binding, BindingRule};
 use ciphermq_shard::{
-    Clock, Completion, ConnEvent, ConnRef, DedupHasher, DeliveryTracker, Durability, Mailbox,
-    ManualClock, Mesh, MeshInbound, Message, Origin, Outstanding, PublishStatus, QueueInfo,
-    QueueSettings, Shard, TopologyChange, TopologyStore,
+    Clock, Completion, ConnEvent, ConnRef, DedupHasher, DeliveryTracker, Mailbox, ManualClock,
+    Mesh, MeshInbound, Message, Origin, Outstanding, PublishStatus, QueueInfo, QueueSettings,
+    Shard, TopologyChange, TopologyStore,
 };
 
 use crate::committer::{read_backlog, Committer, Faults};
 use crate::disk::SimDisk;
 use crate::model::{invariant, Model, Violation};
 use crate::rng::Rng;
+use crate::shard_on_disk::durable_shard;
 
 /// How a run goes.
 #[derive(Debug, Clone)]
@@ -566,20 +567,14 @@ impl World {
         self.inbounds.clear();
         self.committers.clear();
         for endpoint in Mesh::build(n) {
-            let durable = Durability::new(
-                self.data.clone(),
+            self.shards.push(durable_shard(
+                &self.data,
                 SEGMENT_BYTES,
-                None,
-                Arc::new(DiskSpace::new()),
-            );
-            let mut shard = Shard::new(
-                self.settings.clone(),
-                self.store.clone(),
+                &self.settings,
+                &self.store,
                 endpoint.outbound,
-                Some(durable),
-            );
-            shard.set_clock(self.clock.clone());
-            self.shards.push(shard);
+                &self.clock,
+            ));
             self.inbounds.push(endpoint.inbound);
             self.committers.push(Committer::default());
         }

@@ -36,14 +36,12 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use ciphermq_shard::durability::DiskSpace;
 use ciphermq_shard::log::{queue_dir, recover_queue_at};
-use ciphermq_shard::{
-    Clock, Durability, ManualClock, Mesh, MeshInbound, QueueSettings, Shard, TopologyStore,
-};
+use ciphermq_shard::{Clock, ManualClock, Mesh, MeshInbound, QueueSettings, TopologyStore};
 use ciphermq_sim::committer::{read_backlog, Committer, Faults};
 use ciphermq_sim::disk::SimDisk;
 use ciphermq_sim::rng::Rng;
+use ciphermq_sim::shard_on_disk::durable_shard;
 
 use super::{body, Backing, Broker, Client};
 
@@ -253,19 +251,14 @@ impl World {
             }
         }
         let endpoint = Mesh::build(1).pop().expect("one endpoint");
-        let durable = Durability::new(
-            self.data.clone(),
+        let mut shard = durable_shard(
+            &self.data,
             SEGMENT_BYTES,
-            None,
-            Arc::new(DiskSpace::new()),
-        );
-        let mut shard = Shard::new(
-            self.settings.clone(),
-            self.store.clone(),
+            &self.settings,
+            &self.store,
             endpoint.outbound,
-            Some(durable),
+            &self.clock,
         );
-        shard.set_clock(self.clock.clone());
         let window_ms = self.settings.dedup_window.as_millis() as u64;
         let now = self.clock.now();
         for cn in RECEIVERS {
