@@ -45,6 +45,21 @@ use ciphermq_sim::shard_on_disk::durable_shard;
 
 use super::{body, Backing, Broker, Client};
 
+/// How long a reply decided off the shard may take before the run fails
+/// rather than hangs (the saver thread answers in milliseconds; a busy host
+/// may take seconds).
+const HANG_GUARD: Duration = Duration::from_secs(300);
+
+/// Wakes the simulation's thread when a reply decided by another thread
+/// (the topology saver) is in.
+struct Unpark(std::thread::Thread);
+
+impl std::task::Wake for Unpark {
+    fn wake(self: Arc<Self>) {
+        self.0.unpark();
+    }
+}
+
 /// Seeds a default run tries.
 const RUNS: u64 = 120;
 /// Commands per seed, before the last drain.
@@ -175,6 +190,8 @@ impl World {
         drop(admin);
         let settings = QueueSettings {
             carry_dedup: true,
+            // A fixed key: one seed, one run.
+            dedup_hasher: ciphermq_shard::DedupHasher::from_bytes([7; 16]),
             ..QueueSettings::default()
         };
         let store = broker.local.shared.topology.clone();
@@ -321,23 +338,43 @@ impl World {
 
     /// Runs the shard until connection `c`'s replies decided off the shard
     /// are in (a topology change saved by the saver thread, a deletion
-    /// finished by the committer).
+    /// finished by the committer). While only another thread can answer,
+    /// this thread sleeps until that reply wakes it.
     fn await_pending(&mut self, c: usize) -> Result<(), Failure> {
-        let mut cx = Context::from_waker(Waker::noop());
-        for _ in 0..100_000 {
+        if self.conns[c].client.session.pending_replies.is_empty() {
+            return Ok(());
+        }
+        // The shard is brought to rest first, so what it does from here
+        // depends on the replies alone, never on when the saver thread
+        // answered: a seed replays exactly.
+        self.pump(None)?;
+        let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+        let mut cx = Context::from_waker(&waker);
+        let started = std::time::Instant::now();
+        loop {
             let session = &mut self.conns[c].client.session;
             session.poll_pending_replies(&mut cx);
             if session.pending_replies.is_empty() {
                 return Ok(());
             }
-            self.pump(None)?;
-            // The saver is a thread of its own.
-            std::thread::yield_now();
+            let shard_work = {
+                let shard = self.broker.local.shard.borrow();
+                self.committer.has_work(&shard) || shard.has_chores()
+            };
+            if shard_work {
+                self.pump(None)?;
+                continue;
+            }
+            // Not a timing assumption: only a reply that never comes gets
+            // here, and it fails the run instead of hanging it.
+            if started.elapsed() > HANG_GUARD {
+                return Err(format!(
+                    "{}#{c}: a reply decided off the shard never came",
+                    self.conns[c].cn
+                ));
+            }
+            std::thread::park_timeout(Duration::from_secs(1));
         }
-        Err(format!(
-            "{}#{c}: a reply decided off the shard never came",
-            self.conns[c].cn
-        ))
     }
 
     /// One random command.
