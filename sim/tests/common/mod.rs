@@ -8,15 +8,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ciphermq_proto::ExchangeKind;
-use ciphermq_shard::durability::DiskSpace;
 use ciphermq_shard::topology::Actor;
 use ciphermq_shard::{
-    Clock, Completion, ConnEvent, DedupHasher, Durability, Mesh, Message, Origin, PublishStatus,
-    QueueSettings, Shard, TopologyChange, TopologyStore,
+    Clock, Completion, ConnEvent, DedupHasher, Mesh, Message, Origin, PublishStatus, QueueSettings,
+    Shard, TopologyChange, TopologyStore,
 };
 use ciphermq_sim::committer::{Committer, Faults};
 use ciphermq_sim::disk::SimDisk;
 use ciphermq_sim::rng::Rng;
+use ciphermq_sim::shard_on_disk::durable_shard;
 
 pub const NO_FAULTS: Faults = Faults::NONE;
 pub const ALL_FAIL: Faults = Faults {
@@ -83,15 +83,8 @@ impl Fixture {
             ..QueueSettings::default()
         };
         let endpoint = Mesh::build(1).pop().expect("one shard");
-        let durable = Durability::new(data.clone(), 1 << 20, None, Arc::new(DiskSpace::new()));
-        let mut shard = Shard::new(
-            settings.clone(),
-            store.clone(),
-            endpoint.outbound,
-            Some(durable),
-        );
         let (clock, manual) = Clock::manual(1_700_000_000_000);
-        shard.set_clock(clock.clone());
+        let mut shard = durable_shard(&data, 1 << 20, &settings, &store, endpoint.outbound, &clock);
         let (conn, mailbox) = shard.register_conn();
         let fixture = Fixture {
             _dir: dir,
