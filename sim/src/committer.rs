@@ -118,7 +118,9 @@ impl Committer {
         Some(format!("wrote a round of {n} jobs"))
     }
 
-    /// Moves a deleted queue's directory aside durably, then frees it.
+    /// Moves a deleted queue's directory aside durably, then frees it; a
+    /// moving owner's queue goes whole to where its move keeps it
+    /// (`QueueRemoval::keep`), and stays.
     fn remove_dir(
         &mut self,
         removal: QueueRemoval,
@@ -128,7 +130,9 @@ impl Committer {
         faults: Faults,
     ) {
         self.removals += 1;
-        let aside = ciphermq_shard::durability::deleted_dir(&removal.dir, self.removals);
+        let aside = removal.keep.clone().unwrap_or_else(|| {
+            ciphermq_shard::durability::deleted_dir(&removal.dir, self.removals)
+        });
         let result = (|| -> std::io::Result<Option<PathBuf>> {
             fault(rng, faults, "rename")?;
             match disk.rename_dir(&removal.dir, &aside) {
@@ -139,6 +143,12 @@ impl Committer {
             fault(rng, faults, "directory sync")?;
             if let Some(parent) = removal.dir.parent() {
                 disk.sync_dir(parent);
+            }
+            if removal.keep.is_some() {
+                if let Some(parent) = aside.parent() {
+                    disk.sync_dir(parent);
+                }
+                return Ok(None);
             }
             Ok(Some(aside))
         })();

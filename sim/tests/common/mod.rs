@@ -13,7 +13,7 @@ use ciphermq_shard::{
     Clock, Completion, ConnEvent, DedupHasher, Mesh, Message, Origin, PublishStatus, QueueSettings,
     Shard, TopologyChange, TopologyStore,
 };
-use ciphermq_sim::committer::{Committer, Faults};
+use ciphermq_sim::committer::{read_backlog, Committer, Faults};
 use ciphermq_sim::disk::SimDisk;
 use ciphermq_sim::rng::Rng;
 use ciphermq_sim::shard_on_disk::durable_shard;
@@ -212,13 +212,30 @@ impl Fixture {
         self.give_back(&held);
     }
 
-    /// Fetches `q`'s one message (command `seq`) and holds it.
+    /// Fetches `q`'s one message (command `seq`) and holds it; a message
+    /// waiting on disk (a recovered queue's) is read in first.
     pub fn fetch_one(&mut self, seq: u64) -> ciphermq_shard::Outstanding {
         let info = self.store.snapshot().queue("q").cloned().expect("q");
         let now = self.clock.now();
-        let Some(Completion::Fetched(got)) = self.shard.fetch(self.origin(seq), &info, 10, now)
-        else {
-            panic!("fetch answered at once");
+        let got = match self.shard.fetch(self.origin(seq), &info, 10, now) {
+            Some(Completion::Fetched(got)) => got,
+            None => {
+                let mut rng = Rng::new(1);
+                while read_backlog(&mut self.shard, &mut rng, NO_FAULTS, now) > 0 {}
+                let mut events = std::collections::VecDeque::new();
+                self.mailbox.drain_into(&mut events);
+                events
+                    .into_iter()
+                    .find_map(|e| match e {
+                        ConnEvent::Completed {
+                            completion: Completion::Fetched(got),
+                            ..
+                        } => Some(got),
+                        _ => None,
+                    })
+                    .expect("the fetch answered once its message was read")
+            }
+            Some(other) => panic!("fetch answered {other:?}"),
         };
         assert_eq!(got.len(), 1);
         let mut tracker = ciphermq_shard::DeliveryTracker::default();
