@@ -210,6 +210,11 @@ impl QueueLog {
 
     /// A log continuing what recovery found; new appends go to a new segment
     /// unless the newest one holds no message yet and is of this version.
+    /// Its directory must exist: no job of it makes the directory, so a
+    /// queue recovered from a missing one could never write. A queue that
+    /// never stored anything has no directory and is not restored (a
+    /// restart does not find it, an adoption skips it): it gets a new log
+    /// when first used.
     pub fn recovered(
         dir: PathBuf,
         segment_bytes: u64,
@@ -217,6 +222,7 @@ impl QueueLog {
         found: &[RecoveredSegment],
         dedup_files: &[RecoveredDedupFile],
     ) -> QueueLog {
+        debug_assert!(dir.is_dir(), "a log recovered from a missing directory");
         let mut log = QueueLog::new(dir, segment_bytes, next_seq);
         log.dedup.adopt(dedup_files);
         log.dir_exists = true;
