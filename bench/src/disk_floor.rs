@@ -341,6 +341,15 @@ fn commit_rounds(
                 break;
             }
             std::mem::swap(&mut round, &mut due.times);
+            // Overwriting, a round never outgrows the file: what does not
+            // fit stays due for the next round (a committer kept off the
+            // CPU on a busy host may find thousands due at once).
+            if let Some(end) = wrap {
+                let fits = ((end / record_bytes as u64) as usize).max(1);
+                if round.len() > fits {
+                    due.times.extend(round.drain(fits..));
+                }
+            }
             let len = round.len() * record_bytes;
             if wrap.is_some_and(|end| due.offset + len as u64 > end) {
                 due.offset = 0;
