@@ -481,13 +481,20 @@ impl QueueLog {
         self.pending.len()
     }
 
-    /// Whether its files stand still: no job being written, nothing
-    /// appended and waiting for one, nobody waiting for a commit. Spent
-    /// segments not deleted yet do not count: a copy of the directory
-    /// taken now holds everything acknowledged, and those segments are
-    /// only read as already acked.
+    /// Whether its files stand still: no job being written or written and
+    /// not finished, nothing appended and waiting for one, nobody waiting
+    /// for a commit. Spent segments not deleted yet do not count: a copy of
+    /// the directory taken now holds everything acknowledged, and those
+    /// segments are only read as already acked.
+    ///
+    /// A job written and not finished counts: until it is, nobody knows
+    /// whether its write or sync failed, and a queue that left the shard
+    /// meanwhile would have its publishes answered without its log to say
+    /// (`Durability::job_done`). The simulation's owner moves found that
+    /// (`sim/tests/moves.rs`).
     pub fn is_quiet(&self) -> bool {
         !self.writing
+            && self.syncing == 0
             && self.pending.is_empty()
             && self.waiters.is_empty()
             && !self.dedup.has_pending()
