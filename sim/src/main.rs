@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use ciphermq_sim::{run, Options};
 
-const USAGE: &str = "usage: ciphermq-sim [--seed N | --seeds COUNT [--from FIRST]] [--steps N] [--shards 1|2] [--no-faults] [--no-crashes] [--full-trace]";
+const USAGE: &str = "usage: ciphermq-sim [--seed N | --seeds COUNT [--from FIRST]] [--steps N] [--shards 1|2] [--no-faults] [--no-crashes] [--moves] [--full-trace]";
 
 fn main() -> ExitCode {
     let mut opts = Options::default();
@@ -40,6 +40,10 @@ fn main() -> ExitCode {
             }
             "--full-trace" => {
                 opts.full_trace = true;
+                Ok(())
+            }
+            "--moves" => {
+                opts.moves = true;
                 Ok(())
             }
             "--no-crashes" => {

@@ -40,6 +40,9 @@ pub struct Options {
     pub shards: Option<usize>,
     /// A failure shows every step, not only those about its messages.
     pub full_trace: bool,
+    /// Owners move away and back now and then (see [`Move`]). Off by
+    /// default, so that the seeds of runs without moves replay as before.
+    pub moves: bool,
 }
 
 impl Default for Options {
@@ -50,6 +53,7 @@ impl Default for Options {
             crashes: true,
             shards: None,
             full_trace: false,
+            moves: false,
         }
     }
 }
@@ -80,6 +84,8 @@ pub struct Summary {
     pub purges: u64,
     /// Queues deleted.
     pub deletes: u64,
+    /// Owners moved away and back.
+    pub moves: u64,
     /// The most the memory budget was passed by, as a share of the budget
     /// (after the consumers' unacked bytes are counted out).
     pub worst_memory: f64,
@@ -190,6 +196,7 @@ enum Action {
     Redeclare,
     Reconnect,
     Crash,
+    Move,
 }
 
 /// How often each action comes, drawn per seed: some runs publish far
@@ -199,9 +206,9 @@ enum Action {
 struct Mix(Vec<(Action, u64)>);
 
 impl Mix {
-    fn draw(rng: &mut Rng) -> Mix {
+    fn draw(rng: &mut Rng, moves: bool) -> Mix {
         let mut weight = |lo, hi| rng.between(lo, hi);
-        Mix(vec![
+        let mut mix = Mix(vec![
             (Action::Publish, weight(200, 450)),
             (Action::PublishAgain, weight(20, 80)),
             (Action::Ack, weight(40, 220)),
@@ -216,7 +223,13 @@ impl Mix {
             (Action::Redeclare, weight(5, 12)),
             (Action::Reconnect, weight(3, 12)),
             (Action::Crash, weight(1, 5)),
-        ])
+        ]);
+        // Drawn last, so that runs without moves draw as they always did.
+        if moves {
+            // A move takes several steps (freeze, settle, leave, return).
+            mix.0.push((Action::Move, weight(5, 20)));
+        }
+        mix
     }
 
     fn total(&self) -> u64 {
@@ -324,6 +337,29 @@ struct World {
     /// This run's mix of actions.
     mix: Mix,
     last_sweep: Duration,
+    /// The owner moving away and back, if one is.
+    moving: Option<Move>,
+}
+
+/// How a leaving queue's directory move went (`Shard::detach`).
+type DirMoved = Result<(), String>;
+
+/// An owner moving to another node and back, as the cluster hands an owner
+/// over and adopts it again (`Shard::freeze`, `is_quiet`, `detach`,
+/// `restore_queue`): its connections close, its queues freeze and settle,
+/// leave their shard with their directories (kept under `moving/`), and
+/// are recovered from those directories again. The heir is the same shard
+/// here; what the move must not lose or reorder is the same.
+#[derive(Debug)]
+struct Move {
+    owner: &'static str,
+    /// Per shard, the owner's queues it held.
+    parts: Vec<(usize, Vec<Arc<str>>)>,
+    /// Once detached: each queue's directory move, and its outcome once
+    /// known.
+    detached: Vec<(Pending<DirMoved>, Option<DirMoved>)>,
+    /// Whether the queues were detached.
+    left: bool,
 }
 
 /// Runs the simulation of `seed`.
@@ -379,6 +415,7 @@ impl World {
         .map_err(|e| e.to_string())?;
         let data = root.path().join("data");
         std::fs::create_dir_all(data.join("queues")).map_err(|e| e.to_string())?;
+        std::fs::create_dir_all(data.join("moving")).map_err(|e| e.to_string())?;
         let disk = SimDisk::new(&data).map_err(|e| e.to_string())?;
         let shards = opts.shards.unwrap_or(1 + rng.below(2) as usize);
         let (clock, manual) = Clock::manual(1_700_000_000_000 + rng.below(1 << 30));
@@ -406,7 +443,7 @@ impl World {
         } else {
             Faults::NONE
         };
-        let mix = Mix::draw(&mut rng);
+        let mix = Mix::draw(&mut rng, opts.moves);
         let store = Arc::new(TopologyStore::new(shards));
         store.set_binding_rule(Arc::new(OwnerRule));
         let defs = queue_defs();
@@ -440,6 +477,7 @@ impl World {
             },
             last_sweep: Duration::ZERO,
             mix,
+            moving: None,
         };
         for (name, kind) in [("x", ExchangeKind::Direct), ("f", ExchangeKind::Fanout)] {
             world.change(TopologyChange::DeclareExchange {
@@ -550,6 +588,16 @@ impl World {
                 }
                 self.blocked[q] = false;
             }
+        }
+        // A move a crash interrupted ends here, as the broker's readoption
+        // of a moving directory does: its directories come back.
+        if let Some(mv) = self.moving.take() {
+            for (_, names) in &mv.parts {
+                for name in names {
+                    self.come_home(name)?;
+                }
+            }
+            self.note(format!("move of {}: ended by the restart", mv.owner));
         }
         let queues = self.data.join("queues");
         let mut listed: Vec<PathBuf> = std::fs::read_dir(&queues)
@@ -684,6 +732,7 @@ impl World {
         }
         self.note("final drain".into());
         self.faults = Faults::NONE;
+        self.finish_move()?;
         self.drain()?;
         let names: Vec<String> = self.defs.iter().map(|d| d.name.clone()).collect();
         self.model.check_nothing_lost(&names)
@@ -732,6 +781,7 @@ impl World {
             }
             Action::Crash if self.opts.crashes => self.crash(),
             Action::Crash => Ok(()),
+            Action::Move => self.move_step(),
         }
     }
 
@@ -1134,8 +1184,19 @@ impl World {
         Ok(())
     }
 
+    /// Whether queue `q`'s owner is moving: its queues are neither deleted
+    /// nor declared meanwhile (the cluster changes an owner's topology only
+    /// where the owner is served).
+    fn is_moving(&self, q: usize) -> bool {
+        self.moving
+            .as_ref()
+            .is_some_and(|m| m.owner == self.defs[q].owner)
+    }
+
     fn delete(&mut self) -> Result<(), Violation> {
-        let candidates: Vec<usize> = (0..self.defs.len()).filter(|&q| self.exists[q]).collect();
+        let candidates: Vec<usize> = (0..self.defs.len())
+            .filter(|&q| self.exists[q] && !self.is_moving(q))
+            .collect();
         if candidates.is_empty() {
             return Ok(());
         }
@@ -1163,7 +1224,12 @@ impl World {
 
     fn redeclare(&mut self) -> Result<(), Violation> {
         let candidates: Vec<usize> = (0..self.defs.len())
-            .filter(|&q| !self.exists[q] && self.deleting[q].is_none() && !self.blocked[q])
+            .filter(|&q| {
+                !self.exists[q]
+                    && self.deleting[q].is_none()
+                    && !self.blocked[q]
+                    && !self.is_moving(q)
+            })
             .collect();
         if candidates.is_empty() {
             return Ok(());
@@ -1175,6 +1241,181 @@ impl World {
         })?;
         self.note(format!("declared {} again", self.defs[q].name));
         Ok(())
+    }
+
+    /// One step of an owner's move (see [`Move`]): starts one, detaches its
+    /// settled queues, or brings them back once their directories moved.
+    fn move_step(&mut self) -> Result<(), Violation> {
+        let Some(mut mv) = self.moving.take() else {
+            self.start_move();
+            return Ok(());
+        };
+        if !mv.left {
+            let quiet = mv
+                .parts
+                .iter()
+                .all(|(s, names)| self.shards[*s].is_quiet(names));
+            if quiet {
+                let keep = self.data.join("moving");
+                for (s, names) in &mv.parts {
+                    let moved = self.shards[*s].detach(names, &|name| Some(keep.join(name)));
+                    mv.detached.extend(moved.into_iter().map(|p| (p, None)));
+                    // Gone from here as far as routing goes: in the cluster
+                    // the topology now names the heir, and nothing makes
+                    // these queues here again before they come back.
+                    self.shards[*s].freeze(names);
+                }
+                mv.left = true;
+                self.note(format!("move of {}: its queues leave", mv.owner));
+            }
+            self.moving = Some(mv);
+            return Ok(());
+        }
+        for (moved, outcome) in &mut mv.detached {
+            if outcome.is_none() {
+                *outcome = moved.try_take();
+            }
+        }
+        if mv.detached.iter().any(|(_, outcome)| outcome.is_none()) {
+            self.moving = Some(mv);
+            return Ok(());
+        }
+        self.arrive(mv)
+    }
+
+    /// Starts moving a receiver whose queues are not being deleted: its
+    /// connections close (they were on the node it leaves) and its queues
+    /// freeze.
+    fn start_move(&mut self) {
+        let owner = *self.rng.pick(&RECEIVERS);
+        let deleting = (0..self.defs.len()).any(|q| {
+            self.defs[q].owner == owner && (self.deleting[q].is_some() || self.blocked[q])
+        });
+        if deleting {
+            return;
+        }
+        let mut parts = Vec::new();
+        for s in 0..self.shards.len() {
+            // In name order: the topology's own order is a hash map's.
+            let mut names = self.shards[s].owner_queues(owner);
+            names.sort();
+            if !names.is_empty() {
+                parts.push((s, names));
+            }
+        }
+        if parts.is_empty() {
+            return;
+        }
+        for (s, names) in &parts {
+            self.shards[*s].freeze(names);
+        }
+        let mut c = 0;
+        while c < self.conns.len() {
+            if self.conns[c].cn != owner {
+                c += 1;
+                continue;
+            }
+            let conn = self.conns.swap_remove(c);
+            self.shards[conn.shard].unregister_conn(conn.cref, conn.consumed);
+            self.unanswered_purges(&conn);
+        }
+        self.summary.moves += 1;
+        self.note(format!("move of {owner} begins: {parts:?} freeze"));
+        self.moving = Some(Move {
+            owner,
+            parts,
+            detached: Vec::new(),
+            left: false,
+        });
+    }
+
+    /// The moved queues arrive: each directory goes back under `queues/`
+    /// (wherever its move left it: a failed rename leaves it in place), the
+    /// queue is recovered from it and serves again, and the owner
+    /// connects.
+    fn arrive(&mut self, mv: Move) -> Result<(), Violation> {
+        let window_ms = self.settings.dedup_window.as_millis() as u64;
+        let now = self.clock.now();
+        for (s, names) in &mv.parts {
+            for name in names {
+                let home = queue_dir(&self.data, name);
+                self.come_home(name)?;
+                // A queue that never stored anything has no directory: it
+                // is made anew when first used, as the broker's adoption
+                // leaves it.
+                if home.exists() && !self.shards[*s].holds_queue(name) {
+                    let recovered = recover_queue_at(
+                        &home,
+                        &self.settings.dedup_hasher,
+                        window_ms,
+                        &self.clock,
+                    )
+                    .map_err(|e| Violation {
+                        invariant: invariant::ACKED_NOT_LOST,
+                        detail: format!("recovery of moved {name} failed: {e}"),
+                    })?;
+                    let runs: Vec<String> = recovered
+                        .backlog
+                        .iter()
+                        .map(|r| format!("{}..={} ({})", r.first_seq, r.last_seq, r.count))
+                        .collect();
+                    self.note(format!(
+                        "move of {}: {name} recovered, next seq {}, runs {runs:?}",
+                        mv.owner, recovered.next_seq
+                    ));
+                    self.shards[*s].restore_queue(name.clone(), recovered, now);
+                }
+            }
+            self.shards[*s].thaw(names, now);
+        }
+        let outcomes: Vec<String> = mv
+            .detached
+            .iter()
+            .map(|(_, outcome)| format!("{outcome:?}"))
+            .collect();
+        self.note(format!(
+            "move of {}: back and serving (directory moves: {outcomes:?})",
+            mv.owner
+        ));
+        self.open(mv.owner);
+        Ok(())
+    }
+
+    /// Moves `name`'s directory back from `moving/` if its move took it
+    /// there, durably.
+    fn come_home(&mut self, name: &str) -> Result<(), Violation> {
+        let kept = self.data.join("moving").join(name);
+        if !kept.exists() {
+            return Ok(());
+        }
+        let home = queue_dir(&self.data, name);
+        self.disk
+            .rename_dir(&kept, &home)
+            .map_err(|e| io_violation("moving a queue's directory back", e))?;
+        self.disk.sync_dir(&self.data.join("queues"));
+        self.disk.sync_dir(&self.data.join("moving"));
+        Ok(())
+    }
+
+    /// Finishes a move in progress (before the final drain): commits until
+    /// its queues settle, leave and come back.
+    fn finish_move(&mut self) -> Result<(), Violation> {
+        for _ in 0..10_000 {
+            if self.moving.is_none() {
+                return Ok(());
+            }
+            for shard in 0..self.shards.len() {
+                while self.committers[shard].has_work(&self.shards[shard]) {
+                    self.commit(shard);
+                }
+            }
+            self.settle()?;
+            self.move_step()?;
+        }
+        Err(Violation {
+            invariant: invariant::ACKED_NOT_LOST,
+            detail: "a move never finished: its queues never settled".into(),
+        })
     }
 
     fn reconnect(&mut self) {

@@ -16,20 +16,23 @@ fn seeds() -> u64 {
         .unwrap_or(SEEDS)
 }
 
-fn run_seeds(shards: usize) {
+fn run_seeds(shards: Option<usize>, moves: bool) {
     let opts = Options {
         steps: STEPS,
-        shards: Some(shards),
+        shards,
+        moves,
         ..Options::default()
     };
     let mut failures = Vec::new();
     let mut crashes = 0;
     let mut acked = 0;
+    let mut moved = 0;
     for seed in 0..seeds() {
         match run(seed, &opts) {
             Ok(summary) => {
                 crashes += summary.crashes;
                 acked += summary.acked;
+                moved += summary.moves;
             }
             Err(failure) => failures.push(failure.to_string()),
         }
@@ -44,16 +47,40 @@ fn run_seeds(shards: usize) {
     // The runs did what they are for.
     assert!(crashes > seeds(), "crashes: {crashes}");
     assert!(acked > seeds() * 100, "acked publishes: {acked}");
+    assert!(!moves || moved > seeds(), "owner moves: {moved}");
 }
 
 #[test]
 fn every_invariant_holds_on_one_shard() {
-    run_seeds(1);
+    run_seeds(Some(1), false);
 }
 
 #[test]
 fn every_invariant_holds_on_two_shards() {
-    run_seeds(2);
+    run_seeds(Some(2), false);
+}
+
+/// Owners move away and back (freeze, settle, leave with their
+/// directories, recover), among everything else; the seed picks 1 or 2
+/// shards.
+#[test]
+fn every_invariant_holds_while_owners_move() {
+    run_seeds(None, true);
+}
+
+#[test]
+fn a_seed_with_moves_replays_exactly() {
+    let opts = Options {
+        moves: true,
+        ..Options::default()
+    };
+    let first = run(128, &opts).expect("seed 128 passes");
+    let second = run(128, &opts).expect("seed 128 passes");
+    assert!(first.moves > 0, "seed 128 moves owners");
+    assert_eq!(
+        first.trace_digest, second.trace_digest,
+        "the same run twice"
+    );
 }
 
 #[test]
