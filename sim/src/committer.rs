@@ -303,7 +303,7 @@ fn finish(
 ) {
     let WrittenRound { jobs, written } = round;
     for (job, mut io) in jobs.into_iter().zip(written) {
-        if io.is_done() && job.create {
+        if io.is_done() && job.sync_dir {
             if rng.chance(faults.io_per_mille) {
                 io = JobIo::Failed;
             } else {

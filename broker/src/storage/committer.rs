@@ -674,8 +674,8 @@ async fn sync_round(stages: Stages, files: Rc<RefCell<Files>>, round: WrittenRou
     } = round;
     let io: Vec<IoResult<()>> = join_all(jobs.iter().zip(written).map(|(job, file)| async move {
         file?;
-        if job.create {
-            // The new file's name must survive a crash too.
+        if job.sync_dir {
+            // The new (or recovered) file's name must survive a crash too.
             Directory::open(&job.dir).await?.sync().await?;
         }
         Ok(())

@@ -85,6 +85,13 @@ pub struct CommitJob {
     /// The file is new: create it (never over an existing file), write the
     /// file header, and sync the directory after the data.
     pub create: bool,
+    /// Sync the directory after the data, so the file's name is durable
+    /// before anything in it is acknowledged: a new file's (`create`), or
+    /// the first job into a file recovery found and appends to. That name
+    /// may never have been synced: a job that created the file can fail
+    /// before its directory sync, and the cut that would then have synced
+    /// it is lost when the queue moves away or the broker restarts first.
+    pub sync_dir: bool,
     /// Files to cut back to a length before writing (after a failed job:
     /// their ends are unknown past it). The file at `path` may be among
     /// them, and may not exist yet if its creation failed.
@@ -141,6 +148,9 @@ impl CommitJob {
 pub struct QueueLog {
     dir: PathBuf,
     dir_exists: bool,
+    /// The active segment is a file recovery found: the next job syncs its
+    /// directory (see [`CommitJob::sync_dir`]).
+    name_unsure: bool,
     /// See [`CommitJob::fence`].
     fence: Option<Arc<dyn crate::log::LogFence>>,
     segment_bytes: u64,
@@ -186,6 +196,7 @@ impl QueueLog {
             window_ms: u64::MAX,
             dir,
             dir_exists: false,
+            name_unsure: false,
             fence: None,
             segment_bytes,
             segments: VecDeque::new(),
@@ -236,7 +247,10 @@ impl QueueLog {
             });
         }
         match found.last() {
-            Some(last) if last.base == next_seq && last.appendable => log.written = last.len,
+            Some(last) if last.base == next_seq && last.appendable => {
+                log.written = last.len;
+                log.name_unsure = true;
+            }
             _ => log.open_segment(next_seq),
         }
         log
@@ -572,6 +586,7 @@ impl QueueLog {
             path: active.path.clone(),
             segment: active.base,
             create: !active.created,
+            sync_dir: !active.created || std::mem::take(&mut self.name_unsure),
             cuts: std::mem::take(&mut self.cuts),
             offset: self.written,
             bytes: std::mem::take(&mut self.pending),
@@ -753,6 +768,41 @@ mod tests {
     }
 
     const H: u64 = FILE_HEADER_BYTES;
+
+    #[test]
+    fn the_first_job_into_a_recovered_segment_syncs_its_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let found = [RecoveredSegment {
+            base: 5,
+            path: dir.path().join("segment-00000000000000000005.log"),
+            len: H,
+            live: 0,
+            appendable: true,
+        }];
+        let mut log = QueueLog::recovered(dir.path().to_path_buf(), 1 << 20, 5, &found, &[]);
+        log.append_message(5, &msg("a"));
+        log.add_waiter(1);
+        let job = take(&mut log, 6);
+        assert!(!job.create, "the file exists");
+        assert!(job.sync_dir, "its name may never have been synced");
+        finish(&mut log, &job);
+        log.append_message(6, &msg("b"));
+        let job = take(&mut log, 7);
+        assert!(!job.create && !job.sync_dir, "once is enough");
+    }
+
+    #[test]
+    fn a_log_is_not_quiet_while_a_job_is_written_and_not_finished() {
+        let mut log = QueueLog::new(PathBuf::from("/d/q"), 1 << 20, 0);
+        log.append_message(0, &msg("a"));
+        log.add_waiter(1);
+        let job = take(&mut log, 1);
+        assert!(!log.is_quiet(), "being written");
+        log.job_written(&job, false);
+        assert!(!log.is_quiet(), "written, its failure not reported yet");
+        assert!(!log.job_done(&job, JobIo::Failed));
+        assert!(log.is_quiet());
+    }
 
     #[test]
     fn jobs_carry_appends_waiters_and_offsets() {
