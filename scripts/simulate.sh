@@ -7,7 +7,8 @@
 # its seed, the steps about the messages it names, and how to replay it:
 #   cargo run --release -p ciphermq-sim -- --seed <seed> [--full-trace]
 #
-#   scripts/simulate.sh [seeds] [first seed] [steps]   (default 10000 from 0, 3000 steps)
+#   scripts/simulate.sh [seeds] [first seed] [steps] [more ciphermq-sim options, e.g. --moves]
+#   (default 10000 from 0, 3000 steps)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seeds=${1:-10000}
@@ -16,4 +17,4 @@ steps=${3:-3000}
 target=target/sim-checked
 CARGO_PROFILE_RELEASE_DEBUG_ASSERTIONS=true CARGO_PROFILE_RELEASE_OVERFLOW_CHECKS=true \
     cargo build --release -q -p ciphermq-sim --target-dir "$target"
-exec "$target/release/ciphermq-sim" --seeds "$seeds" --from "$from" --steps "$steps"
+exec "$target/release/ciphermq-sim" --seeds "$seeds" --from "$from" --steps "$steps" "${@:4}"

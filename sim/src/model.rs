@@ -345,6 +345,16 @@ impl Model {
         self.first_seen.clear();
     }
 
+    /// Queue `q` came back from a move: recovered from its directory as a
+    /// restart recovers it, so its seqs go on from what its log still
+    /// records (from 0 when every segment had been acked and deleted).
+    /// Orders are compared from here on, as after a restart; the
+    /// publishers' connections, unlike a restart's, lived through it.
+    pub fn queue_moved(&mut self, q: usize) {
+        self.first_seen.retain(|&(_, oq, _, _), _| oq != q);
+        self.order.retain(|&(oq, _, _), _| oq != q);
+    }
+
     /// After the final drain: every ACKed publish was consumed from every
     /// queue it was routed to that was not purged or deleted since.
     pub fn check_nothing_lost(&self, queue_names: &[String]) -> Result<(), Violation> {

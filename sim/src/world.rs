@@ -1367,6 +1367,11 @@ impl World {
                 }
             }
             self.shards[*s].thaw(names, now);
+            for name in names {
+                if let Some(q) = self.defs.iter().position(|d| *d.name == **name) {
+                    self.model.queue_moved(q);
+                }
+            }
         }
         let outcomes: Vec<String> = mv
             .detached
