@@ -338,6 +338,12 @@ pub struct Queue {
     unacked: HashMap<u64, Inflight, crate::hashers::BuildIntHasher>,
     consumers: Vec<Consumer>,
     next_consumer: usize,
+    /// Connections a delivery was taken back from after `ack_wait`, until
+    /// they close: they still count it outstanding, so a deletion must
+    /// tell them too ([`Queue::holders`]), or an ack of it could reach the
+    /// queue declared again under this name, and settle that queue's own
+    /// message of the same seq.
+    expired_holders: Vec<ConnRef>,
     /// Ids of the messages it holds and of those acked within the window.
     dedup: IdSet,
     /// With durable logs: acked keys whose only evidence is their message's
@@ -386,6 +392,7 @@ impl Queue {
             requeued: BTreeMap::new(),
             unacked: HashMap::default(),
             consumers: Vec::new(),
+            expired_holders: Vec::new(),
             next_consumer: 0,
             dedup: IdSet::new(dedup_window),
             uncarried: VecDeque::new(),

@@ -305,6 +305,9 @@ impl Queue {
             }
             if let Some(inflight) = self.unacked.remove(&seq) {
                 self.release(inflight.conn, &inflight.entry);
+                if !self.expired_holders.contains(&inflight.conn) {
+                    self.expired_holders.push(inflight.conn);
+                }
                 self.give_back(inflight.entry, settings, now, dead);
                 expired += 1;
             }
@@ -313,13 +316,19 @@ impl Queue {
     }
 
     /// The connections this queue deals with: each consumer (`true`), and
-    /// each other connection holding an unacked delivery of it (`false`);
-    /// each once. For telling them when the queue is deleted.
+    /// each other connection holding an unacked delivery of it, or one
+    /// taken back from it after `ack_wait` (`false`); each once. For
+    /// telling them when the queue is deleted.
     pub fn holders(&self) -> Vec<(ConnRef, bool)> {
         let mut out: Vec<(ConnRef, bool)> = self.consumers.iter().map(|c| (c.conn, true)).collect();
-        for inflight in self.unacked.values() {
-            if !out.iter().any(|(c, _)| *c == inflight.conn) {
-                out.push((inflight.conn, false));
+        let others = self
+            .unacked
+            .values()
+            .map(|inflight| inflight.conn)
+            .chain(self.expired_holders.iter().copied());
+        for conn in others {
+            if !out.iter().any(|(c, _)| *c == conn) {
+                out.push((conn, false));
             }
         }
         out
@@ -350,6 +359,7 @@ impl Queue {
     /// should give back, so the giving back is the caller's to pace.
     pub fn remove_conn(&mut self, conn: ConnRef, owed: &mut Vec<u64>) {
         self.consumers.retain(|c| c.conn != conn);
+        self.expired_holders.retain(|c| *c != conn);
         if self.next_consumer >= self.consumers.len() {
             self.next_consumer = 0;
         }
