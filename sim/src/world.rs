@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ciphermq_proto::{ExchangeKind, NackReason};
 use ciphermq_shard::backlog::READAHEAD_MESSAGES;
@@ -355,11 +355,9 @@ struct Move {
     owner: &'static str,
     /// Per shard, the owner's queues it held.
     parts: Vec<(usize, Vec<Arc<str>>)>,
-    /// Once detached: each queue's directory move, and its outcome once
-    /// known.
+    /// Once detached (empty until then): each queue's directory move, and
+    /// its outcome once known.
     detached: Vec<(Pending<DirMoved>, Option<DirMoved>)>,
-    /// Whether the queues were detached.
-    left: bool,
 }
 
 /// Runs the simulation of `seed`.
@@ -629,46 +627,13 @@ impl World {
         let snapshot = self.store.snapshot();
         let mut infos: Vec<QueueInfo> = snapshot.queues().cloned().collect();
         infos.sort_by(|a, b| a.name.cmp(&b.name));
-        let window_ms = self.settings.dedup_window.as_millis() as u64;
         let now = self.clock.now();
         for info in infos {
             let dir = queue_dir(&self.data, &info.name);
             if !dir.exists() {
                 continue;
             }
-            let recovered =
-                recover_queue_at(&dir, &self.settings.dedup_hasher, window_ms, &self.clock)
-                    .map_err(|e| Violation {
-                        invariant: invariant::ACKED_NOT_LOST,
-                        detail: format!("recovery of {} failed: {e}", info.name),
-                    })?;
-            let runs: Vec<String> = recovered
-                .backlog
-                .iter()
-                .map(|r| {
-                    format!(
-                        "{}..={} ({}, holes {:?})",
-                        r.first_seq, r.last_seq, r.count, r.holes
-                    )
-                })
-                .collect();
-            let purged: Vec<String> = recovered
-                .purged
-                .iter()
-                .map(|r| format!("{}..={} ({})", r.first_seq, r.last_seq, r.count))
-                .collect();
-            self.note(format!(
-                "recovered {}: next seq {}, runs {runs:?}, purging {purged:?}, damage {:?}, torn {:?}",
-                info.name,
-                recovered.next_seq,
-                recovered
-                    .damage
-                    .iter()
-                    .map(|d| d.to_string())
-                    .collect::<Vec<_>>(),
-                recovered.torn
-            ));
-            self.shards[info.shard as usize].restore_queue(info.name.clone(), recovered, now);
+            self.recover(info.shard as usize, &info.name, now)?;
         }
         self.disk
             .settle(&self.data)
@@ -678,6 +643,46 @@ impl World {
         for cn in RECEIVERS.iter().chain(SENDERS.iter()) {
             self.open(cn);
         }
+        Ok(())
+    }
+
+    /// Recovers queue `name` from its directory under `queues/` (which
+    /// must exist) and has shard `shard` serve it, as a start or an
+    /// adoption does.
+    fn recover(&mut self, shard: usize, name: &Arc<str>, now: Instant) -> Result<(), Violation> {
+        let window_ms = self.settings.dedup_window.as_millis() as u64;
+        let dir = queue_dir(&self.data, name);
+        let recovered = recover_queue_at(&dir, &self.settings.dedup_hasher, window_ms, &self.clock)
+            .map_err(|e| Violation {
+                invariant: invariant::ACKED_NOT_LOST,
+                detail: format!("recovery of {name} failed: {e}"),
+            })?;
+        let runs: Vec<String> = recovered
+            .backlog
+            .iter()
+            .map(|r| {
+                format!(
+                    "{}..={} ({}, holes {:?})",
+                    r.first_seq, r.last_seq, r.count, r.holes
+                )
+            })
+            .collect();
+        let purged: Vec<String> = recovered
+            .purged
+            .iter()
+            .map(|r| format!("{}..={} ({})", r.first_seq, r.last_seq, r.count))
+            .collect();
+        self.note(format!(
+                "recovered {name}: next seq {}, runs {runs:?}, purging {purged:?}, damage {:?}, torn {:?}",
+                recovered.next_seq,
+                recovered
+                    .damage
+                    .iter()
+                    .map(|d| d.to_string())
+                    .collect::<Vec<_>>(),
+                recovered.torn
+            ));
+        self.shards[shard].restore_queue(name.clone(), recovered, now);
         Ok(())
     }
 
@@ -1250,7 +1255,7 @@ impl World {
             self.start_move();
             return Ok(());
         };
-        if !mv.left {
+        if mv.detached.is_empty() {
             let quiet = mv
                 .parts
                 .iter()
@@ -1265,7 +1270,6 @@ impl World {
                     // these queues here again before they come back.
                     self.shards[*s].freeze(names);
                 }
-                mv.left = true;
                 self.note(format!("move of {}: its queues leave", mv.owner));
             }
             self.moving = Some(mv);
@@ -1325,7 +1329,6 @@ impl World {
             owner,
             parts,
             detached: Vec::new(),
-            left: false,
         });
     }
 
@@ -1334,7 +1337,6 @@ impl World {
     /// queue is recovered from it and serves again, and the owner
     /// connects.
     fn arrive(&mut self, mv: Move) -> Result<(), Violation> {
-        let window_ms = self.settings.dedup_window.as_millis() as u64;
         let now = self.clock.now();
         for (s, names) in &mv.parts {
             for name in names {
@@ -1344,26 +1346,7 @@ impl World {
                 // is made anew when first used, as the broker's adoption
                 // leaves it.
                 if home.exists() && !self.shards[*s].holds_queue(name) {
-                    let recovered = recover_queue_at(
-                        &home,
-                        &self.settings.dedup_hasher,
-                        window_ms,
-                        &self.clock,
-                    )
-                    .map_err(|e| Violation {
-                        invariant: invariant::ACKED_NOT_LOST,
-                        detail: format!("recovery of moved {name} failed: {e}"),
-                    })?;
-                    let runs: Vec<String> = recovered
-                        .backlog
-                        .iter()
-                        .map(|r| format!("{}..={} ({})", r.first_seq, r.last_seq, r.count))
-                        .collect();
-                    self.note(format!(
-                        "move of {}: {name} recovered, next seq {}, runs {runs:?}",
-                        mv.owner, recovered.next_seq
-                    ));
-                    self.shards[*s].restore_queue(name.clone(), recovered, now);
+                    self.recover(*s, name, now)?;
                 }
             }
             self.shards[*s].thaw(names, now);

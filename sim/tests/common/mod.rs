@@ -139,8 +139,7 @@ impl Fixture {
     pub fn publish_stored(&mut self, id: &str, seq: u64) {
         self.publish(id, seq);
         self.commit_all(NO_FAULTS);
-        let mut events = std::collections::VecDeque::new();
-        self.mailbox.drain_into(&mut events);
+        let events = self.events();
         assert!(
             events.iter().any(|e| matches!(
                 e,
@@ -175,11 +174,16 @@ impl Fixture {
             .step(&mut self.shard, &mut self.disk, &mut rng, faults);
     }
 
-    /// The publishes answered since the last call: (command seq, `ACK`).
-    pub fn answers(&mut self) -> Vec<(u64, bool)> {
+    /// What the connection was told since the last look.
+    pub fn events(&mut self) -> std::collections::VecDeque<ConnEvent> {
         let mut events = std::collections::VecDeque::new();
         self.mailbox.drain_into(&mut events);
         events
+    }
+
+    /// The publishes answered since the last call: (command seq, `ACK`).
+    pub fn answers(&mut self) -> Vec<(u64, bool)> {
+        self.events()
             .into_iter()
             .filter_map(|e| match e {
                 ConnEvent::Completed {
@@ -222,9 +226,7 @@ impl Fixture {
             None => {
                 let mut rng = Rng::new(1);
                 while read_backlog(&mut self.shard, &mut rng, NO_FAULTS, now) > 0 {}
-                let mut events = std::collections::VecDeque::new();
-                self.mailbox.drain_into(&mut events);
-                events
+                self.events()
                     .into_iter()
                     .find_map(|e| match e {
                         ConnEvent::Completed {
