@@ -18,6 +18,7 @@ fi
 mutations=(
   "acked-not-lost|shard/src/log/queue_log.rs|if !io.is_done() \|\| job.epoch != self.epoch {|if job.epoch != self.epoch {"
   "acked-not-lost|shard/src/shard/commit.rs|d.fail_duplicates(&job.queue, &keys);|let _ = &keys;"
+  "acked-not-lost|shard/src/log/storage_calls.rs|self.sync_dir.then_some(name)|false.then_some(name)"
   "fifo|shard/src/queue/deliver.rs|None => self.ready.pop_front()?,|None => self.ready.pop_back()?,"
   "dedup-window|shard/src/dedup/id_set.rs|if !IdSet::expired(state, self.unit_now(now)) {|if state == STORED {"
   "confinement|shard/src/routing.rs|.is_none_or(\|owner\| owner == receiver)|.is_none_or(\|_owner\| true)"

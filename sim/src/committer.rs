@@ -1,12 +1,15 @@
 //! The committer and the backlog reader, run synchronously over
 //! [`SimDisk`], with faults where the seed puts them.
 //!
-//! They do what the broker's (`broker/src/storage/committer.rs`,
-//! `backlog_reader.rs`) do with each job, in the same order: make the
+//! A job's storage calls, and their order, are the ones the broker's
+//! committer makes (`CommitJob::prepare_calls`, `write_calls`,
+//! `finish_calls`: one list in the shard crate that both run): make the
 //! directory, cut back what a failed job left, create the file with its
 //! header, write the carried dedup ids and sync them, write the records
-//! and sync them when anyone waits, report the write, sync the directory of
-//! a new file, report the commit, delete what the job frees. Rounds are
+//! and sync them when anyone waits, then sync the directory of a file whose
+//! name may not be durable. Around them this side does what the broker's
+//! (`broker/src/storage/committer.rs`, `backlog_reader.rs`) do: report the
+//! write, report the commit, delete what the job frees. Rounds are
 //! pipelined two deep as there: a round is written before the previous
 //! one's directory syncs and answers.
 
@@ -15,6 +18,7 @@ use std::sync::Arc;
 
 use ciphermq_shard::backlog::ReadJob;
 use ciphermq_shard::log::segment::FILE_HEADER;
+use ciphermq_shard::log::{Payload, StorageCall};
 use ciphermq_shard::{CommitJob, JobIo, QueueRemoval, Shard};
 
 use crate::disk::SimDisk;
@@ -166,7 +170,9 @@ impl Committer {
     }
 }
 
-/// Writes every job of a round and reports each write to the shard.
+/// Writes every job of a round and reports each write to the shard: each
+/// job's prepare calls, jobs one after another, then their write calls
+/// (`CommitJob::prepare_calls`, `write_calls`), as the broker makes them.
 fn write_round(
     mut jobs: Vec<CommitJob>,
     shard: &mut Shard,
@@ -177,8 +183,10 @@ fn write_round(
     let mut written = Vec::with_capacity(jobs.len());
     for job in &mut jobs {
         let bytes = std::mem::take(&mut job.bytes);
-        let ok = prepare(job, disk, rng, faults)
-            .and_then(|()| write(job, &bytes, disk, rng, faults))
+        let ok = job
+            .prepare_calls()
+            .chain(job.write_calls(bytes.len()))
+            .try_for_each(|call| run_call(call, job, &bytes, disk, rng, faults))
             .is_ok();
         written.push(if ok {
             JobIo::Done
@@ -195,31 +203,60 @@ fn write_round(
     WrittenRound { jobs, written }
 }
 
-/// The job's directory and file, after cutting back what a failed job left.
-fn prepare(
+/// Makes one storage call of `job` on the simulated disk, failing it where
+/// the seed says; `records` are the job's bytes.
+fn run_call(
+    call: StorageCall<'_>,
     job: &CommitJob,
+    records: &[u8],
     disk: &mut SimDisk,
     rng: &mut Rng,
     faults: Faults,
 ) -> std::io::Result<()> {
-    if job.create_dir {
-        fault(rng, faults, "mkdir")?;
-        disk.create_dir(&job.dir)?;
-    }
-    if !job.cuts.is_empty() {
-        for (path, len) in &job.cuts {
-            fault(rng, faults, "cut")?;
-            disk.cut(path, *len, &FILE_HEADER)?;
+    match call {
+        StorageCall::MakeDir { dir, .. } => {
+            fault(rng, faults, "mkdir")?;
+            // Durable at once: the broker syncs the parent (see the
+            // simplifications in `disk`).
+            disk.create_dir(dir)
         }
-        fault(rng, faults, "directory sync")?;
-        disk.sync_dir(&job.dir);
+        StorageCall::Cut { path, len } => {
+            fault(rng, faults, "cut")?;
+            disk.cut(path, len, &FILE_HEADER)
+        }
+        StorageCall::SyncDir(dir) => {
+            fault(rng, faults, "directory sync")?;
+            disk.sync_dir(dir);
+            Ok(())
+        }
+        StorageCall::Open { path, create: true } => {
+            fault(rng, faults, "create")?;
+            create(disk, path)
+        }
+        StorageCall::Open {
+            path,
+            create: false,
+        } => disk.open(path),
+        StorageCall::Write {
+            path,
+            offset,
+            payload,
+            sync,
+        } => {
+            let bytes = match (payload, &job.dedup_write) {
+                (Payload::Records, _) => records,
+                (Payload::DedupIds, Some(w)) => &w.bytes[..],
+                (Payload::DedupIds, None) => {
+                    return Err(std::io::Error::other("carried ids written without any"))
+                }
+            };
+            write_bytes(disk, path, offset, bytes, rng, faults)?;
+            if sync {
+                disk.sync(path, rng.chance(faults.io_per_mille))?;
+            }
+            Ok(())
+        }
     }
-    let cut_here = job.cuts.iter().any(|(p, _)| *p == job.path);
-    if job.create && !cut_here {
-        fault(rng, faults, "create")?;
-        create(disk, &job.path)?;
-    }
-    Ok(())
 }
 
 /// Creates a log or dedup file with its header; one found in the way is
@@ -234,43 +271,6 @@ fn create(disk: &mut SimDisk, path: &Path) -> std::io::Result<()> {
         }
         other => other,
     }
-}
-
-/// Writes the carried dedup ids (synced), then the records, synced when
-/// anyone waits for them.
-fn write(
-    job: &CommitJob,
-    bytes: &[u8],
-    disk: &mut SimDisk,
-    rng: &mut Rng,
-    faults: Faults,
-) -> std::io::Result<()> {
-    if let Some(w) = &job.dedup_write {
-        if w.cut {
-            fault(rng, faults, "cut")?;
-            disk.cut(&w.path, w.offset, &FILE_HEADER)?;
-        }
-        if w.create && !w.cut {
-            fault(rng, faults, "create")?;
-            create(disk, &w.path)?;
-        }
-        write_bytes(disk, &w.path, w.offset, &w.bytes, rng, faults)?;
-        disk.sync(&w.path, rng.chance(faults.io_per_mille))?;
-        if w.create || w.cut {
-            fault(rng, faults, "directory sync")?;
-            disk.sync_dir(&job.dir);
-        }
-    }
-    let sync = (!bytes.is_empty() && (!job.waiters.is_empty() || !job.message_seqs.is_empty()))
-        || job.create;
-    if bytes.is_empty() && !sync {
-        return Ok(());
-    }
-    write_bytes(disk, &job.path, job.offset, bytes, rng, faults)?;
-    if sync {
-        disk.sync(&job.path, rng.chance(faults.io_per_mille))?;
-    }
-    Ok(())
 }
 
 /// A write that may fail part way, leaving a prefix of `bytes` behind.
@@ -303,12 +303,13 @@ fn finish(
 ) {
     let WrittenRound { jobs, written } = round;
     for (job, mut io) in jobs.into_iter().zip(written) {
-        if io.is_done() && job.sync_dir {
-            if rng.chance(faults.io_per_mille) {
-                io = JobIo::Failed;
-            } else {
-                disk.sync_dir(&job.dir);
-            }
+        if io.is_done()
+            && job
+                .finish_calls()
+                .try_for_each(|call| run_call(call, &job, &[], disk, rng, faults))
+                .is_err()
+        {
+            io = JobIo::Failed;
         }
         let durable = shard.commit_done(&job, io);
         match io {

@@ -108,6 +108,12 @@ impl SimDisk {
         Ok(())
     }
 
+    /// Opens an existing file for writing: fails as the broker's open does
+    /// when it is not there.
+    pub fn open(&mut self, path: &Path) -> io::Result<()> {
+        OpenOptions::new().write(true).open(path).map(drop)
+    }
+
     /// Writes `bytes` at `offset` of an existing file.
     pub fn write(&mut self, path: &Path, offset: u64, bytes: &[u8]) -> io::Result<()> {
         let file = OpenOptions::new().write(true).open(path)?;

@@ -18,9 +18,11 @@
 //!
 //! What is real: the shard crate entire (queues, routing, confinement,
 //! dedup, the logs' encoding, rounds and failure handling, recovery). What
-//! is simulated: the clock, the disk's durability, the committer's calls
-//! (a model of `broker/src/storage/committer.rs`, kept in step with it) and
-//! the clients. The session layer (command lines, the ACL) is not driven
+//! is simulated: the clock, the disk's durability, the committer (the
+//! storage calls of each job are the broker's own list,
+//! `ciphermq_shard::log::storage_calls`, made on the simulated disk; the
+//! rounds around them follow `broker/src/storage/committer.rs`) and the
+//! clients. The session layer (command lines, the ACL) is not driven
 //! here; its own tests pin every reply.
 
 #![deny(unsafe_code)]

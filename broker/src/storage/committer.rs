@@ -31,10 +31,9 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ciphermq_shard::dedup::file::DedupWrite;
 use ciphermq_shard::durability::deleted_dir;
 use ciphermq_shard::log::segment::{self, FILE_HEADER, FILE_HEADER_BYTES};
-use ciphermq_shard::log::{unix_ms, LogFence};
+use ciphermq_shard::log::{unix_ms, LogFence, Payload, StorageCall};
 use ciphermq_shard::{CommitJob, JobIo, QueueRemoval, Shard};
 use futures_util::future::join_all;
 use glommio::io::Directory;
@@ -157,48 +156,128 @@ impl Files {
     }
 }
 
-/// The file of `job`, creating its directory and the file when new, after
-/// cutting back what a failed job left (see [`cut`]).
-async fn prepare(files: &RefCell<Files>, job: &CommitJob) -> IoResult<Arc<LogFile>> {
-    if job.create_dir {
-        let dir = job.dir.clone();
-        let shared = job.fence.is_some();
-        blocking(move || {
-            // 0700 whatever the umask, as every directory of the data
-            // directory. On shared storage only the queue's own level:
-            // a holder fenced out of its owner's directory must not make
-            // that directory again.
-            if shared {
-                make_last_level(&dir)?;
-            } else {
-                ciphermq_datadir::create_dir_all(&dir)?;
-            }
-            sync_parent(&dir)
-        })
-        .await?;
-    }
-    if !job.cuts.is_empty() {
-        for (path, _) in &job.cuts {
-            files.borrow_mut().close(path);
+/// The files a job's calls have opened so far.
+#[derive(Default)]
+struct JobFiles {
+    /// Its segment (opened by its prepare calls).
+    segment: Option<Arc<LogFile>>,
+    /// Its dedup file, when it carries ids.
+    dedup: Option<Arc<LogFile>>,
+}
+
+/// Runs one storage call of `job` (`CommitJob::prepare_calls`,
+/// `write_calls`, `finish_calls`) on the shard's blocking-I/O thread. A
+/// segment's open takes its file from `files` when open already; the
+/// records' write takes the job's bytes from `records` and puts them back,
+/// for the shard to fill again.
+async fn run_call(
+    call: StorageCall<'_>,
+    job: &CommitJob,
+    files: &RefCell<Files>,
+    opened: &mut JobFiles,
+    records: &mut Option<Vec<u8>>,
+    stats: &ShardStats,
+) -> IoResult<()> {
+    match call {
+        StorageCall::MakeDir {
+            dir,
+            last_level_only,
+        } => {
+            let dir = dir.to_path_buf();
+            blocking(move || {
+                // 0700 whatever the umask, as every directory of the data
+                // directory.
+                if last_level_only {
+                    make_last_level(&dir)?;
+                } else {
+                    ciphermq_datadir::create_dir_all(&dir)?;
+                }
+                sync_parent(&dir)
+            })
+            .await
         }
-        let cuts = job.cuts.clone();
-        let dir = job.dir.clone();
-        blocking(move || {
-            for (path, len) in &cuts {
-                cut(path, *len)?;
-            }
-            // A cut may have made its file anew.
-            sync_dir(&dir)
-        })
-        .await?;
+        StorageCall::Cut { path, len } => {
+            files.borrow_mut().close(path);
+            let path = path.to_path_buf();
+            blocking(move || cut(&path, len)).await
+        }
+        StorageCall::SyncDir(dir) => {
+            let dir = dir.to_path_buf();
+            blocking(move || sync_dir(&dir)).await
+        }
+        StorageCall::Open { path, create } if path == job.path => {
+            let cached = files.borrow_mut().get(path);
+            let file = match cached {
+                Some(file) => file,
+                None => {
+                    let file = open(path, create).await?;
+                    files.borrow_mut().insert(path.to_path_buf(), file.clone());
+                    file
+                }
+            };
+            opened.segment = Some(file);
+            Ok(())
+        }
+        StorageCall::Open { path, create } => {
+            opened.dedup = Some(open(path, create).await?);
+            Ok(())
+        }
+        StorageCall::Write {
+            path,
+            offset,
+            payload: Payload::DedupIds,
+            sync,
+        } => {
+            let (Some(file), Some(w)) = (&opened.dedup, &job.dedup_write) else {
+                return Err(out_of_order(
+                    path,
+                    "carried ids written before their file's open",
+                ));
+            };
+            // The bytes are shared with the write, not copied: they are
+            // megabytes when a segment's deletion carried its ids.
+            persist(file, SharedBytes(w.bytes.clone()), offset, sync, stats).await?;
+            Ok(())
+        }
+        StorageCall::Write {
+            path,
+            offset,
+            payload: Payload::Records,
+            sync,
+        } => {
+            let (Some(file), Some(bytes)) = (&opened.segment, records.take()) else {
+                return Err(out_of_order(
+                    path,
+                    "records written before their file's open, or twice",
+                ));
+            };
+            *records = Some(persist(file, bytes, offset, sync, stats).await?);
+            Ok(())
+        }
     }
-    if let Some(f) = files.borrow_mut().get(&job.path) {
-        return Ok(f);
+}
+
+/// A job's calls out of the order `CommitJob`'s lists give: a bug, failed
+/// as a job (its publishes answered `NACK storage`), not a panic.
+fn out_of_order(path: &Path, what: &str) -> GlommioError<()> {
+    GlommioError::IoError(std::io::Error::other(format!("{}: {what}", path.display())))
+}
+
+/// The segment file of `job`, after its prepare calls: its directory made,
+/// what failed jobs left cut back, the file opened or created.
+async fn prepare(
+    files: &RefCell<Files>,
+    job: &CommitJob,
+    stats: &ShardStats,
+) -> IoResult<Arc<LogFile>> {
+    let mut opened = JobFiles::default();
+    let mut no_records = None;
+    for call in job.prepare_calls() {
+        run_call(call, job, files, &mut opened, &mut no_records, stats).await?;
     }
-    let cut_here = job.cuts.iter().any(|(p, _)| *p == job.path);
-    let file = open(&job.path, job.create && !cut_here).await?;
-    files.borrow_mut().insert(job.path.clone(), file.clone());
-    Ok(file)
+    opened
+        .segment
+        .ok_or_else(|| out_of_order(&job.path, "prepared without its file's open"))
 }
 
 /// Runs `f` on the shard's blocking-I/O thread.
@@ -244,26 +323,29 @@ fn sync_parent(dir: &Path) -> std::io::Result<()> {
     }
 }
 
-/// Writes a job's bytes after its carried dedup entries, and makes them
-/// durable when someone waits for them.
+/// Runs a job's write calls on `file`, its segment: its carried dedup ids
+/// written and synced, then its records, synced when anyone waits. Gives
+/// `bytes` back, for the shard to fill again.
 async fn write(
     job: &CommitJob,
-    file: &Arc<LogFile>,
+    files: &RefCell<Files>,
+    file: Arc<LogFile>,
     bytes: Vec<u8>,
     stats: &ShardStats,
-) -> IoResult<Vec<u8>> {
-    if let Some(w) = &job.dedup_write {
-        write_dedup(w, &job.dir, stats).await?;
+) -> IoResult<(Arc<LogFile>, Vec<u8>)> {
+    let mut opened = JobFiles {
+        segment: Some(file),
+        dedup: None,
+    };
+    let len = bytes.len();
+    let mut records = Some(bytes);
+    for call in job.write_calls(len) {
+        run_call(call, job, files, &mut opened, &mut records, stats).await?;
     }
-    // What someone waits for, and every message, needs the fsync: a message
-    // stored with nobody waiting (a dead letter, a backlog handed back or
-    // adopted) is the only copy once its old place lets it go. A job of
-    // acks and delivery counts alone may be lost in a crash (the messages
-    // are then redelivered, never lost), and the next fsync of the file
-    // covers it anyway. A new file is synced before its name is.
-    let sync = (!bytes.is_empty() && (!job.waiters.is_empty() || !job.message_seqs.is_empty()))
-        || job.create;
-    persist(file, bytes, job.offset, sync, stats).await
+    let file = opened
+        .segment
+        .ok_or_else(|| out_of_order(&job.path, "written without its file"))?;
+    Ok((file, records.unwrap_or_default()))
 }
 
 /// Opens a log or dedup file for writing, on the shard's blocking-I/O
@@ -358,24 +440,6 @@ struct Synced {
     took: Duration,
     /// When it returned, for how long the shard took to notice.
     done: Instant,
-}
-
-/// Appends carried dedup entries to their file and syncs them: they must be
-/// on disk before the segments they come from are deleted.
-async fn write_dedup(w: &DedupWrite, dir: &Path, stats: &ShardStats) -> IoResult<()> {
-    if w.cut {
-        let (path, len) = (w.path.clone(), w.offset);
-        blocking(move || cut(&path, len)).await?;
-    }
-    let file = open(&w.path, w.create && !w.cut).await?;
-    // The bytes are shared with the write, not copied: they are megabytes
-    // when a segment's deletion carried its ids.
-    persist(&file, SharedBytes(w.bytes.clone()), w.offset, true, stats).await?;
-    if w.create || w.cut {
-        let dir = dir.to_path_buf();
-        blocking(move || sync_dir(&dir)).await?;
-    }
-    Ok(())
 }
 
 /// Bytes the job keeps and the write reads.
@@ -550,20 +614,21 @@ async fn write_round(
 ) -> WrittenRound {
     let mut prepared = Vec::with_capacity(jobs.len());
     for job in &jobs {
-        prepared.push(prepare(files, job).await);
+        prepared.push(prepare(files, job, &local.stats).await);
     }
     let payloads: Vec<Vec<u8>> = jobs
         .iter_mut()
         .map(|j| std::mem::take(&mut j.bytes))
         .collect();
     let stats = &local.stats;
-    let outcomes = join_all(jobs.iter().zip(prepared).zip(payloads).map(
-        |((job, file), bytes)| async move {
-            let file = file?;
-            let bytes = write(job, &file, bytes, stats).await?;
-            Ok((file, bytes))
-        },
-    ))
+    let outcomes = join_all(
+        jobs.iter()
+            .zip(prepared)
+            .zip(payloads)
+            .map(
+                |((job, file), bytes)| async move { write(job, files, file?, bytes, stats).await },
+            ),
+    )
     .await;
     let mut spent = Vec::with_capacity(outcomes.len());
     let written: Vec<IoResult<Arc<LogFile>>> = outcomes
@@ -672,11 +737,27 @@ async fn sync_round(stages: Stages, files: Rc<RefCell<Files>>, round: WrittenRou
         jobs,
         written,
     } = round;
+    let files_ref: &RefCell<Files> = &files;
     let io: Vec<IoResult<()>> = join_all(jobs.iter().zip(written).map(|(job, file)| async move {
         file?;
-        if job.sync_dir {
-            // The new (or recovered) file's name must survive a crash too.
-            Directory::open(&job.dir).await?.sync().await?;
+        for call in job.finish_calls() {
+            match call {
+                // Through io_uring, beside the next round's writes on the
+                // blocking-I/O thread.
+                StorageCall::SyncDir(dir) => Directory::open(dir).await?.sync().await?,
+                other => {
+                    let mut none = None;
+                    run_call(
+                        other,
+                        job,
+                        files_ref,
+                        &mut JobFiles::default(),
+                        &mut none,
+                        &local.stats,
+                    )
+                    .await?
+                }
+            }
         }
         Ok(())
     }))

@@ -9,6 +9,8 @@
 //!   records into a pending buffer and hands [`CommitJob`]s to the shard's
 //!   committer, which writes them (`pwrite` and `fdatasync` on its blocking-I/O
 //!   thread) and reports back.
+//! - [`storage_calls`]: the storage calls each job makes, and their order,
+//!   which the broker's committer and the simulation both run.
 //! - [`buffer_pool`]: written commit buffers handed back for later rounds.
 //! - The dedup files beside a queue's segments (ids acked within the
 //!   window, carried out of segments before those are deleted) are
@@ -33,12 +35,14 @@ pub mod queue_log;
 pub mod record;
 pub mod recovery;
 pub mod segment;
+pub mod storage_calls;
 
 pub use mirror::MirrorWatermarks;
 pub use placement::{LogFence, LogPlacement, PlacedLog};
 pub use queue_log::{CommitJob, JobIo, QueueLog};
 pub use recovery::{recover_queue, recover_queue_at, Damage, RecoveredQueue};
 pub use segment::{segment_base, segment_path};
+pub use storage_calls::{Payload, StorageCall};
 
 use std::path::{Path, PathBuf};
 
