@@ -223,6 +223,23 @@ mod tests {
     }
 
     #[test]
+    fn a_message_stored_with_nobody_waiting_is_synced_all_the_same() {
+        // A backlog handed back or adopted: its only copy once its old
+        // place lets it go.
+        let mut job = job();
+        job.waiters.clear();
+        assert_eq!(
+            job.write_calls(10).collect::<Vec<_>>(),
+            [StorageCall::Write {
+                path: path("/d/q/segment-0.log"),
+                offset: 100,
+                payload: Payload::Records,
+                sync: true
+            }]
+        );
+    }
+
+    #[test]
     fn a_new_queue_makes_its_directory_then_its_file_and_syncs_the_name_last() {
         let mut job = job();
         job.create_dir = true;
