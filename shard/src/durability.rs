@@ -2,7 +2,7 @@
 //! group commit, and the publishes (tickets) to answer once it is done.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::Waker;
@@ -11,7 +11,9 @@ use std::time::Instant;
 use ciphermq_proto::NackReason;
 
 use crate::dedup::DedupKey;
-use crate::hashers::{NameMap, NameSet};
+use hashbrown::hash_map::EntryRef;
+
+use crate::hashers::{NameMap, NameSet, NameState};
 use crate::log::buffer_pool::BufferPool;
 use crate::log::{queue_dir, unix_ms, CommitJob, JobIo, LogPlacement, MirrorWatermarks, QueueLog};
 use crate::mesh::Origin;
@@ -136,7 +138,10 @@ impl DiskSpace {
 pub struct Durability {
     data_dir: PathBuf,
     segment_bytes: u64,
-    logs: NameMap<Arc<str>, QueueLog>,
+    /// hashbrown's map for its `entry_ref`: an append finds its log by the
+    /// borrowed name, with no clone of the name's `Arc` (an atomic add and
+    /// subtract on a line other shards' topology snapshots share).
+    logs: hashbrown::HashMap<Arc<str>, QueueLog, NameState>,
     dirty: Vec<Arc<str>>,
     committer: Option<Waker>,
     /// Broker-assigned numbers: the one-multiplication hasher suffices.
@@ -180,7 +185,7 @@ impl Durability {
         Durability {
             data_dir,
             segment_bytes,
-            logs: NameMap::default(),
+            logs: hashbrown::HashMap::default(),
             dirty: Vec::new(),
             committer: None,
             tickets: HashMap::default(),
@@ -321,25 +326,24 @@ impl Durability {
         if let Some(waker) = self.committer.take() {
             waker.wake();
         }
-        // Called per append: the path is built only for a new log.
-        let data_dir = &self.data_dir;
-        let segment_bytes = self.segment_bytes;
-        let mirror = &self.mirror;
-        let placement = &self.placement;
-        let log = self.logs.entry(queue.clone()).or_insert_with(|| {
-            if let Some(placed) = placement.as_ref().and_then(|p| p.place(queue)) {
-                let mut log = QueueLog::new(placed.dir, segment_bytes, next_seq);
-                log.set_fence(placed.fence);
-                return log;
-            }
-            let mut log = QueueLog::new(queue_dir(data_dir, queue), segment_bytes, next_seq);
-            if let Some(mirror) = mirror {
-                log.set_mirror(mirror.cell(queue));
-                // Nothing of a new log is durable yet.
-                log.track_stored(mirror.stored_cell(queue), 0);
-            }
-            log
-        });
+        // Called per append: a lookup by the borrowed name, and the name's
+        // `Arc` cloned and the path built only for a new log.
+        let log = match self.logs.entry_ref(queue) {
+            EntryRef::Occupied(log) => log.into_mut(),
+            // The key is the name the entry was looked up by: it cannot
+            // differ (the one way `insert_with_key` panics).
+            EntryRef::Vacant(vacant) => vacant.insert_with_key(
+                queue.clone(),
+                new_log(
+                    &self.data_dir,
+                    self.segment_bytes,
+                    self.mirror.as_ref(),
+                    self.placement.as_deref(),
+                    queue,
+                    next_seq,
+                ),
+            ),
+        };
         // The first append of a round: a written buffer, if one fits.
         if let Some(room) = log.buffer_wanted() {
             if let Some(buf) = self.buffers.take(room) {
@@ -572,6 +576,31 @@ impl Durability {
             }
         }
     }
+}
+
+/// An empty log for `queue`: in its placement's directory when a move
+/// placed it, else under the data directory, mirrored when one is. Apart
+/// from [`Durability::log`] so that the map's entry holds the only borrow.
+fn new_log(
+    data_dir: &Path,
+    segment_bytes: u64,
+    mirror: Option<&Arc<MirrorWatermarks>>,
+    placement: Option<&dyn LogPlacement>,
+    queue: &str,
+    next_seq: u64,
+) -> QueueLog {
+    if let Some(placed) = placement.and_then(|p| p.place(queue)) {
+        let mut log = QueueLog::new(placed.dir, segment_bytes, next_seq);
+        log.set_fence(placed.fence);
+        return log;
+    }
+    let mut log = QueueLog::new(queue_dir(data_dir, queue), segment_bytes, next_seq);
+    if let Some(mirror) = mirror {
+        log.set_mirror(mirror.cell(queue));
+        // Nothing of a new log is durable yet.
+        log.track_stored(mirror.stored_cell(queue), 0);
+    }
+    log
 }
 
 #[cfg(test)]

@@ -927,7 +927,7 @@ impl World {
         );
         let origin = conn.origin();
         let now = self.clock.now();
-        let status = self.shards[conn.shard].publish(origin, exchange, key, to, message, now);
+        let status = self.shards[conn.shard].publish(origin, exchange, key, to, &message, now);
         let line = format!(
             "conn {} publish {id} to {to} via {exchange}/{key} (targets {targets:?}): {status:?}",
             conn.serial

@@ -811,16 +811,10 @@ impl Session {
         };
         let receiver: &str = &info.receiver_client_id;
         let status = self.local.with_shard(|shard| match owner {
-            None => shard.publish(origin, exchange, routing_key, receiver, msg.clone(), now),
-            Some(owner) => shard.publish_for(
-                origin,
-                exchange,
-                routing_key,
-                receiver,
-                owner,
-                msg.clone(),
-                now,
-            ),
+            None => shard.publish(origin, exchange, routing_key, receiver, &msg, now),
+            Some(owner) => {
+                shard.publish_for(origin, exchange, routing_key, receiver, owner, &msg, now)
+            }
         });
         match status {
             PublishStatus::Done(outcome) => self.replies.publish(msg, outcome, 0, now),

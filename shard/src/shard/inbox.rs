@@ -35,7 +35,7 @@ impl Shard {
                 let mut outcome = Ok(());
                 let mut ticket = None;
                 for q in &queues {
-                    let stored = self.enqueue_local(q, msg.clone(), now, origin, &mut ticket);
+                    let stored = self.enqueue_local(q, &msg, now, origin, &mut ticket);
                     outcome = merge_outcome(outcome, stored);
                 }
                 match ticket.and_then(|id| self.durable.as_mut()?.tickets.get_mut(&id)) {

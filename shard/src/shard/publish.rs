@@ -27,7 +27,7 @@ impl Shard {
         exchange: &str,
         routing_key: &str,
         receiver: &str,
-        msg: Arc<Message>,
+        msg: &Arc<Message>,
         now: Instant,
     ) -> PublishStatus {
         self.publish_scoped(origin, exchange, routing_key, receiver, None, msg, now)
@@ -45,7 +45,7 @@ impl Shard {
         routing_key: &str,
         receiver: &str,
         owner: &str,
-        msg: Arc<Message>,
+        msg: &Arc<Message>,
         now: Instant,
     ) -> PublishStatus {
         self.publish_scoped(
@@ -68,7 +68,7 @@ impl Shard {
         routing_key: &str,
         receiver: &str,
         owner: Option<&str>,
-        msg: Arc<Message>,
+        msg: &Arc<Message>,
         now: Instant,
     ) -> PublishStatus {
         let mut targets = std::mem::take(&mut self.targets);
@@ -97,8 +97,7 @@ impl Shard {
             }
             if shard == self.id {
                 for t in &targets[i..j] {
-                    let stored =
-                        self.enqueue_local(&t.queue, msg.clone(), now, origin, &mut ticket);
+                    let stored = self.enqueue_local(&t.queue, msg, now, origin, &mut ticket);
                     local = merge_outcome(local, stored);
                 }
             } else {
@@ -128,11 +127,14 @@ impl Shard {
     }
 
     /// Stores `msg` in a local queue. With logs, the append joins the next
-    /// group commit and `ticket` (created on first use) waits for it.
+    /// group commit and `ticket` (created on first use) waits for it. The
+    /// message is borrowed: the queue's entry takes the one reference it
+    /// keeps, and no other is made and dropped on the way (each an atomic
+    /// add or subtract).
     pub(super) fn enqueue_local(
         &mut self,
         queue: &str,
-        msg: Arc<Message>,
+        msg: &Arc<Message>,
         now: Instant,
         origin: Origin,
         ticket: &mut Option<u64>,
@@ -164,7 +166,7 @@ impl Shard {
             let id = *ticket.get_or_insert_with(|| d.new_ticket(origin));
             let log = d.log(q.name(), next);
             if let Enqueued::Stored(seq) = enqueued {
-                log.append_message(seq, &msg);
+                log.append_message(seq, msg);
             }
             // A duplicate waits too: its original may not be on disk yet,
             // and if its write fails the duplicate is refused with it.

@@ -159,7 +159,7 @@ impl Fixture {
         let now = self.clock.now();
         let status = self
             .shard
-            .publish(self.origin(seq), "x", "k", "r", msg, now);
+            .publish(self.origin(seq), "x", "k", "r", &msg, now);
         assert!(
             matches!(status, PublishStatus::Pending { .. }),
             "{status:?}"
