@@ -17,15 +17,13 @@ use std::hint::black_box;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ciphermq_proto::ExchangeKind;
 use ciphermq_shard::{
     Clock, DedupHasher, Mesh, Message, Origin, PublishStatus, QueueSettings, Route, Shard,
-    TopologyChange, TopologyStore,
 };
 use ciphermq_sim::committer::{Committer, Faults};
 use ciphermq_sim::disk::SimDisk;
 use ciphermq_sim::rng::Rng;
-use ciphermq_sim::shard_on_disk::durable_shard;
+use ciphermq_sim::shard_on_disk::{declare_bound_queue, durable_shard, store_with_direct_exchange};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 
 /// Publishes between two commit rounds: about what one round of a
@@ -55,46 +53,14 @@ struct World {
     conn: ciphermq_shard::ConnRef,
 }
 
-fn change(store: &TopologyStore, change: TopologyChange) {
-    let mut result = store.submit(change);
-    assert!(
-        matches!(result.try_take(), Some(Ok(()))),
-        "topology change applied"
-    );
-}
-
 impl World {
     fn new() -> World {
         let dir = tempfile::tempdir().expect("a temporary directory");
         let data = dir.path().to_path_buf();
         std::fs::create_dir_all(data.join("queues")).expect("queues/");
         let disk = SimDisk::new(&data).expect("the simulated disk");
-        let store = Arc::new(TopologyStore::new(1));
-        change(
-            &store,
-            TopologyChange::DeclareExchange {
-                name: "x".into(),
-                kind: ExchangeKind::Direct,
-                owner: None,
-            },
-        );
-        change(
-            &store,
-            TopologyChange::DeclareQueue {
-                name: "q".into(),
-                owner: "receiver_1".into(),
-                by: None,
-            },
-        );
-        change(
-            &store,
-            TopologyChange::Bind {
-                queue: "q".into(),
-                exchange: "x".into(),
-                key: "k".into(),
-                by: None,
-            },
-        );
+        let store = store_with_direct_exchange("x");
+        declare_bound_queue(&store, "q", "receiver_1", "x", "k");
         let settings = QueueSettings {
             dedup_hasher: DedupHasher::from_bytes([7; 16]),
             ..QueueSettings::default()

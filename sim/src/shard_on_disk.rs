@@ -5,9 +5,11 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use ciphermq_proto::ExchangeKind;
 use ciphermq_shard::durability::DiskSpace;
 use ciphermq_shard::mesh::MeshOutbound;
-use ciphermq_shard::{Clock, Durability, QueueSettings, Shard, TopologyStore};
+use ciphermq_shard::topology::Actor;
+use ciphermq_shard::{Clock, Durability, QueueSettings, Shard, TopologyChange, TopologyStore};
 
 /// A shard with logs under `data/queues`, rolling segments at
 /// `segment_bytes`, reading the time from `clock`; its disk is never low
@@ -30,4 +32,55 @@ pub fn durable_shard(
     let mut shard = Shard::new(settings.clone(), store.clone(), outbound, Some(durable));
     shard.set_clock(clock.clone());
     shard
+}
+
+/// Applies `change` to `store`, panicking when it is refused: for fixtures
+/// (the regression tests, the publish bench), whose topology is fixed.
+pub fn apply(store: &TopologyStore, change: TopologyChange) {
+    let mut result = store.submit(change);
+    match result.try_take() {
+        Some(Ok(())) => {}
+        other => panic!("topology change not applied: {other:?}"),
+    }
+}
+
+/// A one-shard topology store with the direct exchange `exchange`.
+pub fn store_with_direct_exchange(exchange: &str) -> Arc<TopologyStore> {
+    let store = Arc::new(TopologyStore::new(1));
+    apply(
+        &store,
+        TopologyChange::DeclareExchange {
+            name: exchange.into(),
+            kind: ExchangeKind::Direct,
+            owner: None,
+        },
+    );
+    store
+}
+
+/// Declares queue `queue` of `owner` and binds it to `exchange` under `key`.
+pub fn declare_bound_queue(
+    store: &TopologyStore,
+    queue: &str,
+    owner: &str,
+    exchange: &str,
+    key: &str,
+) {
+    apply(
+        store,
+        TopologyChange::DeclareQueue {
+            name: queue.into(),
+            owner: owner.into(),
+            by: None,
+        },
+    );
+    apply(
+        store,
+        TopologyChange::Bind {
+            queue: queue.into(),
+            exchange: exchange.into(),
+            key: key.into(),
+            by: Some(Actor::Admin),
+        },
+    );
 }

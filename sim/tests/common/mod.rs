@@ -7,8 +7,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ciphermq_proto::ExchangeKind;
-use ciphermq_shard::topology::Actor;
 use ciphermq_shard::{
     Clock, Completion, ConnEvent, DedupHasher, Mesh, Message, Origin, PublishStatus, QueueSettings,
     Shard, TopologyChange, TopologyStore,
@@ -16,7 +14,7 @@ use ciphermq_shard::{
 use ciphermq_sim::committer::{read_backlog, Committer, Faults};
 use ciphermq_sim::disk::SimDisk;
 use ciphermq_sim::rng::Rng;
-use ciphermq_sim::shard_on_disk::durable_shard;
+use ciphermq_sim::shard_on_disk::{declare_bound_queue, durable_shard, store_with_direct_exchange};
 
 pub const NO_FAULTS: Faults = Faults::NONE;
 pub const ALL_FAIL: Faults = Faults {
@@ -26,11 +24,7 @@ pub const ALL_FAIL: Faults = Faults {
 };
 
 pub fn change(store: &TopologyStore, change: TopologyChange) {
-    let mut result = store.submit(change);
-    match result.try_take() {
-        Some(Ok(())) => {}
-        other => panic!("topology change not applied: {other:?}"),
-    }
+    ciphermq_sim::shard_on_disk::apply(store, change);
 }
 
 pub fn commit_all(
@@ -68,15 +62,7 @@ impl Fixture {
         let data = dir.path().to_path_buf();
         std::fs::create_dir_all(data.join("queues")).expect("queues dir");
         let disk = SimDisk::new(&data).expect("disk");
-        let store = Arc::new(TopologyStore::new(1));
-        change(
-            &store,
-            TopologyChange::DeclareExchange {
-                name: "x".into(),
-                kind: ExchangeKind::Direct,
-                owner: None,
-            },
-        );
+        let store = store_with_direct_exchange("x");
         let settings = QueueSettings {
             max_deliveries: 1,
             dedup_hasher: DedupHasher::from_bytes([7; 16]),
@@ -105,23 +91,7 @@ impl Fixture {
 
     /// Declares `q` and binds it to `x` under `k`.
     pub fn declare_q(&self) {
-        change(
-            &self.store,
-            TopologyChange::DeclareQueue {
-                name: "q".into(),
-                owner: "r".into(),
-                by: None,
-            },
-        );
-        change(
-            &self.store,
-            TopologyChange::Bind {
-                queue: "q".into(),
-                exchange: "x".into(),
-                key: "k".into(),
-                by: Some(Actor::Admin),
-            },
-        );
+        declare_bound_queue(&self.store, "q", "r", "x", "k");
     }
 
     pub fn origin(&self, seq: u64) -> Origin {
