@@ -9,10 +9,9 @@ use std::task::Waker;
 use std::time::Instant;
 
 use ciphermq_proto::NackReason;
-
-use crate::dedup::DedupKey;
 use hashbrown::hash_map::EntryRef;
 
+use crate::dedup::DedupKey;
 use crate::hashers::{NameMap, NameSet, NameState};
 use crate::log::buffer_pool::BufferPool;
 use crate::log::{queue_dir, unix_ms, CommitJob, JobIo, LogPlacement, MirrorWatermarks, QueueLog};
