@@ -156,7 +156,7 @@ pub(crate) struct QueueEntry {
 
 impl QueueEntry {
     /// `name` with nothing counted yet: a queue its shard has not reported.
-    fn empty(name: &str, owner: Option<&str>, shard: usize) -> QueueEntry {
+    pub(crate) fn empty(name: &str, owner: Option<&str>, shard: usize) -> QueueEntry {
         QueueEntry {
             name: name.to_owned(),
             owner: owner.map(str::to_owned),

@@ -23,7 +23,9 @@ use ciphermq_shard::{
 use ciphermq_sim::committer::{Committer, Faults};
 use ciphermq_sim::disk::SimDisk;
 use ciphermq_sim::rng::Rng;
-use ciphermq_sim::shard_on_disk::{declare_bound_queue, durable_shard, store_with_direct_exchange};
+use ciphermq_sim::shard_on_disk::{
+    declare_bound_queue, durable_shard, fresh_data_dir, store_with_direct_exchange,
+};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 
 /// Publishes between two commit rounds: about what one round of a
@@ -55,10 +57,7 @@ struct World {
 
 impl World {
     fn new() -> World {
-        let dir = tempfile::tempdir().expect("a temporary directory");
-        let data = dir.path().to_path_buf();
-        std::fs::create_dir_all(data.join("queues")).expect("queues/");
-        let disk = SimDisk::new(&data).expect("the simulated disk");
+        let (dir, data, disk) = fresh_data_dir();
         let store = store_with_direct_exchange("x");
         declare_bound_queue(&store, "q", "receiver_1", "x", "k");
         let settings = QueueSettings {

@@ -11,6 +11,8 @@ use ciphermq_shard::mesh::MeshOutbound;
 use ciphermq_shard::topology::Actor;
 use ciphermq_shard::{Clock, Durability, QueueSettings, Shard, TopologyChange, TopologyStore};
 
+use crate::disk::SimDisk;
+
 /// A shard with logs under `data/queues`, rolling segments at
 /// `segment_bytes`, reading the time from `clock`; its disk is never low
 /// (full disks are simulated as failed writes, see
@@ -32,6 +34,17 @@ pub fn durable_shard(
     let mut shard = Shard::new(settings.clone(), store.clone(), outbound, Some(durable));
     shard.set_clock(clock.clone());
     shard
+}
+
+/// A fresh data directory with its `queues/` made, and the simulated disk
+/// over it: where a fixture's shard (the regression tests, the publish
+/// bench) keeps its logs. The directory goes when the `TempDir` is dropped.
+pub fn fresh_data_dir() -> (tempfile::TempDir, std::path::PathBuf, SimDisk) {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let data = dir.path().to_path_buf();
+    std::fs::create_dir_all(data.join("queues")).expect("the data directory's queues/");
+    let disk = SimDisk::new(&data).expect("the simulated disk over the data directory");
+    (dir, data, disk)
 }
 
 /// Applies `change` to `store`, panicking when it is refused: for fixtures

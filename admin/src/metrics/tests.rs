@@ -81,18 +81,9 @@ fn publish_ack_buckets_run_from_50_us_to_10_s() {
 
 fn queue(name: &str, ready: usize, unacked: usize) -> status::QueueEntry {
     status::QueueEntry {
-        name: name.to_owned(),
-        owner: None,
         ready,
         unacked,
-        bytes: 0,
-        memory_bytes: 0,
-        on_disk: 0,
-        dedup_ids: 0,
-        dedup_bytes: 0,
-        consumers: 0,
-        shard: 0,
-        storage_error: None,
+        ..status::QueueEntry::empty(name, None, 0)
     }
 }
 

@@ -212,6 +212,16 @@ mod tests {
         Path::new(s)
     }
 
+    /// The write of `job()`'s records at their offset.
+    fn records_write(sync: bool) -> StorageCall<'static> {
+        StorageCall::Write {
+            path: path("/d/q/segment-0.log"),
+            offset: 100,
+            payload: Payload::Records,
+            sync,
+        }
+    }
+
     #[test]
     fn an_append_to_an_open_file_is_one_synced_write() {
         let job = job();
@@ -224,12 +234,7 @@ mod tests {
         );
         assert_eq!(
             job.write_calls(10).collect::<Vec<_>>(),
-            [StorageCall::Write {
-                path: path("/d/q/segment-0.log"),
-                offset: 100,
-                payload: Payload::Records,
-                sync: true
-            }]
+            [records_write(true)]
         );
         assert_eq!(job.finish_calls().count(), 0);
     }
@@ -242,12 +247,7 @@ mod tests {
         job.waiters.clear();
         assert_eq!(
             job.write_calls(10).collect::<Vec<_>>(),
-            [StorageCall::Write {
-                path: path("/d/q/segment-0.log"),
-                offset: 100,
-                payload: Payload::Records,
-                sync: true
-            }]
+            [records_write(true)]
         );
     }
 
@@ -275,12 +275,7 @@ mod tests {
         job.message_seqs.clear();
         assert_eq!(
             job.write_calls(0).collect::<Vec<_>>(),
-            [StorageCall::Write {
-                path: path("/d/q/segment-0.log"),
-                offset: 100,
-                payload: Payload::Records,
-                sync: true
-            }]
+            [records_write(true)]
         );
         assert_eq!(
             job.finish_calls().collect::<Vec<_>>(),
@@ -337,12 +332,7 @@ mod tests {
                     sync: true
                 },
                 StorageCall::SyncDir(path("/d/q")),
-                StorageCall::Write {
-                    path: path("/d/q/segment-0.log"),
-                    offset: 100,
-                    payload: Payload::Records,
-                    sync: false
-                }
+                records_write(false)
             ]
         );
         // Nothing to write and nothing to sync: no records call at all.

@@ -14,7 +14,9 @@ use ciphermq_shard::{
 use ciphermq_sim::committer::{read_backlog, Committer, Faults};
 use ciphermq_sim::disk::SimDisk;
 use ciphermq_sim::rng::Rng;
-use ciphermq_sim::shard_on_disk::{declare_bound_queue, durable_shard, store_with_direct_exchange};
+use ciphermq_sim::shard_on_disk::{
+    declare_bound_queue, durable_shard, fresh_data_dir, store_with_direct_exchange,
+};
 
 pub const NO_FAULTS: Faults = Faults::NONE;
 pub const ALL_FAIL: Faults = Faults {
@@ -58,10 +60,7 @@ pub struct Fixture {
 
 impl Fixture {
     pub fn new() -> Fixture {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let data = dir.path().to_path_buf();
-        std::fs::create_dir_all(data.join("queues")).expect("queues dir");
-        let disk = SimDisk::new(&data).expect("disk");
+        let (dir, data, disk) = fresh_data_dir();
         let store = store_with_direct_exchange("x");
         let settings = QueueSettings {
             max_deliveries: 1,
