@@ -37,12 +37,24 @@ const LINE_BUDGET: usize = 2048;
 /// Commands between two checks whether glommio wants the shard back (a
 /// finished commit waiting to release its ACKs, see committer.rs).
 const PREEMPT_CHECK_EVERY: usize = 64;
+/// Commands between two checks whether a commit round has waited long
+/// enough for the idle committer to take it (`Shard::commit_round_due`).
+const ROUND_CHECK_EVERY: usize = 16;
 /// Rendered replies staged per encryption call.
 const RENDER_CHUNK: usize = 128 * 1024;
 /// Unsent ciphertext above which the connection stops executing commands.
 const OUTPUT_HIGH_WATER: usize = 1024 * 1024;
 /// Plaintext pulled from rustls per step.
 const PLAINTEXT_CHUNK: usize = 64 * 1024;
+
+/// Ends the running task queue's turn (glommio then runs the other queues
+/// before coming back to it) and this task's poll: it is woken again.
+fn yield_task_queue(cx: &mut Context<'_>) {
+    let executor = glommio::executor();
+    let yielding = std::pin::pin!(executor.yield_task_queue_now());
+    // Its first poll marks the queue and wakes this task.
+    let _ = yielding.poll(cx);
+}
 
 /// Who is on the other end, from the certificate.
 #[derive(Debug, Clone)]
@@ -373,6 +385,14 @@ impl Connection {
                         && glommio::executor().need_preempt()
                     {
                         // Yield now (the poll ends as if the budget were spent).
+                        *budget = 0;
+                    } else if budget.is_multiple_of(ROUND_CHECK_EVERY)
+                        && self.session.local.shard.borrow().commit_round_due()
+                    {
+                        // The disk is idle and a round is due: end the whole
+                        // task queue's turn, so the committer takes it now
+                        // and its sync runs while this connection goes on.
+                        yield_task_queue(cx);
                         *budget = 0;
                     }
                 }

@@ -492,6 +492,10 @@ async fn run(stages: Stages) {
             remove_queue_dirs(&stages, &files, removals).await;
         }
         let round = write_round(&local, &files, std::mem::take(&mut jobs), taken).await;
+        local
+            .shard
+            .borrow_mut()
+            .commit_round_written(taken.elapsed());
         // Depth two: this round is finished after the previous one, and the
         // next round is taken only once that one is done.
         if let Some(previous) = syncing.take() {

@@ -20,6 +20,21 @@ impl Shard {
         self.durable.as_ref().is_some_and(Durability::has_work)
     }
 
+    /// Whether a commit round has waited long enough for the idle
+    /// committer that a connection should end its turn to let it run
+    /// ([`Durability::round_due`]).
+    pub fn commit_round_due(&self) -> bool {
+        self.durable.as_ref().is_some_and(Durability::round_due)
+    }
+
+    /// How long the last round took to write and sync, for
+    /// [`Shard::commit_round_due`].
+    pub fn commit_round_written(&mut self, took: std::time::Duration) {
+        if let Some(d) = &mut self.durable {
+            d.round_written(took);
+        }
+    }
+
     /// Registers the committer task, woken by the next append.
     pub fn register_committer(&mut self, waker: &std::task::Waker) {
         if let Some(d) = &mut self.durable {
