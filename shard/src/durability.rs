@@ -134,8 +134,8 @@ impl DiskSpace {
 
 /// How many times as long as the last round took to write a new round may
 /// wait for the committer before connections end their turn for it
-/// ([`Durability::round_due`]). Paired, publishing alone with a window of
-/// 1,000: 1.5 and 2 gained about a fifth, 0.5 and 1 less, 3 nothing
+/// ([`Durability::round_due`]). Publishing alone with a window of 1,000,
+/// 1.5 and 2 gained about a fifth, 0.5 and 1 a few percent, 3 nothing
 /// (docs/DECISIONS.md, "A commit round is taken before the turn ends").
 const ROUND_DUE_AFTER: u32 = 2;
 

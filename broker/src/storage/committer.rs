@@ -6,7 +6,8 @@
 //! A job's write and its `fdatasync` run as one call on the shard's own
 //! blocking-I/O thread (see [`persist`]); the committer runs in a task queue
 //! of its own, sharing the shard fairly with the connections (they yield
-//! when glommio asks, `connection.rs`).
+//! when glommio asks, `connection.rs`, and when a round has waited long
+//! enough for the idle committer, `Durability::round_due`).
 //!
 //! The queue does not ask glommio for low latency (`Latency::Matters`): a
 //! busy shard pays for every turn it ends early, and such a queue once let
