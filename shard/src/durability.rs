@@ -653,6 +653,17 @@ mod tests {
         }
     }
 
+    /// Logs that never roll (1 GiB segments), and the queue name to use.
+    fn one_segment_log() -> (Durability, Arc<str>) {
+        let d = Durability::new(
+            PathBuf::from("/nonexistent"),
+            1 << 30,
+            None,
+            Arc::new(DiskSpace::new()),
+        );
+        (d, Arc::from("q"))
+    }
+
     /// Takes the round's job and finishes it as the committer does,
     /// handing its buffer back; returns the buffer's capacity.
     fn commit(d: &mut Durability) -> usize {
@@ -896,13 +907,7 @@ mod tests {
     /// and it has waited as long as the rule asks; taking it ends that.
     #[test]
     fn a_round_is_due_once_it_waited_for_the_woken_committer() {
-        let mut d = Durability::new(
-            PathBuf::from("/nonexistent"),
-            1 << 30,
-            None,
-            Arc::new(DiskSpace::new()),
-        );
-        let queue: Arc<str> = Arc::from("q");
+        let (mut d, queue) = one_segment_log();
         let mut seq = 0;
         let waker = std::task::Waker::noop();
 
@@ -930,13 +935,7 @@ mod tests {
     /// shard keeps no buffer.
     #[test]
     fn a_written_buffer_carries_a_later_round() {
-        let mut d = Durability::new(
-            PathBuf::from("/nonexistent"),
-            1 << 30,
-            None,
-            Arc::new(DiskSpace::new()),
-        );
-        let queue: Arc<str> = Arc::from("q");
+        let (mut d, queue) = one_segment_log();
         let mut seq = 0;
         // The first round has no size to go by; the second is sized for it.
         append(&mut d, &queue, &mut seq, 1000);
