@@ -37,9 +37,13 @@ const LINE_BUDGET: usize = 2048;
 /// Commands between two checks whether glommio wants the shard back (a
 /// finished commit waiting to release its ACKs, see committer.rs).
 const PREEMPT_CHECK_EVERY: usize = 64;
-/// Commands between two checks whether a commit round has waited long
-/// enough for the idle committer to take it (`Shard::commit_round_due`).
+/// Commands between two checks whether a commit write has finished
+/// (`FinishedIo::wake_finished`) or a commit round has waited long enough
+/// for the idle committer to take it (`Shard::commit_round_due`).
 const ROUND_CHECK_EVERY: usize = 16;
+/// Lines a poll executes before it looks for finished commit writes: a
+/// shorter burst ends soon enough for glommio to notice them itself.
+const LOOK_AFTER_LINES: usize = 128;
 /// Rendered replies staged per encryption call.
 const RENDER_CHUNK: usize = 128 * 1024;
 /// Unsent ciphertext above which the connection stops executing commands.
@@ -387,11 +391,14 @@ impl Connection {
                         // Yield now (the poll ends as if the budget were spent).
                         *budget = 0;
                     } else if budget.is_multiple_of(ROUND_CHECK_EVERY)
-                        && self.session.local.shard.borrow().commit_round_due()
+                        && ((LINE_BUDGET - *budget >= LOOK_AFTER_LINES
+                            && self.session.local.finished_io.wake_finished())
+                            || self.session.local.shard.borrow().commit_round_due())
                     {
-                        // The disk is idle and a round is due: end the whole
-                        // task queue's turn, so the committer takes it now
-                        // and its sync runs while this connection goes on.
+                        // A round's sync finished, or the disk is idle and a
+                        // round is due: end the whole task queue's turn, so
+                        // the committer answers the finished round or takes
+                        // the due one now, while this connection goes on.
                         yield_task_queue(cx);
                         *budget = 0;
                     }

@@ -18,6 +18,7 @@ use crate::cluster::{ClusterNode, Placements, Residence};
 use crate::config::Config;
 use crate::conn::serving::Serving;
 use crate::liveness::pulse::Pulses;
+use crate::storage::finished_io::FinishedIo;
 use crate::tls::material::TlsMaterial;
 use crate::tls::store::TlsStore;
 use ciphermq_stats::{BrokerStats, ShardStats};
@@ -169,6 +170,9 @@ pub(crate) struct ShardLocal {
     /// With `cluster.storage = "shared"`: this node's lease, without which
     /// no answer leaves (see [`ShardLocal::may_answer`]).
     ack_gate: Option<Arc<ciphermq_cluster::shared_storage::LeaseGate>>,
+    /// Commit writes finished on the blocking-I/O thread, for connections
+    /// to notice between lines (`storage/finished_io.rs`).
+    pub finished_io: FinishedIo,
 }
 
 impl ShardLocal {
@@ -196,6 +200,7 @@ impl ShardLocal {
             staging: RefCell::new(Vec::new()),
             last_step: Cell::new(None),
             serving: Serving::default(),
+            finished_io: FinishedIo::default(),
         }
     }
 

@@ -6,8 +6,9 @@
 //! A job's write and its `fdatasync` run as one call on the shard's own
 //! blocking-I/O thread (see [`persist`]); the committer runs in a task queue
 //! of its own, sharing the shard fairly with the connections (they yield
-//! when glommio asks, `connection.rs`, and when a round has waited long
-//! enough for the idle committer, `Durability::round_due`).
+//! when glommio asks, `connection.rs`, when a round has waited long enough
+//! for the idle committer, `Durability::round_due`, and when a long burst
+//! finds a commit write finished, `finished_io.rs`).
 //!
 //! The queue does not ask glommio for low latency (`Latency::Matters`): a
 //! busy shard pays for every turn it ends early, and such a queue once let
@@ -44,7 +45,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crate::runtime::context::ShardLocal;
 use crate::storage::file_deleter::{self, FileDeleter};
 use crate::storage::log_file::LogFile;
-use ciphermq_stats::ShardStats;
 
 type IoResult<T> = Result<T, GlommioError<()>>;
 
@@ -177,7 +177,7 @@ async fn run_call(
     files: &RefCell<Files>,
     opened: &mut JobFiles,
     records: &mut Option<Vec<u8>>,
-    stats: &ShardStats,
+    local: &ShardLocal,
 ) -> IoResult<()> {
     match call {
         StorageCall::MakeDir {
@@ -237,7 +237,7 @@ async fn run_call(
             };
             // The bytes are shared with the write, not copied: they are
             // megabytes when a segment's deletion carried its ids.
-            persist(file, SharedBytes(w.bytes.clone()), offset, sync, stats).await?;
+            persist(file, SharedBytes(w.bytes.clone()), offset, sync, local).await?;
             Ok(())
         }
         StorageCall::Write {
@@ -252,7 +252,7 @@ async fn run_call(
                     "records written before their file's open, or twice",
                 ));
             };
-            *records = Some(persist(file, bytes, offset, sync, stats).await?);
+            *records = Some(persist(file, bytes, offset, sync, local).await?);
             Ok(())
         }
     }
@@ -269,12 +269,12 @@ fn out_of_order(path: &Path, what: &str) -> GlommioError<()> {
 async fn prepare(
     files: &RefCell<Files>,
     job: &CommitJob,
-    stats: &ShardStats,
+    local: &ShardLocal,
 ) -> IoResult<Arc<LogFile>> {
     let mut opened = JobFiles::default();
     let mut no_records = None;
     for call in job.prepare_calls() {
-        run_call(call, job, files, &mut opened, &mut no_records, stats).await?;
+        run_call(call, job, files, &mut opened, &mut no_records, local).await?;
     }
     opened
         .segment
@@ -332,7 +332,7 @@ async fn write(
     files: &RefCell<Files>,
     file: Arc<LogFile>,
     bytes: Vec<u8>,
-    stats: &ShardStats,
+    local: &ShardLocal,
 ) -> IoResult<(Arc<LogFile>, Vec<u8>)> {
     let mut opened = JobFiles {
         segment: Some(file),
@@ -341,7 +341,7 @@ async fn write(
     let len = bytes.len();
     let mut records = Some(bytes);
     for call in job.write_calls(len) {
-        run_call(call, job, files, &mut opened, &mut records, stats).await?;
+        run_call(call, job, files, &mut opened, &mut records, local).await?;
     }
     let file = opened
         .segment
@@ -388,7 +388,9 @@ async fn open(path: &Path, create: bool) -> IoResult<Arc<LogFile>> {
 
 /// Writes all of `bytes` at `offset` and, when `sync`, `fdatasync`s the
 /// file, as one call on the shard's blocking-I/O thread (`server.rs` gives
-/// each shard one, unbound); the shard awaits it without blocking. Gives
+/// each shard one, unbound); the shard awaits it without blocking, and a
+/// busy connection may hand its end over early
+/// ([`crate::storage::finished_io::FinishedIo`]). Gives
 /// `bytes` back, for the shard to fill again (`log::buffer_pool`).
 ///
 /// Not through io_uring: there both steps went to a kernel worker bound to
@@ -399,15 +401,16 @@ async fn persist<B: AsRef<[u8]> + Send + 'static>(
     bytes: B,
     offset: u64,
     sync: bool,
-    stats: &ShardStats,
+    local: &ShardLocal,
 ) -> IoResult<B> {
     if bytes.as_ref().is_empty() && !sync {
         return Ok(bytes);
     }
     let file = file.clone();
     let handed = Instant::now();
-    let (bytes, taken_up, synced) = glommio::executor()
-        .spawn_blocking(move || -> std::io::Result<(B, Duration, Option<Synced>)> {
+    let (bytes, taken_up, synced) = local
+        .finished_io
+        .run(move || -> std::io::Result<(B, Duration, Option<Synced>)> {
             let taken_up = handed.elapsed();
             file.write_all_at(bytes.as_ref(), offset)?;
             if !sync {
@@ -426,6 +429,7 @@ async fn persist<B: AsRef<[u8]> + Send + 'static>(
             ))
         })
         .await?;
+    let stats = &local.stats;
     stats.commit_handoff_latency.observe(taken_up);
     if let Some(synced) = synced {
         stats.fsyncs.add(1);
@@ -503,6 +507,14 @@ async fn run(stages: Stages) {
             previous.await;
         }
         syncing = Some(stages.spawn(sync_round(stages.clone(), files.clone(), round)));
+        if local.finished_io.take_looked() {
+            // Noticed in the middle of a connection's burst: let the answers
+            // out and the burst go on before the next round is taken, so
+            // that round grows with the load as it would have (without
+            // this, rounds shrink and their fixed cost takes the CPU a
+            // loaded shard lacks).
+            glommio::executor().yield_task_queue_now().await;
+        }
     }
 }
 
@@ -619,19 +631,18 @@ async fn write_round(
 ) -> WrittenRound {
     let mut prepared = Vec::with_capacity(jobs.len());
     for job in &jobs {
-        prepared.push(prepare(files, job, &local.stats).await);
+        prepared.push(prepare(files, job, local).await);
     }
     let payloads: Vec<Vec<u8>> = jobs
         .iter_mut()
         .map(|j| std::mem::take(&mut j.bytes))
         .collect();
-    let stats = &local.stats;
     let outcomes = join_all(
         jobs.iter()
             .zip(prepared)
             .zip(payloads)
             .map(
-                |((job, file), bytes)| async move { write(job, files, file?, bytes, stats).await },
+                |((job, file), bytes)| async move { write(job, files, file?, bytes, local).await },
             ),
     )
     .await;
@@ -758,7 +769,7 @@ async fn sync_round(stages: Stages, files: Rc<RefCell<Files>>, round: WrittenRou
                         files_ref,
                         &mut JobFiles::default(),
                         &mut none,
-                        &local.stats,
+                        local,
                     )
                     .await?
                 }

@@ -20,6 +20,7 @@ pub(crate) mod chores;
 pub(crate) mod committer;
 pub(crate) mod disk_watch;
 pub(crate) mod file_deleter;
+pub(crate) mod finished_io;
 pub(crate) mod log_file;
 pub(crate) mod topology_file;
 
