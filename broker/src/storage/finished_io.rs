@@ -62,15 +62,16 @@ impl FinishedIo {
         let mut through_glommio = std::pin::pin!(through_glommio);
         let take = || slot.lock().unwrap_or_else(PoisonError::into_inner).take();
         std::future::poll_fn(|cx| {
-            if let Some(out) = take() {
-                self.looked.set(true);
-                return Poll::Ready(out);
-            }
             if through_glommio.as_mut().poll(cx).is_ready() {
                 // The call filled its slot before it returned.
                 if let Some(out) = take() {
                     return Poll::Ready(out);
                 }
+            } else if let Some(out) = take() {
+                // Finished, and glommio has not noticed: a look handed it
+                // over.
+                self.looked.set(true);
+                return Poll::Ready(out);
             }
             self.wait(cx.waker());
             Poll::Pending
@@ -164,6 +165,8 @@ mod tests {
                 }
                 assert_eq!(got.get(), Some(7), "handed over within the turn");
                 waiter.await;
+                assert!(io.take_looked(), "counted as handed over by a look");
+                assert!(!io.take_looked(), "once");
             })
             .expect("executor")
             .join()
@@ -178,6 +181,7 @@ mod tests {
                 let io = FinishedIo::default();
                 assert_eq!(io.run(|| "done").await, "done");
                 assert!(io.waiting.borrow().len() <= 1);
+                assert!(!io.take_looked(), "glommio noticed it, not a look");
             })
             .expect("executor")
             .join()
