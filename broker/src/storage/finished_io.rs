@@ -178,9 +178,21 @@ mod tests {
     fn without_a_look_the_reactor_finishes_the_call() {
         glommio::LocalExecutorBuilder::default()
             .spawn(|| async {
-                let io = FinishedIo::default();
-                assert_eq!(io.run(|| "done").await, "done");
-                assert!(io.waiting.borrow().len() <= 1);
+                let io = Rc::new(FinishedIo::default());
+                let (tx, rx) = std::sync::mpsc::channel::<()>();
+                let waiter = {
+                    let io = io.clone();
+                    glommio::spawn_local(
+                        async move { io.run(move || rx.recv().map(|()| "done")).await },
+                    )
+                };
+                // The call waits until the run is pending, so only glommio
+                // can end it (this task then awaits, and the reactor polls).
+                while io.waiting.borrow().is_empty() {
+                    glommio::executor().yield_now().await;
+                }
+                tx.send(()).expect("the call waits");
+                assert_eq!(waiter.await, Ok("done"));
                 assert!(!io.take_looked(), "glommio noticed it, not a look");
             })
             .expect("executor")
