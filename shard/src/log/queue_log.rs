@@ -8,13 +8,14 @@
 //! written while the previous one is still being synced (the committer
 //! pipelines rounds), and jobs finish in the order they were taken.
 //!
-//! A failed job leaves its file's end unknown. Every job taken before the
-//! failure and not finished yet lies after that unknown end, so it fails
-//! too, whatever its own I/O said (each failure starts a new *epoch*; a job
-//! of an older epoch cannot succeed). The next job cuts the files back to
-//! where the failed job began and writes from there: no acknowledged record
-//! ever lies after a hole, no message that was answered `NACK` comes back
-//! after a restart, and no new file is made per failure. What a failed job
+//! A failed job leaves its file's end unknown. Every job taken after it
+//! and not finished yet lies past that unknown end, so it fails too,
+//! whatever its own I/O said; the jobs taken before it do not: their bytes
+//! lie before it, and their own I/O decides. The next job cuts the files
+//! back to where the failed job began and writes from there: no
+//! acknowledged record ever lies after a hole, no message that was
+//! answered `NACK` comes back after a restart, and no new file is made per
+//! failure. What a failed job
 //! carried that is not a message (acks, carried dedup entries) is queued
 //! again; fully acked segments it was to delete are deleted all the same.
 
@@ -128,9 +129,6 @@ pub struct CommitJob {
     pub dedup_write: Option<DedupWrite>,
     /// Dedup files entirely past the window, to delete.
     pub dedup_delete: Vec<PathBuf>,
-    /// The log's failure count when taken: a job older than the latest
-    /// failure lies past an unknown end and cannot succeed.
-    pub epoch: u64,
 }
 
 impl CommitJob {
@@ -169,8 +167,10 @@ pub struct QueueLog {
     purges: Vec<(u64, Vec<u64>)>,
     /// Files the next job cuts back before writing (see [`CommitJob::cuts`]).
     cuts: Vec<(PathBuf, u64)>,
-    /// Failures so far (see the module doc).
-    epoch: u64,
+    /// Per job taken and not finished, oldest first (jobs finish in the
+    /// order taken): whether a failure already cut its bytes away, its own
+    /// or an older job's (see the module doc).
+    doomed: VecDeque<bool>,
     /// A job is taken and its bytes are not yet written.
     writing: bool,
     /// Jobs written and not yet synced (finished in order).
@@ -209,7 +209,7 @@ impl QueueLog {
             acks: Vec::new(),
             purges: Vec::new(),
             cuts: Vec::new(),
-            epoch: 0,
+            doomed: VecDeque::new(),
             writing: false,
             syncing: 0,
             mirror: None,
@@ -599,7 +599,6 @@ impl QueueLog {
             delete,
             dedup_write,
             dedup_delete,
-            epoch: self.epoch,
         };
         active.created = true;
         self.dir_exists = true;
@@ -615,12 +614,15 @@ impl QueueLog {
             self.open_segment(next_seq);
         }
         self.writing = true;
+        self.doomed.push_back(false);
         Some(job)
     }
 
     /// The job taken last is written (`ok`) or failed to be; the next job may
     /// be taken while this one is synced. Its dedup entries, written and
-    /// synced before its records, are done either way.
+    /// synced before its records, are done either way. A failure here cuts
+    /// away this job alone: nothing was taken after it, and the jobs before
+    /// it, still being synced, lie before it.
     pub fn job_written(&mut self, job: &CommitJob, ok: bool) {
         debug_assert!(self.writing, "a job written that was not taken");
         self.writing = false;
@@ -629,66 +631,72 @@ impl QueueLog {
             self.dedup.done(write, ok);
         }
         if !ok {
-            self.cut_back(job);
+            if let Some(doomed @ false) = self.doomed.back_mut() {
+                *doomed = true;
+                self.cut_back(job);
+            }
         }
     }
 
     /// The oldest job not finished yet is done. Returns whether its records
-    /// are durable: its I/O succeeded (`io`), unless an earlier job failed
-    /// since it was taken (its bytes then lie past an unknown end).
+    /// are durable: its I/O succeeded (`io`), and no failure cut them away
+    /// since it was taken (an older job's: its bytes then lie past an
+    /// unknown end). A failure found here cuts away every job taken after
+    /// this one, too.
     pub fn job_done(&mut self, job: &CommitJob, io: JobIo) -> bool {
         debug_assert!(self.syncing > 0, "a job done that was not written");
         self.syncing = self.syncing.saturating_sub(1);
-        if !io.is_done() || job.epoch != self.epoch {
+        let doomed = self.doomed.pop_front().unwrap_or(false);
+        if !doomed && io.is_done() {
+            if let (Some(cell), Some(last)) = (&self.stored, job.message_seqs.last()) {
+                cell.fetch_max(last + 1, Ordering::Release);
+            }
+            return true;
+        }
+        if !doomed {
             self.cut_back(job);
-            self.give_back(job, io);
-            return false;
+            self.doomed.iter_mut().for_each(|d| *d = true);
         }
-        if let (Some(cell), Some(last)) = (&self.stored, job.message_seqs.last()) {
-            cell.fetch_max(last + 1, Ordering::Release);
-        }
-        true
+        self.give_back(job, io);
+        false
     }
 
-    /// After `job` failed (see the module doc): the first failure of an
-    /// epoch cuts its file back to where the job began and every newer
-    /// segment back to its header. Later calls for jobs of that epoch do
-    /// nothing.
+    /// After `job` failed and no earlier failure cut it away (see the module
+    /// doc): cuts its file back to where the job began and every newer
+    /// segment back to its header. The jobs taken after it are the
+    /// caller's to doom.
     fn cut_back(&mut self, job: &CommitJob) {
-        if job.epoch == self.epoch {
-            self.epoch += 1;
-            // The job's own cuts may not have been made: make them again.
-            for (path, len) in &job.cuts {
-                self.add_cut(path, *len);
+        // The job's own cuts may not have been made: make them again.
+        for (path, len) in &job.cuts {
+            self.add_cut(path, *len);
+        }
+        self.add_cut(&job.path, job.offset);
+        // Segments opened after the job was taken hold only jobs taken
+        // after it. (If the job's own segment is not listed, a doomed job
+        // took it for deletion: every listed one is newer.)
+        let newer_from = self
+            .segments
+            .iter()
+            .position(|s| s.path == job.path)
+            .map_or(0, |i| i + 1);
+        let mut cut_to_header = Vec::new();
+        for segment in self.segments.iter().skip(newer_from) {
+            if segment.created {
+                cut_to_header.push(segment.path.clone());
             }
-            self.add_cut(&job.path, job.offset);
-            // Segments opened after the job was taken hold only jobs of this
-            // epoch. (If the job's own segment is not listed, a doomed job
-            // took it for deletion: every listed one is newer.)
-            let newer_from = self
-                .segments
-                .iter()
-                .position(|s| s.path == job.path)
-                .map_or(0, |i| i + 1);
-            let mut cut_to_header = Vec::new();
-            for segment in self.segments.iter().skip(newer_from) {
-                if segment.created {
-                    cut_to_header.push(segment.path.clone());
-                }
-            }
-            for path in cut_to_header {
-                self.add_cut(&path, FILE_HEADER_BYTES);
-            }
-            let active_is_jobs = self.segments.back().is_some_and(|s| s.path == job.path);
-            self.written = if active_is_jobs {
-                job.offset
-            } else {
-                FILE_HEADER_BYTES
-            };
-            // The directory's creation may be what failed.
-            if job.create_dir {
-                self.dir_exists = false;
-            }
+        }
+        for path in cut_to_header {
+            self.add_cut(&path, FILE_HEADER_BYTES);
+        }
+        let active_is_jobs = self.segments.back().is_some_and(|s| s.path == job.path);
+        self.written = if active_is_jobs {
+            job.offset
+        } else {
+            FILE_HEADER_BYTES
+        };
+        // The directory's creation may be what failed.
+        if job.create_dir {
+            self.dir_exists = false;
         }
     }
 
@@ -873,6 +881,68 @@ mod tests {
         assert!(records[1].starts_with("Purge { upto: 2"), "{records:?}");
         finish(&mut log, &retry);
         assert_eq!(log.segments[0].live, 1, "only d is held");
+    }
+
+    /// The committer writes a round while the one before it is synced, so a
+    /// job may fail to be written while the job before it is still being
+    /// synced. That one lies before the failure: its own I/O decides, and
+    /// the cut keeps it. (It was once answered `NACK storage` while its
+    /// records stayed on disk, to come back after a restart.)
+    #[test]
+    fn a_failed_write_spares_the_job_before_it_still_being_synced() {
+        let mut log = QueueLog::new(PathBuf::from("/d/q"), 1 << 20, 0);
+        log.append_message(0, &msg("a"));
+        let first = take(&mut log, 1);
+        log.job_written(&first, true);
+        log.append_message(1, &msg("b"));
+        let second = take(&mut log, 2);
+        log.job_written(&second, false);
+        assert!(
+            log.job_done(&first, JobIo::Done),
+            "written and synced before the failure, and kept by its cut"
+        );
+        assert!(!log.job_done(&second, JobIo::Failed));
+        log.forget_message(1);
+        log.append_message(2, &msg("c"));
+        let retry = take(&mut log, 3);
+        assert_eq!(retry.cuts, vec![(first.path.clone(), second.offset)]);
+        assert_eq!(retry.offset, second.offset);
+        finish(&mut log, &retry);
+    }
+
+    /// The reverse: the job before fails in its finish (its directory's
+    /// sync) after the next one failed to be written. The cut goes back to
+    /// the older job, and the job taken meanwhile, written at the first
+    /// cut, is cut away too.
+    #[test]
+    fn an_older_failure_found_later_cuts_back_further() {
+        let mut log = QueueLog::new(PathBuf::from("/d/q"), 1 << 20, 0);
+        log.append_message(0, &msg("a"));
+        let first = take(&mut log, 1);
+        finish(&mut log, &first);
+        log.append_message(1, &msg("b"));
+        let second = take(&mut log, 2);
+        log.job_written(&second, true);
+        log.append_message(2, &msg("c"));
+        let third = take(&mut log, 3);
+        log.job_written(&third, false);
+        log.append_message(3, &msg("d"));
+        let fourth = take(&mut log, 4);
+        assert_eq!(fourth.cuts, vec![(first.path.clone(), third.offset)]);
+        log.job_written(&fourth, true);
+        assert!(!log.job_done(&second, JobIo::Failed));
+        assert!(!log.job_done(&third, JobIo::Failed));
+        assert!(
+            !log.job_done(&fourth, JobIo::Done),
+            "written past the older failure"
+        );
+        for seq in 1..=3 {
+            log.forget_message(seq);
+        }
+        log.append_message(4, &msg("e"));
+        let retry = take(&mut log, 5);
+        assert_eq!(retry.cuts, vec![(first.path.clone(), second.offset)]);
+        assert_eq!(retry.offset, second.offset);
     }
 
     #[test]

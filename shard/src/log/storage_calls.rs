@@ -192,7 +192,6 @@ mod tests {
             delete_after_carry: false,
             dedup_write: None,
             dedup_delete: Vec::new(),
-            epoch: 0,
         }
     }
 
