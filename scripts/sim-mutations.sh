@@ -16,7 +16,8 @@ fi
 
 # invariant | file | text | replacement
 mutations=(
-  "acked-not-lost|shard/src/log/queue_log.rs|if !io.is_done() \|\| job.epoch != self.epoch {|if job.epoch != self.epoch {"
+  "acked-not-lost|shard/src/log/queue_log.rs|if !doomed && io.is_done() {|if !doomed {"
+  "nacked-not-stored|shard/src/log/queue_log.rs|let doomed = self.doomed.pop_front().unwrap_or(false);|let doomed = self.doomed.pop_front().unwrap_or(false) \|\| self.doomed.iter().any(\|&d\| d);"
   "acked-not-lost|shard/src/shard/commit.rs|d.fail_duplicates(&job.queue, &keys);|let _ = &keys;"
   "acked-not-lost|shard/src/log/storage_calls.rs|self.sync_dir.then_some(name)|false.then_some(name)"
   "fifo|shard/src/queue/deliver.rs|None => self.ready.pop_front()?,|None => self.ready.pop_back()?,"

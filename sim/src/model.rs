@@ -15,6 +15,10 @@ pub mod invariant {
     /// least once from every queue it was routed to, across any crash,
     /// unless that queue was purged or deleted meanwhile.
     pub const ACKED_NOT_LOST: &str = "acked-not-lost";
+    /// A message every publish of which was answered `NACK` is not stored:
+    /// once a crash has emptied the broker's memory, it is never delivered
+    /// (its records were cut back, or never written).
+    pub const NACKED_NOT_STORED: &str = "nacked-not-stored";
     /// A consumer sees a queue's first deliveries in the queue's order, and
     /// a publisher's messages keep their order in each queue.
     pub const FIFO: &str = "fifo";
@@ -90,6 +94,16 @@ pub struct MsgModel {
     pub in_flight: u32,
     /// Some publish of it was ACKed.
     pub acked: bool,
+    /// Model time ([`Model::now`]) of its first publish.
+    pub first_sent: u64,
+    /// Model time of the last answer to a publish of it.
+    pub answered_at: u64,
+    /// Judged by [`invariant::NACKED_NOT_STORED`] since the last crash:
+    /// see [`Model::crashed`].
+    pub refused: bool,
+    /// A crash came while its refused bytes might still be on disk: the
+    /// restart may have served it again, so it is never judged.
+    pub may_return: bool,
     /// Every queue it routes to (by index), with its copies.
     pub copies: BTreeMap<usize, Copy>,
 }
@@ -111,6 +125,8 @@ pub struct Model {
     /// Per (queue, incarnation, publishing connection): n → seq of
     /// messages published once and ACKed.
     order: HashMap<(usize, u32, u64), BTreeMap<u64, u64>>,
+    /// Publishes and answers so far: the model's clock of events.
+    now: u64,
 }
 
 impl Model {
@@ -148,6 +164,7 @@ impl Model {
             })
             .collect();
         let index = self.msgs.len();
+        self.now += 1;
         self.by_id.insert(id.clone(), index);
         self.msgs.push(MsgModel {
             id,
@@ -159,6 +176,10 @@ impl Model {
             attempts: 1,
             in_flight: 1,
             acked: false,
+            first_sent: self.now,
+            answered_at: 0,
+            refused: false,
+            may_return: false,
             copies,
         });
         index
@@ -180,6 +201,7 @@ impl Model {
         let msg = &mut self.msgs[m];
         msg.attempts += 1;
         msg.in_flight += 1;
+        msg.refused = false;
         let acked = msg.acked;
         for copy in msg.copies.values_mut() {
             let covered = acked
@@ -198,9 +220,51 @@ impl Model {
 
     /// A publish of `m` was answered.
     pub fn answered(&mut self, m: usize, acked: bool) {
+        self.now += 1;
         let msg = &mut self.msgs[m];
         msg.in_flight -= 1;
         msg.acked |= acked;
+        msg.answered_at = self.now;
+    }
+
+    /// The broker crashed: what it held only in memory is gone. A message
+    /// is judged refused from now on (it must never be delivered again)
+    /// when every publish of it was answered `NACK`, it was routed to one
+    /// queue and never delivered, and a message first published to that
+    /// queue after its last `NACK` was `ACK`ed before the crash. That
+    /// `ACK` came from a commit taken after the failure was known, so the
+    /// failed bytes were cut back durably before it. Without such an
+    /// `ACK`, a failed write that reached the disk after all may be served
+    /// once more (docs/PROTOCOL.md, "Failed writes"), and from then on the
+    /// message is never judged. A message delivered
+    /// before its commit failed stays owed to its consumer and may be
+    /// dead-lettered from there; one routed to several queues is answered
+    /// `NACK` when any copy failed, the others stored: neither is judged.
+    pub fn crashed(&mut self) {
+        let mut cut_back: HashMap<(usize, u32), u64> = HashMap::new();
+        for msg in self.msgs.iter().filter(|m| m.acked) {
+            for (&q, copy) in &msg.copies {
+                let latest = cut_back.entry((q, copy.incarnation)).or_default();
+                *latest = (*latest).max(msg.first_sent);
+            }
+        }
+        for msg in &mut self.msgs {
+            msg.refused = false;
+            let mut copies = msg.copies.iter();
+            let only = match (copies.next(), copies.next()) {
+                (Some((&q, copy)), None) => Some((q, copy)),
+                _ => None,
+            };
+            let Some((q, copy)) = only else { continue };
+            if msg.in_flight > 0 || msg.acked || !copy.seqs.is_empty() || msg.may_return {
+                continue;
+            }
+            let was_cut = cut_back
+                .get(&(q, copy.incarnation))
+                .is_some_and(|&sent| sent > msg.answered_at);
+            msg.refused = was_cut;
+            msg.may_return = !was_cut;
+        }
     }
 
     /// Queue `q` was purged: what it held is not judged any more.
@@ -259,6 +323,15 @@ impl Model {
         };
         let incarnation = self.incarnation[q];
         let msg = &mut self.msgs[m];
+        if msg.refused {
+            return Err(violation(
+                invariant::NACKED_NOT_STORED,
+                format!(
+                    "queue {q} delivered {id} after a crash, though each of its {} publishes was answered NACK",
+                    msg.attempts
+                ),
+            ));
+        }
         if msg.to != owner {
             return Err(violation(
                 invariant::CONFINEMENT,

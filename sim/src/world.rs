@@ -1446,6 +1446,7 @@ impl World {
             .disk
             .crash(&mut self.rng)
             .map_err(|e| io_violation("crash", e))?;
+        self.model.crashed();
         self.note(format!("CRASH: {} files changed", changed.len()));
         for line in changed {
             self.note(format!("CRASH   {line}"));
