@@ -12,8 +12,8 @@
 //! in a slot of its own and counts itself finished in a counter the shard
 //! shares with its blocking-I/O thread. A connection deep in a burst looks
 //! at the counter every few lines ([`FinishedIo::wake_finished`]: one
-//! atomic load while nothing finished) and, when it moved, wakes whoever
-//! waits and ends its task queue's turn, so the committer answers the round
+//! atomic load while nothing finished) and, when it counts a finished call
+//! no run has taken yet, wakes whoever waits and ends its task queue's turn, so the committer answers the round
 //! at once (`connection.rs`). glommio's own completion still wakes the
 //! waiter when the shard is idle, so nothing depends on a connection
 //! looking.
@@ -24,10 +24,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Poll, Waker};
 
-/// Wakers kept at most between two looks. Each distinct waiting task is
-/// kept once; past this many (tasks that finished through glommio's path
-/// and were never looked for), all are woken and forgotten: a spurious
-/// wake costs a task one poll.
+/// Wakers kept at most while runs overlap. Each distinct waiting task is
+/// kept once, and all are forgotten whenever no run is under way; past
+/// this many, all are woken and forgotten: a spurious wake costs a task
+/// one poll.
 const MAX_WAITING: usize = 16;
 
 /// One shard's finished-call counter and the tasks waiting on its calls.
@@ -35,8 +35,11 @@ const MAX_WAITING: usize = 16;
 pub(crate) struct FinishedIo {
     /// Calls finished, counted by the blocking-I/O thread.
     finished: Arc<AtomicU64>,
-    /// The count at the shard's last look.
-    seen: Cell<u64>,
+    /// Calls whose run ended on the shard (result taken, or dropped): while
+    /// `finished` is ahead, a finished call still waits to be noticed.
+    ended: Cell<u64>,
+    /// Runs under way; when none is, no waker is kept.
+    running: Cell<usize>,
     /// Tasks waiting for a call of this shard.
     waiting: RefCell<Vec<Waker>>,
     /// A call was handed over by a look, before glommio noticed it.
@@ -61,6 +64,8 @@ impl FinishedIo {
         });
         let mut through_glommio = std::pin::pin!(through_glommio);
         let take = || slot.lock().unwrap_or_else(PoisonError::into_inner).take();
+        self.running.set(self.running.get() + 1);
+        let _ended = RunEnds(self);
         std::future::poll_fn(|cx| {
             if through_glommio.as_mut().poll(cx).is_ready() {
                 // The call filled its slot before it returned.
@@ -95,15 +100,13 @@ impl FinishedIo {
         self.looked.replace(false)
     }
 
-    /// Whether a call finished since the last look while a task waited for
-    /// one; if so, those tasks are woken (they run once the caller's task
-    /// queue ends its turn).
+    /// Whether a call finished that no run has taken yet while a task
+    /// waited for one; if so, those tasks are woken (they run once the
+    /// caller's task queue ends its turn).
     pub(crate) fn wake_finished(&self) -> bool {
-        let now = self.finished.load(Ordering::Acquire);
-        if now == self.seen.get() {
+        if self.running.get() == 0 || self.finished.load(Ordering::Acquire) <= self.ended.get() {
             return false;
         }
-        self.seen.set(now);
         let mut waiting = self.waiting.take();
         let woke = !waiting.is_empty();
         waiting.drain(..).for_each(Waker::wake);
@@ -113,6 +116,22 @@ impl FinishedIo {
             *slot = waiting;
         }
         woke
+    }
+}
+
+/// Counts a run as ended however it ends (its result taken, or the run
+/// dropped), and forgets the wakers once no run is under way, so a task
+/// that got its result through glommio is never woken for it later.
+struct RunEnds<'a>(&'a FinishedIo);
+
+impl Drop for RunEnds<'_> {
+    fn drop(&mut self) {
+        let io = self.0;
+        io.ended.set(io.ended.get() + 1);
+        io.running.set(io.running.get() - 1);
+        if io.running.get() == 0 {
+            io.waiting.borrow_mut().clear();
+        }
     }
 }
 
@@ -173,7 +192,8 @@ mod tests {
             .expect("joined");
     }
 
-    /// With no one looking, glommio's completion alone finishes the call.
+    /// With no one looking, glommio's completion alone finishes the call,
+    /// and the run keeps no waker after it: a later look finds nothing.
     #[test]
     fn without_a_look_the_reactor_finishes_the_call() {
         glommio::LocalExecutorBuilder::default()
@@ -194,6 +214,8 @@ mod tests {
                 tx.send(()).expect("the call waits");
                 assert_eq!(waiter.await, Ok("done"));
                 assert!(!io.take_looked(), "glommio noticed it, not a look");
+                assert!(io.waiting.borrow().is_empty(), "no waker kept once done");
+                assert!(!io.wake_finished(), "a call taken is not looked for again");
             })
             .expect("executor")
             .join()
