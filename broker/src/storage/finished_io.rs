@@ -13,8 +13,9 @@
 //! shares with its blocking-I/O thread. A connection deep in a burst looks
 //! at the counter every few lines ([`FinishedIo::wake_finished`]: one
 //! atomic load while nothing finished) and, when it counts a finished call
-//! no run has taken yet, wakes whoever waits and ends its task queue's turn, so the committer answers the round
-//! at once (`connection.rs`). glommio's own completion still wakes the
+//! no run has taken yet, wakes whoever waits and ends its task queue's
+//! turn, so the committer answers the round at once (`connection.rs`).
+//! glommio's own completion still wakes the
 //! waiter when the shard is idle, so nothing depends on a connection
 //! looking.
 
