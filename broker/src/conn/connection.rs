@@ -392,7 +392,12 @@ impl Connection {
                         *budget = 0;
                     } else if budget.is_multiple_of(ROUND_CHECK_EVERY)
                         && ((LINE_BUDGET - *budget >= LOOK_AFTER_LINES
-                            && self.session.local.finished_io.wake_finished())
+                            && matches!(self.session.identity.role, Role::Sender | Role::Admin)
+                            && self
+                                .session
+                                .local
+                                .finished_io
+                                .wake_finished(self.session.conn.id))
                             || self.session.local.shard.borrow().commit_round_due())
                     {
                         // A round's sync finished, or the disk is idle and a

@@ -45,7 +45,21 @@ pub(crate) struct FinishedIo {
     waiting: RefCell<Vec<Waker>>,
     /// A call was handed over by a look, before glommio noticed it.
     looked: Cell<bool>,
+    /// Calls begun in the current period of [`LOOK_PERIOD_CALLS`].
+    period_calls: Cell<u32>,
+    /// The first connection that looked in the current period.
+    looker: Cell<Option<u64>>,
+    /// A second connection looked in it: several publishers keep the shard
+    /// busy, and a look would only split the round their bursts fill.
+    several: Cell<bool>,
+    /// `several` of the period before: the gate holds through a period
+    /// after one that saw several publishers.
+    several_before: Cell<bool>,
 }
+
+/// Calls per period over which the connections that look are told apart
+/// (tens of milliseconds of a loaded shard's rounds).
+const LOOK_PERIOD_CALLS: u32 = 16;
 
 impl FinishedIo {
     /// Runs `call` on the shard's blocking-I/O thread and returns its
@@ -55,6 +69,12 @@ impl FinishedIo {
         &self,
         call: impl FnOnce() -> T + Send + 'static,
     ) -> T {
+        let calls = self.period_calls.get() + 1;
+        if calls == LOOK_PERIOD_CALLS {
+            self.looker.set(None);
+            self.several_before.set(self.several.replace(false));
+        }
+        self.period_calls.set(calls % LOOK_PERIOD_CALLS);
         let slot: Arc<Mutex<Option<T>>> = Arc::new(Mutex::new(None));
         let (filled, finished) = (slot.clone(), self.finished.clone());
         let through_glommio = glommio::executor().spawn_blocking(move || {
@@ -103,9 +123,25 @@ impl FinishedIo {
 
     /// Whether a call finished that no run has taken yet while a task
     /// waited for one; if so, those tasks are woken (they run once the
-    /// caller's task queue ends its turn).
-    pub(crate) fn wake_finished(&self) -> bool {
-        if self.running.get() == 0 || self.finished.load(Ordering::Acquire) <= self.ended.get() {
+    /// caller's task queue ends its turn). `conn` is the publishing
+    /// connection looking, deep in a burst. Once two connections looked
+    /// in a period of [`LOOK_PERIOD_CALLS`] calls, none is handed over in
+    /// it or in the next: several publishers keep the shard busy by
+    /// themselves, and noticing
+    /// the write early only splits the round their bursts fill, each round
+    /// paying its fixed cost (docs/DECISIONS.md, "A finished commit write
+    /// is noticed in the middle of a long burst").
+    pub(crate) fn wake_finished(&self, conn: u64) -> bool {
+        match self.looker.get() {
+            None => self.looker.set(Some(conn)),
+            Some(first) if first != conn => self.several.set(true),
+            Some(_) => {}
+        }
+        if self.several.get()
+            || self.several_before.get()
+            || self.running.get() == 0
+            || self.finished.load(Ordering::Acquire) <= self.ended.get()
+        {
             return false;
         }
         let mut waiting = self.waiting.take();
@@ -149,7 +185,7 @@ mod tests {
         glommio::LocalExecutorBuilder::default()
             .spawn(|| async {
                 let io = Rc::new(FinishedIo::default());
-                assert!(!io.wake_finished(), "nothing ran, nothing finished");
+                assert!(!io.wake_finished(1), "nothing ran, nothing finished");
                 let (tx, rx) = std::sync::mpsc::channel::<()>();
                 let got = Rc::new(Cell::new(None));
                 let waiter = {
@@ -168,11 +204,11 @@ mod tests {
                 while io.waiting.borrow().is_empty() {
                     glommio::executor().yield_now().await;
                 }
-                assert!(!io.wake_finished(), "the call has not finished");
+                assert!(!io.wake_finished(1), "the call has not finished");
                 tx.send(()).expect("the call waits");
                 // Busy until a look sees it, awaiting nothing the reactor
                 // completes.
-                while !io.wake_finished() {
+                while !io.wake_finished(1) {
                     std::hint::spin_loop();
                 }
                 // The woken waiter runs in this queue's turn; the reactor
@@ -187,6 +223,41 @@ mod tests {
                 waiter.await;
                 assert!(io.take_looked(), "counted as handed over by a look");
                 assert!(!io.take_looked(), "once");
+            })
+            .expect("executor")
+            .join()
+            .expect("joined");
+    }
+
+    /// Two publishing connections looking during one call hand nothing
+    /// over, during that call or the next: glommio's completion ends both.
+    /// (Both calls lie in one period, the test's first.)
+    #[test]
+    fn several_publishers_looking_hand_nothing_over() {
+        glommio::LocalExecutorBuilder::default()
+            .spawn(|| async {
+                let io = Rc::new(FinishedIo::default());
+                for call in 0..2u64 {
+                    let (tx, rx) = std::sync::mpsc::channel::<()>();
+                    let waiter = {
+                        let io = io.clone();
+                        glommio::spawn_local(async move { io.run(move || rx.recv()).await })
+                    };
+                    while io.waiting.borrow().is_empty() {
+                        glommio::executor().yield_now().await;
+                    }
+                    if call == 0 {
+                        assert!(!io.wake_finished(1), "not finished yet");
+                        assert!(!io.wake_finished(2), "not finished yet");
+                    }
+                    tx.send(()).expect("the call waits");
+                    while io.finished.load(Ordering::Acquire) == call {
+                        std::hint::spin_loop();
+                    }
+                    assert!(!io.wake_finished(1), "call {call}: several looked");
+                    assert_eq!(waiter.await, Ok(()));
+                    assert!(!io.take_looked(), "call {call}: glommio noticed it");
+                }
             })
             .expect("executor")
             .join()
@@ -216,7 +287,7 @@ mod tests {
                 assert_eq!(waiter.await, Ok("done"));
                 assert!(!io.take_looked(), "glommio noticed it, not a look");
                 assert!(io.waiting.borrow().is_empty(), "no waker kept once done");
-                assert!(!io.wake_finished(), "a call taken is not looked for again");
+                assert!(!io.wake_finished(1), "a call taken is not looked for again");
             })
             .expect("executor")
             .join()
