@@ -241,6 +241,13 @@ impl Model {
     /// dead-lettered from there; one routed to several queues is answered
     /// `NACK` when any copy failed, the others stored: neither is judged.
     pub fn crashed(&mut self) {
+        self.memory_lost(None);
+    }
+
+    /// What queues `queues` held in memory is gone (all queues: `None`),
+    /// their state to be read back from disk, as after a crash: an owner's
+    /// queues leaving for a move do the same (see [`Model::crashed`]).
+    pub fn memory_lost(&mut self, queues: Option<&[usize]>) {
         let mut cut_back: HashMap<(usize, u32), u64> = HashMap::new();
         for msg in self.msgs.iter().filter(|m| m.acked) {
             for (&q, copy) in &msg.copies {
@@ -249,13 +256,16 @@ impl Model {
             }
         }
         for msg in &mut self.msgs {
-            msg.refused = false;
             let mut copies = msg.copies.iter();
             let only = match (copies.next(), copies.next()) {
                 (Some((&q, copy)), None) => Some((q, copy)),
                 _ => None,
             };
             let Some((q, copy)) = only else { continue };
+            if queues.is_some_and(|lost| !lost.contains(&q)) {
+                continue;
+            }
+            msg.refused = false;
             if msg.in_flight > 0 || msg.acked || !copy.seqs.is_empty() || msg.may_return {
                 continue;
             }

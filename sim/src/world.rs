@@ -1270,6 +1270,14 @@ impl World {
                     // these queues here again before they come back.
                     self.shards[*s].freeze(names);
                 }
+                let left: Vec<usize> = (0..self.defs.len())
+                    .filter(|&q| {
+                        mv.parts
+                            .iter()
+                            .any(|(_, names)| names.iter().any(|n| **n == *self.defs[q].name))
+                    })
+                    .collect();
+                self.model.memory_lost(Some(&left));
                 self.note(format!("move of {}: its queues leave", mv.owner));
             }
             self.moving = Some(mv);
