@@ -777,6 +777,17 @@ mod tests {
 
     const H: u64 = FILE_HEADER_BYTES;
 
+    /// A log whose first job (message 0) is finished and whose second
+    /// (message 1) is taken: the two jobs.
+    fn second_taken(log: &mut QueueLog) -> (CommitJob, CommitJob) {
+        log.append_message(0, &msg("a"));
+        let first = take(log, 1);
+        finish(log, &first);
+        log.append_message(1, &msg("b"));
+        let second = take(log, 2);
+        (first, second)
+    }
+
     #[test]
     fn the_first_job_into_a_recovered_segment_syncs_its_directory() {
         let dir = tempfile::tempdir().unwrap();
@@ -917,11 +928,7 @@ mod tests {
     #[test]
     fn an_older_failure_found_later_cuts_back_further() {
         let mut log = QueueLog::new(PathBuf::from("/d/q"), 1 << 20, 0);
-        log.append_message(0, &msg("a"));
-        let first = take(&mut log, 1);
-        finish(&mut log, &first);
-        log.append_message(1, &msg("b"));
-        let second = take(&mut log, 2);
+        let (first, second) = second_taken(&mut log);
         log.job_written(&second, true);
         log.append_message(2, &msg("c"));
         let third = take(&mut log, 3);
@@ -948,11 +955,7 @@ mod tests {
     #[test]
     fn a_job_whose_cuts_failed_makes_them_again_shortest_first() {
         let mut log = QueueLog::new(PathBuf::from("/d/q"), 1 << 20, 0);
-        log.append_message(0, &msg("a"));
-        let first = take(&mut log, 1);
-        finish(&mut log, &first);
-        log.append_message(1, &msg("b"));
-        let second = take(&mut log, 2);
+        let (first, second) = second_taken(&mut log);
         log.job_written(&second, false);
         assert!(!log.job_done(&second, JobIo::Failed));
         log.forget_message(1);
