@@ -236,10 +236,10 @@ impl Model {
     /// failed bytes were cut back durably before it. Without such an
     /// `ACK`, a failed write that reached the disk after all may be served
     /// once more (docs/PROTOCOL.md, "Failed writes"), and from then on the
-    /// message is never judged. A message delivered
-    /// before its commit failed stays owed to its consumer and may be
-    /// dead-lettered from there; one routed to several queues is answered
-    /// `NACK` when any copy failed, the others stored: neither is judged.
+    /// message is never judged. A message delivered before its commit
+    /// failed stays owed to its consumer and may be dead-lettered from
+    /// there; one routed to several queues is answered `NACK` when any copy
+    /// failed, the others stored: neither is judged.
     pub fn crashed(&mut self) {
         self.memory_lost(None);
     }

@@ -169,12 +169,11 @@ pub struct QueueLog {
     cuts: Vec<(PathBuf, u64)>,
     /// Per job taken and not finished, oldest first (jobs finish in the
     /// order taken): whether a failure already cut its bytes away, its own
-    /// or an older job's (see the module doc).
+    /// or an older job's (see the module doc). The newest is still being
+    /// written while `writing`; the rest are being synced.
     doomed: VecDeque<bool>,
     /// A job is taken and its bytes are not yet written.
     writing: bool,
-    /// Jobs written and not yet synced (finished in order).
-    syncing: u32,
     /// With the metadata mirror: the segment it is reading. Older ones only
     /// may be deleted.
     mirror: Option<Arc<AtomicU64>>,
@@ -211,7 +210,6 @@ impl QueueLog {
             cuts: Vec::new(),
             doomed: VecDeque::new(),
             writing: false,
-            syncing: 0,
             mirror: None,
             stored: None,
         };
@@ -507,8 +505,7 @@ impl QueueLog {
     /// (`Durability::job_done`). The simulation's owner moves found that
     /// (`sim/tests/moves.rs`).
     pub fn is_quiet(&self) -> bool {
-        !self.writing
-            && self.syncing == 0
+        self.doomed.is_empty()
             && self.pending.is_empty()
             && self.waiters.is_empty()
             && !self.dedup.has_pending()
@@ -626,7 +623,6 @@ impl QueueLog {
     pub fn job_written(&mut self, job: &CommitJob, ok: bool) {
         debug_assert!(self.writing, "a job written that was not taken");
         self.writing = false;
-        self.syncing += 1;
         if let Some(write) = &job.dedup_write {
             self.dedup.done(write, ok);
         }
@@ -644,8 +640,10 @@ impl QueueLog {
     /// unknown end). A failure found here cuts away every job taken after
     /// this one, too.
     pub fn job_done(&mut self, job: &CommitJob, io: JobIo) -> bool {
-        debug_assert!(self.syncing > 0, "a job done that was not written");
-        self.syncing = self.syncing.saturating_sub(1);
+        debug_assert!(
+            self.doomed.len() > usize::from(self.writing),
+            "a job done that was not written"
+        );
         let doomed = self.doomed.pop_front().unwrap_or(false);
         if !doomed && io.is_done() {
             if let (Some(cell), Some(last)) = (&self.stored, job.message_seqs.last()) {
