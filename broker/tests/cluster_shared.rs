@@ -13,7 +13,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use ciphermq_clients::connection::Connection;
+use ciphermq_clients::connection::{Connection, TlsClientOptions};
 use common::cluster::shared_process_node;
 use common::pg::TestDb;
 use common::process::{is_ack, publish_pipelined, BrokerProcess};
@@ -83,11 +83,17 @@ impl Cluster {
     }
 
     /// Where receiver_1 lives, as node `asked` sees it: (node index, epoch).
+    /// None while it cannot say: a node whose lease ran out (a busy host
+    /// can delay its heartbeats past a 2 s lease) closes its connections
+    /// without a word until it renews it (`may_answer`).
     async fn locate(&self, asked: usize) -> Option<(usize, u64)> {
-        let mut conn = self.node(asked).connect("sender_1").await;
+        let opts = TlsClientOptions::for_cn(&common::pki().certs, "sender_1");
+        let mut conn = Connection::connect(&self.node(asked).addr, &opts)
+            .await
+            .ok()?;
         conn.queue_line("locate receiver_1");
         conn.flush().await.ok()?;
-        let reply = next(&mut conn).await;
+        let reply = conn.read_line().await.ok()??;
         let mut words = reply.split(' ');
         if words.next() != Some("OK") || words.next() != Some("locate") {
             return None;
@@ -319,7 +325,6 @@ async fn publish_noting_times(
     window: usize,
     answered: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 ) -> Answers {
-    use ciphermq_clients::connection::TlsClientOptions;
     let opts = TlsClientOptions::for_cn(&common::pki().certs, "sender_1");
     let Ok(conn) = Connection::connect(&addr, &opts).await else {
         return Vec::new();
@@ -522,11 +527,16 @@ async fn an_heir_killed_mid_adoption_leaves_both_copies_to_the_next_in_order() {
     setup_receiver(&mut r1, "receiver_1").await;
     drop(r1);
     let ids: Vec<String> = (0..200_000).map(|i| format!("m{i:06}")).collect();
+    // On a busy host node-a's lease can run out under this load: it then
+    // refuses or closes the connection, and the ids left unanswered may or
+    // may not be stored. What was acknowledged is what must come back.
     let answers = publish_pipelined(&cluster.node(0).addr, "sender_1", &ids, 200).await;
-    assert!(
-        answers.iter().all(|(id, line)| is_ack(id, line)),
-        "every publish acknowledged before the kill"
-    );
+    let acked: Vec<&String> = answers
+        .iter()
+        .filter(|(id, line)| is_ack(id, line))
+        .map(|(id, _)| id)
+        .collect();
+    assert!(!acked.is_empty(), "nothing acknowledged before the kill");
 
     cluster.nodes[0].take().expect("running").kill();
     // node-b, the only node left, fences node-a's copy and makes its own:
@@ -569,22 +579,33 @@ async fn an_heir_killed_mid_adoption_leaves_both_copies_to_the_next_in_order() {
     publish_until_acked(cluster.node(home), std::slice::from_ref(&probe)).await;
     let mut r1 = cluster.node(home).connect("receiver_1").await;
     let delivered = drain(&mut r1).await;
-    let mut expected = ids.clone();
-    expected.push(probe);
     eprintln!(
-        "third node at epoch {epoch}: {} delivered, {} expected",
+        "third node at epoch {epoch}: {} delivered, {} of {} acknowledged before the kill",
         delivered.len(),
-        expected.len()
+        acked.len(),
+        ids.len()
     );
     for line in cluster.node(2).log_text().lines() {
         if line.contains("adopted from shared storage") {
             eprintln!("{line}");
         }
     }
+    let got: BTreeSet<&String> = delivered.iter().collect();
+    let lost: Vec<&&String> = acked.iter().filter(|id| !got.contains(**id)).collect();
     assert!(
-        delivered == expected,
-        "every acknowledged message once, in publish order"
+        lost.is_empty(),
+        "{} acknowledged but lost, the first {:?}",
+        lost.len(),
+        &lost[..lost.len().min(5)]
     );
+    assert!(got.contains(&probe), "the probe acknowledged but lost");
+    // Ids sort in publish order (the probe last): each delivered once, in order.
+    if let Some(i) = delivered.windows(2).position(|w| w[0] >= w[1]) {
+        panic!(
+            "delivered twice or out of publish order: {:?}",
+            &delivered[i.saturating_sub(2)..(i + 3).min(delivered.len())]
+        );
+    }
     let last = copies(cluster.shared.path());
     assert_eq!(last.len(), 1, "copies left: {last:?}");
     assert!(last[0].starts_with(&format!("e{epoch:020}-")), "{last:?}");
@@ -790,7 +811,12 @@ async fn a_node_restarted_within_its_lease_adopts_its_own_copy() {
     drop(r1);
     let ids: Vec<String> = (0..20_000).map(|i| format!("r{i:05}")).collect();
     let answers = publish_pipelined(&a.addr, "sender_1", &ids, 64).await;
-    assert!(answers.iter().all(|(id, line)| is_ack(id, line)));
+    assert!(
+        answers.len() == ids.len() && answers.iter().all(|(id, line)| is_ack(id, line)),
+        "every publish acknowledged before the kill ({} of {} answered)",
+        answers.len(),
+        ids.len()
+    );
 
     a.kill();
     let a = BrokerProcess::start(&configs[0]);

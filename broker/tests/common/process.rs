@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::{Command, ExitStatus};
 use std::time::Duration;
 
-use ciphermq_clients::connection::{Connection, TlsClientOptions};
+use ciphermq_clients::connection::{ClientError, Connection, TlsClientOptions};
 
 pub use ciphermq_testkit::process::Refused;
 
@@ -60,13 +60,25 @@ impl BrokerProcess {
         ))
     }
 
-    /// Connects as `cn`.
+    /// Connects as `cn`. A cluster node whose lease ran out (a busy host
+    /// can hold its heartbeats back past a short lease) closes connections
+    /// without a greeting until it renews it: that is tried again, for
+    /// [`TIMEOUT`] in all.
     pub async fn connect(&self, cn: &str) -> Connection {
         let opts = TlsClientOptions::for_cn(&pki().certs, cn);
-        tokio::time::timeout(TIMEOUT, Connection::connect(&self.addr, &opts))
-            .await
-            .expect("connect in time")
-            .unwrap_or_else(|e| panic!("connect as {cn}: {e}"))
+        let deadline = tokio::time::Instant::now() + TIMEOUT;
+        loop {
+            let tried = tokio::time::timeout_at(deadline, Connection::connect(&self.addr, &opts))
+                .await
+                .expect("connect in time");
+            match tried {
+                Ok(conn) => return conn,
+                Err(ClientError::Closed) if tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err(e) => panic!("connect as {cn}: {e}"),
+            }
+        }
     }
 
     /// Stops it with SIGTERM (a graceful shutdown) and waits.
