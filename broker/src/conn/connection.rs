@@ -41,8 +41,11 @@ const PREEMPT_CHECK_EVERY: usize = 64;
 /// (`FinishedIo::wake_finished`) or a commit round has waited long enough
 /// for the idle committer to take it (`Shard::commit_round_due`).
 const ROUND_CHECK_EVERY: usize = 16;
-/// Lines a poll executes before it looks for finished commit writes: a
-/// shorter burst ends soon enough for glommio to notice them itself.
+/// Lines a poll executes before it looks for finished commit writes or a
+/// due round: a shorter burst ends soon enough for glommio to notice the
+/// one and the committer to take the other. Splitting short bursts cost a
+/// window of 100 with a consumer a fifth more broker CPU per message (more,
+/// smaller rounds) and about 4% of its throughput.
 const LOOK_AFTER_LINES: usize = 128;
 /// Rendered replies staged per encryption call.
 const RENDER_CHUNK: usize = 128 * 1024;
@@ -391,8 +394,8 @@ impl Connection {
                         // Yield now (the poll ends as if the budget were spent).
                         *budget = 0;
                     } else if budget.is_multiple_of(ROUND_CHECK_EVERY)
-                        && ((LINE_BUDGET - *budget >= LOOK_AFTER_LINES
-                            && matches!(self.session.identity.role, Role::Sender | Role::Admin)
+                        && LINE_BUDGET - *budget >= LOOK_AFTER_LINES
+                        && ((matches!(self.session.identity.role, Role::Sender | Role::Admin)
                             && self
                                 .session
                                 .local
