@@ -1,6 +1,6 @@
 //! A log file as the committer appends to it: the block-aligned middle of
-//! each write goes around the page cache (`O_DIRECT`), the unaligned ends
-//! through it.
+//! each large write goes around the page cache (`O_DIRECT`), the unaligned
+//! ends and small writes through it.
 //!
 //! A buffered write copies every byte into the page cache, and `fdatasync`
 //! then writes the pages out. On a virtual machine whose memory the host
@@ -36,6 +36,13 @@ const ALIGN: usize = 4096;
 /// Bytes copied and written directly per call, at most: the aligned buffer
 /// each blocking-I/O thread keeps (a round is rarely larger).
 const CHUNK: usize = 1 << 20;
+/// The smallest aligned middle written directly. A direct write waits for
+/// the device inside the write, where a buffered one leaves it all to the
+/// `fdatasync` after: for a small job that is latency for no copy worth
+/// saving (a window of 100 with a consumer, jobs of about 130 KB, lost 6%
+/// to direct writes), while the copies direct writes save are the large
+/// jobs' of a fast publisher.
+const DIRECT_MIN: usize = 256 << 10;
 
 thread_local! {
     /// The aligned buffer of this thread's direct writes, kept: a buffer
@@ -98,7 +105,7 @@ impl LogFile {
             _ => return self.file.write_all_at(bytes, offset),
         };
         let (head, middle) = aligned_middle(offset, bytes.len());
-        if middle == 0 {
+        if middle < DIRECT_MIN {
             return self.file.write_all_at(bytes, offset);
         }
         self.file.write_all_at(&bytes[..head], offset)?;
