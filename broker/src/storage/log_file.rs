@@ -188,7 +188,8 @@ mod tests {
 
     /// Appends of every size, each starting where the last ended, leave
     /// the file holding exactly the bytes written, and on this file system
-    /// (the test directory's: a real disk) the middles went direct.
+    /// (the test directory's: a real disk) the middles of [`DIRECT_MIN`]
+    /// or more went direct.
     #[test]
     fn appends_of_any_size_leave_exactly_the_bytes_written() {
         let dir = std::env::temp_dir().join(format!("log-file-{}", std::process::id()));
@@ -279,8 +280,9 @@ mod tests {
             synced.extend_from_slice(&bytes);
         }
         log.sync_data().unwrap();
-        // A round written and never synced: no ACK would have left for it.
-        log.write_all_at(&vec![0xee; 50_000], synced.len() as u64)
+        // A round written and never synced, large enough to go direct: no
+        // ACK would have left for it.
+        log.write_all_at(&vec![0xee; DIRECT_MIN + 50_000], synced.len() as u64)
             .unwrap();
         let takes_direct = takes_direct(&path);
         assert_eq!(
