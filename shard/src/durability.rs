@@ -14,7 +14,9 @@ use hashbrown::hash_map::EntryRef;
 use crate::dedup::DedupKey;
 use crate::hashers::{NameMap, NameSet, NameState};
 use crate::log::buffer_pool::BufferPool;
-use crate::log::{queue_dir, unix_ms, CommitJob, JobIo, LogPlacement, MirrorWatermarks, QueueLog};
+use crate::log::{
+    queue_dir, unix_ms, CommitJob, JobIo, LogBuf, LogPlacement, MirrorWatermarks, QueueLog,
+};
 use crate::mesh::Origin;
 use crate::pending::Resolver;
 use crate::queue::{Queue, QueueSettings};
@@ -368,8 +370,8 @@ impl Durability {
     }
 
     /// A job's bytes are written: keeps the buffer for a later round.
-    pub(crate) fn buffer_written(&mut self, buf: Vec<u8>) {
-        self.buffers.give(buf);
+    pub(crate) fn buffer_written(&mut self, buf: LogBuf) {
+        self.buffers.give(buf.into_vec());
     }
 
     /// Marks dirty the logs with deletions due: acked segments the mirror

@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 
 use ciphermq_shard::durability::deleted_dir;
 use ciphermq_shard::log::segment::{self, FILE_HEADER, FILE_HEADER_BYTES};
-use ciphermq_shard::log::{unix_ms, LogFence, Payload, StorageCall};
+use ciphermq_shard::log::{unix_ms, LogBuf, LogFence, Payload, StorageCall};
 use ciphermq_shard::{CommitJob, JobIo, QueueRemoval, Shard};
 use futures_util::future::join_all;
 use glommio::io::Directory;
@@ -176,7 +176,7 @@ async fn run_call(
     job: &CommitJob,
     files: &RefCell<Files>,
     opened: &mut JobFiles,
-    records: &mut Option<Vec<u8>>,
+    records: &mut Option<LogBuf>,
     local: &ShardLocal,
 ) -> IoResult<()> {
     match call {
@@ -331,9 +331,9 @@ async fn write(
     job: &CommitJob,
     files: &RefCell<Files>,
     file: Arc<LogFile>,
-    bytes: Vec<u8>,
+    bytes: LogBuf,
     local: &ShardLocal,
-) -> IoResult<(Arc<LogFile>, Vec<u8>)> {
+) -> IoResult<(Arc<LogFile>, LogBuf)> {
     let mut opened = JobFiles {
         segment: Some(file),
         dedup: None,
@@ -633,7 +633,7 @@ async fn write_round(
     for job in &jobs {
         prepared.push(prepare(files, job, local).await);
     }
-    let payloads: Vec<Vec<u8>> = jobs
+    let payloads: Vec<LogBuf> = jobs
         .iter_mut()
         .map(|j| std::mem::take(&mut j.bytes))
         .collect();

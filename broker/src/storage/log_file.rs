@@ -16,8 +16,11 @@
 //! memory. A commit job starts where the last one ended, mid-block, so the
 //! bytes up to the first boundary and after the last one are written
 //! through the page cache as before (at most two pages a job), and the
-//! aligned middle is copied into a reused aligned buffer and written
-//! directly. The file's bytes are the same either way; nothing is padded.
+//! aligned middle is written directly: from the job's own memory, which the
+//! shard lays out so that the middle starts on an aligned address
+//! (`ciphermq_shard::log::log_buf`), or, where it is not, copied into a
+//! reused aligned buffer first. The file's bytes are the same either way;
+//! nothing is padded.
 //! The `fdatasync` that follows covers both (it is per file, not per
 //! descriptor). Where the file system refuses `O_DIRECT` (tmpfs, some FUSE
 //! file systems) or the first direct write is refused, every write goes
@@ -49,6 +52,12 @@ thread_local! {
     /// made per write would be fresh memory each time, the very cost
     /// direct writes avoid.
     static ALIGNED: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Bytes this thread copied for direct writes, for the tests.
+    static COPIED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
 /// A log or dedup file open for the committer's appends.
@@ -110,7 +119,31 @@ impl LogFile {
         }
         self.file.write_all_at(&bytes[..head], offset)?;
         let end = head + middle;
-        let mut done = head;
+        if bytes[head..].as_ptr().align_offset(ALIGN) == 0 {
+            self.write_direct(direct, &bytes[head..end], offset + head as u64)?;
+        } else {
+            self.copy_direct(direct, &bytes[head..end], offset + head as u64)?;
+        }
+        self.file.write_all_at(&bytes[end..], offset + end as u64)
+    }
+
+    /// Writes `middle` (whole blocks, at an aligned `offset`, from aligned
+    /// memory) directly; where the file system refuses, through the page
+    /// cache, from then on.
+    fn write_direct(&self, direct: &File, middle: &[u8], offset: u64) -> io::Result<()> {
+        match direct.write_all_at(middle, offset) {
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                self.refused(&e);
+                self.file.write_all_at(middle, offset)
+            }
+            other => other,
+        }
+    }
+
+    /// Writes `middle` (whole blocks, at an aligned `offset`) directly,
+    /// through this thread's aligned buffer, a chunk at a time.
+    fn copy_direct(&self, direct: &File, middle: &[u8], offset: u64) -> io::Result<()> {
+        let mut done = 0;
         ALIGNED.with(|cell| -> io::Result<()> {
             let mut buf = cell.borrow_mut();
             if buf.len() < CHUNK + ALIGN {
@@ -118,24 +151,29 @@ impl LogFile {
             }
             let skip = buf.as_ptr().align_offset(ALIGN);
             let aligned = &mut buf[skip..skip + CHUNK];
-            while done < end {
-                let n = (end - done).min(CHUNK);
-                aligned[..n].copy_from_slice(&bytes[done..done + n]);
+            while done < middle.len() {
+                let n = (middle.len() - done).min(CHUNK);
+                aligned[..n].copy_from_slice(&middle[done..done + n]);
+                #[cfg(test)]
+                COPIED.with(|c| c.set(c.get() + n));
                 match direct.write_all_at(&aligned[..n], offset + done as u64) {
                     // Nothing of it was written: the file system takes no
                     // direct writes after all. The rest goes buffered.
-                    Err(e) if done == head && e.raw_os_error() == Some(libc::EINVAL) => {
-                        self.direct_ok.store(false, Ordering::Relaxed);
-                        tracing::info!(error = %e, "direct writes refused; log writes go through the page cache");
-                        return Ok(());
+                    Err(e) if done == 0 && e.raw_os_error() == Some(libc::EINVAL) => {
+                        self.refused(&e);
+                        return self.file.write_all_at(middle, offset);
                     }
                     other => other?,
                 }
                 done += n;
             }
             Ok(())
-        })?;
-        self.file.write_all_at(&bytes[done..], offset + done as u64)
+        })
+    }
+
+    fn refused(&self, e: &io::Error) {
+        self.direct_ok.store(false, Ordering::Relaxed);
+        tracing::info!(error = %e, "direct writes refused; log writes go through the page cache");
     }
 
     /// `fdatasync`: makes every byte written durable, by either descriptor.
@@ -166,6 +204,7 @@ fn aligned_middle(offset: u64, len: usize) -> (usize, usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ciphermq_shard::log::log_buf::{LogBuf, LAID_OUT_MIN};
 
     /// Whether the file system of `path` lets it be opened for direct writes.
     fn takes_direct(path: &Path) -> bool {
@@ -186,10 +225,26 @@ mod tests {
         assert_eq!(aligned_middle(4000, 4100), (96, 0));
     }
 
+    /// `bytes` as the shard hands them over: laid out for `offset`
+    /// (`laid_out`), or wherever the allocator put them.
+    fn job_bytes(bytes: &[u8], offset: u64, laid_out: bool) -> LogBuf {
+        let mut buf = LogBuf::default();
+        buf.reserve(bytes.len().max(LAID_OUT_MIN));
+        if laid_out {
+            buf.lay_out_for(offset);
+        } else {
+            // A lead that puts the file's blocks on unaligned addresses.
+            buf.lay_out_for(offset + 8);
+        }
+        buf.appender().extend_from_slice(bytes);
+        buf
+    }
+
     /// Appends of every size, each starting where the last ended, leave
     /// the file holding exactly the bytes written, and on this file system
     /// (the test directory's: a real disk) the middles of [`DIRECT_MIN`]
-    /// or more went direct.
+    /// or more went direct: from the job's memory where the shard laid it
+    /// out for its offset, through the aligned buffer where not.
     #[test]
     fn appends_of_any_size_leave_exactly_the_bytes_written() {
         let dir = std::env::temp_dir().join(format!("log-file-{}", std::process::id()));
@@ -213,6 +268,7 @@ mod tests {
         );
         let mut expected = Vec::new();
         let mut seed = 7u64;
+        let (mut copied, mut direct_in_place) = (0, 0);
         for round in 0..300 {
             seed = seed
                 .wrapping_mul(6364136223846793005)
@@ -226,11 +282,34 @@ mod tests {
                 _ => CHUNK + (seed >> 40) as usize % 10_000,
             };
             let bytes: Vec<u8> = (0..len).map(|i| (i as u64 ^ seed) as u8).collect();
-            log.write_all_at(&bytes, expected.len() as u64).unwrap();
+            let offset = expected.len() as u64;
+            let laid_out = (seed >> 20).is_multiple_of(2);
+            let job = job_bytes(&bytes, offset, laid_out);
+            let before = COPIED.with(|c| c.get());
+            log.write_all_at(&job, offset).unwrap();
+            let now_copied = COPIED.with(|c| c.get()) - before;
+            let middle = aligned_middle(offset, len).1;
+            if direct_here && middle >= DIRECT_MIN {
+                if laid_out {
+                    assert_eq!(now_copied, 0, "laid out: written from its own memory");
+                    direct_in_place += 1;
+                } else {
+                    assert_eq!(now_copied, middle, "not laid out: the middle copied");
+                    copied += 1;
+                }
+            } else {
+                assert_eq!(now_copied, 0, "nothing written directly, nothing copied");
+            }
             expected.extend_from_slice(&bytes);
         }
         log.sync_data().unwrap();
         assert_eq!(log.is_direct(), direct_here, "no direct write was refused");
+        if direct_here {
+            assert!(
+                copied > 10 && direct_in_place > 10,
+                "{copied} / {direct_in_place}"
+            );
+        }
         let got = std::fs::read(&path).unwrap();
         assert_eq!(got.len(), expected.len());
         assert!(got == expected, "the file holds exactly the bytes written");
@@ -274,16 +353,24 @@ mod tests {
         let log = LogFile::new(file, &path);
         std::fs::File::open(fs.path()).unwrap().sync_all().unwrap();
         let mut synced = Vec::new();
-        for len in [100usize, 10_000, 4096, 300_000, 7] {
+        for (i, len) in [100usize, 10_000, 4096, 300_000, 7, 400_000]
+            .into_iter()
+            .enumerate()
+        {
             let bytes: Vec<u8> = (0..len).map(|i| (i % 251) as u8 + 1).collect();
-            log.write_all_at(&bytes, synced.len() as u64).unwrap();
+            let offset = synced.len() as u64;
+            log.write_all_at(&job_bytes(&bytes, offset, i % 2 == 1), offset)
+                .unwrap();
             synced.extend_from_slice(&bytes);
         }
         log.sync_data().unwrap();
-        // A round written and never synced, large enough to go direct: no
-        // ACK would have left for it.
-        log.write_all_at(&vec![0xee; DIRECT_MIN + 50_000], synced.len() as u64)
-            .unwrap();
+        // Rounds written and never synced, large enough to go direct, from
+        // the job's memory and copied: no ACK would have left for them.
+        for laid_out in [true, false] {
+            let offset = (synced.len() + usize::from(!laid_out) * (DIRECT_MIN + 50_000)) as u64;
+            let unsynced = job_bytes(&vec![0xee; DIRECT_MIN + 50_000], offset, laid_out);
+            log.write_all_at(&unsynced, offset).unwrap();
+        }
         let takes_direct = takes_direct(&path);
         assert_eq!(
             log.is_direct(),

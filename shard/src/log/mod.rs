@@ -11,7 +11,9 @@
 //!   thread) and reports back.
 //! - [`storage_calls`]: the storage calls each job makes, and their order,
 //!   which the broker's committer and the simulation both run.
-//! - [`buffer_pool`]: written commit buffers handed back for later rounds.
+//! - [`buffer_pool`]: written commit buffers handed back for later rounds;
+//!   [`log_buf`]: a job's bytes, placed in memory as they will lie in the
+//!   file, so a direct write needs no copy.
 //! - The dedup files beside a queue's segments (ids acked within the
 //!   window, carried out of segments before those are deleted) are
 //!   [`crate::dedup::file`].
@@ -29,6 +31,7 @@
 
 pub mod buffer_pool;
 pub mod crc;
+pub mod log_buf;
 pub mod mirror;
 pub mod placement;
 pub mod queue_log;
@@ -37,6 +40,7 @@ pub mod recovery;
 pub mod segment;
 pub mod storage_calls;
 
+pub use log_buf::LogBuf;
 pub use mirror::MirrorWatermarks;
 pub use placement::{LogFence, LogPlacement, PlacedLog};
 pub use queue_log::{CommitJob, JobIo, QueueLog};

@@ -25,6 +25,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::dedup::file::{DedupFiles, DedupWrite, RecoveredDedupFile};
+use crate::log::log_buf::LogBuf;
 use crate::log::mirror::mirrored;
 use crate::log::record::{encode, PackedSeqs, Record};
 use crate::log::recovery::RecoveredSegment;
@@ -100,7 +101,7 @@ pub struct CommitJob {
     /// Where the bytes go.
     pub offset: u64,
     /// The encoded records (possibly empty when only waiters or deletions wait).
-    pub bytes: Vec<u8>,
+    pub bytes: LogBuf,
     /// Tickets to complete once the bytes are durable.
     pub waiters: Vec<u64>,
     /// Sequence numbers of messages whose records are in `bytes`: if the write
@@ -156,7 +157,9 @@ pub struct QueueLog {
     segments: VecDeque<Segment>,
     /// Bytes of the active segment already handed to jobs.
     written: u64,
-    pending: Vec<u8>,
+    /// Records appended since the last job, laid out for where they will
+    /// be written (`written`).
+    pending: LogBuf,
     /// Bytes of the largest recent job, to size the next pending buffer up
     /// front.
     pending_hint: usize,
@@ -200,7 +203,7 @@ impl QueueLog {
             segment_bytes,
             segments: VecDeque::new(),
             written: FILE_HEADER_BYTES,
-            pending: Vec::new(),
+            pending: LogBuf::default(),
             pending_hint: 0,
             waiters: Vec::new(),
             message_seqs: Vec::new(),
@@ -293,13 +296,18 @@ impl QueueLog {
     /// copied each round's bytes once more and mapped fresh pages for it;
     /// sized for exactly the last round, it still did so for most rounds,
     /// because round sizes follow the `fdatasync` times before them, which
-    /// vary widely.
+    /// vary widely. Its first append lays it out for the file offset it
+    /// will be written at, so the committer need not copy it for a direct
+    /// write (`log_buf`).
     fn pending(&mut self) -> &mut Vec<u8> {
         if self.pending.capacity() == 0 {
             let room = self.pending_room();
             self.pending.reserve(room);
         }
-        &mut self.pending
+        if self.pending.is_empty() {
+            self.pending.lay_out_for(self.written);
+        }
+        self.pending.appender()
     }
 
     /// What the next pending buffer is sized for.
@@ -317,7 +325,7 @@ impl QueueLog {
     pub fn use_buffer(&mut self, buf: Vec<u8>) {
         debug_assert!(buf.is_empty());
         if self.pending.capacity() == 0 {
-            self.pending = buf;
+            self.pending = LogBuf::from_vec(buf);
         }
     }
 
@@ -736,12 +744,12 @@ impl QueueLog {
                     acked_at_ms: at,
                     key,
                 },
-                &mut self.pending,
+                self.pending(),
             );
             self.acks.push((seq, at, key));
         }
         for (upto, kept) in &job.purges {
-            encode_purge(*upto, kept, &mut self.pending);
+            encode_purge(*upto, kept, self.pending());
             self.purges.push((*upto, kept.clone()));
         }
     }
@@ -819,6 +827,36 @@ mod tests {
         assert!(!log.is_quiet(), "written, its failure not reported yet");
         assert!(!log.job_done(&job, JobIo::Failed));
         assert!(log.is_quiet());
+    }
+
+    /// A round large enough to be written directly is laid out for where
+    /// it goes: the committer can hand its blocks to the device without
+    /// copying them (`log_buf`). Round after round, each at a new offset.
+    #[test]
+    fn a_large_rounds_bytes_lie_in_memory_as_in_the_file() {
+        use crate::log::log_buf::BLOCK;
+        let mut log = QueueLog::new(PathBuf::from("/d/q"), 1 << 30, 0);
+        let body = "x".repeat(1000 + 7);
+        let mut seq = 0;
+        let mut laid_out = 0;
+        for round in 0..6 {
+            for _ in 0..300 + round * 37 {
+                log.append_message(
+                    seq,
+                    &Message::new(&format!("m{seq}"), &body, Arc::from("s")),
+                );
+                seq += 1;
+            }
+            let job = take(&mut log, seq);
+            let at = job.bytes.as_ptr() as usize;
+            // The first round sizes the buffer for the next ones.
+            if round > 0 {
+                assert_eq!(at % BLOCK, job.offset as usize % BLOCK, "round {round}");
+                laid_out += 1;
+            }
+            finish(&mut log, &job);
+        }
+        assert_eq!(laid_out, 5);
     }
 
     #[test]

@@ -182,7 +182,7 @@ mod tests {
             sync_dir: false,
             cuts: Vec::new(),
             offset: 100,
-            bytes: Vec::new(),
+            bytes: crate::log::LogBuf::default(),
             waiters: vec![1],
             message_seqs: vec![0],
             message_offsets: vec![0],

@@ -10,6 +10,7 @@ use ciphermq_proto::NackReason;
 
 use super::Shard;
 use crate::durability::{Durability, TicketKind};
+use crate::log::LogBuf;
 use crate::log::{CommitJob, JobIo};
 use crate::mailbox::Completion;
 use crate::queue::Queue;
@@ -66,7 +67,7 @@ impl Shard {
 
     /// Hands back a written job's buffer, for a later round's bytes
     /// ([`crate::log::buffer_pool`]).
-    pub fn recycle_commit_buffer(&mut self, buf: Vec<u8>) {
+    pub fn recycle_commit_buffer(&mut self, buf: LogBuf) {
         if let Some(d) = &mut self.durable {
             d.buffer_written(buf);
         }
