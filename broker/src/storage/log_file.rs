@@ -33,9 +33,9 @@ use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-/// The alignment of a direct write's offset, length and memory: the
-/// largest logical block size in common use, so it suits every device.
-const ALIGN: usize = 4096;
+/// The alignment of a direct write's offset, length and memory: the block
+/// the shard lays a job's bytes out by, so a laid-out middle needs no copy.
+const ALIGN: usize = ciphermq_shard::log::log_buf::BLOCK;
 /// Bytes copied and written directly per call, at most: the aligned buffer
 /// each blocking-I/O thread keeps (a round is rarely larger).
 const CHUNK: usize = 1 << 20;
