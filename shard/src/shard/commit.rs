@@ -28,11 +28,18 @@ impl Shard {
         self.durable.as_ref().is_some_and(Durability::round_due)
     }
 
-    /// How long the last round took to write and sync, for
+    /// Counts one `fdatasync` of the round being written, for
     /// [`Shard::commit_round_due`].
-    pub fn commit_round_written(&mut self, took: std::time::Duration) {
+    pub fn commit_synced(&mut self, took: std::time::Duration) {
         if let Some(d) = &mut self.durable {
-            d.round_written(took);
+            d.synced(took);
+        }
+    }
+
+    /// Ends the round being written (see [`Shard::commit_synced`]).
+    pub fn commit_round_written(&mut self) {
+        if let Some(d) = &mut self.durable {
+            d.round_written();
         }
     }
 
