@@ -107,6 +107,8 @@
 #               127.0.0.1:5432 as user postgres)
 #   PACE_TICK   the pacer's tick for the fixed-rate runs (ciphermq-bench
 #               --pace-tick, e.g. 250us; default: a wake per message)
+#   KEEP_DATA   1 keeps the brokers' data directories under OUT/work at the
+#               end (by default they are removed: a run can leave gigabytes)
 #   BROKER_BIN  a ciphermq-broker to run instead of target/release's (e.g. the
 #               load section against an older build, with its load-peak.json
 #               copied into OUT so both use the same rates)
@@ -255,7 +257,13 @@ stop_broker() {
     BROKER=
   fi
 }
-trap stop_broker EXIT
+# A publish-alone run leaves gigabytes of log behind; a series of runs
+# would fill the disk (and later runs would read `NACK disk_full`).
+finish() {
+  stop_broker
+  [[ ${KEEP_DATA:-0} == 1 ]] || rm -rf "$WORK"/data-*
+}
+trap finish EXIT
 
 # CPU seconds PostgreSQL has used so far: its postmaster's own and reaped
 # children's, plus its live backends'.
