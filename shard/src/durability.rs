@@ -134,12 +134,11 @@ impl DiskSpace {
     }
 }
 
-/// How many times as long as the last round's `fdatasync`s took a new round
-/// may wait for the committer before connections end their turn for it
+/// How many times as long as the last round took to write a new round may
+/// wait for the committer before connections end their turn for it
 /// ([`Durability::round_due`]). Publishing alone with a window of 1,000,
-/// 1.5 and 2 times the round's whole write gained about a fifth, 0.5 and 1
-/// a few percent, 3 nothing (docs/DECISIONS.md, "A commit round is taken
-/// before the turn ends"); the sync alone is the measure since 2026-12-08.
+/// 1.5 and 2 gained about a fifth, 0.5 and 1 a few percent, 3 nothing
+/// (docs/DECISIONS.md, "A commit round is taken before the turn ends").
 const ROUND_DUE_AFTER: u32 = 2;
 
 /// Logs and commit bookkeeping of one shard (`storage.mode = "durable"`).
@@ -156,11 +155,8 @@ pub struct Durability {
     /// When an append woke the idle committer, which has not taken its
     /// round yet.
     committer_woken: Option<Instant>,
-    /// How long the `fdatasync`s of the last round written took: the part
-    /// of a round's cost that does not grow with its size.
-    last_syncs: Duration,
-    /// The same, summed so far for the round being written.
-    round_syncs: Duration,
+    /// How long the last round took to write and sync.
+    last_write: Duration,
     /// Broker-assigned numbers: the one-multiplication hasher suffices.
     pub(crate) tickets: HashMap<u64, Ticket, crate::hashers::BuildIntHasher>,
     next_ticket: u64,
@@ -206,8 +202,7 @@ impl Durability {
             dirty: Vec::new(),
             committer: None,
             committer_woken: None,
-            last_syncs: Duration::ZERO,
-            round_syncs: Duration::ZERO,
+            last_write: Duration::ZERO,
             tickets: HashMap::default(),
             next_ticket: 1,
             duplicates: HashMap::default(),
@@ -485,7 +480,7 @@ impl Durability {
     }
 
     /// Whether the round an append woke the idle committer for has waited
-    /// [`ROUND_DUE_AFTER`] times as long as the last round's syncs took.
+    /// [`ROUND_DUE_AFTER`] times as long as the last round took to write.
     ///
     /// The committer runs in a task queue of its own, so it takes a round
     /// only once the connections' queue ends its turn: a pipelined publisher
@@ -494,28 +489,14 @@ impl Durability {
     /// window is written and synced while the rest is executed, and its
     /// ACKs free the publisher's window sooner. Much earlier makes rounds
     /// too small to pay for their `fdatasync`.
-    ///
-    /// The wait is measured by the syncs, not by the whole round: a round's
-    /// write grows with its size, so a wait that grew with it let a shard
-    /// that executes fast enough fall into whole-window rounds, each waited
-    /// for by the next, with the disk idle half the time (docs/DECISIONS.md).
     pub fn round_due(&self) -> bool {
         self.committer_woken
-            .is_some_and(|woken| woken.elapsed() >= self.last_syncs * ROUND_DUE_AFTER)
+            .is_some_and(|woken| woken.elapsed() >= self.last_write * ROUND_DUE_AFTER)
     }
 
-    /// Counts one `fdatasync` of the round being written.
-    pub fn synced(&mut self, took: Duration) {
-        self.round_syncs += took;
-    }
-
-    /// Ends the round being written: its syncs' time becomes the measure
-    /// of [`Durability::round_due`] (a round that synced nothing, such as
-    /// a deletion alone, leaves the last measure).
-    pub fn round_written(&mut self) {
-        if !self.round_syncs.is_zero() {
-            self.last_syncs = std::mem::take(&mut self.round_syncs);
-        }
+    /// How long a round took to write and sync.
+    pub fn round_written(&mut self, took: Duration) {
+        self.last_write = took;
     }
 
     /// Registers the committer task, woken by the next append.
@@ -944,49 +925,11 @@ mod tests {
         commit(&mut d);
         assert!(!d.round_due(), "a taken round is no longer due");
 
-        // After a round whose sync took an hour, a new one waits its turn.
-        d.synced(Duration::from_secs(3600));
-        d.round_written();
+        // After a round that took an hour, a new one waits its turn.
+        d.round_written(Duration::from_secs(3600));
         d.register_committer(waker);
         append(&mut d, &queue, &mut seq, 100);
         assert!(!d.round_due());
-        commit(&mut d);
-
-        // A round that synced nothing keeps the last measure.
-        d.round_written();
-        d.register_committer(waker);
-        append(&mut d, &queue, &mut seq, 1);
-        assert!(!d.round_due(), "still an hour's wait");
-        commit(&mut d);
-    }
-
-    /// The wait is the syncs' time, whatever the round's whole write took:
-    /// a large round (a long write, the same short sync) must not make the
-    /// next one wait longer, or rounds grow until one holds a publisher's
-    /// whole window and the disk idles while the next is executed.
-    #[test]
-    fn a_rounds_wait_does_not_grow_with_its_size() {
-        let (mut d, queue) = one_segment_log();
-        let mut seq = 0;
-        let waker = std::task::Waker::noop();
-        // Two syncs of 30 ms each in a round whose write took far longer:
-        // the next round waits twice their sum, 120 ms.
-        d.synced(Duration::from_millis(30));
-        d.synced(Duration::from_millis(30));
-        d.round_written();
-        d.register_committer(waker);
-        append(&mut d, &queue, &mut seq, 1);
-        assert!(!d.round_due(), "due before it waited");
-        std::thread::sleep(Duration::from_millis(121));
-        assert!(d.round_due(), "not due after twice its syncs");
-        commit(&mut d);
-        // The sum starts again with each round.
-        d.synced(Duration::from_secs(3600));
-        d.round_written();
-        d.register_committer(waker);
-        append(&mut d, &queue, &mut seq, 1);
-        assert!(!d.round_due());
-        commit(&mut d);
     }
 
     /// A written round's buffer carries the next round's bytes, so their

@@ -432,7 +432,6 @@ async fn persist<B: AsRef<[u8]> + Send + 'static>(
     let stats = &local.stats;
     stats.commit_handoff_latency.observe(taken_up);
     if let Some(synced) = synced {
-        local.with_shard(|shard| shard.commit_synced(synced.took));
         stats.fsyncs.add(1);
         stats.fsync_latency.observe(synced.took);
         stats.commit_wake_latency.observe(synced.done.elapsed());
@@ -498,7 +497,10 @@ async fn run(stages: Stages) {
             remove_queue_dirs(&stages, &files, removals).await;
         }
         let round = write_round(&local, &files, std::mem::take(&mut jobs), taken).await;
-        local.shard.borrow_mut().commit_round_written();
+        local
+            .shard
+            .borrow_mut()
+            .commit_round_written(taken.elapsed());
         // Depth two: this round is finished after the previous one, and the
         // next round is taken only once that one is done.
         if let Some(previous) = syncing.take() {

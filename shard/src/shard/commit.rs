@@ -28,18 +28,11 @@ impl Shard {
         self.durable.as_ref().is_some_and(Durability::round_due)
     }
 
-    /// Counts one `fdatasync` of the round being written, for
+    /// How long the last round took to write and sync, for
     /// [`Shard::commit_round_due`].
-    pub fn commit_synced(&mut self, took: std::time::Duration) {
+    pub fn commit_round_written(&mut self, took: std::time::Duration) {
         if let Some(d) = &mut self.durable {
-            d.synced(took);
-        }
-    }
-
-    /// Ends the round being written (see [`Shard::commit_synced`]).
-    pub fn commit_round_written(&mut self) {
-        if let Some(d) = &mut self.durable {
-            d.round_written();
+            d.round_written(took);
         }
     }
 
